@@ -7,13 +7,18 @@
 //! 32-element blocks, Q8_K for the k-quants, F16 for F16 ...) and then takes integer or
 //! reduced-precision dot products exactly as ggml's `vec_dot` does.
 
+pub mod dispatch;
 pub mod matmul;
+pub mod scalar;
+pub mod simd;
 pub mod threads;
 pub mod traits;
+pub mod util;
 
 pub use ferrollama_gguf::GgmlType;
 pub use matmul::{matmul, MatmulScratch, QMatrix, WeightBytes};
 pub use threads::Threads;
+pub use dispatch::Isa;
 pub use traits::{traits, TypeTraits};
 
 /// A tensor type the kernels do not implement, or data of the wrong size.

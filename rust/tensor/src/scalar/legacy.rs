@@ -1,0 +1,379 @@
+//! The 32-element block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and IQ4_NL.
+//! Dequantizers and `_ref` quantizers follow ggml-quants.c, dot products follow
+//! ggml-cpu/quants.c's `_generic` functions, float operation for float operation.
+
+use crate::util::{rd_f16, rd_u32, roundf, wr_f16};
+
+pub const QK: usize = 32;
+pub const Q4_0_BYTES: usize = 18;
+pub const Q4_1_BYTES: usize = 20;
+pub const Q5_0_BYTES: usize = 22;
+pub const Q5_1_BYTES: usize = 24;
+pub const Q8_0_BYTES: usize = 34;
+pub const Q8_1_BYTES: usize = 36;
+pub const IQ4_NL_BYTES: usize = 18;
+
+/// The 16 non-linear levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl).
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+fn blocks<'a>(src: &'a [u8], dst: &'a mut [f32], bytes: usize) -> impl Iterator<Item = (&'a [u8], &'a mut [f32])> {
+    src.chunks_exact(bytes).zip(dst.chunks_exact_mut(QK))
+}
+
+/// Absolute maximum and the signed value that has it (first one on ties), as the
+/// `amax < fabsf(v)` loops of ggml.
+fn signed_absmax(x: &[f32]) -> (f32, f32) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (amax, max)
+}
+
+fn min_max(x: &[f32]) -> (f32, f32) {
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+fn inverse_or_zero(d: f32) -> f32 {
+    if d != 0.0 { 1.0 / d } else { 0.0 }
+}
+
+// ---------------------------------------------------------------- Q4_0
+
+pub fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in blocks(src, dst, Q4_0_BYTES) {
+        let d = rd_f16(b, 0);
+        for j in 0..16 {
+            let q = b[2 + j];
+            y[j] = ((q & 0x0f) as i32 - 8) as f32 * d;
+            y[j + 16] = ((q >> 4) as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+pub fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q4_0_BYTES)) {
+        let (_, max) = signed_absmax(x);
+        let d = max / -8.0;
+        let id = inverse_or_zero(d);
+        wr_f16(b, 0, d);
+        for j in 0..16 {
+            let xi0 = ((x[j] * id + 8.5) as i8).min(15) as u8;
+            let xi1 = ((x[j + 16] * id + 8.5) as i8).min(15) as u8;
+            b[2 + j] = xi0 | (xi1 << 4);
+        }
+    }
+}
+
+pub fn vec_dot_q4_0_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bw, bx) in w.chunks_exact(Q4_0_BYTES).zip(x.chunks_exact(Q8_0_BYTES)).take(n / QK) {
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            let v0 = (bw[2 + j] & 0x0f) as i32 - 8;
+            let v1 = (bw[2 + j] >> 4) as i32 - 8;
+            sumi += v0 * bx[2 + j] as i8 as i32 + v1 * bx[18 + j] as i8 as i32;
+        }
+        sumf += sumi as f32 * rd_f16(bw, 0) * rd_f16(bx, 0);
+    }
+    sumf
+}
+
+// ---------------------------------------------------------------- Q4_1
+
+pub fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in blocks(src, dst, Q4_1_BYTES) {
+        let d = rd_f16(b, 0);
+        let m = rd_f16(b, 2);
+        for j in 0..16 {
+            let q = b[4 + j];
+            y[j] = (q & 0x0f) as f32 * d + m;
+            y[j + 16] = (q >> 4) as f32 * d + m;
+        }
+    }
+}
+
+pub fn quantize_q4_1(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q4_1_BYTES)) {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 15.0;
+        let id = inverse_or_zero(d);
+        wr_f16(b, 0, d);
+        wr_f16(b, 2, min);
+        for j in 0..16 {
+            let xi0 = (((x[j] - min) * id + 0.5) as i8).min(15) as u8;
+            let xi1 = (((x[j + 16] - min) * id + 0.5) as i8).min(15) as u8;
+            b[4 + j] = xi0 | (xi1 << 4);
+        }
+    }
+}
+
+pub fn vec_dot_q4_1_q8_1(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bw, bx) in w.chunks_exact(Q4_1_BYTES).zip(x.chunks_exact(Q8_1_BYTES)).take(n / QK) {
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            sumi += (bw[4 + j] & 0x0f) as i32 * bx[4 + j] as i8 as i32 + (bw[4 + j] >> 4) as i32 * bx[20 + j] as i8 as i32;
+        }
+        sumf += (rd_f16(bw, 0) * rd_f16(bx, 0)) * sumi as f32 + rd_f16(bw, 2) * rd_f16(bx, 2);
+    }
+    sumf
+}
+
+// ---------------------------------------------------------------- Q5_0
+
+/// The fifth bits of elements j and j + 16, moved to bit 4.
+#[inline(always)]
+fn q5_high_bits(qh: u32, j: usize) -> (u8, u8) {
+    ((((qh >> j) << 4) & 0x10) as u8, ((qh >> (j + 12)) & 0x10) as u8)
+}
+
+pub fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in blocks(src, dst, Q5_0_BYTES) {
+        let d = rd_f16(b, 0);
+        let qh = rd_u32(b, 2);
+        for j in 0..16 {
+            let (h0, h1) = q5_high_bits(qh, j);
+            let q = b[6 + j];
+            y[j] = (((q & 0x0f) | h0) as i32 - 16) as f32 * d;
+            y[j + 16] = (((q >> 4) | h1) as i32 - 16) as f32 * d;
+        }
+    }
+}
+
+fn pack_q5(xi: impl Fn(usize) -> u8, qs: &mut [u8]) -> u32 {
+    let mut qh = 0u32;
+    for j in 0..16 {
+        let (xi0, xi1) = (xi(j), xi(j + 16));
+        qs[j] = (xi0 & 0x0f) | ((xi1 & 0x0f) << 4);
+        qh |= (((xi0 & 0x10) >> 4) as u32) << j;
+        qh |= (((xi1 & 0x10) >> 4) as u32) << (j + 16);
+    }
+    qh
+}
+
+pub fn quantize_q5_0(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q5_0_BYTES)) {
+        let (_, max) = signed_absmax(x);
+        let d = max / -16.0;
+        let id = inverse_or_zero(d);
+        wr_f16(b, 0, d);
+        let qh = pack_q5(|j| ((x[j] * id + 16.5) as i8).min(31) as u8, &mut b[6..22]);
+        b[2..6].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
+pub fn vec_dot_q5_0_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bw, bx) in w.chunks_exact(Q5_0_BYTES).zip(x.chunks_exact(Q8_0_BYTES)).take(n / QK) {
+        let qh = rd_u32(bw, 2);
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            let (h0, h1) = q5_high_bits(qh, j);
+            let x0 = ((bw[6 + j] & 0x0f) | h0) as i32 - 16;
+            let x1 = ((bw[6 + j] >> 4) | h1) as i32 - 16;
+            sumi += x0 * bx[2 + j] as i8 as i32 + x1 * bx[18 + j] as i8 as i32;
+        }
+        sumf += (rd_f16(bw, 0) * rd_f16(bx, 0)) * sumi as f32;
+    }
+    sumf
+}
+
+// ---------------------------------------------------------------- Q5_1
+
+pub fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in blocks(src, dst, Q5_1_BYTES) {
+        let d = rd_f16(b, 0);
+        let m = rd_f16(b, 2);
+        let qh = rd_u32(b, 4);
+        for j in 0..16 {
+            let (h0, h1) = q5_high_bits(qh, j);
+            let q = b[8 + j];
+            y[j] = ((q & 0x0f) | h0) as f32 * d + m;
+            y[j + 16] = ((q >> 4) | h1) as f32 * d + m;
+        }
+    }
+}
+
+pub fn quantize_q5_1(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q5_1_BYTES)) {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 31.0;
+        let id = inverse_or_zero(d);
+        wr_f16(b, 0, d);
+        wr_f16(b, 2, min);
+        let qh = pack_q5(|j| ((x[j] - min) * id + 0.5) as u8, &mut b[8..24]);
+        b[4..8].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
+pub fn vec_dot_q5_1_q8_1(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bw, bx) in w.chunks_exact(Q5_1_BYTES).zip(x.chunks_exact(Q8_1_BYTES)).take(n / QK) {
+        let qh = rd_u32(bw, 4);
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            let (h0, h1) = q5_high_bits(qh, j);
+            let x0 = ((bw[8 + j] & 0x0f) | h0) as i32;
+            let x1 = ((bw[8 + j] >> 4) | h1) as i32;
+            sumi += x0 * bx[4 + j] as i8 as i32 + x1 * bx[20 + j] as i8 as i32;
+        }
+        sumf += (rd_f16(bw, 0) * rd_f16(bx, 0)) * sumi as f32 + rd_f16(bw, 2) * rd_f16(bx, 2);
+    }
+    sumf
+}
+
+// ---------------------------------------------------------------- Q8_0
+
+pub fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in blocks(src, dst, Q8_0_BYTES) {
+        let d = rd_f16(b, 0);
+        for j in 0..QK {
+            y[j] = b[2 + j] as i8 as f32 * d;
+        }
+    }
+}
+
+fn absmax(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| if m > v.abs() { m } else { v.abs() })
+}
+
+/// quantize_row_q8_0_ref: d = amax/127, q = roundf(x * (1/d)) (ties away from zero).
+pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
+        let d = absmax(x) / 127.0;
+        let id = inverse_or_zero(d);
+        wr_f16(b, 0, d);
+        for j in 0..QK {
+            b[2 + j] = roundf(x[j] * id) as i8 as u8;
+        }
+    }
+}
+
+/// The activation quantizer of ggml's x86 CPU backend (quantize_row_q8_0 with AVX2/AVX-512,
+/// which llama.cpp runs on this architecture for activations and Q8_0 KV caches):
+/// d = amax/127 stored as f16, q = round-half-even(x * (127/amax)).
+pub fn quantize_q8_0_act(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
+        let amax = absmax(x);
+        wr_f16(b, 0, amax / 127.0);
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        for j in 0..QK {
+            b[2 + j] = (x[j] * id).round_ties_even() as i32 as i8 as u8;
+        }
+    }
+}
+
+pub fn vec_dot_q8_0_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bw, bx) in w.chunks_exact(Q8_0_BYTES).zip(x.chunks_exact(Q8_0_BYTES)).take(n / QK) {
+        let mut sumi = 0i32;
+        for j in 0..QK {
+            sumi += bw[2 + j] as i8 as i32 * bx[2 + j] as i8 as i32;
+        }
+        sumf += sumi as f32 * (rd_f16(bw, 0) * rd_f16(bx, 0));
+    }
+    sumf
+}
+
+// ---------------------------------------------------------------- Q8_1
+
+/// Q8_1 has no dequantizer in ggml (it only ever holds activations); this is the
+/// natural one, q * d.
+pub fn dequantize_q8_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in blocks(src, dst, Q8_1_BYTES) {
+        let d = rd_f16(b, 0);
+        for j in 0..QK {
+            y[j] = b[4 + j] as i8 as f32 * d;
+        }
+    }
+}
+
+/// quantize_row_q8_1_ref: as Q8_0 plus s = sum(q) * d.
+pub fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q8_1_BYTES)) {
+        let d = absmax(x) / 127.0;
+        let id = inverse_or_zero(d);
+        wr_f16(b, 0, d);
+        let mut sum = 0i32;
+        for j in 0..QK {
+            let q = roundf(x[j] * id) as i8;
+            b[4 + j] = q as u8;
+            sum += q as i32;
+        }
+        wr_f16(b, 2, sum as f32 * d);
+    }
+}
+
+/// ggml's x86 quantize_row_q8_1 (see `quantize_q8_0_act`).
+pub fn quantize_q8_1_act(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q8_1_BYTES)) {
+        let amax = absmax(x);
+        let d = amax / 127.0;
+        wr_f16(b, 0, d);
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for j in 0..QK {
+            let q = (x[j] * id).round_ties_even() as i32 as i8;
+            b[4 + j] = q as u8;
+            sum += q as i32;
+        }
+        wr_f16(b, 2, d * sum as f32);
+    }
+}
+
+// ---------------------------------------------------------------- IQ4_NL
+
+pub fn dequantize_iq4_nl(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in blocks(src, dst, IQ4_NL_BYTES) {
+        let d = rd_f16(b, 0);
+        for j in 0..16 {
+            y[j] = d * KVALUES_IQ4NL[(b[2 + j] & 0x0f) as usize] as f32;
+            y[j + 16] = d * KVALUES_IQ4NL[(b[2 + j] >> 4) as usize] as f32;
+        }
+    }
+}
+
+pub fn vec_dot_iq4_nl_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (bw, bx) in w.chunks_exact(IQ4_NL_BYTES).zip(x.chunks_exact(Q8_0_BYTES)).take(n / QK) {
+        let d = rd_f16(bx, 0) * rd_f16(bw, 0);
+        let (mut s1, mut s2) = (0i32, 0i32);
+        for j in 0..16 {
+            s1 += bx[2 + j] as i8 as i32 * KVALUES_IQ4NL[(bw[2 + j] & 0x0f) as usize] as i32;
+            s2 += bx[18 + j] as i8 as i32 * KVALUES_IQ4NL[(bw[2 + j] >> 4) as usize] as i32;
+        }
+        sumf += d * (s1 + s2) as f32;
+    }
+    sumf
+}
+
+/// The index of the level of `values` (sorted, 16 of them) nearest to `x`, as ggml's
+/// best_index_int8: binary search, then the nearer neighbour (the upper one on a tie).
+pub fn best_index_int8(values: &[i8], x: f32) -> usize {
+    let n = values.len();
+    if x <= values[0] as f32 {
+        return 0;
+    }
+    if x >= values[n - 1] as f32 {
+        return n - 1;
+    }
+    let (mut ml, mut mu) = (0usize, n - 1);
+    while mu - ml > 1 {
+        let mav = (ml + mu) / 2;
+        if x < values[mav] as f32 { mu = mav } else { ml = mav }
+    }
+    if x - (values[mu - 1] as f32) < values[mu] as f32 - x { mu - 1 } else { mu }
+}

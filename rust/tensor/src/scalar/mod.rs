@@ -1,0 +1,6 @@
+//! The scalar kernels: the specification every SIMD path is tested against.
+
+pub mod float;
+pub mod kquantize;
+pub mod kquants;
+pub mod legacy;

@@ -1,0 +1,100 @@
+//! Helpers shared by the integration tests: paths of the reference data, a deterministic
+//! random generator, and dequantizing/quantizing whole rows through the traits table.
+#![allow(dead_code)]
+
+use ferrollama_tensor::{traits, GgmlType, TypeTraits};
+
+pub const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data");
+
+/// The types with a tiny model in tests/data/models, by file-name suffix.
+pub const MODEL_TYPES: &[(&str, GgmlType)] = &[
+    ("f32", GgmlType::F32),
+    ("f16", GgmlType::F16),
+    ("bf16", GgmlType::BF16),
+    ("q8_0", GgmlType::Q8_0),
+    ("q4_0", GgmlType::Q4_0),
+    ("q4_1", GgmlType::Q4_1),
+    ("q5_0", GgmlType::Q5_0),
+    ("q5_1", GgmlType::Q5_1),
+    ("q2_k", GgmlType::Q2_K),
+    ("q3_k", GgmlType::Q3_K),
+    ("q4_k", GgmlType::Q4_K),
+    ("q5_k", GgmlType::Q5_K),
+    ("q6_k", GgmlType::Q6_K),
+    ("iq4_nl", GgmlType::IQ4_NL),
+    ("iq4_xs", GgmlType::IQ4_XS),
+];
+
+/// Every weight type of the table (the activation-only Q8_1/Q8_K excluded).
+pub const WEIGHT_TYPES: &[GgmlType] = &[
+    GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+    GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+];
+
+pub fn model_path(suffix: &str) -> String {
+    format!("{DATA}/models/tiny-llama-{suffix}.gguf")
+}
+
+pub fn tr(ty: GgmlType) -> &'static TypeTraits {
+    traits(ty).unwrap_or_else(|| panic!("{ty} is in the table"))
+}
+
+/// xorshift64*: reproducible test data without a dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    /// Roughly Gaussian (sum of four uniforms), like trained weights and activations.
+    pub fn normal(&mut self) -> f32 {
+        (self.uniform() + self.uniform() + self.uniform() + self.uniform()) * 0.866
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| (self.next_u64() >> 56) as u8).collect()
+    }
+}
+
+pub fn quantize(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let t = tr(ty);
+    let mut out = vec![0u8; t.row_bytes(x.len())];
+    (t.from_f32.expect("quantizable"))(x, &mut out);
+    out
+}
+
+pub fn quantize_ref(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let t = tr(ty);
+    let mut out = vec![0u8; t.row_bytes(x.len())];
+    (t.from_f32_ref.expect("quantizable"))(x, &mut out);
+    out
+}
+
+pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    (tr(ty).to_f32)(bytes, &mut out);
+    out
+}
+
+/// Random weights as the type stores them: quantized from Gaussian floats with a few
+/// outliers, so every scale and level is exercised.
+pub fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut x = rng.vec(n, 0.05);
+    for i in (0..n).step_by(97) {
+        x[i] *= 6.0;
+    }
+    quantize_ref(ty, &x)
+}

@@ -1,0 +1,97 @@
+//! (a) Dequantization of real blocks from every tiny model equals the `gguf` Python
+//! package's gguf.quants.dequantize bit for bit (fixtures from tests/gen_fixtures.py), and
+//! the reference quantizers rebuild every tiny model's weights byte for byte from the
+//! F32 model (the files were written by `gguf` and `llama-quantize --pure` from it).
+
+mod common;
+
+use common::*;
+use ferrollama_gguf::GgufFile;
+use ferrollama_tensor::{GgmlType, QMatrix, WeightBytes};
+use std::sync::Arc;
+
+struct Section {
+    name: String,
+    rows: Vec<usize>,
+    cols: usize,
+    values: Vec<f32>,
+}
+
+fn u32_at(b: &[u8], off: &mut usize) -> usize {
+    let v = u32::from_le_bytes(b[*off..*off + 4].try_into().unwrap()) as usize;
+    *off += 4;
+    v
+}
+
+fn read_fixture(suffix: &str) -> Vec<Section> {
+    let path = format!("{DATA}/quants/{suffix}.fix");
+    let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(&b[..4], b"FQFX");
+    let mut off = 4;
+    let count = u32_at(&b, &mut off);
+    (0..count)
+        .map(|_| {
+            let len = u32_at(&b, &mut off);
+            let name = String::from_utf8(b[off..off + len].to_vec()).unwrap();
+            off += len;
+            let n_rows = u32_at(&b, &mut off);
+            let cols = u32_at(&b, &mut off);
+            let rows = (0..n_rows).map(|_| u32_at(&b, &mut off)).collect();
+            let values = b[off..off + 4 * n_rows * cols].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            off += 4 * n_rows * cols;
+            Section { name, rows, cols, values }
+        })
+        .collect()
+}
+
+fn matrix(file: &Arc<GgufFile>, name: &str) -> QMatrix {
+    let info = file.tensor(name).unwrap_or_else(|| panic!("{name} in model"));
+    let start = file.data_offset + info.offset;
+    struct Owner(Arc<GgufFile>);
+    impl AsRef<[u8]> for Owner {
+        fn as_ref(&self) -> &[u8] {
+            self.0.bytes()
+        }
+    }
+    let data = WeightBytes::Shared { owner: Arc::new(Owner(file.clone())), range: start..start + info.nbytes };
+    QMatrix::new(info.ggml_type, info.n_rows(), info.row_len(), data).expect("valid matrix")
+}
+
+#[test]
+fn dequantization_matches_the_gguf_package_bit_for_bit() {
+    for &(suffix, ty) in MODEL_TYPES {
+        let file = Arc::new(GgufFile::open(model_path(suffix), true).expect("tiny model opens"));
+        for s in read_fixture(suffix) {
+            let m = matrix(&file, &s.name);
+            assert_eq!(m.ty, ty, "{suffix} {}", s.name);
+            assert_eq!(m.cols, s.cols);
+            let mut row = vec![0f32; s.cols];
+            for (i, &r) in s.rows.iter().enumerate() {
+                m.dequantize_row(r, &mut row);
+                let want = &s.values[i * s.cols..(i + 1) * s.cols];
+                for (c, (a, b)) in row.iter().zip(want).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{suffix} {} row {r} col {c}: {a} != {b}", s.name);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_quantizers_rebuild_every_tiny_model() {
+    let f32_file = GgufFile::open(model_path("f32"), true).expect("f32 model");
+    for &(suffix, ty) in MODEL_TYPES.iter().filter(|(_, t)| *t != GgmlType::F32) {
+        let file = GgufFile::open(model_path(suffix), true).expect("tiny model opens");
+        let t = tr(ty);
+        for info in file.tensors.iter().filter(|i| i.ggml_type == ty) {
+            let src = f32_file.tensor(&info.name).expect("same tensor in the f32 model");
+            let x: Vec<f32> = f32_file.tensor_data(src).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let mut q = vec![0u8; t.row_bytes(x.len())];
+            (t.from_f32_ref.unwrap())(&x, &mut q);
+            let want = file.tensor_data(info);
+            let rb = t.row_bytes(info.row_len());
+            let first_bad = q.iter().zip(want).position(|(a, b)| a != b);
+            assert!(first_bad.is_none(), "{suffix} {}: first differing byte {} (row {})", info.name, first_bad.unwrap(), first_bad.unwrap() / rb);
+        }
+    }
+}

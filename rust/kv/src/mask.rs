@@ -1,0 +1,81 @@
+//! The attention window and the KQ mask of a micro-batch.
+
+use crate::swa::pad_to;
+use crate::{KvCells, KvError, SeqId, SwaParams, UBatchView};
+
+/// llama.cpp pads the attention window to at least this many cells.
+pub const N_KV_MIN_PAD: u32 = 256;
+
+impl KvCells {
+    /// Cells the attention of the next micro-batch spans, `0..n_kv`, as llama.cpp's `get_n_kv`
+    /// computes it with the cache padding `n_pad = 1` its models use:
+    /// `min(size, max(256, GGML_PAD(used_max_p1, 256)))`. Call it after `apply_ubatch`.
+    pub fn n_kv_window(&self) -> u32 {
+        self.n_kv_window_padded(1)
+    }
+
+    /// The window with another cache padding: the pad in force is `max(n_pad, 256)`.
+    pub fn n_kv_window_padded(&self, n_pad: u32) -> u32 {
+        let pad = n_pad.max(N_KV_MIN_PAD);
+        self.size().min(pad.max(pad_to(self.used_max_p1(), pad)))
+    }
+
+    /// Fills `out` (row-major `[n_tokens][n_kv]`) with 0 where a token may attend to a cell and
+    /// `-inf` elsewhere, using this cache's sliding window. Token `i` (first sequence id `s`,
+    /// position `p`) sees cell `j < n_kv` when the cell is non-empty, holds `s`, and (if
+    /// `causal`) has a position `<= p`, and the window does not hide it.
+    pub fn fill_mask<S: AsRef<[SeqId]>>(
+        &self,
+        ubatch: &UBatchView<'_, S>,
+        n_kv: u32,
+        causal: bool,
+        out: &mut [f32],
+    ) -> Result<(), KvError> {
+        self.fill_mask_with(ubatch, n_kv, causal, self.swa, out)
+    }
+
+    /// `fill_mask` with an explicit window (`SwaParams::NONE` for none) instead of the cache's.
+    pub fn fill_mask_with<S: AsRef<[SeqId]>>(
+        &self,
+        ubatch: &UBatchView<'_, S>,
+        n_kv: u32,
+        causal: bool,
+        swa: SwaParams,
+        out: &mut [f32],
+    ) -> Result<(), KvError> {
+        ubatch.validate(self.n_seq_max)?;
+        if n_kv > self.size() {
+            return Err(KvError::InvalidMask(format!(
+                "n_kv {n_kv} > size {}",
+                self.size()
+            )));
+        }
+        let n_kv = n_kv as usize;
+        let expected = ubatch.len().checked_mul(n_kv);
+        if expected != Some(out.len()) {
+            return Err(KvError::InvalidMask(format!(
+                "buffer of {} floats for {} tokens x {} cells",
+                out.len(),
+                ubatch.len(),
+                n_kv
+            )));
+        }
+        if n_kv == 0 {
+            return Ok(());
+        }
+        for (i, row) in out.chunks_exact_mut(n_kv).enumerate() {
+            // llama.cpp masks by the token's first sequence id only
+            let seq = ubatch.seqs(i)[0];
+            let p1 = ubatch.pos[i];
+            for (j, value) in row.iter_mut().enumerate() {
+                let p0 = self.pos[j];
+                let visible = p0 != -1
+                    && self.seqs[j].contains(seq)
+                    && !(causal && p0 > p1)
+                    && !swa.is_masked(p0, p1);
+                *value = if visible { 0.0 } else { f32::NEG_INFINITY };
+            }
+        }
+        Ok(())
+    }
+}

@@ -13,7 +13,8 @@ pub enum Isa {
     Scalar,
     /// AVX2 with FMA and F16C.
     Avx2,
-    /// AVX-512 F, BW and VL on top of AVX2 (VNNI used where present).
+    /// AVX-512 F, BW, VL and VNNI on top of AVX2 (a CPU with AVX-512 but no VNNI uses
+    /// the AVX2 kernels).
     Avx512,
 }
 
@@ -26,7 +27,8 @@ impl Isa {
             let avx512 = avx2
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl");
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni");
             if avx512 {
                 return Isa::Avx512;
             }
@@ -48,19 +50,6 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
         }
-    }
-}
-
-/// True when AVX-512 VNNI is available (8-bit dot products in one instruction).
-pub fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static VNNI: OnceLock<bool> = OnceLock::new();
-        *VNNI.get_or_init(|| is_x86_feature_detected!("avx512vnni"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 

@@ -1,9 +1,15 @@
 //! SIMD kernels (x86-64 AVX2 and AVX-512), substituted into the traits table when the CPU
-//! has them. Every one is tested against the scalar kernel of its type.
+//! has them. Every one is tested against the scalar kernel of its type (tests/simd.rs).
+//!
+//! The safe wrappers here check the slice lengths the raw-pointer kernels rely on; the
+//! dispatch guarantees the CPU features.
 
 use crate::dispatch::Isa;
 use crate::traits::{FromF32, VecDot, VecDotX4};
 use crate::GgmlType;
+
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
 
 /// The SIMD replacements for one type at one instruction-set level.
 #[derive(Default, Clone, Copy)]
@@ -13,8 +19,105 @@ pub struct SimdKernels {
     pub from_f32: Option<FromF32>,
 }
 
+/// Defines, for one kernel of one level, the safe `VecDot` and `VecDotX4` wrappers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! block_dot {
+    ($name:ident, $name4:ident, $kernel:path, $block:expr, $wbytes:expr, $xbytes:expr) => {
+        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
+            let nb = n / $block;
+            assert!(w.len() >= nb * $wbytes && x.len() >= nb * $xbytes, "row shorter than {n} elements");
+            let mut out = [0f32; 1];
+            // SAFETY: lengths checked above; the table only holds this for CPUs with the level.
+            unsafe { $kernel(nb, w.as_ptr(), [x.as_ptr()], &mut out) };
+            out[0]
+        }
+        fn $name4(n: usize, w: &[u8], x: &[u8], stride: usize, out: &mut [f32; 4]) {
+            let nb = n / $block;
+            assert!(w.len() >= nb * $wbytes && stride >= nb * $xbytes && x.len() >= 3 * stride + nb * $xbytes, "rows shorter than {n} elements");
+            let p = x.as_ptr();
+            // SAFETY: as above, for each of the four activation rows.
+            unsafe { $kernel(nb, w.as_ptr(), [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], out) };
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! float_dot {
+    ($name:ident, $kernel:path, $bytes:expr) => {
+        fn $name(n: usize, w: &[u8], x: &[u8]) -> f32 {
+            assert!(w.len() >= n * $bytes && x.len() >= n * $bytes, "row shorter than {n} elements");
+            // SAFETY: lengths checked above; CPU features guaranteed by the dispatch.
+            unsafe { $kernel(n, w.as_ptr(), x.as_ptr()) }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! quantizer {
+    ($name:ident, $kernel:path, $block:expr, $bytes:expr) => {
+        fn $name(src: &[f32], dst: &mut [u8]) {
+            let nb = src.len() / $block;
+            assert!(src.len() % $block == 0 && dst.len() >= nb * $bytes, "bad quantization buffer sizes");
+            // SAFETY: lengths checked above; CPU features guaranteed by the dispatch.
+            unsafe { $kernel(nb, src.as_ptr(), dst.as_mut_ptr()) }
+        }
+    };
+}
+
+/// The wrappers of one level, and its table of kernels per type.
+#[cfg(target_arch = "x86_64")]
+macro_rules! level {
+    ($modname:ident, $lvl:ident) => {
+        pub mod $modname {
+            use super::x86::$lvl as k;
+            use super::SimdKernels;
+            use crate::GgmlType;
+            block_dot!(q8_0, q8_0_x4, k::q8_0, 32, 34, 34);
+            block_dot!(q4_0, q4_0_x4, k::q4_0, 32, 18, 34);
+            block_dot!(q5_0, q5_0_x4, k::q5_0, 32, 22, 34);
+            block_dot!(iq4_nl, iq4_nl_x4, k::iq4_nl, 32, 18, 34);
+            block_dot!(q4_k, q4_k_x4, k::q4_k, 256, 144, 292);
+            block_dot!(q6_k, q6_k_x4, k::q6_k, 256, 210, 292);
+            float_dot!(f16, k::f16, 2);
+            float_dot!(f32, k::f32, 4);
+            quantizer!(quantize_q8_0, k::quantize_q8_0, 32, 34);
+            quantizer!(quantize_q8_k, k::quantize_q8_k, 256, 292);
+
+            pub fn kernels(ty: GgmlType) -> SimdKernels {
+                let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), from_f32: None };
+                match ty {
+                    GgmlType::Q8_0 => SimdKernels { from_f32: Some(quantize_q8_0), ..both(q8_0, q8_0_x4) },
+                    GgmlType::Q4_0 => both(q4_0, q4_0_x4),
+                    GgmlType::Q5_0 => both(q5_0, q5_0_x4),
+                    GgmlType::IQ4_NL => both(iq4_nl, iq4_nl_x4),
+                    GgmlType::Q4_K => both(q4_k, q4_k_x4),
+                    GgmlType::Q6_K => both(q6_k, q6_k_x4),
+                    GgmlType::Q8_K => SimdKernels { from_f32: Some(quantize_q8_k), ..SimdKernels::default() },
+                    GgmlType::F16 => SimdKernels { vec_dot: Some(f16), ..SimdKernels::default() },
+                    GgmlType::F32 => SimdKernels { vec_dot: Some(f32), ..SimdKernels::default() },
+                    _ => SimdKernels::default(),
+                }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+level!(avx2, avx2);
+#[cfg(target_arch = "x86_64")]
+level!(avx512, avx512);
+
 /// The kernels written for `ty` at `isa` (empty for Scalar or on other architectures).
+/// Panics if `isa` is not available on this CPU: callers pass the detected level.
 pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
-    let _ = (ty, isa);
-    SimdKernels::default()
+    assert!(isa.available(), "{} kernels requested on a CPU without them", isa.name());
+    match isa {
+        Isa::Scalar => SimdKernels::default(),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2::kernels(ty),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => avx512::kernels(ty),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => SimdKernels::default(),
+    }
 }

@@ -1,0 +1,444 @@
+//! x86-64 kernels. `x86_kernels!` stamps out one copy per instruction-set level, each
+//! compiled with that level's `target_feature`s; the levels differ in `dot_u8i8` (AVX2's
+//! maddubs+madd or AVX-512 VNNI's vpdpbusd, the same exact integers) and in the width of
+//! the float dot products.
+//!
+//! Kernels taking `[*const u8; T]` compute T activation rows against one weight row, with
+//! the per-token float operations identical whatever T is, so a matrix product gives the
+//! same bits whether it runs one token or four at a time.
+//!
+//! SAFETY (whole module): callers pass `nb` whole blocks readable at `w` and every `x[t]`
+//! (checked by the safe wrappers in `simd::mod`), and only call a level's functions on a
+//! CPU that has its features (checked by the dispatch).
+
+use std::arch::x86_64::*;
+
+/// Reads a little-endian f16 and widens it (F16C).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let h = std::ptr::read_unaligned(p as *const u16);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f32_at(p: *const u8) -> f32 {
+    std::ptr::read_unaligned(p as *const f32)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps(x: __m256) -> f32 {
+    let mut r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps128(x: __m128) -> f32 {
+    let r = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn loadu(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// 32 nibbles (16 bytes) to 32 bytes: low nibbles first, then high nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
+    let tmp = _mm_loadu_si128(p as *const __m128i);
+    let both = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+}
+
+/// 32 bits to 32 bytes of 0xFF (bit set) or 0x00.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    let x32 = std::ptr::read_unaligned(p as *const u32);
+    let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// Quantizes 32 floats to Q8_0 the way ggml's x86 quantize_row_q8_0 does: d = amax/127
+/// (stored f16), q = round-half-even(x * 127/amax).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_block_q8_0(x: *const f32, y: *mut u8) {
+    let v = [_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24))];
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m = _mm256_andnot_ps(sign, v[0]);
+    for vi in &v[1..] {
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vi));
+    }
+    let mut m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    let amax = _mm_cvtss_f32(m4);
+    let d = amax / 127.0;
+    let dh = _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT), 0) as u16;
+    std::ptr::write_unaligned(y as *mut u16, dh);
+    let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    let r = |vi: __m256| _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(vi, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    let (i0, i1, i2, i3) = (r(v[0]), r(v[1]), r(v[2]), r(v[3]));
+    let p01 = _mm256_packs_epi32(i0, i1);
+    let p23 = _mm256_packs_epi32(i2, i3);
+    let p = _mm256_packs_epi16(p01, p23);
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(y.add(2) as *mut __m256i, p);
+}
+
+/// Quantizes 256 floats to Q8_K exactly as quantize_row_q8_K_ref.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_block_q8_k(x: *const f32, y: *mut u8) {
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m = _mm256_setzero_ps();
+    for k in 0..32 {
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x.add(8 * k))));
+    }
+    let mut m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    let amax = _mm_cvtss_f32(m4);
+    if amax == 0.0 {
+        std::ptr::write_bytes(y, 0, 292);
+        return;
+    }
+    // The signed value of the first element of largest magnitude, as the scalar loop finds it.
+    let mut max = 0.0f32;
+    for j in 0..256 {
+        let v = *x.add(j);
+        if v.abs() == amax {
+            max = v;
+            break;
+        }
+    }
+    let iscale = -127.0 / max;
+    let vs = _mm256_set1_ps(iscale);
+    let qs = y.add(4);
+    for k in 0..8 {
+        let q = |o: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x.add(32 * k + 8 * o)), vs));
+        let p01 = _mm256_packs_epi32(q(0), q(1));
+        let p23 = _mm256_packs_epi32(q(2), q(3));
+        let p = _mm256_packs_epi16(p01, p23);
+        let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // nearest_int(v) is at most 127 in magnitude here; MIN(127, v) is a no-op.
+        _mm256_storeu_si256(qs.add(32 * k) as *mut __m256i, p);
+        // Group sums of 16: widen to i16 and add pairs down to one i32 per group.
+        let wide_lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(p));
+        let wide_hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(p, 1));
+        let ones = _mm256_set1_epi16(1);
+        for (g, wide) in [wide_lo, wide_hi].into_iter().enumerate() {
+            let s = _mm256_madd_epi16(wide, ones);
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
+            let sum = _mm_cvtsi128_si32(s) as i16;
+            std::ptr::write_unaligned(y.add(4 + 256 + 2 * (2 * k + g)) as *mut i16, sum);
+        }
+    }
+    std::ptr::write_unaligned(y as *mut f32, 1.0 / iscale);
+}
+
+/// Signed-by-signed i8 products summed in fours into i32 lanes, through the unsigned-by-
+/// signed `dot_u8i8` of the level: |x| * (y with x's sign). Exact while y != -128.
+macro_rules! dot_i8_signed {
+    ($x:expr, $y:expr) => {{
+        let (x, y) = ($x, $y);
+        dot_u8i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+    }};
+}
+
+macro_rules! x86_kernels {
+    ($features:literal) => {
+        use super::*;
+
+        /// Legacy 32-element block dot: `wq` decodes the weight block to 32 signed bytes.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn dot_blocks32<const T: usize>(
+            nb: usize, w: *const u8, wbytes: usize, x: [*const u8; T], out: &mut [f32; T], wq: impl Fn(*const u8) -> __m256i,
+        ) {
+            let mut acc = [_mm256_setzero_ps(); T];
+            for i in 0..nb {
+                let bw = w.add(i * wbytes);
+                let q = wq(bw);
+                let dw = f16_at(bw);
+                for t in 0..T {
+                    let bx = x[t].add(i * 34);
+                    let s = dot_i8_signed!(q, loadu(bx.add(2)));
+                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(bx)), _mm256_cvtepi32_ps(s), acc[t]);
+                }
+            }
+            for t in 0..T {
+                out[t] = hsum_ps(acc[t]);
+            }
+        }
+
+        #[target_feature(enable = $features)]
+        pub unsafe fn q8_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            dot_blocks32(nb, w, 34, x, out, |b| loadu(b.add(2)))
+        }
+
+        #[target_feature(enable = $features)]
+        pub unsafe fn q4_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            dot_blocks32(nb, w, 18, x, out, |b| _mm256_sub_epi8(bytes_from_nibbles_32(b.add(2)), _mm256_set1_epi8(8)))
+        }
+
+        #[target_feature(enable = $features)]
+        pub unsafe fn q5_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            dot_blocks32(nb, w, 22, x, out, |b| {
+                let lo = bytes_from_nibbles_32(b.add(6));
+                // Elements whose fifth bit is clear are (q | 0xF0) = q - 16 as i8.
+                let hi = _mm256_andnot_si256(bytes_from_bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+                _mm256_or_si256(lo, hi)
+            })
+        }
+
+        #[target_feature(enable = $features)]
+        pub unsafe fn iq4_nl<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::scalar::legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+            dot_blocks32(nb, w, 18, x, out, |b| _mm256_shuffle_epi8(table, bytes_from_nibbles_32(b.add(2))))
+        }
+
+        /// Q4_K x Q8_K.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q4_k<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [_mm256_setzero_ps(); T];
+            let mut acc_m = [_mm_setzero_ps(); T];
+            let m4 = _mm256_set1_epi8(0x0f);
+            for i in 0..nb {
+                let bw = w.add(i * 144);
+                let (dw, dminw) = (f16_at(bw), f16_at(bw.add(2)));
+                let mut sc = [0u8; 8];
+                let mut mn = [0u8; 8];
+                let packed = std::slice::from_raw_parts(bw.add(4), 12);
+                for j in 0..8 {
+                    let (s, m) = crate::scalar::kquants::scale_min_k4(j, packed);
+                    sc[j] = s;
+                    mn[j] = m;
+                }
+                let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+                let mut sumi = [_mm256_setzero_si256(); T];
+                for t in 0..T {
+                    let bx = x[t].add(i * 292);
+                    let bsums = loadu(bx.add(260));
+                    let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+                    let prod = _mm_madd_epi16(mins, q8s);
+                    let dmin = -(f32_at(bx) * dminw);
+                    acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[t]);
+                }
+                for j in 0..4 {
+                    let scale_l = _mm256_set1_epi16(sc[2 * j] as i16);
+                    let scale_h = _mm256_set1_epi16(sc[2 * j + 1] as i16);
+                    let q4bits = loadu(bw.add(16 + 32 * j));
+                    let q4l = _mm256_and_si256(q4bits, m4);
+                    let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+                    for t in 0..T {
+                        let q8 = x[t].add(i * 292 + 4 + 64 * j);
+                        let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, loadu(q8)));
+                        let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, loadu(q8.add(32))));
+                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(pl, ph));
+                    }
+                }
+                for t in 0..T {
+                    let d = dw * f32_at(x[t].add(i * 292));
+                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                }
+            }
+            for t in 0..T {
+                out[t] = hsum_ps(acc[t]) + hsum_ps128(acc_m[t]);
+            }
+        }
+
+        /// Q6_K x Q8_K: unsigned 6-bit levels against the activations, minus 32 * sum(y)
+        /// per 16-group (from the activation's bsums), each times the group's scale.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q6_k<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [_mm256_setzero_ps(); T];
+            let m4 = _mm256_set1_epi8(0x0f);
+            let m2 = _mm256_set1_epi8(0x03);
+            for i in 0..nb {
+                let bw = w.add(i * 210);
+                let dw = f16_at(bw.add(208));
+                let scales = bw.add(192) as *const i8;
+                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales as *const __m128i));
+                let mut sumi = [_mm256_setzero_si256(); T];
+                for t in 0..T {
+                    let bsums = loadu(x[t].add(i * 292 + 260));
+                    sumi[t] = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
+                }
+                for h in 0..2 {
+                    let ql0 = loadu(bw.add(64 * h));
+                    let ql1 = loadu(bw.add(64 * h + 32));
+                    let qh = loadu(bw.add(128 + 32 * h));
+                    let high = |s: i32| match s {
+                        0 => _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+                        2 => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+                        4 => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+                        _ => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+                    };
+                    let q = [
+                        _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                        _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+                    ];
+                    for g in 0..4 {
+                        let s0 = *scales.add(8 * h + 2 * g) as i16;
+                        let s1 = *scales.add(8 * h + 2 * g + 1) as i16;
+                        let sc = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+                        for t in 0..T {
+                            let q8 = loadu(x[t].add(i * 292 + 4 + 128 * h + 32 * g));
+                            let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q[g], q8));
+                            sumi[t] = _mm256_add_epi32(sumi[t], p);
+                        }
+                    }
+                }
+                for t in 0..T {
+                    let d = dw * f32_at(x[t].add(i * 292));
+                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                }
+            }
+            for t in 0..T {
+                out[t] = hsum_ps(acc[t]);
+            }
+        }
+
+        /// Q8_0 activation quantizer (ggml x86 semantics), `nb` blocks.
+        #[target_feature(enable = $features)]
+        pub unsafe fn quantize_q8_0(nb: usize, x: *const f32, y: *mut u8) {
+            for i in 0..nb {
+                quantize_block_q8_0(x.add(32 * i), y.add(34 * i));
+            }
+        }
+
+        /// Q8_K quantizer (quantize_row_q8_K_ref), `nb` blocks.
+        #[target_feature(enable = $features)]
+        pub unsafe fn quantize_q8_k(nb: usize, x: *const f32, y: *mut u8) {
+            for i in 0..nb {
+                quantize_block_q8_k(x.add(256 * i), y.add(292 * i));
+            }
+        }
+    };
+}
+
+pub mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Unsigned-by-signed byte products summed in fours (maddubs, then madd by ones).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_u8i8(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
+    }
+
+    x86_kernels!("avx2,fma,f16c");
+
+    /// F16 dot: four 8-lane FMA accumulators, then the tail, each product exact in f32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16(n: usize, w: *const u8, x: *const u8) -> f32 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for k in 0..4 {
+                let a = _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * (i + 8 * k)) as *const __m128i));
+                let b = _mm256_cvtph_ps(_mm_loadu_si128(x.add(2 * (i + 8 * k)) as *const __m128i));
+                acc[k] = _mm256_fmadd_ps(a, b, acc[k]);
+            }
+            i += 32;
+        }
+        let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+        while i < n {
+            sum += crate::util::f16_to_f32(std::ptr::read_unaligned(w.add(2 * i) as *const u16))
+                * crate::util::f16_to_f32(std::ptr::read_unaligned(x.add(2 * i) as *const u16));
+            i += 1;
+        }
+        sum
+    }
+
+    /// F32 dot: four 8-lane FMA accumulators, then the tail.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f32(n: usize, w: *const u8, x: *const u8) -> f32 {
+        let (w, x) = (w as *const f32, x as *const f32);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for k in 0..4 {
+                acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(i + 8 * k)), _mm256_loadu_ps(x.add(i + 8 * k)), acc[k]);
+            }
+            i += 32;
+        }
+        let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+        while i < n {
+            sum += std::ptr::read_unaligned(w.add(i)) * std::ptr::read_unaligned(x.add(i));
+            i += 1;
+        }
+        sum
+    }
+}
+
+pub mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Unsigned-by-signed byte products summed in fours in one VNNI instruction.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn dot_u8i8(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
+    }
+
+    x86_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+
+    /// F16 dot with 16-lane accumulators.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn f16(n: usize, w: *const u8, x: *const u8) -> f32 {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 64 <= n {
+            for k in 0..4 {
+                let a = _mm512_cvtph_ps(_mm256_loadu_si256(w.add(2 * (i + 16 * k)) as *const __m256i));
+                let b = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(2 * (i + 16 * k)) as *const __m256i));
+                acc[k] = _mm512_fmadd_ps(a, b, acc[k]);
+            }
+            i += 64;
+        }
+        let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+        while i < n {
+            sum += crate::util::f16_to_f32(std::ptr::read_unaligned(w.add(2 * i) as *const u16))
+                * crate::util::f16_to_f32(std::ptr::read_unaligned(x.add(2 * i) as *const u16));
+            i += 1;
+        }
+        sum
+    }
+
+    /// F32 dot with 16-lane accumulators.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn f32(n: usize, w: *const u8, x: *const u8) -> f32 {
+        let (w, x) = (w as *const f32, x as *const f32);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 64 <= n {
+            for k in 0..4 {
+                acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(w.add(i + 16 * k)), _mm512_loadu_ps(x.add(i + 16 * k)), acc[k]);
+            }
+            i += 64;
+        }
+        let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+        while i < n {
+            sum += std::ptr::read_unaligned(w.add(i)) * std::ptr::read_unaligned(x.add(i));
+            i += 1;
+        }
+        sum
+    }
+}

@@ -1,0 +1,206 @@
+//! Every SIMD kernel against the scalar specification, at every instruction-set level this
+//! CPU has: integer parts exactly (unit scales make every float operation exact, so the
+//! results must be the same integer), float results within 2^-16 of max|w| * sum|x| (the
+//! kernels sum the same exact block integers with their scales in a different order, each
+//! order within a few dozen roundings of 2^-24 of that magnitude), four-token kernels
+//! bit-identical to the one-token kernel, quantizers byte-identical.
+
+mod common;
+
+use common::*;
+use ferrollama_tensor::traits::{build_table, TypeTraits};
+use ferrollama_tensor::{GgmlType, Isa};
+
+fn levels() -> Vec<(Isa, Vec<TypeTraits>)> {
+    let found: Vec<Isa> = [Isa::Avx2, Isa::Avx512].into_iter().filter(|l| l.available()).collect();
+    if found.is_empty() {
+        eprintln!("no SIMD level on this CPU: only the scalar kernels exist here");
+    }
+    found.into_iter().map(|l| (l, build_table(l))).collect()
+}
+
+fn entry(table: &[TypeTraits], ty: GgmlType) -> &TypeTraits {
+    table.iter().find(|t| t.ty == ty).expect("type in table")
+}
+
+/// Sets the f16 scales of every block to 1.0 (and mins to 1.0) so that dot products are
+/// small exact integers.
+fn unit_scales(ty: GgmlType, bytes: &mut [u8]) {
+    let one = 0x3c00u16.to_le_bytes();
+    let bs = ty.type_size();
+    for b in bytes.chunks_exact_mut(bs) {
+        match ty {
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                b[0..2].copy_from_slice(&one);
+                b[2..4].copy_from_slice(&one);
+            }
+            GgmlType::Q6_K => {
+                b[208..210].copy_from_slice(&one);
+                for s in &mut b[192..208] {
+                    *s = ((*s as i8) / 5) as u8; // |scale| <= 25 keeps sums below 2^24
+                }
+            }
+            GgmlType::Q2_K => {
+                b[80..82].copy_from_slice(&one);
+                b[82..84].copy_from_slice(&one);
+            }
+            GgmlType::Q3_K => b[108..110].copy_from_slice(&one),
+            GgmlType::IQ4_XS | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => b[0..2].copy_from_slice(&one),
+            _ => {}
+        }
+    }
+}
+
+/// Activation rows with unit scale and quants in [-31, 31] (Q8_0 or Q8_K).
+fn unit_activation(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let x: Vec<f32> = (0..n).map(|i| if i % 7 == 0 { 31.0 } else { (rng.uniform() * 31.0).round() }).collect();
+    let q = quantize_ref(ty, &x.iter().map(|v| v * (127.0 / 31.0)).collect::<Vec<_>>());
+    let mut q = q;
+    for b in q.chunks_exact_mut(ty.type_size()) {
+        match ty {
+            GgmlType::Q8_0 => {
+                b[0..2].copy_from_slice(&0x3c00u16.to_le_bytes());
+                for v in &mut b[2..] {
+                    *v = ((*v as i8) / 4) as u8;
+                }
+            }
+            GgmlType::Q8_K => {
+                b[0..4].copy_from_slice(&1.0f32.to_le_bytes());
+                for v in &mut b[4..260] {
+                    *v = ((*v as i8) / 4) as u8;
+                }
+                for g in 0..16 {
+                    let s: i32 = b[4 + 16 * g..20 + 16 * g].iter().map(|&v| v as i8 as i32).sum();
+                    b[260 + 2 * g..262 + 2 * g].copy_from_slice(&(s as i16).to_le_bytes());
+                }
+            }
+            _ => unreachable!(),
+        }
+    }
+    q
+}
+
+fn simd_types(t: &[TypeTraits]) -> Vec<GgmlType> {
+    t.iter().filter(|e| e.vec_dot as usize != e.vec_dot_scalar as usize).map(|e| e.ty).collect()
+}
+
+#[test]
+fn integer_parts_are_exact() {
+    let mut rng = Rng::new(11);
+    for (isa, table) in levels() {
+        assert!(simd_types(&table).len() >= 8, "{isa:?} has its kernels in the table");
+        for ty in simd_types(&table) {
+            let e = entry(&table, ty);
+            if matches!(ty, GgmlType::F16 | GgmlType::F32) {
+                continue; // no integer part: covered by the float comparison
+            }
+            let n = e.block_size.max(256);
+            for _ in 0..20 {
+                let mut w = rng.bytes(e.row_bytes(n));
+                unit_scales(ty, &mut w);
+                let x = unit_activation(e.vec_dot_type, n, &mut rng);
+                let (got, want) = ((e.vec_dot)(n, &w, &x), (e.vec_dot_scalar)(n, &w, &x));
+                assert_eq!(got, want, "{ty} {isa:?}");
+                assert_eq!(got.fract(), 0.0, "{ty} {isa:?}: unit scales give an integer");
+            }
+        }
+    }
+}
+
+#[test]
+fn float_results_agree_with_scalar() {
+    let mut rng = Rng::new(12);
+    for (isa, table) in levels() {
+        for ty in simd_types(&table) {
+            let e = entry(&table, ty);
+            for n in [e.block_size.max(256), 4096, 4864] {
+                if n % e.block_size != 0 {
+                    continue;
+                }
+                let w = random_weights(ty, n, &mut rng);
+                let x = rng.vec(n, 2.0);
+                let xq = quantize(e.vec_dot_type, &x);
+                let got = (e.vec_dot)(n, &w, &xq) as f64;
+                let want = (e.vec_dot_scalar)(n, &w, &xq) as f64;
+                let wd = dequantize(ty, &w, n);
+                let xd = dequantize(e.vec_dot_type, &xq, n);
+                let scale = wd.iter().fold(0f64, |m, v| m.max(v.abs() as f64)) * xd.iter().map(|v| v.abs() as f64).sum::<f64>();
+                assert!((got - want).abs() <= scale / 65536.0, "{ty} {isa:?} n={n}: {got} vs {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn four_token_kernels_equal_the_one_token_kernel_bit_for_bit() {
+    let mut rng = Rng::new(13);
+    let mut checked = 0;
+    for (isa, table) in levels() {
+        for e in table.iter().filter(|e| e.vec_dot_x4.is_some()) {
+            let n = 1024;
+            let w = random_weights(e.ty, n, &mut rng);
+            let dt = e.vec_dot_type;
+            let stride = ferrollama_tensor::traits(dt).unwrap().row_bytes(n);
+            let mut xs = Vec::new();
+            for _ in 0..4 {
+                xs.extend(quantize(dt, &rng.vec(n, 1.5)));
+            }
+            let mut out = [0f32; 4];
+            (e.vec_dot_x4.unwrap())(n, &w, &xs, stride, &mut out);
+            for t in 0..4 {
+                let one = (e.vec_dot)(n, &w, &xs[t * stride..(t + 1) * stride]);
+                assert_eq!(out[t].to_bits(), one.to_bits(), "{} {isa:?} token {t}", e.ty);
+            }
+            checked += 1;
+        }
+    }
+    if Isa::Avx2.available() {
+        assert!(checked >= 6);
+    }
+}
+
+#[test]
+fn simd_quantizers_are_byte_identical() {
+    let mut rng = Rng::new(14);
+    for (isa, table) in levels() {
+        for ty in [GgmlType::Q8_0, GgmlType::Q8_K] {
+            let simd = entry(&table, ty).from_f32.unwrap();
+            let scalar = build_table(Isa::Scalar).into_iter().find(|t| t.ty == ty).unwrap().from_f32.unwrap();
+            for trial in 0..50 {
+                let n = 1024;
+                let mut x = rng.vec(n, 1.0 + trial as f32);
+                if trial % 5 == 0 {
+                    x[3] = -x.iter().fold(0f32, |m, v| m.max(v.abs())); // ties between +amax and -amax
+                    x[700] = -x[3];
+                }
+                if trial == 7 {
+                    x[256..512].fill(0.0);
+                }
+                // Values exactly halfway between two levels.
+                x[10] = 0.5 * x.iter().take(32).fold(0f32, |m, v| m.max(v.abs())) / 127.0 * 3.0;
+                let bytes = ferrollama_tensor::traits(ty).unwrap().row_bytes(n);
+                let (mut a, mut b) = (vec![0u8; bytes], vec![0u8; bytes]);
+                simd(&x, &mut a);
+                scalar(&x, &mut b);
+                assert_eq!(a, b, "{ty} {isa:?} trial {trial}");
+            }
+        }
+    }
+}
+
+#[test]
+fn force_scalar_environment_variable_selects_the_scalar_kernels() {
+    let t = ferrollama_tensor::traits(GgmlType::Q4_K).unwrap();
+    if std::env::var("FERROLLAMA_FORCE_SCALAR").as_deref() == Ok("1") {
+        assert_eq!(t.isa, Isa::Scalar);
+        assert_eq!(t.vec_dot as usize, t.vec_dot_scalar as usize);
+        return;
+    }
+    assert_eq!(t.isa, Isa::detect());
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "force_scalar_environment_variable_selects_the_scalar_kernels", "--test-threads=1"])
+        .env("FERROLLAMA_FORCE_SCALAR", "1")
+        .status()
+        .expect("re-running the test binary");
+    assert!(status.success(), "the forced-scalar run failed");
+}

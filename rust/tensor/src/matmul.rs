@@ -64,33 +64,113 @@ pub struct MatmulScratch {
     quantized: Vec<u8>,
 }
 
+/// Tokens per weight-row pass when a four-token kernel exists.
+const TOKEN_TILE: usize = 4;
+/// Weight bytes a task keeps hot while it runs every token tile over them (fits in L2).
+const ROW_CHUNK_BYTES: usize = 128 * 1024;
+
 /// out[t * w.rows + r] = w.row(r) · x[t * w.cols ..], for t in 0..n_tokens, with the
 /// activations first converted to the weight type's `vec_dot_type`.
+///
+/// Every output is computed by the same kernel call whatever the thread count and however
+/// the tokens are tiled (the four-token kernels are bit-identical to the one-token ones),
+/// so the result does not depend on `threads` or on `n_tokens`.
 pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch: &mut MatmulScratch, threads: &Threads) {
-    assert!(x.len() >= n_tokens * w.cols && out.len() >= n_tokens * w.rows);
+    assert!(x.len() >= n_tokens * w.cols && out.len() >= n_tokens * w.rows, "matmul operands too short");
+    if n_tokens == 0 || w.rows == 0 {
+        return;
+    }
     let dot_traits = traits(w.traits.vec_dot_type).expect("vec_dot types are in the table");
     let xrow = dot_traits.row_bytes(w.cols);
-    scratch.quantized.resize(xrow * n_tokens, 0);
-    let from_f32 = dot_traits.from_f32.expect("vec_dot types can be quantized");
-    for t in 0..n_tokens {
-        from_f32(&x[t * w.cols..(t + 1) * w.cols], &mut scratch.quantized[t * xrow..(t + 1) * xrow]);
-    }
-    let quantized = &scratch.quantized;
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    let rows_per_task = 16;
+    let activations: &[u8] = if dot_traits.ty == GgmlType::F32 {
+        f32_bytes(&x[..n_tokens * w.cols])
+    } else {
+        quantize_activations(dot_traits, &x[..n_tokens * w.cols], w.cols, n_tokens, scratch, threads);
+        &scratch.quantized[..n_tokens * xrow]
+    };
+    let rows_per_task = rows_per_task(w, n_tokens, threads.n_threads());
     let n_tasks = w.rows.div_ceil(rows_per_task);
+    let out_ptr = SendPtr(out.as_mut_ptr());
     threads.run(n_tasks, |task| {
-        let out_ptr = &out_ptr;
         let rows = task * rows_per_task..((task + 1) * rows_per_task).min(w.rows);
-        for r in rows {
-            let wr = w.row(r);
-            for t in 0..n_tokens {
-                let v = (w.traits.vec_dot)(w.cols, wr, &quantized[t * xrow..(t + 1) * xrow]);
-                // SAFETY: each (t, r) is written by exactly one task.
-                unsafe { *out_ptr.0.add(t * w.rows + r) = v };
-            }
+        // SAFETY: tasks own disjoint row ranges, so each (t, r) is written by one task.
+        unsafe { rows_product(w, activations, xrow, n_tokens, rows, &out_ptr) };
+    });
+}
+
+/// The activations as bytes (F32 rows are used in place).
+fn f32_bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding or invalid bit patterns; u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
+}
+
+/// Converts every token row to the vec_dot type, in parallel when there are many.
+fn quantize_activations(dt: &TypeTraits, x: &[f32], cols: usize, n_tokens: usize, scratch: &mut MatmulScratch, threads: &Threads) {
+    let xrow = dt.row_bytes(cols);
+    if scratch.quantized.len() < xrow * n_tokens {
+        scratch.quantized.resize(xrow * n_tokens, 0);
+    }
+    let from_f32 = dt.from_f32.expect("vec_dot types can be quantized");
+    let dst = &mut scratch.quantized[..xrow * n_tokens];
+    if n_tokens < 4 || threads.n_threads() == 1 {
+        for (xs, d) in x.chunks_exact(cols).zip(dst.chunks_exact_mut(xrow)) {
+            from_f32(xs, d);
+        }
+        return;
+    }
+    let per_task = n_tokens.div_ceil(threads.n_threads() * 2);
+    let dst_ptr = SendPtr(dst.as_mut_ptr() as *mut f32);
+    threads.run(n_tokens.div_ceil(per_task), |task| {
+        let tokens = task * per_task..((task + 1) * per_task).min(n_tokens);
+        let dst_ptr = &dst_ptr; // the whole wrapper, not its raw-pointer field
+        let base = dst_ptr.0 as *mut u8;
+        for t in tokens {
+            // SAFETY: each token's destination row is written by exactly one task.
+            let d = unsafe { std::slice::from_raw_parts_mut(base.add(t * xrow), xrow) };
+            from_f32(&x[t * cols..(t + 1) * cols], d);
         }
     });
+}
+
+/// Rows per task: an even share per thread (so the threads finish together), cut into
+/// a few pieces for load balance when other work shares the cores.
+fn rows_per_task(w: &QMatrix, n_tokens: usize, n_threads: usize) -> usize {
+    let pieces = if n_tokens >= TOKEN_TILE { 4 } else { 2 };
+    let share = w.rows.div_ceil(n_threads * pieces);
+    let per_chunk = (ROW_CHUNK_BYTES / w.row_bytes().max(1)).max(1);
+    let rows = if n_tokens >= TOKEN_TILE { share.min(per_chunk.max(16)) } else { share };
+    rows.max(1)
+}
+
+/// Computes rows `rows` of the product for every token, writing through `out`.
+///
+/// # Safety
+/// `out` must point to n_tokens * w.rows floats, and no other thread may write the
+/// entries of these rows.
+unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, rows: Range<usize>, out: &SendPtr) {
+    let t = w.traits;
+    let (all, rb) = (w.data.bytes(), w.row_bytes());
+    let row = |r: usize| &all[r * rb..(r + 1) * rb];
+    let mut t0 = 0;
+    if let Some(x4) = t.vec_dot_x4 {
+        let mut res = [0f32; 4];
+        while t0 + TOKEN_TILE <= n_tokens {
+            let xs = &act[t0 * xrow..(t0 + TOKEN_TILE) * xrow];
+            for r in rows.clone() {
+                x4(w.cols, row(r), xs, xrow, &mut res);
+                for (k, v) in res.iter().enumerate() {
+                    *out.0.add((t0 + k) * w.rows + r) = *v;
+                }
+            }
+            t0 += TOKEN_TILE;
+        }
+    }
+    for tok in t0..n_tokens {
+        let xs = &act[tok * xrow..(tok + 1) * xrow];
+        for r in rows.clone() {
+            *out.0.add(tok * w.rows + r) = (t.vec_dot)(w.cols, row(r), xs);
+        }
+    }
 }
 
 struct SendPtr(*mut f32);

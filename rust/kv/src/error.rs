@@ -13,28 +13,56 @@ pub enum KvError {
     InvalidSeqMax(u32),
     /// A sequence id outside `0..n_seq_max` (or a negative id where only -1/"all" is allowed).
     #[error("sequence id {seq_id} is out of range [0, {n_seq_max})")]
-    InvalidSeqId { seq_id: SeqId, n_seq_max: u32 },
+    InvalidSeqId {
+        /// The id given.
+        seq_id: SeqId,
+        /// The cache's bound.
+        n_seq_max: u32,
+    },
     /// seq_div by zero or a negative divisor.
     #[error("seq_div divisor must be positive, got {0}")]
     InvalidDivisor(i32),
     /// A position change would leave the i32 range.
     #[error("position {pos} + {delta} overflows")]
-    PositionOverflow { pos: Pos, delta: Pos },
+    PositionOverflow {
+        /// The position of the cell.
+        pos: Pos,
+        /// The shift asked for.
+        delta: Pos,
+    },
     /// A micro-batch with no tokens.
     #[error("a micro-batch must hold at least one token")]
     EmptyUBatch,
     /// The micro-batch's arrays disagree in length.
     #[error("micro-batch has {n_pos} positions but {n_seq} sequence lists")]
-    UBatchShape { n_pos: usize, n_seq: usize },
+    UBatchShape {
+        /// Number of positions.
+        n_pos: usize,
+        /// Number of sequence-id lists.
+        n_seq: usize,
+    },
     /// A token of the micro-batch belongs to no sequence.
     #[error("token {token} of the micro-batch has no sequence id")]
-    TokenWithoutSeq { token: usize },
+    TokenWithoutSeq {
+        /// Index of the token in the micro-batch.
+        token: usize,
+    },
     /// A token with a negative position.
     #[error("token {token} has negative position {pos}")]
-    NegativePos { token: usize, pos: Pos },
+    NegativePos {
+        /// Index of the token in the micro-batch.
+        token: usize,
+        /// Its position.
+        pos: Pos,
+    },
     /// Micro-batch `ubatch` (of `n_tokens`) found no room; the cache is unchanged.
     #[error("no room in the KV cache for micro-batch {ubatch} ({n_tokens} tokens)")]
-    NoSlot { ubatch: usize, n_tokens: usize },
+    NoSlot {
+        /// Index of the micro-batch in the batch.
+        ubatch: usize,
+        /// Its number of tokens.
+        n_tokens: usize,
+    },
     /// apply_ubatch was given cell indices that do not fit the micro-batch or the cache.
     #[error("invalid slots: {0}")]
     InvalidSlots(String),

@@ -29,6 +29,8 @@
 //! `0..n_seq_max` (at most [`MAX_SEQ`]); `seq_rm` also takes a negative id for "every
 //! sequence". Bad arguments return [`KvError`]; nothing panics.
 
+#![warn(missing_docs)]
+
 mod cells;
 mod defrag;
 mod error;

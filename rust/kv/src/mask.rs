@@ -1,7 +1,7 @@
 //! The attention window and the KQ mask of a micro-batch.
 
 use crate::swa::pad_to;
-use crate::{KvCells, KvError, SeqId, SwaParams, UBatchView};
+use crate::{KvCells, KvError, SeqId, SwaParams, SwaType, UBatchView};
 
 /// llama.cpp pads the attention window to at least this many cells.
 pub const N_KV_MIN_PAD: u32 = 256;
@@ -63,19 +63,80 @@ impl KvCells {
         if n_kv == 0 {
             return Ok(());
         }
+        // per-cell position as seen by the current sequence (HIDDEN when it does not hold the
+        // cell), rebuilt when the first sequence id changes from one token to the next
+        let mut seen_pos = vec![HIDDEN; n_kv];
+        let mut seen_seq = None;
         for (i, row) in out.chunks_exact_mut(n_kv).enumerate() {
             // llama.cpp masks by the token's first sequence id only
             let seq = ubatch.seqs(i)[0];
-            let p1 = ubatch.pos[i];
-            for (j, value) in row.iter_mut().enumerate() {
-                let p0 = self.pos[j];
-                let visible = p0 != -1
-                    && self.seqs[j].contains(seq)
-                    && !(causal && p0 > p1)
-                    && !swa.is_masked(p0, p1);
-                *value = if visible { 0.0 } else { f32::NEG_INFINITY };
+            if seen_seq != Some(seq) {
+                self.positions_seen_by(seq, &mut seen_pos);
+                seen_seq = Some(seq);
             }
+            fill_row(row, &seen_pos, i64::from(ubatch.pos[i]), causal, swa);
         }
         Ok(())
+    }
+
+    /// `out[j]` = position of cell j if `seq` holds it, else `HIDDEN`.
+    fn positions_seen_by(&self, seq: SeqId, out: &mut [i64]) {
+        for (j, q) in out.iter_mut().enumerate() {
+            let p = self.pos[j];
+            *q = if p != -1 && self.seqs[j].contains(seq) {
+                i64::from(p)
+            } else {
+                HIDDEN
+            };
+        }
+    }
+
+    /// The mask by its definition, cell by cell (the specification `fill_mask` is tested against).
+    #[cfg(test)]
+    pub(crate) fn mask_value(
+        &self,
+        j: usize,
+        seq: SeqId,
+        p1: crate::Pos,
+        causal: bool,
+        swa: SwaParams,
+    ) -> f32 {
+        let p0 = self.pos[j];
+        let visible = p0 != -1
+            && self.seqs[j].contains(seq)
+            && !(causal && p0 > p1)
+            && !swa.is_masked(p0, p1);
+        if visible {
+            0.0
+        } else {
+            f32::NEG_INFINITY
+        }
+    }
+}
+
+/// Marks a cell the token's sequence does not hold.
+const HIDDEN: i64 = i64::MAX;
+
+/// One mask row for a token at `p1`: visible cells are those with `lo < q <= hi`, where the
+/// causal rule gives `hi` and a standard window gives `lo`; other windows ask `is_masked`.
+fn fill_row(row: &mut [f32], seen_pos: &[i64], p1: i64, causal: bool, swa: SwaParams) {
+    let hi = if causal { p1 } else { HIDDEN - 1 };
+    let lo = match swa.kind {
+        SwaType::None => i64::MIN,
+        SwaType::Standard => p1 - i64::from(swa.n_swa),
+        SwaType::Chunked | SwaType::Symmetric => {
+            for (value, &q) in row.iter_mut().zip(seen_pos) {
+                let visible = q <= hi && !swa.is_masked(q as crate::Pos, p1 as crate::Pos);
+                *value = if visible { 0.0 } else { f32::NEG_INFINITY };
+            }
+            return;
+        }
+    };
+    for (value, &q) in row.iter_mut().zip(seen_pos) {
+        *value = if q > lo && q <= hi {
+            0.0
+        } else {
+            f32::NEG_INFINITY
+        };
     }
 }

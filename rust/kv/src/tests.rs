@@ -1089,3 +1089,55 @@ fn corrupt_state_is_refused_and_changes_nothing() {
         }
     );
 }
+
+#[test]
+fn fast_mask_matches_the_definition() {
+    // a cache with holes, shared cells, several sequences, shifted and repeated positions
+    let mut kv = KvCells::new(48, 3).unwrap();
+    decode(&mut kv, &range(0, 10), &vec![vec![0, 1]; 10]);
+    decode(
+        &mut kv,
+        &range(10, 30),
+        &(0..20).map(|k| vec![k % 3]).collect::<Vec<_>>(),
+    );
+    kv.seq_rm(1, 3, 6).unwrap();
+    kv.seq_rm(-1, 12, 14).unwrap();
+    kv.seq_div(2, 10, -1, 2).unwrap();
+    decode(
+        &mut kv,
+        &[20, 21, 9, 30],
+        &[vec![0], vec![0, 2], vec![2], vec![1]],
+    );
+    let windows = [
+        SwaParams::NONE,
+        SwaParams::standard(1),
+        SwaParams::standard(5),
+        SwaParams {
+            n_swa: 4,
+            kind: SwaType::Chunked,
+        },
+        SwaParams {
+            n_swa: 6,
+            kind: SwaType::Symmetric,
+        },
+    ];
+    let pos = [0, 5, 9, 12, 20, 21, 30, 31, 40];
+    let seqs: Vec<Vec<SeqId>> = (0..pos.len()).map(|k| vec![(k % 3) as SeqId, 2]).collect();
+    let ub = UBatchView::new(&pos, &seqs);
+    for n_kv in [kv.n_kv_window(), 33] {
+        for swa in windows {
+            for causal in [true, false] {
+                let mut out = vec![0.0; pos.len() * n_kv as usize];
+                kv.fill_mask_with(&ub, n_kv, causal, swa, &mut out).unwrap();
+                for (i, row) in out.chunks(n_kv as usize).enumerate() {
+                    for (j, &v) in row.iter().enumerate() {
+                        let want = kv.mask_value(j, seqs[i][0], pos[i], causal, swa);
+                        assert_eq!(v, want, "token {i} cell {j} {swa:?} causal {causal}");
+                    }
+                }
+                let seen = out.iter().filter(|&&v| v == 0.0).count();
+                assert!(seen > 0, "{swa:?} {causal}: some cell is visible");
+            }
+        }
+    }
+}

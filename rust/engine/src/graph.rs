@@ -1,0 +1,62 @@
+//! What one forward pass over a micro-batch needs: the tokens and where they go in the
+//! cache, and the scratch buffers a context allocates once.
+
+use ferrollama_tensor::MatmulScratch;
+
+use crate::hparams::HParams;
+
+/// Where a micro-batch's tokens sit in one cache, and what they may attend to.
+pub struct KvView<'a> {
+    /// The cell of each token.
+    pub slots: &'a [u32],
+    /// n_tokens rows of n_kv entries (0 or -inf).
+    pub mask: &'a [f32],
+    /// The cells attention covers (0..n_kv).
+    pub n_kv: usize,
+}
+
+pub struct UBatchView<'a> {
+    pub tokens: &'a [u32],
+    pub pos: &'a [i32],
+    /// Indices (into this micro-batch) of the tokens whose logits are wanted, in order.
+    pub out_rows: &'a [usize],
+    /// The full-attention cache.
+    pub kv: KvView<'a>,
+    /// The sliding-window cache, for architectures that have one.
+    pub kv_swa: Option<KvView<'a>>,
+}
+
+/// Scratch buffers sized for n_ubatch tokens, allocated once per context.
+pub struct Workspace {
+    pub x: Vec<f32>,
+    pub h: Vec<f32>,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub attn: Vec<f32>,
+    pub o: Vec<f32>,
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub rope_cache: Vec<f32>,
+    pub mm: MatmulScratch,
+}
+
+impl Workspace {
+    pub fn new(hp: &HParams, n_ubatch: usize) -> Workspace {
+        let q_dim = hp.n_head * hp.head_dim_k;
+        let attn_dim = hp.n_head * hp.head_dim_v;
+        Workspace {
+            x: vec![0.0; n_ubatch * hp.n_embd],
+            h: vec![0.0; n_ubatch * hp.n_embd],
+            q: vec![0.0; n_ubatch * q_dim],
+            k: vec![0.0; n_ubatch * hp.n_embd_k_gqa()],
+            v: vec![0.0; n_ubatch * hp.n_embd_v_gqa()],
+            attn: vec![0.0; n_ubatch * attn_dim],
+            o: vec![0.0; n_ubatch * hp.n_embd.max(attn_dim)],
+            gate: vec![0.0; n_ubatch * hp.n_ff],
+            up: vec![0.0; n_ubatch * hp.n_ff],
+            rope_cache: vec![0.0; n_ubatch * hp.rope.n_dims],
+            mm: MatmulScratch::default(),
+        }
+    }
+}

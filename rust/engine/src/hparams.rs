@@ -1,0 +1,143 @@
+//! Hyper-parameters read from the GGUF metadata (`{arch}.*` keys).
+
+use ferrollama_gguf::{Array, GgufFile};
+
+use crate::error::{EngineError, Result};
+use crate::ops::RopeParams;
+
+#[derive(Debug, Clone)]
+pub struct HParams {
+    pub arch: String,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub n_ff: usize,
+    /// Per-head key and value sizes (key_length / value_length; n_embd / n_head by default).
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    pub rms_eps: f32,
+    pub rope: RopeParams,
+    /// Sliding-window size for the layers that have one (0: none).
+    pub n_swa: usize,
+    /// Per layer: does it attend through the sliding window?
+    pub swa_layers: Vec<bool>,
+    /// RoPE base of sliding-window layers (Gemma 3: rope.freq_base_swa, 10000 when absent).
+    pub rope_freq_base_swa: f32,
+}
+
+/// Typed access to `{arch}.KEY` with errors that name the key.
+pub(crate) struct Meta<'a> {
+    pub file: &'a GgufFile,
+    pub arch: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String { format!("{}.{k}", self.arch) }
+    pub fn opt_usize(&self, k: &str) -> Result<Option<usize>> {
+        let key = self.key(k);
+        match self.file.get(&key) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) => usize::try_from(n).map(Some).map_err(|_| self.bad(&key, "too large")),
+                // Some files store per-layer arrays (head_count_kv): take the first, check all equal.
+                None => self.uniform_array(&key, v.as_array()).map(Some),
+            },
+        }
+    }
+    pub fn usize(&self, k: &str) -> Result<usize> {
+        self.opt_usize(k)?.ok_or_else(|| self.file.error(format!("missing metadata key {}", self.key(k))).into())
+    }
+    pub fn opt_f32(&self, k: &str) -> Result<Option<f32>> {
+        let key = self.key(k);
+        match self.file.get(&key) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| self.bad(&key, "not a number")),
+        }
+    }
+    fn uniform_array(&self, key: &str, a: Option<&Array>) -> Result<usize> {
+        let vals = a.and_then(Array::to_i64_vec).ok_or_else(|| self.bad(key, "not an integer"))?;
+        let first = *vals.first().ok_or_else(|| self.bad(key, "empty array"))?;
+        if vals.iter().any(|&v| v != first) {
+            return Err(EngineError::Unsupported(format!("{key}: per-layer values differ ({vals:?})")));
+        }
+        usize::try_from(first).map_err(|_| self.bad(key, "negative"))
+    }
+    fn bad(&self, key: &str, what: &str) -> EngineError {
+        self.file.error(format!("metadata key {key}: {what}")).into()
+    }
+}
+
+/// Refuse sizes no real model has, so a crafted file cannot size huge scratch buffers.
+const MAX_DIM: usize = 1 << 20;
+
+impl HParams {
+    pub fn from_gguf(file: &GgufFile, arch: &str, n_vocab: usize) -> Result<HParams> {
+        let m = Meta { file, arch };
+        let n_embd = m.usize("embedding_length")?;
+        let n_head = m.usize("attention.head_count")?;
+        let n_layer = m.usize("block_count")?;
+        let n_head_kv = m.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
+        let n_ff = m.usize("feed_forward_length")?;
+        for (name, v) in [("embedding_length", n_embd), ("head_count", n_head), ("block_count", n_layer),
+                          ("head_count_kv", n_head_kv), ("feed_forward_length", n_ff)] {
+            if v == 0 || v > MAX_DIM {
+                return Err(file.error(format!("{arch}.{name} = {v} is out of range")).into());
+            }
+        }
+        if n_head % n_head_kv != 0 {
+            return Err(file.error(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")).into());
+        }
+        let head_dim_k = m.opt_usize("attention.key_length")?.unwrap_or(n_embd / n_head);
+        let head_dim_v = m.opt_usize("attention.value_length")?.unwrap_or(n_embd / n_head);
+        let n_rot = m.opt_usize("rope.dimension_count")?.unwrap_or(head_dim_k);
+        if n_rot > head_dim_k || n_rot % 2 != 0 || head_dim_k > MAX_DIM {
+            return Err(file.error(format!("rope.dimension_count {n_rot} does not fit head size {head_dim_k}")).into());
+        }
+        let rope = rope_params(&m, n_rot)?;
+        let n_swa = m.opt_usize("attention.sliding_window")?.unwrap_or(0);
+        Ok(HParams {
+            arch: arch.to_string(),
+            n_vocab,
+            n_ctx_train: m.opt_usize("context_length")?.unwrap_or(2048),
+            n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim_k, head_dim_v,
+            rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+            rope,
+            n_swa,
+            swa_layers: vec![false; n_layer],
+            rope_freq_base_swa: m.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0),
+        })
+    }
+
+    /// Query heads per KV head.
+    pub fn gqa(&self) -> usize { self.n_head / self.n_head_kv }
+    pub fn n_embd_k_gqa(&self) -> usize { self.head_dim_k * self.n_head_kv }
+    pub fn n_embd_v_gqa(&self) -> usize { self.head_dim_v * self.n_head_kv }
+}
+
+fn rope_params(m: &Meta, n_rot: usize) -> Result<RopeParams> {
+    let freq_base = m.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
+    let scaling = m.file.get_str(&format!("{}.rope.scaling.type", m.arch)).unwrap_or("none").to_string();
+    let factor = m.opt_f32("rope.scaling.factor")?.unwrap_or(0.0);
+    // llama.cpp: freq_scale = 1 / factor when a factor is given (linear and yarn scaling).
+    let freq_scale = match scaling.as_str() {
+        "none" => 1.0,
+        "linear" | "yarn" => if factor > 0.0 { 1.0 / factor } else { 1.0 },
+        other => return Err(EngineError::Unsupported(format!("rope scaling type '{other}'"))),
+    };
+    let n_ctx_orig = m.opt_usize("rope.scaling.original_context_length")?
+        .or(m.opt_usize("context_length")?).unwrap_or(2048);
+    Ok(RopeParams {
+        n_dims: n_rot,
+        neox: false,
+        freq_base,
+        freq_scale,
+        ext_factor: if scaling == "yarn" { 1.0 } else { 0.0 },
+        attn_factor: m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
+        beta_fast: m.opt_f32("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+        beta_slow: m.opt_f32("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+        n_ctx_orig,
+    })
+}

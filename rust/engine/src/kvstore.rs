@@ -1,0 +1,108 @@
+//! K and V storage of the cache: for each layer, one row per cell, in the cache type
+//! (f32, f16 or q8_0). Which cell holds what is the kv crate's business; this file only
+//! stores, reads, re-rotates (K-shift) and moves rows.
+
+use ferrollama_tensor::{traits, GgmlType, TypeTraits};
+
+use crate::error::{EngineError, Result};
+use crate::ops::{rope_apply, RopeParams};
+
+/// Cache element types a user may choose.
+pub fn parse_cache_type(name: &str) -> Result<GgmlType> {
+    match name.to_ascii_lowercase().as_str() {
+        "f32" => Ok(GgmlType::F32),
+        "f16" => Ok(GgmlType::F16),
+        "q8_0" => Ok(GgmlType::Q8_0),
+        other => Err(EngineError::InvalidArgument(format!("cache type '{other}' is not one of f32, f16, q8_0"))),
+    }
+}
+
+pub struct LayerKv {
+    pub k: Vec<u8>,
+    pub v: Vec<u8>,
+}
+
+pub struct KvStore {
+    pub type_k: &'static TypeTraits,
+    pub type_v: &'static TypeTraits,
+    /// Elements per cell row: n_head_kv × head size.
+    pub k_row: usize,
+    pub v_row: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    pub n_cells: usize,
+    pub layers: Vec<LayerKv>,
+}
+
+impl KvStore {
+    pub fn new(type_k: GgmlType, type_v: GgmlType, n_layer: usize, n_cells: usize,
+               n_head_kv: usize, head_dim_k: usize, head_dim_v: usize) -> Result<KvStore> {
+        let tk = traits(type_k).ok_or_else(|| EngineError::Unsupported(format!("cache type {type_k}")))?;
+        let tv = traits(type_v).ok_or_else(|| EngineError::Unsupported(format!("cache type {type_v}")))?;
+        for (t, hd) in [(tk, head_dim_k), (tv, head_dim_v)] {
+            if hd % t.block_size != 0 {
+                return Err(EngineError::Unsupported(format!("cache type {} needs a head size multiple of {}, not {hd}", t.ty, t.block_size)));
+            }
+        }
+        let (k_row, v_row) = (n_head_kv * head_dim_k, n_head_kv * head_dim_v);
+        let layers = (0..n_layer)
+            .map(|_| LayerKv { k: vec![0; tk.row_bytes(k_row) * n_cells], v: vec![0; tv.row_bytes(v_row) * n_cells] })
+            .collect();
+        Ok(KvStore { type_k: tk, type_v: tv, k_row, v_row, head_dim_k, head_dim_v, n_cells, layers })
+    }
+
+    pub fn k_row_bytes(&self) -> usize { self.type_k.row_bytes(self.k_row) }
+    pub fn v_row_bytes(&self) -> usize { self.type_v.row_bytes(self.v_row) }
+    pub fn bytes(&self) -> usize { self.layers.iter().map(|l| l.k.len() + l.v.len()).sum() }
+
+    /// Stores one token's K and V rows (f32) into `cell` of `layer`.
+    pub fn write(&mut self, layer: usize, cell: usize, k: &[f32], v: &[f32]) {
+        let (kb, vb) = (self.k_row_bytes(), self.v_row_bytes());
+        let (from_k, from_v) = (self.type_k.from_f32.expect("cache types quantize"), self.type_v.from_f32.expect("cache types quantize"));
+        let l = &mut self.layers[layer];
+        from_k(k, &mut l.k[cell * kb..(cell + 1) * kb]);
+        from_v(v, &mut l.v[cell * vb..(cell + 1) * vb]);
+    }
+
+    /// The bytes of KV head `h` of the K row of `cell`.
+    pub fn k_head<'a>(&self, layer: &'a LayerKv, cell: usize, h: usize) -> &'a [u8] {
+        let hb = self.type_k.row_bytes(self.head_dim_k);
+        let start = cell * self.k_row_bytes() + h * hb;
+        &layer.k[start..start + hb]
+    }
+    pub fn v_head<'a>(&self, layer: &'a LayerKv, cell: usize, h: usize) -> &'a [u8] {
+        let hb = self.type_v.row_bytes(self.head_dim_v);
+        let start = cell * self.v_row_bytes() + h * hb;
+        &layer.v[start..start + hb]
+    }
+
+    /// Re-rotates the keys of `cell` by `delta` positions in every layer (the K-shift), with
+    /// `rope_for_layer` giving each layer's RoPE parameters.
+    pub fn shift_cell(&mut self, cell: usize, delta: i32, rope_for_layer: impl Fn(usize) -> RopeParams,
+                      scratch: &mut Vec<f32>) {
+        let kb = self.k_row_bytes();
+        let (to_f32, from_f32) = (self.type_k.to_f32, self.type_k.from_f32.expect("cache types quantize"));
+        let mut cache = Vec::new();
+        scratch.resize(self.k_row, 0.0);
+        for (il, layer) in self.layers.iter_mut().enumerate() {
+            let rope = rope_for_layer(il);
+            cache.resize(rope.n_dims, 0.0);
+            rope.fill_cache(delta as f32, &mut cache);
+            let row = &mut layer.k[cell * kb..(cell + 1) * kb];
+            to_f32(row, scratch);
+            for head in scratch.chunks_exact_mut(self.head_dim_k) {
+                rope_apply(head, &cache, &rope);
+            }
+            from_f32(scratch, row);
+        }
+    }
+
+    /// Copies the rows of cell `src` to cell `dst` in every layer (defragmentation).
+    pub fn move_cell(&mut self, src: usize, dst: usize) {
+        let (kb, vb) = (self.k_row_bytes(), self.v_row_bytes());
+        for l in &mut self.layers {
+            l.k.copy_within(src * kb..(src + 1) * kb, dst * kb);
+            l.v.copy_within(src * vb..(src + 1) * vb, dst * vb);
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The element-wise and row operations the architectures share, written to follow ggml's
+//! arithmetic where it decides agreement (sums of squares in f64, RoPE angles accumulated
+//! by repeated multiplication in f32).
+
+/// y = x / sqrt(mean(x²) + eps) * w, row by row (ggml_rms_norm then a multiply).
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let scale = rms_scale(xr, eps);
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * scale * g;
+        }
+    }
+}
+
+/// In-place RMSNorm of each row of `x` (rows of w.len()).
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    for xr in x.chunks_exact_mut(n) {
+        let scale = rms_scale(xr, eps);
+        for (v, &g) in xr.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    // ggml sums in ggml_float (f64) before taking the mean.
+    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
+/// RoPE parameters of a model (ggml_rope_ext's arguments).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeParams {
+    /// Rotated dimensions of each head (n_rot).
+    pub n_dims: usize,
+    /// NEOX mode rotates (i, i + n_dims/2) pairs; normal mode rotates (2i, 2i+1).
+    pub neox: bool,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub n_ctx_orig: usize,
+}
+
+impl RopeParams {
+    /// The YaRN correction dims (ggml_rope_yarn_corr_dims).
+    fn corr_dims(&self) -> [f32; 2] {
+        let dim = |n_rot: f32| -> f32 {
+            self.n_dims as f32 * (self.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * self.freq_base.ln())
+        };
+        let start = dim(self.beta_fast).floor().max(0.0);
+        let end = dim(self.beta_slow).ceil().min(self.n_dims as f32 - 1.0);
+        [start, end]
+    }
+
+    /// cos and sin of each rotated pair at position `pos`, as ggml_rope_cache_init builds them:
+    /// `cache` receives [cos0, sin0, cos1, sin1, ...] for n_dims/2 pairs.
+    pub fn fill_cache(&self, pos: f32, cache: &mut [f32]) {
+        let theta_scale = self.freq_base.powf(-2.0 / self.n_dims as f32);
+        let corr = self.corr_dims();
+        let mut theta = pos;
+        for i in 0..self.n_dims / 2 {
+            let (c, s) = self.yarn(theta, corr, 2 * i);
+            cache[2 * i] = c;
+            cache[2 * i + 1] = s;
+            theta *= theta_scale;
+        }
+    }
+
+    fn yarn(&self, theta_extrap: f32, corr: [f32; 2], i0: usize) -> (f32, f32) {
+        let theta_interp = self.freq_scale * theta_extrap;
+        let mut theta = theta_interp;
+        let mut mscale = self.attn_factor;
+        if self.ext_factor != 0.0 {
+            let y = (i0 as f32 / 2.0 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+            let ramp = 1.0 - y.clamp(0.0, 1.0);
+            let mix = ramp * self.ext_factor;
+            theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
+            mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
+        }
+        (theta.cos() * mscale, theta.sin() * mscale)
+    }
+}
+
+/// Rotates one head vector in place with a cache from `fill_cache`.
+pub fn rope_apply(x: &mut [f32], cache: &[f32], p: &RopeParams) {
+    let half = p.n_dims / 2;
+    if p.neox {
+        for i in 0..half {
+            let (c, s) = (cache[2 * i], cache[2 * i + 1]);
+            let (a, b) = (x[i], x[i + half]);
+            x[i] = a * c - b * s;
+            x[i + half] = a * s + b * c;
+        }
+    } else {
+        for i in 0..half {
+            let (c, s) = (cache[2 * i], cache[2 * i + 1]);
+            let (a, b) = (x[2 * i], x[2 * i + 1]);
+            x[2 * i] = a * c - b * s;
+            x[2 * i + 1] = a * s + b * c;
+        }
+    }
+}
+
+/// x = silu(x) * y (SwiGLU), element-wise.
+pub fn swiglu(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a = *a / (1.0 + (-*a).exp()) * b;
+    }
+}
+
+/// x = gelu_tanh(x) * y (GeGLU as ggml_gelu computes it), element-wise.
+pub fn geglu(x: &mut [f32], y: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    for (a, &b) in x.iter_mut().zip(y) {
+        let v = *a;
+        *a = 0.5 * v * (1.0 + (SQRT_2_OVER_PI * v * (1.0 + COEF_A * v * v)).tanh()) * b;
+    }
+}
+
+/// a += b, element-wise.
+pub fn add_inplace(a: &mut [f32], b: &[f32]) {
+    for (x, &y) in a.iter_mut().zip(b) {
+        *x += y;
+    }
+}
+
+/// Adds a bias vector to each row of `x`.
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_inplace(row, bias);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain(n_dims: usize, neox: bool) -> RopeParams {
+        RopeParams { n_dims, neox, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0,
+            beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 4096 }
+    }
+
+    #[test]
+    fn rope_by_a_then_b_equals_rope_by_a_plus_b() {
+        // The K-shift relies on rotations composing.
+        for neox in [false, true] {
+            let p = plain(8, neox);
+            let x0: Vec<f32> = (0..8).map(|i| i as f32 * 0.3 - 1.0).collect();
+            let (mut c, mut x1, mut x2) = (vec![0.0; 8], x0.clone(), x0.clone());
+            p.fill_cache(3.0, &mut c); rope_apply(&mut x1, &c, &p);
+            p.fill_cache(4.0, &mut c); rope_apply(&mut x1, &c, &p);
+            p.fill_cache(7.0, &mut c); rope_apply(&mut x2, &c, &p);
+            for (a, b) in x1.iter().zip(&x2) { assert!((a - b).abs() < 1e-5, "{a} vs {b}"); }
+        }
+    }
+
+    #[test]
+    fn rms_norm_matches_definition() {
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let mut y = [0.0; 4];
+        rms_norm(&x, &[1.0, 1.0, 2.0, 1.0], 0.0, &mut y);
+        let r = (30.0f32 / 4.0).sqrt();
+        assert!((y[2] - 6.0 / r).abs() < 1e-6);
+    }
+}

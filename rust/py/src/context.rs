@@ -1,0 +1,224 @@
+//! `ferrollama.Batch`, `ferrollama.Context` and its `kv` view.
+
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+use ferrollama_engine::kvstore::parse_cache_type;
+use ferrollama_engine::{Batch, Context, ContextParams};
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::{guard, to_py, BusyError};
+use crate::model::PyModel;
+
+fn token_id(t: i64) -> PyResult<u32> {
+    u32::try_from(t).map_err(|_| PyValueError::new_err(format!("token {t} is out of range")))
+}
+fn pos_i32(p: i64) -> PyResult<i32> {
+    i32::try_from(p).map_err(|_| PyValueError::new_err(format!("position {p} is out of range")))
+}
+
+#[pyclass(name = "Batch", module = "ferrollama")]
+pub struct PyBatch {
+    pub inner: Batch,
+}
+
+#[pymethods]
+impl PyBatch {
+    #[new]
+    #[pyo3(signature = (n_tokens_max=512, n_seq_max=1))]
+    fn new(n_tokens_max: usize, n_seq_max: usize) -> PyResult<Self> {
+        Ok(PyBatch { inner: Batch::new(n_tokens_max, n_seq_max).map_err(to_py)? })
+    }
+
+    /// A batch of consecutive positions of one sequence; logits: "last", "all" or "none".
+    #[staticmethod]
+    #[pyo3(signature = (tokens, pos0=0, seq_id=0, logits="last"))]
+    fn from_tokens(tokens: Vec<i64>, pos0: i64, seq_id: i32, logits: &str) -> PyResult<Self> {
+        let tokens = tokens.into_iter().map(token_id).collect::<PyResult<Vec<_>>>()?;
+        Ok(PyBatch { inner: Batch::from_tokens(&tokens, pos_i32(pos0)?, seq_id, logits).map_err(to_py)? })
+    }
+
+    #[pyo3(signature = (token, pos, seq_ids=vec![0], logits=false))]
+    fn add(&mut self, token: i64, pos: i64, seq_ids: Vec<i32>, logits: bool) -> PyResult<()> {
+        self.inner.add(token_id(token)?, pos_i32(pos)?, &seq_ids, logits).map_err(to_py)
+    }
+
+    fn clear(&mut self) { self.inner.clear() }
+    fn __len__(&self) -> usize { self.inner.len() }
+    #[getter] fn tokens(&self) -> Vec<u32> { self.inner.tokens.clone() }
+    #[getter] fn pos(&self) -> Vec<i32> { self.inner.pos.clone() }
+    #[getter] fn seq_ids(&self) -> Vec<Vec<i32>> { self.inner.seq_ids.clone() }
+    #[getter] fn logits(&self) -> Vec<bool> { self.inner.logits.clone() }
+    fn __repr__(&self) -> String { format!("Batch(n_tokens={}, n_tokens_max={})", self.inner.len(), self.inner.n_tokens_max()) }
+}
+
+#[pyclass(name = "Context", module = "ferrollama", frozen)]
+pub struct PyContext {
+    inner: Mutex<Context>,
+    #[pyo3(get)]
+    model: Py<PyModel>,
+}
+
+impl PyContext {
+    /// The context, or BusyError when another thread is using it (never a deadlock, never
+    /// interleaved state).
+    pub fn lock(&self) -> PyResult<MutexGuard<'_, Context>> {
+        match self.inner.try_lock() {
+            Ok(g) => Ok(g),
+            Err(TryLockError::WouldBlock) => Err(BusyError::new_err("this Context is in use by another thread; use one Context per thread")),
+            // A panic while locked was turned into an exception; the state it left is still
+            // consistent because every mutation validates before it writes.
+            Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+        }
+    }
+}
+
+#[pymethods]
+impl PyContext {
+    #[new]
+    #[pyo3(signature = (model, n_ctx=4096, n_batch=2048, n_ubatch=512, n_seq_max=1, n_threads=None, n_threads_batch=None,
+                        type_k="f16", type_v="f16", kv_unified=true, swa_full=false, embeddings=false, pooling=None,
+                        defrag_thold=-1.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(py: Python<'_>, model: Py<PyModel>, n_ctx: usize, n_batch: usize, n_ubatch: usize, n_seq_max: usize,
+           n_threads: Option<usize>, n_threads_batch: Option<usize>, type_k: &str, type_v: &str, kv_unified: bool,
+           swa_full: bool, embeddings: bool, pooling: Option<&str>, defrag_thold: f32) -> PyResult<Self> {
+        guard(|| {
+            let mut p = ContextParams::new(n_ctx);
+            let physical = default_threads();
+            p.n_batch = n_batch;
+            p.n_ubatch = n_ubatch;
+            p.n_seq_max = n_seq_max;
+            p.n_threads = n_threads.unwrap_or(physical);
+            p.n_threads_batch = n_threads_batch.unwrap_or(p.n_threads);
+            p.type_k = parse_cache_type(type_k).map_err(to_py)?;
+            p.type_v = parse_cache_type(type_v).map_err(to_py)?;
+            p.kv_unified = kv_unified;
+            p.swa_full = swa_full;
+            p.embeddings = embeddings;
+            p.defrag_thold = defrag_thold;
+            if let Some(pl) = pooling {
+                if !matches!(pl, "none" | "mean" | "cls" | "last") {
+                    return Err(PyValueError::new_err(format!("pooling must be none, mean, cls or last, not {pl:?}")));
+                }
+            }
+            let m = model.get().inner.clone();
+            let ctx = py.allow_threads(|| Context::new(m, p)).map_err(to_py)?;
+            Ok(PyContext { inner: Mutex::new(ctx), model })
+        })
+    }
+
+    /// Runs the batch; DecodeError leaves the cache as it was.
+    fn decode(&self, py: Python<'_>, batch: &PyBatch) -> PyResult<()> {
+        guard(|| {
+            let mut ctx = self.lock()?;
+            let ctx: &mut Context = &mut ctx;
+            let b = &batch.inner;
+            py.allow_threads(|| ctx.decode(b)).map_err(to_py)
+        })
+    }
+
+    /// Logits of batch index i of the last decode (negative: counted from the last output).
+    #[pyo3(signature = (i=-1))]
+    fn logits<'py>(&self, py: Python<'py>, i: i64) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let ctx = self.lock()?;
+        Ok(PyArray1::from_slice(py, ctx.logits_ith(i).map_err(to_py)?))
+    }
+
+    /// All outputs of the last decode, shape (n_outputs, n_vocab), in batch order.
+    fn logits_all<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let ctx = self.lock()?;
+        let nv = ctx.n_vocab();
+        let flat = PyArray1::from_slice(py, ctx.logits_all());
+        flat.reshape([ctx.n_outputs(), nv])
+    }
+
+    #[getter] fn n_ctx(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_ctx) }
+    #[getter] fn n_batch(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_batch) }
+    #[getter] fn n_ubatch(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_ubatch) }
+    #[getter] fn n_seq_max(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_seq_max) }
+    #[getter] fn n_threads(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_threads) }
+
+    #[getter]
+    fn perf(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let ctx = self.lock()?;
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("n_p_eval", ctx.perf.n_p_eval)?;
+        d.set_item("t_p_eval_ms", ctx.perf.t_p_eval_ms)?;
+        d.set_item("n_eval", ctx.perf.n_eval)?;
+        d.set_item("t_eval_ms", ctx.perf.t_eval_ms)?;
+        d.set_item("t_load_ms", ctx.model.load_ms)?;
+        Ok(d.into_any().unbind())
+    }
+
+    /// The KV cache of this context.
+    #[getter]
+    fn kv(slf: Py<Self>) -> PyKv { PyKv { ctx: slf } }
+}
+
+/// Threads for compute: the physical cores (hyper-threads share one core's units, and llama.cpp
+/// defaults to the physical count too).
+fn default_threads() -> usize {
+    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    physical_cores().unwrap_or(logical).clamp(1, logical)
+}
+
+fn physical_cores() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mut cores = std::collections::HashSet::new();
+    let (mut phys, mut core) = (None, None);
+    for line in info.lines() {
+        let val = || line.split(':').nth(1).map(|v| v.trim().to_string());
+        if line.starts_with("physical id") { phys = val(); }
+        if line.starts_with("core id") { core = val(); }
+        if line.trim().is_empty() {
+            if let (Some(p), Some(c)) = (phys.take(), core.take()) { cores.insert((p, c)); }
+        }
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
+/// `Context.kv`: the sequence operations of llama_memory_seq_*.
+#[pyclass(name = "KVCache", module = "ferrollama", frozen)]
+pub struct PyKv {
+    ctx: Py<PyContext>,
+}
+
+fn kv_err(e: impl std::fmt::Display) -> PyErr { PyValueError::new_err(e.to_string()) }
+
+#[pymethods]
+impl PyKv {
+    /// Removes the cells of seq_id in [p0, p1); seq_id < 0: every sequence.
+    #[pyo3(signature = (seq_id, p0=-1, p1=-1))]
+    fn seq_rm(&self, seq_id: i32, p0: i32, p1: i32) -> PyResult<bool> {
+        self.ctx.get().lock()?.cells.seq_rm(seq_id, p0, p1).map_err(kv_err)
+    }
+    #[pyo3(signature = (src, dst, p0=-1, p1=-1))]
+    fn seq_cp(&self, src: i32, dst: i32, p0: i32, p1: i32) -> PyResult<()> {
+        self.ctx.get().lock()?.cells.seq_cp(src, dst, p0, p1).map_err(kv_err)
+    }
+    fn seq_keep(&self, seq_id: i32) -> PyResult<()> {
+        self.ctx.get().lock()?.cells.seq_keep(seq_id).map_err(kv_err)
+    }
+    fn seq_add(&self, seq_id: i32, p0: i32, p1: i32, delta: i32) -> PyResult<()> {
+        self.ctx.get().lock()?.cells.seq_add(seq_id, p0, p1, delta).map_err(kv_err)
+    }
+    fn seq_div(&self, seq_id: i32, p0: i32, p1: i32, d: i32) -> PyResult<()> {
+        self.ctx.get().lock()?.cells.seq_div(seq_id, p0, p1, d).map_err(kv_err)
+    }
+    fn seq_pos_min(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.cells.seq_pos_min(seq_id).map_err(kv_err) }
+    fn seq_pos_max(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.cells.seq_pos_max(seq_id).map_err(kv_err) }
+    fn clear(&self) -> PyResult<()> { self.ctx.get().lock()?.cells.clear(); Ok(()) }
+    #[getter] fn size(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells.size()) }
+    #[getter] fn used(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells.used()) }
+    #[getter] fn head(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells.head()) }
+
+    /// (pos, frozenset(seq_ids)) per cell; pos -1 for an empty cell.
+    fn cells(&self, py: Python<'_>) -> PyResult<Vec<(i32, PyObject)>> {
+        let ctx = self.ctx.get().lock()?;
+        ctx.cells.cells().into_iter()
+            .map(|(pos, seqs)| Ok((pos, pyo3::types::PyFrozenSet::new(py, &seqs)?.into_any().unbind())))
+            .collect()
+    }
+}

@@ -1,0 +1,33 @@
+"""llama.cpp's recorded scenarios, replayed through the Python API with F32 and F16 caches,
+within the tolerances of tests/data/REFERENCE.md."""
+from __future__ import annotations
+
+import pytest
+
+import scenario_runner as sr
+from conftest import load_model
+
+ENGINE_SPINE = ("forward-", "incremental", "ubatch-split", "qwen2-text")
+KV_CACHE = ("multi-seq-batch", "shared-prefix-keep", "seq-cp-diverge", "seq-rm-regenerate", "seq-rm-middle",
+            "seq-div", "seq-add-free", "ring-wrap", "clear-reuse", "context-shift", "self-extend",
+            "qwen2-context-shift")
+NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE)
+
+
+@pytest.mark.parametrize("cache_type", ["f32", "f16"])
+@pytest.mark.parametrize("name", NAMES)
+def test_scenario(name: str, cache_type: str) -> None:
+    scn = sr.load(name)
+    model = load_model(scn["model"])
+    got = sr.run(scn, model, cache_type)
+    cmp = sr.compare(name, scn, got, cache_type)
+    assert cmp.n_logits > 0 or cmp.exact_failures == [], "no logits compared"
+    problems = sr.check(cmp, scn["model"], model.arch)
+    assert not problems, f"{name} [{cache_type}]: " + "; ".join(problems)
+
+
+def test_every_spine_and_kv_scenario_is_collected() -> None:
+    # The families the issues name must all be present in tests/data.
+    for prefix in ENGINE_SPINE + KV_CACHE:
+        assert any(n.startswith(prefix) for n in NAMES), prefix
+    assert len([n for n in NAMES if n.startswith("forward-")]) == 15

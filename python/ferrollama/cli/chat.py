@@ -1,0 +1,195 @@
+"""``ferrollama chat``: a conversation through the model's own chat template.
+
+Each turn renders the whole conversation with the template, finds the longest prefix it shares
+with what the cache holds and decodes only the rest (``kv.seq_rm`` drops what differs). When the
+context fills, it shifts like llama-cli: the first --keep tokens stay, half of the rest is
+dropped. Ctrl-C stops the current answer and returns to the prompt; Ctrl-D (end of input)
+ends the conversation.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+from .._core import Batch
+from ..chat import ChatTemplate
+from ..llama import Sampler, Utf8Stream, add_bos_of, common_prefix_len
+from .common import (CLIError, add_context_args, add_model_args, add_sampling_args, int_value, load_model,
+                     make_context, print_timings, process_escapes, read_text_file, sampling_params, warmup)
+from .generate import read_input
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_context_args(p)
+    add_sampling_args(p)
+    g = p.add_argument_group("chat")
+    g.add_argument("-sys", "--system-prompt", default="", metavar="PROMPT", help="the system message")
+    g.add_argument("-p", "--prompt", default=None, help="the first user message")
+    g.add_argument("-st", "--single-turn", action="store_true", help="answer -p and exit")
+    g.add_argument("-n", "--n-predict", type=int_value, default=-1, metavar="N",
+                   help="most tokens per answer (default: -1, until the model ends it)")
+    g.add_argument("--keep", type=int_value, default=0, metavar="N",
+                   help="tokens kept at the start when the context shifts (default: 0, BOS only; -1: the system prompt)")
+    g.add_argument("--chat-template", default=None, metavar="JINJA", help="use this template instead of the model's")
+    g.add_argument("--chat-template-file", default=None, metavar="FNAME", help="read the template from a file")
+    g.add_argument("-mli", "--multiline-input", action="store_true", help="multi-line input: end it with '\\'")
+    g.add_argument("--no-escape", dest="escape", action="store_false", default=True, help="do not process escapes")
+
+
+class Conversation:
+    """The messages, the tokens the cache holds for them, and the context-shift bookkeeping."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.t_start = time.perf_counter()
+        self.model = load_model(args)
+        self.ctx = make_context(args, self.model)
+        self.perf_base = warmup(self.ctx, self.model) if not args.no_warmup else dict(self.ctx.perf)
+        override = args.chat_template
+        if args.chat_template_file:
+            override = read_text_file(args.chat_template_file, "chat template file")
+        self.template = ChatTemplate.from_model(self.model, override)
+        self.params = sampling_params(args, self.model)
+        self.sampler = Sampler(self.model, self.params)
+        self.messages: list[dict] = []
+        if args.system_prompt:
+            self.messages.append({"role": "system", "content": self._escape(args.system_prompt)})
+        #: the conversation's tokens as if nothing had been dropped
+        self.full: list[int] = []
+        #: tokens dropped just after the first n_keep by context shifts
+        self.dropped = 0
+        self.n_keep = self._n_keep()
+        self.generating = False
+        self.interrupted = False
+
+    def _escape(self, text: str) -> str:
+        return process_escapes(text) if self.args.escape else text
+
+    def _n_keep(self) -> int:
+        keep = self.args.keep
+        if keep >= 0:
+            return keep + int(add_bos_of(self.model))
+        system = self.template.tokens(self.model, self.messages, add_generation_prompt=False) if self.messages else []
+        return len(system)
+
+    @property
+    def n_past(self) -> int:
+        return len(self.full) - self.dropped
+
+    # --- the cache ---
+    def shift(self) -> None:
+        n_discard = (self.n_past - self.n_keep) // 2
+        if n_discard <= 0:
+            raise CLIError(f"the context ({self.ctx.n_ctx} tokens) is too small for --keep {self.n_keep}")
+        kv = self.ctx.kv
+        kv.seq_rm(0, self.n_keep, self.n_keep + n_discard)
+        kv.seq_add(0, self.n_keep + n_discard, self.n_past, -n_discard)
+        self.dropped += n_discard
+
+    def feed(self, tokens: list[int]) -> None:
+        """Decodes tokens after the cached ones, shifting the context when it is full."""
+        room = max(1, min(self.ctx.n_batch, (self.ctx.n_ctx - self.n_keep) // 2))
+        i = 0
+        while i < len(tokens):
+            chunk = tokens[i:i + room]
+            while self.n_past + len(chunk) > self.ctx.n_ctx:
+                self.shift()
+            self.ctx.decode(Batch.from_tokens(chunk, pos0=self.n_past, seq_id=0, logits="last"))
+            self.full.extend(chunk)
+            i += len(chunk)
+
+    def sync(self, tokens: list[int]) -> list[int]:
+        """Makes the cache hold tokens; returns those that had to be decoded."""
+        p = min(common_prefix_len(self.full, tokens), len(tokens) - 1)
+        if self.dropped and p < self.n_keep + self.dropped:
+            self.ctx.kv.clear()
+            self.full, self.dropped, p = [], 0, 0
+        self.ctx.kv.seq_rm(0, p - self.dropped, -1)
+        del self.full[p:]
+        new = tokens[p:]
+        self.feed(new)
+        return new
+
+    # --- a turn ---
+    def answer(self, user_text: str, out) -> str:
+        self.messages.append({"role": "user", "content": user_text})
+        prompt = self.template.tokens(self.model, self.messages, add_generation_prompt=True)
+        self.generating, self.interrupted = True, False
+        try:
+            self.sampler.reset()
+            for t in self.sync(prompt):
+                self.sampler.accept(t, accept_grammar=False)
+            text = self._generate(out)
+        finally:
+            self.generating = False
+        self.messages.append({"role": "assistant", "content": text})
+        return text
+
+    def _generate(self, out) -> str:
+        stream, pieces, n = Utf8Stream(), [], 0
+        limit = self.args.n_predict
+        while (limit < 0 or n < limit) and not self.interrupted:
+            token = self.sampler.sample(self.ctx, -1)
+            self.sampler.accept(token)
+            if self.model.is_eog(token):
+                break
+            piece = self.model.token_to_piece(token, False)
+            pieces.append(piece)
+            out.write(stream.push(piece))
+            out.flush()
+            self.feed([token])
+            n += 1
+        out.write(stream.flush())
+        out.write("\n")
+        out.flush()
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+    # --- the session ---
+    def install_sigint(self) -> None:
+        def handler(signum, frame):
+            if self.generating:
+                self.interrupted = True
+                return
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, handler)
+
+    def run(self) -> int:
+        out = sys.stdout
+        self.install_sigint()
+        first = self._escape(self.args.prompt) if self.args.prompt else None
+        status = 0
+        try:
+            if first is not None:
+                self.answer(first, out)
+            if not self.args.single_turn or first is None:
+                self._interact(out)
+        except KeyboardInterrupt:
+            out.write("\n")
+            status = 130
+        out.flush()
+        print_timings(self.ctx, self.perf_base, self.t_start, self.sampler.t_sample_ms, self.sampler.n_sample,
+                      getattr(self.args, "t_load_ms", None))
+        return status
+
+    def _interact(self, out) -> None:
+        while True:
+            out.write("\n> ")
+            out.flush()
+            text = read_input(self.args.multiline_input)
+            if text is None:
+                out.write("\n")
+                return
+            text = text.rstrip("\n")
+            if not text:
+                continue
+            self.answer(self._escape(text), out)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.single_turn and args.prompt is None:
+        raise CLIError("--single-turn needs the message in -p")
+    return Conversation(args).run()
+

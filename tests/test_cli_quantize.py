@@ -1,0 +1,91 @@
+"""`ferrollama quantize`: F32 -> the types the gguf package quantizes, byte for byte as the
+reference tiny models (written by the gguf package with ggml's reference code), and loadable."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import ferrollama as fl
+
+DATA = Path(__file__).parent / "data"
+F32 = DATA / "models" / "tiny-llama-f32.gguf"
+
+
+def ferrollama(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ferrollama.cli", *map(str, args)], capture_output=True, text=True)
+
+
+def tensors(path: Path) -> dict[str, tuple[str, bytes]]:
+    return {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(path).tensors}
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16"])
+def test_pure_quantization_matches_the_reference_bytes(tmp_path, kind):
+    out = tmp_path / f"{kind}.gguf"
+    r = ferrollama("quantize", F32, out, kind.upper(), "--pure")
+    assert r.returncode == 0, r.stderr
+    assert tensors(out) == tensors(DATA / "models" / f"tiny-llama-{kind}.gguf")
+    reader = gguf.GGUFReader(out)
+    assert reader.fields["general.architecture"].contents() == "llama"
+    assert reader.fields["tokenizer.ggml.tokens"].contents() == gguf.GGUFReader(F32).fields["tokenizer.ggml.tokens"].contents()
+    model = fl.Model(str(out))
+    assert {t.type for t in model.tensors} == {kind.upper(), "F32"}
+    ctx = fl.Context(model, n_ctx=64, type_k="f32", type_v="f32")
+    ctx.decode(fl.Batch.from_tokens([1, 100, 200], logits="last"))
+    assert np.isfinite(ctx.logits(-1)).all()
+
+
+def test_file_type_and_norms(tmp_path):
+    out = tmp_path / "q8.gguf"
+    assert ferrollama("quantize", F32, out, "q8_0").returncode == 0
+    reader = gguf.GGUFReader(out)
+    assert reader.fields["general.file_type"].contents() == 7
+    norms = [t for t in reader.tensors if "norm" in t.name]
+    assert norms and all(t.tensor_type.name == "F32" for t in norms)
+
+
+def test_mix_rules_of_q4_k_m():
+    from ferrollama.cli.quantize import Rules, _use_more_bits
+
+    rules = Rules("Q4_K", "m", 24, None, None, has_output=True)
+    assert rules.type_of("output.weight") == "Q6_K"
+    assert rules.type_of("token_embd.weight") == "Q4_K"
+    assert rules.type_of("blk.0.attn_v.weight") == "Q6_K"
+    # llama.cpp's use_more_bits(i, 24): i < 3, i >= 21, or (i - 3) % 3 == 2
+    assert [i for i in range(24) if _use_more_bits(i, 24)] == [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23]
+    assert rules.type_of("blk.5.attn_v.weight") == "Q6_K"
+    assert rules.type_of("blk.4.attn_v.weight") == "Q4_K"
+    assert rules.type_of("blk.23.ffn_down.weight") == "Q6_K"
+    assert rules.type_of("blk.5.ffn_up.weight") == "Q4_K"
+    tied = Rules("Q4_K", "m", 24, None, None, has_output=False)
+    assert tied.type_of("token_embd.weight") == "Q6_K"
+    assert Rules("Q4_K", None, 24, None, None).type_of("output.weight") == "Q4_K"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["Q9_9"], "unknown type 'Q9_9'"),
+    (["Q8_0", "--output-tensor-type", "Q1"], "unknown tensor type 'Q1'"),
+])
+def test_bad_type_is_one_line(tmp_path, args, message):
+    r = ferrollama("quantize", F32, tmp_path / "o.gguf", *args)
+    assert r.returncode == 1
+    assert message in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_already_quantized_input_needs_allow_requantize(tmp_path):
+    src = DATA / "models" / "tiny-llama-q8_0.gguf"
+    r = ferrollama("quantize", src, tmp_path / "o.gguf", "Q4_0")
+    assert r.returncode == 1 and "already Q8_0" in r.stderr and "--allow-requantize" in r.stderr
+    r = ferrollama("quantize", src, tmp_path / "o.gguf", "Q4_0", "--allow-requantize", "--pure")
+    assert r.returncode == 0, r.stderr
+    assert {v[0] for v in tensors(tmp_path / "o.gguf").values()} == {"Q4_0", "F32"}
+
+
+def test_missing_input(tmp_path):
+    r = ferrollama("quantize", tmp_path / "nope.gguf", tmp_path / "o.gguf", "Q8_0")
+    assert r.returncode == 1 and r.stderr.endswith("nope.gguf: no such file\n")

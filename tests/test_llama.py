@@ -129,3 +129,159 @@ def test_template_sandbox_refuses_unsafe_access():
     t = ChatTemplate("{{ messages.__class__.__mro__ }}")
     with pytest.raises(ChatTemplateError):
         t.render([])
+
+
+# --- Llama on real and tiny models -------------------------------------------------------------
+
+QWEN = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+TINY = DATA / "models" / "tiny-llama-f32.gguf"
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from ferrollama.llama import Llama
+
+    return Llama(qwen_path(), n_ctx=512, n_batch=512)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from ferrollama.llama import Llama
+
+    return Llama(TINY, n_ctx=256, type_k="f32", type_v="f32")
+
+
+def test_greedy_completion_is_llama_cpp_s(qwen):
+    for case in fixture("greedy_qwen2.5-coder-0.5b.json")["cases"]:
+        out = qwen(case["prompt"], max_tokens=len(case["generated_tokens"]), temperature=0.0)
+        assert out["object"] == "text_completion"
+        assert out["usage"]["prompt_tokens"] == len(case["prompt_tokens"])
+        assert out["choices"][0]["text"] == case["text"]
+        assert out["choices"][0]["finish_reason"] == ("stop" if case["stopped_on_eog"] else "length")
+
+
+def test_seeded_sampling_is_llama_cpp_python_s(qwen):
+    """llama-cpp-python's chain (penalties, top-k, typical, top-p, min-p, temp, dist) with seed 42."""
+    rec = fixture("sampler_chain_qwen2.5-coder-0.5b.json")
+    out = qwen(rec["prompt"], max_tokens=len(rec["tokens"]), temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+               typical_p=1.0, repeat_penalty=1.0, seed=42)
+    assert out["choices"][0]["text"] == rec["text"]
+
+
+def test_streaming_gives_the_same_text_in_pieces(qwen):
+    chunks = list(qwen("def is_prime(n):\n", max_tokens=24, temperature=0.0, stream=True))
+    whole = qwen("def is_prime(n):\n", max_tokens=24, temperature=0.0)
+    assert len(chunks) > 5
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 24
+
+
+def test_stop_strings_cut_the_text(qwen):
+    out = qwen("def is_prime(n):\n", max_tokens=32, temperature=0.0, stop=["return"])
+    assert out["choices"][0]["text"] == "    if n <= 1:\n        "
+    assert out["choices"][0]["finish_reason"] == "stop"
+    chunks = list(qwen("def is_prime(n):\n", max_tokens=32, temperature=0.0, stop=["return"], stream=True))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "    if n <= 1:\n        "
+
+
+def test_prompt_prefix_is_reused(qwen):
+    qwen.reset()
+    qwen("def is_prime(n):\n", max_tokens=4, temperature=0.0)
+    before = qwen.ctx.perf["n_p_eval"]
+    qwen("def is_prime(n):\n    if n < 2:", max_tokens=1, temperature=0.0)
+    n_new = len(qwen.tokenize("def is_prime(n):\n    if n < 2:")) - len(qwen.tokenize("def is_prime(n):\n"))
+    assert qwen.ctx.perf["n_p_eval"] - before <= n_new + 1
+
+
+def test_logprobs(qwen):
+    out = qwen("def is_prime(n):\n", max_tokens=5, temperature=0.0, logprobs=3)
+    lp = out["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 5
+    assert "".join(lp["tokens"]) == out["choices"][0]["text"]
+    for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert value <= 0 and len(top) == 3 and max(top.values()) == pytest.approx(value)   # greedy: the best one
+    assert lp["text_offset"][0] == 0 and lp["text_offset"][1] == len(lp["tokens"][0])
+
+
+def test_chat_completion_is_llama_cpp_s(qwen):
+    case = next(c for c in fixture("greedy_qwen2.5-coder-0.5b.json")["cases"] if c["kind"] == "chat")
+    out = qwen.create_chat_completion(case["messages"], temperature=0.0, max_tokens=64)
+    assert out["object"] == "chat.completion"
+    assert out["choices"][0]["message"] == {"role": "assistant", "content": case["text"]}
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["usage"]["prompt_tokens"] == len(case["prompt_tokens"])
+    chunks = list(qwen.create_chat_completion(case["messages"], temperature=0.0, max_tokens=64, stream=True))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == case["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+def test_json_schema_response(qwen):
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    out = qwen.create_chat_completion([{"role": "user", "content": "What is 6 times 7? Answer in JSON."}],
+                                      temperature=0.0, max_tokens=32,
+                                      response_format={"type": "json_object", "schema": schema})
+    assert set(json.loads(out["choices"][0]["message"]["content"])) == {"answer"}
+
+
+def test_template_from_the_model_matches_the_recorded_tokens(qwen):
+    case = next(c for c in fixture("greedy_qwen2.5-coder-0.5b.json")["cases"] if c["kind"] == "chat")
+    assert qwen.chat_template.tokens(qwen.model, case["messages"]) == case["prompt_tokens"]
+
+
+def test_generate_yields_tokens(tiny):
+    import numpy as np
+
+    tokens = tiny.tokenize("Hello")
+    gen = tiny.generate(tokens, temp=0.0)
+    got = [next(gen) for _ in range(5)]
+    gen.close()
+    import ferrollama as fl
+
+    ctx = fl.Context(tiny.model, n_ctx=256, type_k="f32", type_v="f32")
+    ctx.decode(fl.Batch.from_tokens(tokens, logits="last"))
+    want = []
+    for i in range(5):
+        want.append(int(np.argmax(ctx.logits(-1))))
+        ctx.decode(fl.Batch.from_tokens([want[-1]], pos0=len(tokens) + i, logits="last"))
+    assert got == want
+
+
+def test_tokenize_detokenize(tiny):
+    tokens = tiny.tokenize(b"Hello world")
+    assert tokens[0] == tiny.model.bos
+    assert tiny.detokenize(tokens).decode().strip() == "Hello world"
+    assert tiny.tokenize("Hello", add_bos=False)[0] != tiny.model.bos
+
+
+def test_save_and_load_state(tiny):
+    first = tiny("Once upon a time", max_tokens=8, temperature=0.0)
+    state = tiny.save_state()
+    assert state.n_tokens == len(tiny.input_ids) and state.llama_state_size > 0
+    tail = tiny.generate([], temp=0.0, reset=False)
+    a = [next(tail) for _ in range(4)]
+    tail.close()
+    tiny.load_state(state)
+    tail = tiny.generate([], temp=0.0, reset=False)
+    b = [next(tail) for _ in range(4)]
+    tail.close()
+    assert a == b and first["choices"][0]["text"]
+
+
+def test_embeddings_mean_pooled(tiny):
+    vec = tiny.embed("hello world")
+    vecs, count = tiny.embed(["hello world", "bye"], normalize=True, return_count=True)
+    assert len(vec) == 256 and len(vecs) == 2 and count > 2
+    assert np.linalg.norm(vecs[0]) == pytest.approx(1.0, abs=1e-5)
+    assert np.asarray(vecs[0]) == pytest.approx(np.asarray(vec) / np.linalg.norm(vec), abs=1e-5)
+    out = tiny.create_embedding("hello")
+    assert out["object"] == "list" and out["data"][0]["object"] == "embedding"
+
+
+def test_empty_prompt_and_full_context(tiny):
+    out = tiny("", max_tokens=4, temperature=0.0)            # just BOS
+    assert out["usage"]["prompt_tokens"] == 1
+    with pytest.raises(ValueError, match="context holds"):
+        tiny([1] * 300, max_tokens=1)

@@ -1,0 +1,287 @@
+"""`ferrollama generate` run as a user would: llama.cpp's greedy text, the timings, context
+shifting, Self-Extend, the prompt cache, interactive mode through a pseudo-terminal, and errors."""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import model_path
+
+DATA = Path(__file__).parent / "data"
+TINY = DATA / "models" / "tiny-llama-f32.gguf"
+QWEN = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+GEMMA = "gemma-3-270m-q4_k_m.gguf"
+
+
+def ferrollama(*args, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ferrollama.cli", *map(str, args)], capture_output=True,
+                          text=True, encoding="utf-8", **kwargs)
+
+
+def greedy_cases(name: str) -> list[dict]:
+    data = json.loads((DATA / "fixtures" / f"greedy_{name}.json").read_text())
+    return [c for c in data["cases"] if c["kind"] == "plain"]
+
+
+@pytest.mark.parametrize("model, fixture", [(QWEN, "qwen2.5-coder-0.5b"), (GEMMA, "gemma-3-270m")])
+def test_greedy_text_is_llama_cpp_s(model, fixture):
+    for case in greedy_cases(fixture):
+        prompt = case["prompt"].replace("\n", "\\n")   # as typed on a command line; -p processes escapes
+        r = ferrollama("generate", "-m", model_path(model), "-p", prompt, "-n", len(case["generated_tokens"]),
+                       "--temp", "0", "-c", case["context"]["n_ctx"])
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == case["prompt"] + case["text"] + "\n"
+
+
+def test_timings_on_stderr():
+    import ferrollama as fl
+
+    n_prompt = len(fl.Model(str(TINY)).tokenize("Hello", add_special=True, parse_special=True))
+    r = ferrollama("generate", "-m", TINY, "-p", "Hello", "-n", 8, "--temp", "0", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    prompt = re.search(r"prompt eval time = +[\d.]+ ms / +(\d+) tokens \( *[\d.]+ ms per token, +([\d.]+) tokens per second\)",
+                       r.stderr)
+    gen = re.search(r"        eval time = +[\d.]+ ms / +(\d+) runs +\( *[\d.]+ ms per token, +([\d.]+) tokens per second\)",
+                    r.stderr)
+    assert prompt and gen, r.stderr
+    assert int(prompt.group(1)) == n_prompt
+    assert int(gen.group(1)) == 7             # the 8th token is sampled but not decoded
+    assert float(prompt.group(2)) > 0 and float(gen.group(2)) > 0
+    assert "load time" in r.stderr and "sampling time" in r.stderr
+
+
+def test_no_display_prompt_and_stdout_is_only_text():
+    a = ferrollama("generate", "-m", TINY, "-p", "Hello", "-n", 8, "--temp", "0", "--ignore-eos")
+    b = ferrollama("generate", "-m", TINY, "-p", "Hello", "-n", 8, "--temp", "0", "--ignore-eos", "--no-display-prompt")
+    assert a.stdout.startswith("Hello") or a.stdout.startswith(" Hello")
+    assert a.stdout.endswith(b.stdout) and len(b.stdout) < len(a.stdout)
+
+
+def test_context_shift_keeps_generating_past_the_context():
+    r = ferrollama("generate", "-m", TINY, "-p", "Once upon a time", "-n", 400, "-c", 256, "--temp", "0",
+                   "--ignore-eos", "--keep", 2)
+    assert r.returncode == 0, r.stderr
+    runs = int(re.search(r"        eval time = .* / +(\d+) runs", r.stderr).group(1))
+    assert runs == 399
+    stopped = ferrollama("generate", "-m", TINY, "-p", "Once upon a time", "-n", 400, "-c", 256, "--temp", "0",
+                         "--ignore-eos", "--no-context-shift")
+    assert stopped.returncode == 0
+    assert "context full" in stopped.stderr
+    runs = int(re.search(r"        eval time = .* / +(\d+) runs", stopped.stderr).group(1))
+    assert runs < 256
+
+
+def test_context_shift_matches_the_explicit_loop():
+    """The CLI's shift is llama-cli's: keep n_keep, drop half of the rest, move the rest back."""
+    import numpy as np
+
+    import ferrollama as fl
+
+    r = ferrollama("generate", "-m", TINY, "-p", "Once upon a time", "-n", 300, "-c", 256, "--temp", "0",
+                   "--ignore-eos", "--keep", 1, "--no-display-prompt", "-ctk", "f32", "-ctv", "f32")
+    assert r.returncode == 0, r.stderr
+    model = fl.Model(str(TINY))
+    ctx = fl.Context(model, n_ctx=256, type_k="f32", type_v="f32")
+    tokens = list(model.tokenize("Once upon a time", add_special=True, parse_special=True))
+    n_keep = 1 + 1
+    ctx.decode(fl.Batch.from_tokens(tokens, logits="last"))
+    n_past, out = len(tokens), []
+    for _ in range(300):
+        token = int(np.argmax(ctx.logits(-1)))
+        out.append(token)
+        if len(out) == 300:
+            break
+        if n_past + 1 >= 256:
+            n_discard = (n_past - n_keep) // 2
+            ctx.kv.seq_rm(0, n_keep, n_keep + n_discard)
+            ctx.kv.seq_add(0, n_keep + n_discard, n_past, -n_discard)
+            n_past -= n_discard
+        ctx.decode(fl.Batch.from_tokens([token], pos0=n_past, logits="last"))
+        n_past += 1
+    expected = b"".join(model.token_to_piece(t) for t in out).decode("utf-8", "replace")
+    assert r.stdout == expected + "\n"
+
+
+def test_self_extend_runs_past_the_window():
+    r = ferrollama("generate", "-m", TINY, "-p", "Once upon a time", "-n", 300, "-c", 512, "--temp", "0",
+                   "--ignore-eos", "-gan", 2, "-gaw", 64)
+    assert r.returncode == 0, r.stderr
+    bad = ferrollama("generate", "-m", TINY, "-p", "x", "-gan", 3, "-gaw", 64)
+    assert bad.returncode == 1 and "multiple of --grp-attn-n" in bad.stderr
+
+
+def test_prompt_cache_reuses_the_matching_prefix(tmp_path):
+    cache = tmp_path / "prompt.bin"
+    args = ["generate", "-m", TINY, "-n", 16, "--temp", "0", "--ignore-eos", "--prompt-cache", cache, "-v"]
+    first = ferrollama(*args, "-p", "The quick brown fox jumps over the lazy dog")
+    assert first.returncode == 0, first.stderr
+    assert cache.exists() and cache.stat().st_size > 0
+    again = ferrollama(*args, "-p", "The quick brown fox jumps over the lazy dog")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+    n = int(re.search(r"session file matches (\d+) / (\d+)", again.stderr).group(1))
+    assert n == int(re.search(r"session file matches (\d+) / (\d+)", again.stderr).group(2))
+    prompt_evals = int(re.search(r"prompt eval time = .* / +(\d+) tokens", again.stderr).group(1))
+    assert prompt_evals <= 1          # only the last prompt token is re-evaluated for its logits
+    saved = cache.read_bytes()
+    other = ferrollama(*args, "-p", "The quick brown fox eats", "--prompt-cache-ro")
+    assert other.returncode == 0, other.stderr
+    assert int(re.search(r"session file matches (\d+) /", other.stderr).group(1)) >= 4
+    assert cache.read_bytes() == saved          # read-only: the cache is not rewritten
+
+
+def test_prompt_cache_all_saves_the_output(tmp_path):
+    cache = tmp_path / "all.bin"
+    base = ["generate", "-m", TINY, "-n", 8, "--temp", "0", "--ignore-eos", "--prompt-cache", cache, "-v"]
+    first = ferrollama(*base, "-p", "Hello there", "--prompt-cache-all")
+    assert first.returncode == 0, first.stderr
+    prompt = first.stdout.rstrip("\n")
+    second = ferrollama(*base, "-p", prompt.lstrip(" "), "--no-display-prompt")
+    assert second.returncode == 0, second.stderr
+    matched, total = map(int, re.search(r"session file matches (\d+) / (\d+)", second.stderr).groups())
+    assert matched >= total - 1 > 3
+
+
+def spawn(args: list[str]):
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-m", "ferrollama.cli", *map(str, args)])
+    return pid, fd
+
+
+def read_until(fd: int, pattern: str, timeout: float = 60.0) -> str:
+    out, end = b"", time.time() + timeout
+    while time.time() < end:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+            if re.search(pattern, out.decode("utf-8", "replace")):
+                return out.decode("utf-8", "replace")
+    raise AssertionError(f"{pattern!r} not seen in {out[-500:]!r}")
+
+
+def wait(pid: int, timeout: float = 60.0) -> int:
+    end = time.time() + timeout
+    while time.time() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    raise AssertionError("the process did not exit")
+
+
+def test_interactive_mode_through_a_terminal():
+    pid, fd = spawn(["generate", "-m", TINY, "-p", "Hello", "-n", 6, "--temp", "0", "--ignore-eos", "-i",
+                     "--in-prefix", "USER: ", "--in-suffix", "BOT:", "--no-warmup"])
+    try:
+        read_until(fd, r"USER: $")               # 6 tokens generated, control returned to the user
+        os.write(fd, b"tell me more\n")
+        read_until(fd, r"(?s)BOT:.*USER: $")      # the suffix, more tokens, the prefix again
+        os.write(fd, b"\x04")                     # Ctrl-D: end of input
+        read_until(fd, r"EOF by user")
+        assert wait(pid) == 0
+    finally:
+        os.close(fd)
+
+
+def test_ctrl_c_in_interactive_mode_returns_control():
+    pid, fd = spawn(["generate", "-m", TINY, "-p", "Hello", "-n", -1, "--temp", "0", "--ignore-eos", "-i",
+                     "--in-prefix", "USER> ", "-c", 256, "--no-warmup"])
+    try:
+        time.sleep(1.0)
+        read_until(fd, r"Hello")
+        os.write(fd, b"\x03")                     # Ctrl-C while generating: back to the user
+        read_until(fd, r"USER> $")
+        os.write(fd, b"\x04")
+        assert wait(pid) == 0
+    finally:
+        os.close(fd)
+
+
+# --- errors a person can act on ---------------------------------------------------------------
+
+def one_line_error(r: subprocess.CompletedProcess, text: str) -> None:
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert text in r.stderr and "Traceback" not in r.stderr
+
+
+def test_prompt_longer_than_the_context():
+    r = ferrollama("generate", "-m", TINY, "-p", "word " * 300, "-c", 256)
+    one_line_error(r, "the prompt is too long")
+    assert "max 252)" in r.stderr
+
+
+def test_missing_and_malformed_models(tmp_path):
+    one_line_error(ferrollama("generate", "-m", tmp_path / "none.gguf", "-p", "x"), "none.gguf: no such model file")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + bytes(10))
+    one_line_error(ferrollama("generate", "-m", bad, "-p", "x"), "")
+
+
+def test_unsupported_architecture(tmp_path):
+    data = TINY.read_bytes().replace(b"\x05\x00\x00\x00\x00\x00\x00\x00llama", b"\x05\x00\x00\x00\x00\x00\x00\x00lla_a", 1)
+    odd = tmp_path / "odd.gguf"
+    odd.write_bytes(data)
+    one_line_error(ferrollama("generate", "-m", odd, "-p", "x"), "lla_a")
+
+
+@pytest.mark.parametrize("flags, text", [
+    (["--temp", "warm"], "expected a number"),
+    (["-n", "1.5"], "expected an integer"),
+    (["-ctk", "q4_0"], "unsupported cache type 'q4_0'"),
+    (["-l", "15043*2"], "TOKEN_ID(+/-)BIAS"),
+    (["-l", "999999+1"], "outside the vocabulary"),
+    (["--samplers", "top_k;banana"], "unknown sampler 'banana'"),
+    (["--mirostat", "3"], "invalid choice"),
+    (["-j", "{not json"], "not valid JSON"),
+    (["--grammar-file", "/nonexistent.gbnf"], "no such grammar file"),
+    (["-f", "/nonexistent.txt"], "no such prompt file"),
+    (["--bogus-flag"], "unrecognized arguments"),
+])
+def test_bad_flag_values(flags, text):
+    one_line_error(ferrollama("generate", "-m", TINY, "-p", "x", "-n", 1, *flags), text)
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    r = ferrollama("generate", "-m", TINY, "-p", "word " * 300, "-c", 256, "--verbose")
+    assert r.returncode == 1 and "Traceback" in r.stderr and "the prompt is too long" in r.stderr
+
+
+def test_grammar_constrains_the_output():
+    r = ferrollama("generate", "-m", TINY, "-p", "Answer:", "-n", 12, "--temp", "0", "--no-display-prompt",
+                   "--grammar", 'root ::= ("yes" | "no") "."')
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n").removesuffix(" [end of text]") in ("yes.", "no.")
+
+
+def test_json_schema_constrains_the_output():
+    r = ferrollama("generate", "-m", TINY, "-p", "JSON:", "-n", 64, "--temp", "0", "--no-display-prompt", "-j",
+                   '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}')
+    assert r.returncode == 0, r.stderr
+    text = r.stdout.rstrip("\n").removesuffix(" [end of text]")
+    assert set(json.loads(text)) == {"a"}
+
+
+def test_stdout_is_valid_utf8_when_text_is_split_across_tokens():
+    r = subprocess.run([sys.executable, "-m", "ferrollama.cli", "generate", "-m", str(TINY), "-p", "日本語の文章",
+                        "-n", 40, "--temp", "0", "--ignore-eos"], capture_output=True)
+    assert r.returncode == 0
+    r.stdout.decode("utf-8")        # the tiny vocabulary spells these characters byte by byte
+    assert "日本語の文章" in r.stdout.decode("utf-8")

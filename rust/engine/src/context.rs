@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrollama_kv::{padded_ctx_size, KvCells, KvError, UBatchView as KvUBatch};
+use ferrollama_kv::{padded_ctx_size, swa_cache_size, KvCells, KvError, SwaParams, UBatchView as KvUBatch};
 use ferrollama_tensor::{GgmlType, Threads};
 
-use crate::arch::{llama, Graph};
+use crate::arch::{gemma3, llama, Graph};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::graph::{KvView, UBatchView, Workspace};
@@ -55,15 +55,25 @@ pub struct Perf {
     pub t_eval_ms: f64,
 }
 
+/// One cache of the context: its cells and the layers that store K/V in them.
+pub struct Cache {
+    pub cells: KvCells,
+    pub layers: Vec<usize>,
+}
+
 pub struct Context {
     pub model: Arc<Model>,
     pub params: ContextParams,
-    pub cells: KvCells,
+    /// The full-attention cache first; for interleaved sliding-window models, the sliding one second.
+    pub caches: Vec<Cache>,
+    /// For each layer, the index of its cache.
+    layer_cache: Vec<usize>,
     pub store: KvStore,
     ws: Workspace,
     threads: Threads,
     threads_batch: Option<Threads>,
-    mask: Vec<f32>,
+    /// One mask buffer per cache.
+    masks: Vec<Vec<f32>>,
     /// Logits of the last decode's outputs, n_outputs rows of n_vocab, in batch order.
     logits: Vec<f32>,
     /// For each batch index of the last decode: its output row, or -1.
@@ -96,14 +106,15 @@ impl Context {
         params.n_ubatch = params.n_ubatch.min(params.n_batch);
         // llama.cpp pads the context to a multiple of 256 cells.
         params.n_ctx = padded_ctx_size(params.n_ctx as u32) as usize;
-        let cells = KvCells::new(params.n_ctx as u32, params.n_seq_max as u32).map_err(kv_arg)?;
-        let store = KvStore::new(params.type_k, params.type_v, hp.n_layer, params.n_ctx, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)?;
+        let (caches, layer_cache) = build_caches(&model, &params)?;
+        let cells_per_layer: Vec<usize> = layer_cache.iter().map(|&c| caches[c].cells.size() as usize).collect();
+        let store = KvStore::new(params.type_k, params.type_v, &cells_per_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)?;
         let ws = Workspace::new(hp, params.n_ubatch);
         let threads = Threads::new(params.n_threads);
         let threads_batch = (params.n_threads_batch != params.n_threads).then(|| Threads::new(params.n_threads_batch));
         Ok(Context {
-            mask: Vec::with_capacity(params.n_ubatch * params.n_ctx),
-            model, params, cells, store, ws, threads, threads_batch,
+            masks: vec![Vec::new(); caches.len()],
+            model, params, caches, layer_cache, store, ws, threads, threads_batch,
             logits: Vec::new(), output_ids: Vec::new(), n_outputs: 0, shift_scratch: Vec::new(), perf: Perf::default(),
         })
     }
@@ -144,9 +155,14 @@ impl Context {
         let views: Vec<KvUBatch> = ubatches.iter()
             .map(|r| KvUBatch::new(&batch.pos[r.clone()], &seq_sets[r.clone()]))
             .collect();
-        let slots = self.cells.prepare(&views).map_err(|e| EngineError::Decode(format!(
-            "the batch of {n} tokens does not fit in the KV cache ({} of {} cells used): {e}", self.cells.used(), self.cells.size()
-        )))?;
+        // Every cache must find room for every micro-batch before anything is written.
+        let mut slots: Vec<Vec<Vec<u32>>> = Vec::with_capacity(self.caches.len());
+        for cache in &mut self.caches {
+            slots.push(cache.cells.prepare(&views).map_err(|e| EngineError::Decode(format!(
+                "the batch of {n} tokens does not fit in the KV cache ({} of {} cells used): {e}",
+                cache.cells.used(), cache.cells.size()
+            )))?);
+        }
 
         let n_outputs = batch.logits.iter().filter(|&&l| l).count();
         let nv = self.n_vocab();
@@ -159,10 +175,13 @@ impl Context {
         self.n_outputs = n_outputs;
 
         let mut out_row0 = 0;
-        for (range, (view, slot)) in ubatches.iter().zip(views.iter().zip(&slots)) {
-            self.cells.apply_ubatch(slot, view).map_err(|e| EngineError::Decode(e.to_string()))?;
+        for (u, (range, view)) in ubatches.iter().zip(&views).enumerate() {
+            for (cache, cache_slots) in self.caches.iter_mut().zip(&slots) {
+                cache.cells.apply_ubatch(&cache_slots[u], view).map_err(|e| EngineError::Decode(e.to_string()))?;
+            }
             let out_rows: Vec<usize> = (0..range.len()).filter(|&i| batch.logits[range.start + i]).collect();
-            self.run_ubatch(&batch.tokens[range.clone()], view, slot, &out_rows, out_row0)?;
+            let ub_slots: Vec<&[u32]> = slots.iter().map(|s| s[u].as_slice()).collect();
+            self.run_ubatch(&batch.tokens[range.clone()], view, &ub_slots, &out_rows, out_row0)?;
             out_row0 += out_rows.len();
         }
         let ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -170,17 +189,21 @@ impl Context {
         Ok(())
     }
 
-    fn run_ubatch(&mut self, tokens: &[u32], view: &KvUBatch, slots: &[u32], out_rows: &[usize], out_row0: usize) -> Result<()> {
-        let n_kv = self.cells.n_kv_window() as usize;
-        self.mask.resize(tokens.len() * n_kv, 0.0);
-        self.cells.fill_mask(view, n_kv as u32, true, &mut self.mask).map_err(|e| EngineError::Decode(e.to_string()))?;
+    fn run_ubatch(&mut self, tokens: &[u32], view: &KvUBatch, slots: &[&[u32]], out_rows: &[usize], out_row0: usize) -> Result<()> {
+        let mut n_kvs = Vec::with_capacity(self.caches.len());
+        for (cache, mask) in self.caches.iter().zip(self.masks.iter_mut()) {
+            let n_kv = cache.cells.n_kv_window() as usize;
+            mask.resize(tokens.len() * n_kv, 0.0);
+            cache.cells.fill_mask(view, n_kv as u32, true, mask).map_err(|e| EngineError::Decode(e.to_string()))?;
+            n_kvs.push(n_kv);
+        }
         let model = self.model.clone();
         let w = model.weights.as_ref().expect("checked at context creation");
         let nv = model.hparams.n_vocab;
-        let ub = UBatchView {
-            tokens, pos: view.pos, out_rows,
-            kv: KvView { slots, mask: &self.mask, n_kv }, kv_swa: None,
-        };
+        let views: Vec<KvView> = (0..self.caches.len())
+            .map(|c| KvView { slots: slots[c], mask: &self.masks[c], n_kv: n_kvs[c] })
+            .collect();
+        let ub = UBatchView { tokens, pos: view.pos, out_rows, caches: &views, layer_cache: &self.layer_cache };
         let threads = match (&self.threads_batch, tokens.len() > 1) {
             (Some(tb), true) => tb,
             _ => &self.threads,
@@ -188,18 +211,21 @@ impl Context {
         let logits = &mut self.logits[out_row0 * nv..(out_row0 + out_rows.len()) * nv];
         match model.arch.graph {
             Graph::Llama => llama::forward(&model, w, &mut self.ws, &mut self.store, &ub, threads, logits),
+            Graph::Gemma3 => gemma3::forward(&model, w, &mut self.ws, &mut self.store, &ub, threads, logits),
         }
         Ok(())
     }
 
     /// Re-rotates the keys of cells whose position changed since they were computed.
     fn apply_shifts(&mut self) {
-        if !self.cells.has_shift() {
-            return;
-        }
-        let rope = self.model.hparams.rope;
-        for (cell, delta) in self.cells.take_shifts() {
-            self.store.shift_cell(cell as usize, delta, |_| rope, &mut self.shift_scratch);
+        let hp = &self.model.hparams;
+        for cache in &mut self.caches {
+            if !cache.cells.has_shift() {
+                continue;
+            }
+            for (cell, delta) in cache.cells.take_shifts() {
+                self.store.shift_cell(cell as usize, delta, &cache.layers, |il| hp.rope_for_layer(il), &mut self.shift_scratch);
+            }
         }
     }
 
@@ -250,14 +276,15 @@ impl Context {
             }
         }
         for (a, b) in coupled {
-            let range = |s| -> Result<(i32, i32)> { Ok((self.cells.seq_pos_min(s).map_err(kv_arg)?, self.cells.seq_pos_max(s).map_err(kv_arg)?)) };
+            let range = |s| -> Result<(i32, i32)> { Ok((self.seq_pos_min(s)?, self.seq_pos_max(s)?)) };
             if range(a)? != range(b)? {
                 return Err(EngineError::Decode(format!("sequence {a} is coupled to {b} in the batch, but they have diverged in the cache")));
             }
         }
         for (s, set) in seq_pos.iter().enumerate() {
             let (Some(&min), Some(&max)) = (set.first(), set.last()) else { continue };
-            let cached_max = self.cells.seq_pos_max(s as i32).map_err(kv_arg)?;
+            let cached_max = self.seq_pos_max(s as i32)?;
+            self.check_window_held(s as i32, min)?;
             if cached_max >= 0 && min != cached_max + 1 {
                 return Err(EngineError::Decode(format!(
                     "sequence {s}: the cache ends at position {cached_max} but the batch starts at {min}; positions must continue (Y = X + 1)"
@@ -272,3 +299,89 @@ impl Context {
 }
 
 fn kv_arg(e: KvError) -> EngineError { EngineError::InvalidArgument(e.to_string()) }
+
+/// The caches a model needs: one of n_ctx cells, or for an interleaved sliding-window model a
+/// full one for the global layers and a small one (about n_swa + n_ubatch cells, all n_ctx with
+/// swa_full) for the sliding layers, as llama_kv_cache_iswa sizes them.
+fn build_caches(model: &Model, p: &ContextParams) -> Result<(Vec<Cache>, Vec<usize>)> {
+    let hp = &model.hparams;
+    let (n_ctx, n_seq) = (p.n_ctx as u32, p.n_seq_max as u32);
+    let full = KvCells::new(n_ctx, n_seq).map_err(kv_arg)?;
+    if !hp.has_swa() {
+        return Ok((vec![Cache { cells: full, layers: (0..hp.n_layer).collect() }], vec![0; hp.n_layer]));
+    }
+    let size = swa_cache_size(n_ctx, hp.n_swa as u32, n_seq, p.kv_unified, p.n_ubatch as u32, p.swa_full);
+    let swa = KvCells::with_swa(size, n_seq, SwaParams::standard(hp.n_swa as u32)).map_err(kv_arg)?;
+    let layer_cache: Vec<usize> = hp.swa_layers.iter().map(|&s| s as usize).collect();
+    let layers_of = |c: usize| (0..hp.n_layer).filter(|&il| layer_cache[il] == c).collect();
+    Ok((vec![Cache { cells: full, layers: layers_of(0) }, Cache { cells: swa, layers: layers_of(1) }], layer_cache))
+}
+
+/// Sequence operations over every cache (llama_kv_cache_iswa applies each to both caches;
+/// seq_rm succeeds when both do; positions are reported from the sliding cache, which holds
+/// the fewest).
+impl Context {
+    pub fn seq_rm(&mut self, seq: i32, p0: i32, p1: i32) -> Result<bool> {
+        self.check_seq(seq, true)?;
+        let mut ok = true;
+        for c in &mut self.caches {
+            ok &= c.cells.seq_rm(seq, p0, p1).map_err(kv_arg)?;
+        }
+        Ok(ok)
+    }
+    pub fn seq_cp(&mut self, src: i32, dst: i32, p0: i32, p1: i32) -> Result<()> {
+        self.check_seq(src, false)?;
+        self.check_seq(dst, false)?;
+        self.caches.iter_mut().try_for_each(|c| c.cells.seq_cp(src, dst, p0, p1).map_err(kv_arg))
+    }
+    pub fn seq_keep(&mut self, seq: i32) -> Result<()> {
+        self.check_seq(seq, false)?;
+        self.caches.iter_mut().try_for_each(|c| c.cells.seq_keep(seq).map_err(kv_arg))
+    }
+    pub fn seq_add(&mut self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
+        self.check_seq(seq, false)?;
+        self.caches.iter_mut().try_for_each(|c| c.cells.seq_add(seq, p0, p1, delta).map_err(kv_arg))
+    }
+    pub fn seq_div(&mut self, seq: i32, p0: i32, p1: i32, d: i32) -> Result<()> {
+        self.check_seq(seq, false)?;
+        self.caches.iter_mut().try_for_each(|c| c.cells.seq_div(seq, p0, p1, d).map_err(kv_arg))
+    }
+    pub fn seq_pos_min(&self, seq: i32) -> Result<i32> {
+        self.caches.last().expect("a context has a cache").cells.seq_pos_min(seq).map_err(kv_arg)
+    }
+    pub fn seq_pos_max(&self, seq: i32) -> Result<i32> {
+        self.caches.last().expect("a context has a cache").cells.seq_pos_max(seq).map_err(kv_arg)
+    }
+    pub fn kv_clear(&mut self) {
+        self.caches.iter_mut().for_each(|c| c.cells.clear());
+    }
+    /// The full-attention cache's cells (the one every layer type can be inspected through).
+    pub fn cells(&self) -> &KvCells { &self.caches[0].cells }
+
+    fn check_seq(&self, seq: i32, allow_all: bool) -> Result<()> {
+        if (allow_all && seq < 0) || (seq >= 0 && (seq as usize) < self.params.n_seq_max) {
+            return Ok(());
+        }
+        Err(EngineError::InvalidArgument(format!("sequence id {seq} is out of range (n_seq_max = {})", self.params.n_seq_max)))
+    }
+
+    /// A token at position `p0` of `seq` attends through the sliding window to the positions
+    /// just before it; refuse to decode when the sliding cache has already dropped some of them
+    /// while the full cache still has them (a rollback into the window), instead of computing
+    /// attention over a silently shortened window.
+    fn check_window_held(&self, seq: i32, p0: i32) -> Result<()> {
+        let [full, swa] = &self.caches[..] else { return Ok(()) };
+        let n_swa = self.model.hparams.n_swa as i32;
+        let need_from = (p0 - n_swa + 1).max(0);
+        let full_min = full.cells.seq_pos_min(seq).map_err(kv_arg)?;
+        let swa_min = swa.cells.seq_pos_min(seq).map_err(kv_arg)?;
+        if full_min >= 0 && full_min <= need_from && p0 > 0 && (swa_min < 0 || swa_min > need_from) {
+            return Err(EngineError::Decode(format!(
+                "sequence {seq}: decoding position {p0} needs positions {need_from}..{p0} in the sliding-window cache, \
+                 which now starts at {swa_min}; remove the sequence and decode it again from the start \
+                 (or create the context with swa_full=True)"
+            )));
+        }
+        Ok(())
+    }
+}

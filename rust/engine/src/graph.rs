@@ -20,10 +20,17 @@ pub struct UBatchView<'a> {
     pub pos: &'a [i32],
     /// Indices (into this micro-batch) of the tokens whose logits are wanted, in order.
     pub out_rows: &'a [usize],
-    /// The full-attention cache.
-    pub kv: KvView<'a>,
-    /// The sliding-window cache, for architectures that have one.
-    pub kv_swa: Option<KvView<'a>>,
+    /// Each cache of the context (one, or a full and a sliding-window one).
+    pub caches: &'a [KvView<'a>],
+    /// For each layer, the index of its cache in `caches`.
+    pub layer_cache: &'a [usize],
+}
+
+impl UBatchView<'_> {
+    /// Where layer `il`'s keys and values go and what its tokens may attend to.
+    pub fn kv(&self, il: usize) -> &KvView<'_> {
+        &self.caches[self.layer_cache[il]]
+    }
 }
 
 /// Scratch buffers sized for n_ubatch tokens, allocated once per context.
@@ -38,6 +45,8 @@ pub struct Workspace {
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
     pub rope_cache: Vec<f32>,
+    /// RoPE cache of the sliding-window layers, when their base differs.
+    pub rope_cache_swa: Vec<f32>,
     pub mm: MatmulScratch,
 }
 
@@ -56,6 +65,7 @@ impl Workspace {
             gate: vec![0.0; n_ubatch * hp.n_ff],
             up: vec![0.0; n_ubatch * hp.n_ff],
             rope_cache: vec![0.0; n_ubatch * hp.rope.n_dims],
+            rope_cache_swa: if hp.has_swa() { vec![0.0; n_ubatch * hp.rope.n_dims] } else { Vec::new() },
             mm: MatmulScratch::default(),
         }
     }

@@ -26,6 +26,10 @@ pub struct HParams {
     pub swa_layers: Vec<bool>,
     /// RoPE base of sliding-window layers (Gemma 3: rope.freq_base_swa, 10000 when absent).
     pub rope_freq_base_swa: f32,
+    /// Scale applied to the attention scores (1/sqrt(head_dim) unless the architecture says).
+    pub attn_scale: f32,
+    /// tanh soft-capping of the final logits (0: none).
+    pub final_logit_softcap: f32,
 }
 
 /// Typed access to `{arch}.KEY` with errors that name the key.
@@ -108,8 +112,49 @@ impl HParams {
             n_swa,
             swa_layers: vec![false; n_layer],
             rope_freq_base_swa: m.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0),
+            attn_scale: 1.0 / (head_dim_k as f32).sqrt(),
+            final_logit_softcap: m.opt_f32("final_logit_softcapping")?.unwrap_or(0.0),
         })
     }
+
+    /// Marks the sliding-window layers as llama.cpp's load_swa_pattern does: a per-layer bool
+    /// array `attention.sliding_window_pattern`, or a period n (default `default_period`) where
+    /// every layer but the last of each period slides.
+    pub fn load_swa_pattern(&mut self, file: &GgufFile, default_period: usize) -> Result<()> {
+        if self.n_swa == 0 {
+            return Ok(());
+        }
+        let key = format!("{}.attention.sliding_window_pattern", self.arch);
+        match file.get(&key) {
+            Some(v) if v.as_array().is_some() => {
+                let flags = v.as_array().and_then(Array::to_i64_vec)
+                    .ok_or_else(|| file.error(format!("{key} is not an array of booleans")))?;
+                if flags.len() != self.n_layer {
+                    return Err(file.error(format!("{key} has {} entries for {} layers", flags.len(), self.n_layer)).into());
+                }
+                self.swa_layers = flags.iter().map(|&f| f != 0).collect();
+            }
+            other => {
+                let period = match other {
+                    Some(v) => v.as_u64().ok_or_else(|| file.error(format!("{key} is not an integer")))? as usize,
+                    None => default_period,
+                };
+                self.swa_layers = (0..self.n_layer).map(|il| period == 0 || il % period < period - 1).collect();
+            }
+        }
+        Ok(())
+    }
+
+    /// RoPE parameters of layer `il`: sliding-window layers use their own base (and scale 1).
+    pub fn rope_for_layer(&self, il: usize) -> RopeParams {
+        if self.swa_layers.get(il).copied().unwrap_or(false) {
+            RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: 1.0, ..self.rope }
+        } else {
+            self.rope
+        }
+    }
+
+    pub fn has_swa(&self) -> bool { self.n_swa > 0 && self.swa_layers.iter().any(|&s| s) }
 
     /// Query heads per KV head.
     pub fn gqa(&self) -> usize { self.n_head / self.n_head_kv }

@@ -30,12 +30,13 @@ pub struct KvStore {
     pub v_row: usize,
     pub head_dim_k: usize,
     pub head_dim_v: usize,
-    pub n_cells: usize,
     pub layers: Vec<LayerKv>,
 }
 
 impl KvStore {
-    pub fn new(type_k: GgmlType, type_v: GgmlType, n_layer: usize, n_cells: usize,
+    /// Storage for `cells_per_layer[il]` cells in each layer (an interleaved model's sliding
+    /// layers have a smaller cache than its global ones).
+    pub fn new(type_k: GgmlType, type_v: GgmlType, cells_per_layer: &[usize],
                n_head_kv: usize, head_dim_k: usize, head_dim_v: usize) -> Result<KvStore> {
         let tk = traits(type_k).ok_or_else(|| EngineError::Unsupported(format!("cache type {type_k}")))?;
         let tv = traits(type_v).ok_or_else(|| EngineError::Unsupported(format!("cache type {type_v}")))?;
@@ -45,10 +46,10 @@ impl KvStore {
             }
         }
         let (k_row, v_row) = (n_head_kv * head_dim_k, n_head_kv * head_dim_v);
-        let layers = (0..n_layer)
-            .map(|_| LayerKv { k: vec![0; tk.row_bytes(k_row) * n_cells], v: vec![0; tv.row_bytes(v_row) * n_cells] })
+        let layers = cells_per_layer.iter()
+            .map(|&n| LayerKv { k: vec![0; tk.row_bytes(k_row) * n], v: vec![0; tv.row_bytes(v_row) * n] })
             .collect();
-        Ok(KvStore { type_k: tk, type_v: tv, k_row, v_row, head_dim_k, head_dim_v, n_cells, layers })
+        Ok(KvStore { type_k: tk, type_v: tv, k_row, v_row, head_dim_k, head_dim_v, layers })
     }
 
     pub fn k_row_bytes(&self) -> usize { self.type_k.row_bytes(self.k_row) }
@@ -76,15 +77,16 @@ impl KvStore {
         &layer.v[start..start + hb]
     }
 
-    /// Re-rotates the keys of `cell` by `delta` positions in every layer (the K-shift), with
-    /// `rope_for_layer` giving each layer's RoPE parameters.
-    pub fn shift_cell(&mut self, cell: usize, delta: i32, rope_for_layer: impl Fn(usize) -> RopeParams,
+    /// Re-rotates the keys of `cell` by `delta` positions in the given layers (the K-shift),
+    /// with `rope_for_layer` giving each layer's RoPE parameters.
+    pub fn shift_cell(&mut self, cell: usize, delta: i32, layers: &[usize], rope_for_layer: impl Fn(usize) -> RopeParams,
                       scratch: &mut Vec<f32>) {
         let kb = self.k_row_bytes();
         let (to_f32, from_f32) = (self.type_k.to_f32, self.type_k.from_f32.expect("cache types quantize"));
         let mut cache = Vec::new();
         scratch.resize(self.k_row, 0.0);
-        for (il, layer) in self.layers.iter_mut().enumerate() {
+        for &il in layers {
+            let layer = &mut self.layers[il];
             let rope = rope_for_layer(il);
             cache.resize(rope.n_dims, 0.0);
             rope.fill_cache(delta as f32, &mut cache);
@@ -97,10 +99,11 @@ impl KvStore {
         }
     }
 
-    /// Copies the rows of cell `src` to cell `dst` in every layer (defragmentation).
-    pub fn move_cell(&mut self, src: usize, dst: usize) {
+    /// Copies the rows of cell `src` to cell `dst` in the given layers (defragmentation).
+    pub fn move_cell(&mut self, src: usize, dst: usize, layers: &[usize]) {
         let (kb, vb) = (self.k_row_bytes(), self.v_row_bytes());
-        for l in &mut self.layers {
+        for &il in layers {
+            let l = &mut self.layers[il];
             l.k.copy_within(src * kb..(src + 1) * kb, dst * kb);
             l.v.copy_within(src * vb..(src + 1) * vb, dst * vb);
         }

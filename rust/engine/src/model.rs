@@ -66,6 +66,9 @@ impl Model {
         };
         let mut hparams = HParams::from_gguf(&file, &arch_name, n_vocab)?;
         hparams.rope.neox = arch.rope_neox;
+        if arch.graph == crate::arch::Graph::Gemma3 {
+            crate::arch::gemma3::adjust_hparams(&mut hparams, &file)?;
+        }
         let weights = if vocab_only { None } else { Some(load_weights(&file, &hparams)?) };
         Ok(Model { file, arch, hparams, weights, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
     }

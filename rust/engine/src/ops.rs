@@ -2,6 +2,8 @@
 //! arithmetic where it decides agreement (sums of squares in f64, RoPE angles accumulated
 //! by repeated multiplication in f32).
 
+use half::f16;
+
 /// y = x / sqrt(mean(x²) + eps) * w, row by row (ggml_rms_norm then a multiply).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
@@ -25,8 +27,8 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
 }
 
 fn rms_scale(x: &[f32], eps: f32) -> f32 {
-    // ggml sums in ggml_float (f64) before taking the mean.
-    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    // ggml squares in f32 and sums in ggml_float (f64) before taking the mean.
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
     let mean = (sum / x.len() as f64) as f32;
     1.0 / (mean + eps).sqrt()
 }
@@ -115,13 +117,39 @@ pub fn swiglu(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// x = gelu_tanh(x) * y (GeGLU as ggml_gelu computes it), element-wise.
-pub fn geglu(x: &mut [f32], y: &[f32]) {
+/// The tanh approximation of GELU (ggml_gelu_f32).
+fn gelu_f32(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// GELU of every f16 value, rounded to f16: ggml's table (GGML_GELU_FP16).
+fn gelu_table() -> &'static [f16] {
+    static TABLE: std::sync::OnceLock<Vec<f16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..=u16::MAX).map(|b| f16::from_f32(gelu_f32(f16::from_bits(b).to_f32()))).collect())
+}
+
+/// x = gelu(x) * y (GeGLU) as ggml_vec_geglu_f32 computes it: x rounded to f16 and looked up in
+/// the f16 GELU table, with the exact limits outside [-10, 10].
+pub fn geglu(x: &mut [f32], y: &[f32]) {
+    let table = gelu_table();
     for (a, &b) in x.iter_mut().zip(y) {
         let v = *a;
-        *a = 0.5 * v * (1.0 + (SQRT_2_OVER_PI * v * (1.0 + COEF_A * v * v)).tanh()) * b;
+        *a = if v <= -10.0 {
+            0.0
+        } else if v >= 10.0 {
+            v * b
+        } else {
+            table[f16::from_f32(v).to_bits() as usize].to_f32() * b
+        };
+    }
+}
+
+/// x *= k, element-wise.
+pub fn scale_inplace(x: &mut [f32], k: f32) {
+    for v in x.iter_mut() {
+        *v *= k;
     }
 }
 

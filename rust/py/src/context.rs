@@ -185,39 +185,37 @@ pub struct PyKv {
     ctx: Py<PyContext>,
 }
 
-fn kv_err(e: impl std::fmt::Display) -> PyErr { PyValueError::new_err(e.to_string()) }
-
 #[pymethods]
 impl PyKv {
     /// Removes the cells of seq_id in [p0, p1); seq_id < 0: every sequence.
     #[pyo3(signature = (seq_id, p0=-1, p1=-1))]
     fn seq_rm(&self, seq_id: i32, p0: i32, p1: i32) -> PyResult<bool> {
-        self.ctx.get().lock()?.cells.seq_rm(seq_id, p0, p1).map_err(kv_err)
+        self.ctx.get().lock()?.seq_rm(seq_id, p0, p1).map_err(to_py)
     }
     #[pyo3(signature = (src, dst, p0=-1, p1=-1))]
     fn seq_cp(&self, src: i32, dst: i32, p0: i32, p1: i32) -> PyResult<()> {
-        self.ctx.get().lock()?.cells.seq_cp(src, dst, p0, p1).map_err(kv_err)
+        self.ctx.get().lock()?.seq_cp(src, dst, p0, p1).map_err(to_py)
     }
     fn seq_keep(&self, seq_id: i32) -> PyResult<()> {
-        self.ctx.get().lock()?.cells.seq_keep(seq_id).map_err(kv_err)
+        self.ctx.get().lock()?.seq_keep(seq_id).map_err(to_py)
     }
     fn seq_add(&self, seq_id: i32, p0: i32, p1: i32, delta: i32) -> PyResult<()> {
-        self.ctx.get().lock()?.cells.seq_add(seq_id, p0, p1, delta).map_err(kv_err)
+        self.ctx.get().lock()?.seq_add(seq_id, p0, p1, delta).map_err(to_py)
     }
     fn seq_div(&self, seq_id: i32, p0: i32, p1: i32, d: i32) -> PyResult<()> {
-        self.ctx.get().lock()?.cells.seq_div(seq_id, p0, p1, d).map_err(kv_err)
+        self.ctx.get().lock()?.seq_div(seq_id, p0, p1, d).map_err(to_py)
     }
-    fn seq_pos_min(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.cells.seq_pos_min(seq_id).map_err(kv_err) }
-    fn seq_pos_max(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.cells.seq_pos_max(seq_id).map_err(kv_err) }
-    fn clear(&self) -> PyResult<()> { self.ctx.get().lock()?.cells.clear(); Ok(()) }
-    #[getter] fn size(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells.size()) }
-    #[getter] fn used(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells.used()) }
-    #[getter] fn head(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells.head()) }
+    fn seq_pos_min(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.seq_pos_min(seq_id).map_err(to_py) }
+    fn seq_pos_max(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.seq_pos_max(seq_id).map_err(to_py) }
+    fn clear(&self) -> PyResult<()> { self.ctx.get().lock()?.kv_clear(); Ok(()) }
+    #[getter] fn size(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells().size()) }
+    #[getter] fn used(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells().used()) }
+    #[getter] fn head(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells().head()) }
 
     /// (pos, frozenset(seq_ids)) per cell; pos -1 for an empty cell.
     fn cells(&self, py: Python<'_>) -> PyResult<Vec<(i32, PyObject)>> {
         let ctx = self.ctx.get().lock()?;
-        ctx.cells.cells().into_iter()
+        ctx.cells().cells().into_iter()
             .map(|(pos, seqs)| Ok((pos, pyo3::types::PyFrozenSet::new(py, &seqs)?.into_any().unbind())))
             .collect()
     }

@@ -54,12 +54,12 @@ fn attention_block(model: &Model, il: usize, lw: &LayerWeights, ws: &mut Workspa
         for head in ws.k[t * k_dim..(t + 1) * k_dim].chunks_exact_mut(hp.head_dim_k) {
             rope_apply(head, cache, &hp.rope);
         }
-        kv.write(il, ub.kv.slots[t] as usize, &ws.k[t * k_dim..(t + 1) * k_dim], &ws.v[t * v_dim..(t + 1) * v_dim]);
+        kv.write(il, ub.kv(il).slots[t] as usize, &ws.k[t * k_dim..(t + 1) * k_dim], &ws.v[t * v_dim..(t + 1) * v_dim]);
     }
     let attn_dim = hp.n_head * hp.head_dim_v;
     let input = AttnInput {
         q: &ws.q[..n * q_dim], n_tokens: n, n_head: hp.n_head, n_head_kv: hp.n_head_kv, kv, layer: il,
-        mask: ub.kv.mask, n_kv: ub.kv.n_kv, scale: 1.0 / (hp.head_dim_k as f32).sqrt(), softcap: 0.0,
+        mask: ub.kv(il).mask, n_kv: ub.kv(il).n_kv, scale: hp.attn_scale, softcap: 0.0,
     };
     attention(&input, &mut ws.attn[..n * attn_dim], threads);
     matmul(&lw.wo, &ws.attn, n, &mut ws.o[..n * d], &mut ws.mm, threads);

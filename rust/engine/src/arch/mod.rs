@@ -1,5 +1,6 @@
 //! The architectures: one file each, written against the shared ops, and one table row each.
 
+pub mod gemma3;
 pub mod llama;
 
 use crate::error::{EngineError, Result};
@@ -9,6 +10,8 @@ use crate::error::{EngineError, Result};
 pub enum Graph {
     /// llama.rs: pre-norm decoder, SwiGLU FFN (llama, qwen2, ...).
     Llama,
+    /// gemma3.rs: scaled embeddings, Q/K norms, post norms, GeGLU, interleaved sliding window.
+    Gemma3,
 }
 
 /// One row per supported `general.architecture`.
@@ -22,6 +25,7 @@ pub struct ArchInfo {
 pub const ARCHS: &[ArchInfo] = &[
     ArchInfo { name: "llama", graph: Graph::Llama, rope_neox: false },
     ArchInfo { name: "qwen2", graph: Graph::Llama, rope_neox: true },
+    ArchInfo { name: "gemma3", graph: Graph::Gemma3, rope_neox: true },
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -1,0 +1,348 @@
+//! Byte-level BPE (`llm_tokenizer_bpe_session`): pre-tokenize, then merge adjacent symbols
+//! of each pre-token by merge rank (lowest rank first, leftmost on ties).
+//!
+//! llama.cpp works on GPT-2 byte-level *encoded* strings; since that encoding maps each raw
+//! byte to one character and back without loss, this implementation keys the vocabulary and
+//! the merges by the raw bytes they stand for and merges raw bytes directly: same decisions,
+//! no re-encoding of the text.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::hash::{fast_map, FastMap};
+use crate::partition::Fragment;
+use crate::pretok::{PreKind, PreTokenizer, Words};
+use crate::unicode;
+use crate::{spm, Token, Vocab, VocabError};
+
+const NONE: u32 = u32::MAX;
+
+/// Which session variant the tokenizer model selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Session { Plain, HybridDna, Whitespace }
+
+/// The BPE tables.
+#[derive(Debug)]
+pub(crate) struct Bpe {
+    pub kind: PreKind,
+    pre: PreTokenizer,
+    session: Session,
+    /// Vocabulary keyed by the bytes BPE symbols hold (decoded when byte-level encoded).
+    key_to_id: FastMap<Box<[u8]>, Token>,
+    /// Every string that is the left or right side of a merge, numbered.
+    intern: FastMap<Box<[u8]>, u32>,
+    /// (left, right) interned ids -> merge rank.
+    ranks: FastMap<u64, u32>,
+    /// Tokens whose text is exactly one byte (the byte-level fallback looks these up).
+    single_byte: [Option<Token>; 256],
+    /// `<0xXX>` tokens (the fallback of SPM-style BPE).
+    hex_byte: [Option<Token>; 256],
+}
+
+/// Raw bytes a byte-level encoded string stands for; `None` if some character is not in the
+/// GPT-2 byte map (such a string can never be produced from text).
+fn decode_byte_level(text: &[u8]) -> Option<Vec<u8>> {
+    let cpts = unicode::cpts_from_utf8(text);
+    let mut out = Vec::with_capacity(cpts.len());
+    let mut check = Vec::with_capacity(text.len());
+    for cpt in cpts {
+        unicode::push_utf8(cpt, &mut check).ok()?;
+        out.push(unicode::cpt_to_byte(cpt)?);
+    }
+    // invalid UTF-8 in the token text decodes to U+FFFD, which is not in the byte map
+    (check == text).then_some(out)
+}
+
+fn pair_key(left: u32, right: u32) -> u64 { ((left as u64) << 32) | right as u64 }
+
+impl Bpe {
+    pub fn new(
+        model: &str,
+        kind: PreKind,
+        text_to_id: &FastMap<Box<[u8]>, Token>,
+        merges: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<Bpe, VocabError> {
+        let pre = PreTokenizer::new(kind)
+            .map_err(|e| VocabError::Invalid(format!("pre-tokenizer regex {:?}: {}", e.regex, e.reason)))?;
+        let byte_encode = pre.byte_encode();
+        let to_key = |text: &[u8]| if byte_encode { decode_byte_level(text) } else { Some(text.to_vec()) };
+        let mut key_to_id = fast_map(text_to_id.len());
+        for (text, &id) in text_to_id {
+            if let Some(key) = to_key(text) {
+                key_to_id.insert(key.into_boxed_slice(), id);
+            }
+        }
+        let mut intern: FastMap<Box<[u8]>, u32> = fast_map(merges.len());
+        let mut ranks = fast_map(merges.len());
+        for (rank, (first, second)) in merges.iter().enumerate() {
+            let (Some(l), Some(r)) = (to_key(first), to_key(second)) else { continue };
+            if l.is_empty() || r.is_empty() {
+                continue; // a merge without a separating space: never applicable
+            }
+            let mut id_of = |k: Vec<u8>| {
+                let next = intern.len() as u32;
+                *intern.entry(k.into_boxed_slice()).or_insert(next)
+            };
+            let (li, ri) = (id_of(l), id_of(r));
+            ranks.entry(pair_key(li, ri)).or_insert(rank as u32);
+        }
+        let mut single_byte = [None; 256];
+        let mut hex_byte = [None; 256];
+        for b in 0..=255u8 {
+            single_byte[b as usize] = text_to_id.get([b].as_slice()).copied();
+            hex_byte[b as usize] = text_to_id.get(format!("<0x{b:02X}>").as_bytes()).copied();
+        }
+        let session = match model {
+            "hybriddna" => Session::HybridDna,
+            "whitespace" => Session::Whitespace,
+            _ => Session::Plain,
+        };
+        Ok(Bpe { kind, pre, session, key_to_id, intern, ranks, single_byte, hex_byte })
+    }
+
+    /// The BPE branch of `llama_vocab::impl::tokenize`.
+    pub fn tokenize(&self, v: &Vocab, raw: &[u8], fragments: &[Fragment], add_special: bool, out: &mut Vec<Token>) -> Result<(), VocabError> {
+        if add_special && v.opts.add_bos {
+            out.push(v.special.bos.ok_or_else(|| VocabError::Invalid("add_bos is set but the vocabulary has no BOS".into()))?);
+        }
+        let mut escaped = Vec::new();
+        for f in fragments {
+            match *f {
+                Fragment::Text { start, end } => {
+                    let text = &raw[start..end];
+                    if v.opts.escape_whitespaces {
+                        escaped.clear();
+                        spm::escape_whitespace(text, &mut escaped);
+                        self.session_tokenize(v, &escaped, out)?;
+                    } else {
+                        self.session_tokenize(v, text, out)?;
+                    }
+                }
+                Fragment::Token(t) => out.push(t),
+            }
+        }
+        if add_special && v.opts.add_eos {
+            out.push(v.special.eos.ok_or_else(|| VocabError::Invalid("add_eos is set but the vocabulary has no EOS".into()))?);
+        }
+        Ok(())
+    }
+
+    fn session_tokenize(&self, v: &Vocab, text: &[u8], out: &mut Vec<Token>) -> Result<(), VocabError> {
+        match self.session {
+            Session::Plain => self.tokenize_text(text, v.opts.ignore_merges, out),
+            Session::HybridDna => self.tokenize_dna(v, text, out),
+            Session::Whitespace => self.tokenize_whitespace(v, text, out),
+        }
+    }
+
+    /// `llm_tokenizer_bpe_session::tokenize`: pre-tokenize, then BPE each pre-token. Equal
+    /// pre-tokens give equal tokens, so each distinct one is merged once per call.
+    fn tokenize_text(&self, text: &[u8], ignore_merges: bool, out: &mut Vec<Token>) -> Result<(), VocabError> {
+        let words: Words = self.pre.split(text).map_err(|e| {
+            VocabError::Invalid(format!("code point 0x{:X} beyond U+10FFFF in text", e.0))
+        })?;
+        let mut merger = Merger::default();
+        let mut cache: FastMap<&[u8], (usize, usize)> = fast_map(words.ends.len().min(1 << 16));
+        let mut cached: Vec<Token> = Vec::new();
+        for word in words.iter() {
+            if word.is_empty() {
+                continue;
+            }
+            if let Some(&(s, e)) = cache.get(word) {
+                out.extend_from_slice(&cached[s..e]);
+                continue;
+            }
+            let start = out.len();
+            self.encode_word(word, ignore_merges, &mut merger, out);
+            if word.len() <= 64 {
+                let s = cached.len();
+                cached.extend_from_slice(&out[start..]);
+                cache.insert(word, (s, cached.len()));
+            }
+        }
+        Ok(())
+    }
+
+    /// BPE over one pre-token.
+    fn encode_word(&self, word: &[u8], ignore_merges: bool, m: &mut Merger, out: &mut Vec<Token>) {
+        let byte_encode = self.pre.byte_encode();
+        m.symbols.clear();
+        m.queue.clear();
+        let whole = (ignore_merges && self.key_to_id.contains_key(word))
+            || (self.kind == PreKind::Gemma4 && word.iter().all(|&b| b == b'\n') && self.key_to_id.contains_key(word));
+        if whole {
+            m.symbols.push(Sym { start: 0, len: word.len(), prev: -1, next: -1, key: NONE });
+        } else {
+            let mut offset = 0;
+            while offset < word.len() {
+                let len = if byte_encode { 1 } else { unicode::len_utf8(word[offset]).min(word.len() - offset) };
+                let index = m.symbols.len() as isize;
+                let next = if offset + len == word.len() { -1 } else { index + 1 };
+                let key = self.intern_id(&word[offset..offset + len]);
+                m.symbols.push(Sym { start: offset, len, prev: index - 1, next, key });
+                offset += len;
+            }
+            for i in 1..m.symbols.len() as isize {
+                self.add_bigram(m, i - 1, i);
+            }
+            self.merge(word, m);
+        }
+        let mut i = if m.symbols.is_empty() { -1 } else { 0 };
+        while i >= 0 {
+            let s = m.symbols[i as usize];
+            if s.len > 0 {
+                self.emit_symbol(&word[s.start..s.start + s.len], out);
+            }
+            i = s.next;
+        }
+    }
+
+    fn intern_id(&self, bytes: &[u8]) -> u32 { self.intern.get(bytes).copied().unwrap_or(NONE) }
+
+    fn add_bigram(&self, m: &mut Merger, left: isize, right: isize) {
+        if left < 0 || right < 0 {
+            return;
+        }
+        let (l, r) = (m.symbols[left as usize], m.symbols[right as usize]);
+        if l.key == NONE || r.key == NONE {
+            return;
+        }
+        if let Some(&rank) = self.ranks.get(&pair_key(l.key, r.key)) {
+            m.queue.push(Reverse((rank, left as usize, right as usize, l.len + r.len)));
+        }
+    }
+
+    fn merge(&self, word: &[u8], m: &mut Merger) {
+        while let Some(Reverse((_, left, right, size))) = m.queue.pop() {
+            let (l, r) = (m.symbols[left], m.symbols[right]);
+            if l.len == 0 || r.len == 0 || l.len + r.len != size {
+                continue; // outdated: a side was merged since
+            }
+            let merged = &mut m.symbols[left];
+            merged.len += r.len;
+            merged.next = r.next;
+            merged.key = NONE;
+            let (start, len, prev, next) = (merged.start, merged.len, merged.prev, merged.next);
+            m.symbols[left].key = self.intern_id(&word[start..start + len]);
+            m.symbols[right].len = 0;
+            if next >= 0 {
+                m.symbols[next as usize].prev = left as isize;
+            }
+            self.add_bigram(m, prev, left as isize);
+            self.add_bigram(m, left as isize, next);
+        }
+    }
+
+    /// A final symbol: its token, else the per-byte fallback llama.cpp uses (single-byte
+    /// tokens of the encoded text, or `<0xXX>` without byte-level encoding); bytes without a
+    /// fallback token are dropped, as there.
+    fn emit_symbol(&self, bytes: &[u8], out: &mut Vec<Token>) {
+        if let Some(&id) = self.key_to_id.get(bytes) {
+            out.push(id);
+            return;
+        }
+        if self.pre.byte_encode() {
+            let mut encoded = Vec::with_capacity(2);
+            for &b in bytes {
+                encoded.clear();
+                unicode::push_byte_encoded(b, &mut encoded);
+                out.extend(encoded.iter().filter_map(|&e| self.single_byte[e as usize]));
+            }
+        } else {
+            out.extend(bytes.iter().filter_map(|&b| self.hex_byte[b as usize]));
+        }
+    }
+
+    /// hybriddna: `<dna>...</dna>` spans become 6-mer tokens, the rest plain BPE.
+    fn tokenize_dna(&self, v: &Vocab, text: &[u8], out: &mut Vec<Token>) -> Result<(), VocabError> {
+        const OPEN: &[u8] = b"<dna>";
+        const CLOSE: &[u8] = b"</dna>";
+        let ids = (v.text_to_token(OPEN), v.text_to_token(CLOSE), v.text_to_token(b"<oov>"));
+        let (Some(begin_id), Some(end_id), Some(oov_id)) = ids else {
+            return self.tokenize_text(text, v.opts.ignore_merges, out);
+        };
+        let find = |hay: &[u8], needle: &[u8], from: usize| {
+            hay.get(from..).and_then(|h| h.windows(needle.len()).position(|w| w == needle)).map(|p| p + from)
+        };
+        let mut pos = 0;
+        while pos < text.len() {
+            let Some(start) = find(text, OPEN, pos) else {
+                self.tokenize_text(&text[pos..], v.opts.ignore_merges, out)?;
+                break;
+            };
+            if start > pos {
+                self.tokenize_text(&text[pos..start], v.opts.ignore_merges, out)?;
+            }
+            out.push(begin_id);
+            let content_start = start + OPEN.len();
+            let end = find(text, CLOSE, content_start);
+            let content_end = end.unwrap_or(text.len());
+            emit_kmers(v, &text[content_start..content_end], oov_id, out);
+            let Some(end) = end else { break };
+            out.push(end_id);
+            pos = end + CLOSE.len();
+        }
+        Ok(())
+    }
+
+    /// whitespace: whitespace-separated segments (optionally lower-cased), each BPE'd.
+    fn tokenize_whitespace(&self, v: &Vocab, text: &[u8], out: &mut Vec<Token>) -> Result<(), VocabError> {
+        let mut segment = Vec::new();
+        for cpt in unicode::cpts_from_utf8(text) {
+            if unicode::flags(cpt).is_whitespace() {
+                if !segment.is_empty() {
+                    self.tokenize_text(&segment, v.opts.ignore_merges, out)?;
+                    segment.clear();
+                }
+            } else {
+                let c = if v.opts.lowercase { unicode::to_lower(cpt) } else { cpt };
+                unicode::push_utf8(c, &mut segment)
+                    .map_err(|e| VocabError::Invalid(format!("code point 0x{:X} beyond U+10FFFF in text", e.0)))?;
+            }
+        }
+        if !segment.is_empty() {
+            self.tokenize_text(&segment, v.opts.ignore_merges, out)?;
+        }
+        Ok(())
+    }
+}
+
+/// k-mers of 6 upper-cased bases (the last one padded with 'A'), each the token of the k-mer
+/// text plus the U+E000 marker, or `<oov>`.
+fn emit_kmers(v: &Vocab, raw: &[u8], oov: Token, out: &mut Vec<Token>) {
+    const K: usize = 6;
+    const MARKER: &str = "\u{E000}";
+    let seq: Vec<u8> = raw.iter().map(|b| b.to_ascii_uppercase()).collect();
+    let kmer_token = |kmer: &[u8]| {
+        let mut key = kmer.to_vec();
+        key.extend_from_slice(MARKER.as_bytes());
+        v.text_to_token(&key).unwrap_or(oov)
+    };
+    let mut i = 0;
+    while i + K <= seq.len() {
+        out.push(kmer_token(&seq[i..i + K]));
+        i += K;
+    }
+    if i < seq.len() {
+        let mut kmer = seq[i..].to_vec();
+        kmer.resize(K, b'A');
+        out.push(kmer_token(&kmer));
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Sym {
+    start: usize,
+    len: usize,
+    prev: isize,
+    next: isize,
+    /// Interned id of the symbol's bytes, NONE when no merge involves them.
+    key: u32,
+}
+
+/// Scratch space reused across pre-tokens.
+#[derive(Default)]
+struct Merger {
+    symbols: Vec<Sym>,
+    queue: BinaryHeap<Reverse<(u32, usize, usize, usize)>>,
+}

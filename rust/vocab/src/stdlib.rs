@@ -1,0 +1,318 @@
+//! Two libstdc++ behaviours llama.cpp's vocabulary loader depends on without meaning to:
+//!
+//! * the iteration order of `std::unordered_map<std::string, int>` filled token by token
+//!   (the loader scans `token_to_id` and keeps the *first* "<|im_end|>"-like text it meets as
+//!   EOT, FIM prefix, ...), and
+//! * `std::sort`, which is not stable, ordering the special tokens by length (ties between
+//!   equally long tokens decide which one claims overlapping text).
+//!
+//! Both are reproduced exactly (GCC's libstdc++, 64-bit).
+
+/// `std::_Hash_bytes` (MurmurHash2-64 variant) with `std::hash<std::string>`'s seed.
+pub fn hash_string(bytes: &[u8]) -> u64 {
+    const MUL: u64 = (0xc6a4_a793u64 << 32) + 0x5bd1_e995;
+    const SEED: u64 = 0xc70f_6907;
+    let shift_mix = |v: u64| v ^ (v >> 47);
+    let len = bytes.len() as u64;
+    let mut hash = SEED ^ len.wrapping_mul(MUL);
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let data = shift_mix(u64::from_le_bytes(word).wrapping_mul(MUL)).wrapping_mul(MUL);
+        hash ^= data;
+        hash = hash.wrapping_mul(MUL);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut word = [0u8; 8];
+        word[..rest.len()].copy_from_slice(rest);
+        hash ^= u64::from_le_bytes(word);
+        hash = hash.wrapping_mul(MUL);
+    }
+    hash = shift_mix(hash).wrapping_mul(MUL);
+    shift_mix(hash)
+}
+
+/// Bucket counts `_Prime_rehash_policy` goes through when elements are inserted one by one
+/// into an empty map (max load factor 1): the count grows when the element count would
+/// exceed it.
+const BUCKET_COUNTS: &[usize] = &[
+    13, 29, 59, 127, 257, 541, 1109, 2357, 5087, 10273, 20753, 42043, 85229, 172933, 351061,
+    712697, 1447153, 2938679, 5967347,
+];
+
+const NIL: usize = usize::MAX;
+
+/// The node list and buckets of a libstdc++ hashtable with unique keys.
+struct Table<'a> {
+    hashes: &'a [u64],
+    next: Vec<usize>,
+    /// Index of the node *before* the bucket's first node; `head` stands for before-begin.
+    buckets: Vec<usize>,
+    head: usize,
+}
+
+impl Table<'_> {
+    /// The before-begin sentinel uses index `hashes.len()`.
+    fn before_begin(&self) -> usize { self.hashes.len() }
+
+    fn bucket(&self, node: usize) -> usize { (self.hashes[node] % self.buckets.len() as u64) as usize }
+
+    fn next_of(&self, node: usize) -> usize {
+        if node == self.before_begin() { self.head } else { self.next[node] }
+    }
+
+    fn set_next(&mut self, node: usize, value: usize) {
+        if node == self.before_begin() { self.head = value } else { self.next[node] = value }
+    }
+
+    /// `_M_insert_bucket_begin`.
+    fn insert(&mut self, node: usize) {
+        let bkt = self.bucket(node);
+        let before = self.buckets[bkt];
+        if before != NIL {
+            let after = self.next_of(before);
+            self.next[node] = after;
+            self.set_next(before, node);
+        } else {
+            self.next[node] = self.head;
+            self.head = node;
+            if self.next[node] != NIL {
+                let b = self.bucket(self.next[node]);
+                self.buckets[b] = node;
+            }
+            self.buckets[bkt] = self.before_begin();
+        }
+    }
+
+    /// `_M_rehash_aux` for unique keys.
+    fn rehash(&mut self, count: usize) {
+        self.buckets = vec![NIL; count];
+        let mut p = self.head;
+        self.head = NIL;
+        let mut bbegin_bkt = 0;
+        while p != NIL {
+            let next = self.next[p];
+            let bkt = self.bucket(p);
+            if self.buckets[bkt] == NIL {
+                self.next[p] = self.head;
+                self.head = p;
+                self.buckets[bkt] = self.before_begin();
+                if self.next[p] != NIL {
+                    self.buckets[bbegin_bkt] = p;
+                }
+                bbegin_bkt = bkt;
+            } else {
+                let before = self.buckets[bkt];
+                self.next[p] = self.next_of(before);
+                self.set_next(before, p);
+            }
+            p = next;
+        }
+    }
+}
+
+/// Iteration order of an `unordered_map<std::string, int>` into which `keys` were inserted in
+/// order (all distinct), as indices into `keys`. `None` beyond the recorded bucket counts.
+pub fn unordered_map_order<K: AsRef<[u8]>>(keys: &[K]) -> Option<Vec<usize>> {
+    let n = keys.len();
+    if n > *BUCKET_COUNTS.last()? {
+        return None;
+    }
+    let hashes: Vec<u64> = keys.iter().map(|k| hash_string(k.as_ref())).collect();
+    let mut table = Table { hashes: &hashes, next: vec![NIL; n], buckets: vec![NIL; 1], head: NIL };
+    let mut level = None::<usize>;
+    for node in 0..n {
+        let capacity = level.map_or(0, |l| BUCKET_COUNTS[l]);
+        if node + 1 > capacity {
+            let l = level.map_or(0, |l| l + 1);
+            level = Some(l);
+            table.rehash(BUCKET_COUNTS[l]);
+        }
+        table.insert(node);
+    }
+    let mut order = Vec::with_capacity(n);
+    let mut p = table.head;
+    while p != NIL {
+        order.push(p);
+        p = table.next[p];
+    }
+    Some(order)
+}
+
+/// libstdc++'s `std::sort` (introsort, median-of-three, insertion sort below 16 elements,
+/// heap sort past the depth limit). `less(a, b)` is the strict weak order.
+pub fn std_sort<T: Copy>(v: &mut [T], less: &impl Fn(&T, &T) -> bool) {
+    let n = v.len();
+    if n == 0 {
+        return;
+    }
+    let depth = 2 * (usize::BITS - 1 - n.leading_zeros()) as usize;
+    introsort_loop(v, 0, n, depth, less);
+    final_insertion_sort(v, 0, n, less);
+}
+
+const THRESHOLD: usize = 16;
+
+fn introsort_loop<T: Copy>(v: &mut [T], first: usize, mut last: usize, mut depth: usize, less: &impl Fn(&T, &T) -> bool) {
+    while last - first > THRESHOLD {
+        if depth == 0 {
+            heap_sort(&mut v[first..last], less);
+            return;
+        }
+        depth -= 1;
+        let cut = unguarded_partition_pivot(v, first, last, less);
+        introsort_loop(v, cut, last, depth, less);
+        last = cut;
+    }
+}
+
+fn move_median_to_first<T: Copy>(v: &mut [T], result: usize, a: usize, b: usize, c: usize, less: &impl Fn(&T, &T) -> bool) {
+    let pick = if less(&v[a], &v[b]) {
+        if less(&v[b], &v[c]) { b } else if less(&v[a], &v[c]) { c } else { a }
+    } else if less(&v[a], &v[c]) {
+        a
+    } else if less(&v[b], &v[c]) {
+        c
+    } else {
+        b
+    };
+    v.swap(result, pick);
+}
+
+fn unguarded_partition_pivot<T: Copy>(v: &mut [T], first: usize, last: usize, less: &impl Fn(&T, &T) -> bool) -> usize {
+    let mid = first + (last - first) / 2;
+    move_median_to_first(v, first, first + 1, mid, last - 1, less);
+    let (mut lo, mut hi) = (first + 1, last);
+    let pivot = first;
+    loop {
+        while less(&v[lo], &v[pivot]) {
+            lo += 1;
+        }
+        hi -= 1;
+        while less(&v[pivot], &v[hi]) {
+            hi -= 1;
+        }
+        if lo >= hi {
+            return lo;
+        }
+        v.swap(lo, hi);
+        lo += 1;
+    }
+}
+
+fn unguarded_linear_insert<T: Copy>(v: &mut [T], mut last: usize, less: &impl Fn(&T, &T) -> bool) {
+    let val = v[last];
+    let mut next = last - 1;
+    while less(&val, &v[next]) {
+        v[last] = v[next];
+        last = next;
+        next -= 1;
+    }
+    v[last] = val;
+}
+
+fn insertion_sort<T: Copy>(v: &mut [T], first: usize, last: usize, less: &impl Fn(&T, &T) -> bool) {
+    if first == last {
+        return;
+    }
+    for i in first + 1..last {
+        if less(&v[i], &v[first]) {
+            let val = v[i];
+            v.copy_within(first..i, first + 1);
+            v[first] = val;
+        } else {
+            unguarded_linear_insert(v, i, less);
+        }
+    }
+}
+
+fn final_insertion_sort<T: Copy>(v: &mut [T], first: usize, last: usize, less: &impl Fn(&T, &T) -> bool) {
+    if last - first > THRESHOLD {
+        insertion_sort(v, first, first + THRESHOLD, less);
+        for i in first + THRESHOLD..last {
+            unguarded_linear_insert(v, i, less);
+        }
+    } else {
+        insertion_sort(v, first, last, less);
+    }
+}
+
+fn adjust_heap<T: Copy>(v: &mut [T], mut hole: usize, len: usize, value: T, less: &impl Fn(&T, &T) -> bool) {
+    let top = hole;
+    let mut child = hole;
+    while child < (len - 1) / 2 {
+        child = 2 * (child + 1);
+        if less(&v[child], &v[child - 1]) {
+            child -= 1;
+        }
+        v[hole] = v[child];
+        hole = child;
+    }
+    if len & 1 == 0 && child == (len - 2) / 2 {
+        child = 2 * (child + 1);
+        v[hole] = v[child - 1];
+        hole = child - 1;
+    }
+    // __push_heap
+    let mut parent = hole.wrapping_sub(1) / 2;
+    while hole > top && less(&v[parent], &value) {
+        v[hole] = v[parent];
+        hole = parent;
+        parent = hole.wrapping_sub(1) / 2;
+    }
+    v[hole] = value;
+}
+
+/// `__partial_sort(first, last, last)`: make_heap then sort_heap.
+fn heap_sort<T: Copy>(v: &mut [T], less: &impl Fn(&T, &T) -> bool) {
+    let len = v.len();
+    if len >= 2 {
+        let mut parent = (len - 2) / 2;
+        loop {
+            let value = v[parent];
+            adjust_heap(v, parent, len, value, less);
+            if parent == 0 {
+                break;
+            }
+            parent -= 1;
+        }
+    }
+    let mut last = len;
+    while last > 1 {
+        last -= 1;
+        let value = v[last];
+        v[last] = v[0];
+        adjust_heap(&mut v[..last], 0, last, value, less);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_matches_libstdcxx() {
+        // std::hash<std::string>{}(s) printed by a C++ program (g++ 12, x86-64)
+        assert_eq!(hash_string(b""), 6142509188972423790);
+        assert_eq!(hash_string(b"a"), 4993892634952068459);
+        assert_eq!(hash_string(b"<|im_end|>"), 2038672007907099973);
+        assert_eq!(hash_string(b"hello world, this is long"), 2369277252547399713);
+    }
+
+    #[test]
+    fn std_sort_sorts() {
+        let mut state = 12345u64;
+        for n in [0usize, 1, 5, 16, 17, 100, 1000] {
+            let mut v: Vec<(u32, usize)> = (0..n)
+                .map(|i| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((state >> 60) as u32, i)
+                })
+                .collect();
+            std_sort(&mut v, &|a: &(u32, usize), b: &(u32, usize)| a.0 > b.0);
+            assert!(v.windows(2).all(|w| w[0].0 >= w[1].0));
+        }
+    }
+}

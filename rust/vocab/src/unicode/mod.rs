@@ -1,0 +1,295 @@
+//! llama.cpp's Unicode layer (src/unicode.cpp): UTF-8 decoding with its replacement rules,
+//! code point category flags, lower-casing, NFD first code points and GPT-2's byte mapping.
+
+mod tables;
+
+use std::sync::OnceLock;
+
+/// One past the largest code point.
+pub const MAX_CODEPOINTS: u32 = 0x110000;
+
+/// The replacement character llama.cpp substitutes for undecodable bytes.
+pub const REPLACEMENT: u32 = 0xFFFD;
+
+/// Bits of llama.cpp's `unicode_cpt_flags` (same values, same layout).
+pub mod flag {
+    pub const UNDEFINED: u16 = 0x0001;
+    pub const NUMBER: u16 = 0x0002;
+    pub const LETTER: u16 = 0x0004;
+    pub const SEPARATOR: u16 = 0x0008;
+    pub const ACCENT_MARK: u16 = 0x0010;
+    pub const PUNCTUATION: u16 = 0x0020;
+    pub const SYMBOL: u16 = 0x0040;
+    pub const CONTROL: u16 = 0x0080;
+    pub const MASK_CATEGORIES: u16 = 0x00FF;
+    pub const WHITESPACE: u16 = 0x0100;
+    pub const LOWERCASE: u16 = 0x0200;
+    pub const UPPERCASE: u16 = 0x0400;
+    pub const NFD: u16 = 0x0800;
+}
+
+/// The flags of one code point. `CptFlags(0)` is what llama.cpp's splitters use for
+/// positions outside the current chunk (no flag at all, not even UNDEFINED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CptFlags(pub u16);
+
+impl CptFlags {
+    #[inline] pub fn is_undefined(self) -> bool { self.0 & flag::UNDEFINED != 0 }
+    #[inline] pub fn is_number(self) -> bool { self.0 & flag::NUMBER != 0 }
+    #[inline] pub fn is_letter(self) -> bool { self.0 & flag::LETTER != 0 }
+    #[inline] pub fn is_separator(self) -> bool { self.0 & flag::SEPARATOR != 0 }
+    #[inline] pub fn is_accent_mark(self) -> bool { self.0 & flag::ACCENT_MARK != 0 }
+    #[inline] pub fn is_punctuation(self) -> bool { self.0 & flag::PUNCTUATION != 0 }
+    #[inline] pub fn is_symbol(self) -> bool { self.0 & flag::SYMBOL != 0 }
+    #[inline] pub fn is_control(self) -> bool { self.0 & flag::CONTROL != 0 }
+    #[inline] pub fn is_whitespace(self) -> bool { self.0 & flag::WHITESPACE != 0 }
+    /// All bits, as llama.cpp's `as_uint()`: non-zero for every in-range code point.
+    #[inline] pub fn as_uint(self) -> u16 { self.0 }
+    /// The category bits only (`category_flag()`).
+    #[inline] pub fn category(self) -> u16 { self.0 & flag::MASK_CATEGORIES }
+}
+
+/// The per-code-point flag array llama.cpp builds at start-up (`unicode_cpt_flags_array`).
+fn flag_table() -> &'static [u16] {
+    static TABLE: OnceLock<Box<[u16]>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut table = vec![flag::UNDEFINED; MAX_CODEPOINTS as usize];
+        for pair in tables::RANGES_FLAGS.windows(2) {
+            let (start, flags) = pair[0];
+            let end = pair[1].0;
+            table[start as usize..end as usize].fill(flags);
+        }
+        for &cpt in tables::WHITESPACE {
+            table[cpt as usize] |= flag::WHITESPACE;
+        }
+        // llama.cpp marks the *targets* of the case maps and of the NFD map.
+        for &(_, lower) in tables::LOWERCASE {
+            table[lower as usize] |= flag::LOWERCASE;
+        }
+        for &(_, upper) in tables::UPPERCASE {
+            table[upper as usize] |= flag::UPPERCASE;
+        }
+        for &(_, _, nfd) in tables::NFD_RANGES {
+            table[nfd as usize] |= flag::NFD;
+        }
+        table.into_boxed_slice()
+    })
+}
+
+/// Flags of a code point (UNDEFINED beyond U+10FFFF), as `unicode_cpt_flags_from_cpt`.
+#[inline]
+pub fn flags(cpt: u32) -> CptFlags {
+    match flag_table().get(cpt as usize) {
+        Some(&f) => CptFlags(f),
+        None => CptFlags(flag::UNDEFINED),
+    }
+}
+
+/// Length of the UTF-8 sequence a lead byte announces (`unicode_len_utf8`): continuation
+/// and invalid bytes count as 1.
+#[inline]
+pub fn len_utf8(lead: u8) -> usize {
+    const LOOKUP: [u8; 16] = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4];
+    LOOKUP[(lead >> 4) as usize] as usize
+}
+
+/// Decodes one code point at `offset` as `unicode_cpt_from_utf8`: `None` where llama.cpp
+/// throws. Overlong forms, surrogates and values up to 0x1FFFFF are accepted, as there.
+#[inline]
+pub fn decode_one(bytes: &[u8], offset: usize) -> Option<(u32, usize)> {
+    let b0 = bytes[offset] as u32;
+    let cont = |i: usize| bytes.get(offset + i).filter(|&&b| b & 0xC0 == 0x80).map(|&b| (b & 0x3F) as u32);
+    if b0 & 0x80 == 0 {
+        return Some((b0, 1));
+    }
+    if b0 & 0x40 == 0 {
+        return None;
+    }
+    if b0 & 0x20 == 0 {
+        let c1 = cont(1)?;
+        return Some((((b0 & 0x1F) << 6) | c1, 2));
+    }
+    if b0 & 0x10 == 0 {
+        let (c1, c2) = (cont(1)?, cont(2)?);
+        return Some((((b0 & 0x0F) << 12) | (c1 << 6) | c2, 3));
+    }
+    if b0 & 0x08 == 0 {
+        let (c1, c2, c3) = (cont(1)?, cont(2)?, cont(3)?);
+        return Some((((b0 & 0x07) << 18) | (c1 << 12) | (c2 << 6) | c3, 4));
+    }
+    None
+}
+
+/// `unicode_cpts_from_utf8`: every undecodable byte becomes one U+FFFD.
+pub fn cpts_from_utf8(bytes: &[u8]) -> Vec<u32> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut offset = 0;
+    while offset < bytes.len() {
+        match decode_one(bytes, offset) {
+            Some((cpt, len)) => {
+                out.push(cpt);
+                offset += len;
+            }
+            None => {
+                out.push(REPLACEMENT);
+                offset += 1;
+            }
+        }
+    }
+    out
+}
+
+/// A code point llama.cpp's `unicode_cpt_to_utf8` refuses (it throws for > U+10FFFF).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidCodepoint(pub u32);
+
+/// Appends the UTF-8 encoding of `cpt` (surrogates included, as llama.cpp does).
+#[inline]
+pub fn push_utf8(cpt: u32, out: &mut Vec<u8>) -> Result<(), InvalidCodepoint> {
+    match cpt {
+        0..=0x7F => out.push(cpt as u8),
+        0x80..=0x7FF => out.extend_from_slice(&[0xC0 | (cpt >> 6) as u8, 0x80 | (cpt & 0x3F) as u8]),
+        0x800..=0xFFFF => out.extend_from_slice(&[
+            0xE0 | (cpt >> 12) as u8,
+            0x80 | ((cpt >> 6) & 0x3F) as u8,
+            0x80 | (cpt & 0x3F) as u8,
+        ]),
+        0x10000..=0x10FFFF => out.extend_from_slice(&[
+            0xF0 | (cpt >> 18) as u8,
+            0x80 | ((cpt >> 12) & 0x3F) as u8,
+            0x80 | ((cpt >> 6) & 0x3F) as u8,
+            0x80 | (cpt & 0x3F) as u8,
+        ]),
+        _ => return Err(InvalidCodepoint(cpt)),
+    }
+    Ok(())
+}
+
+/// Simple lowercase mapping (`unicode_tolower`).
+pub fn to_lower(cpt: u32) -> u32 {
+    match tables::LOWERCASE.binary_search_by_key(&cpt, |&(c, _)| c) {
+        Ok(i) => tables::LOWERCASE[i].1,
+        Err(_) => cpt,
+    }
+}
+
+/// First code point of the canonical decomposition (`unicode_cpts_normalize_nfd`, per code point).
+pub fn nfd_first(cpt: u32) -> u32 {
+    let idx = tables::NFD_RANGES.partition_point(|&(first, _, _)| first <= cpt);
+    // The table starts with (0, 0, 0), so idx >= 1.
+    let (first, last, nfd) = tables::NFD_RANGES[idx - 1];
+    if first <= cpt && cpt <= last { nfd } else { cpt }
+}
+
+/// Han ideographs as llama.cpp's `unicode_cpt_is_han` lists them.
+pub fn is_han(cpt: u32) -> bool {
+    matches!(cpt,
+        0x4E00..=0x9FFF | 0x3400..=0x4DBF | 0x20000..=0x2A6DF | 0x2A700..=0x2B73F |
+        0x2B740..=0x2B81F | 0x2B820..=0x2CEAF | 0x2CEB0..=0x2EBEF | 0xF900..=0xFAFF |
+        0x2F800..=0x2FA1F)
+}
+
+/// Bytes GPT-2's byte-level encoding maps to the code point of the same value.
+#[inline]
+fn byte_is_printable(b: u8) -> bool {
+    matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF)
+}
+
+/// GPT-2's `bytes_to_unicode`: the code point standing for a raw byte.
+pub fn byte_to_cpt(byte: u8) -> u32 {
+    static MAP: OnceLock<[u32; 256]> = OnceLock::new();
+    MAP.get_or_init(|| {
+        let mut map = [0u32; 256];
+        let mut n = 0;
+        for b in 0..=255u8 {
+            map[b as usize] = if byte_is_printable(b) {
+                b as u32
+            } else {
+                n += 1;
+                255 + n
+            };
+        }
+        map
+    })[byte as usize]
+}
+
+/// Inverse of [`byte_to_cpt`] (`unicode_utf8_to_byte`); `None` for code points outside the map.
+pub fn cpt_to_byte(cpt: u32) -> Option<u8> {
+    static MAP: OnceLock<Vec<(u32, u8)>> = OnceLock::new();
+    let map = MAP.get_or_init(|| {
+        let mut pairs: Vec<(u32, u8)> = (0..=255u8).map(|b| (byte_to_cpt(b), b)).collect();
+        pairs.sort_unstable();
+        pairs
+    });
+    map.binary_search_by_key(&cpt, |&(c, _)| c).ok().map(|i| map[i].1)
+}
+
+/// Appends the UTF-8 of the byte-level code point of `byte` (`unicode_byte_to_utf8`).
+#[inline]
+pub fn push_byte_encoded(byte: u8, out: &mut Vec<u8>) {
+    // byte_to_cpt is always <= 0x143, never invalid.
+    let _ = push_utf8(byte_to_cpt(byte), out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_of_known_code_points() {
+        assert!(flags('a' as u32).is_letter());
+        assert!(flags('5' as u32).is_number());
+        assert!(flags(' ' as u32).is_whitespace() && flags(' ' as u32).is_separator());
+        assert!(flags(0x0B).is_whitespace() && flags(0x0B).is_control());
+        assert!(!flags(0x1C).is_whitespace());
+        assert!(flags('~' as u32).is_symbol());
+        assert!(flags(0x0301).is_accent_mark());
+        assert!(flags(0x2EBF0).is_letter(), "Unicode 15.1 CJK Extension I");
+        assert!(flags(0x0378).is_undefined());
+        assert_eq!(flags(0x110000), CptFlags(flag::UNDEFINED));
+        assert!(flags('a' as u32).0 & flag::LOWERCASE != 0);
+    }
+
+    #[test]
+    fn decoding_replaces_like_llama_cpp() {
+        assert_eq!(cpts_from_utf8(b"a\xC3\xA9"), vec![0x61, 0xE9]);
+        assert_eq!(cpts_from_utf8(b"\x80a"), vec![REPLACEMENT, 0x61]);
+        // truncated sequence: the lead byte is replaced, the rest decoded on its own
+        assert_eq!(cpts_from_utf8(b"\xE2\x82"), vec![REPLACEMENT, REPLACEMENT]);
+        // overlong and out-of-range forms are accepted by llama.cpp's decoder
+        assert_eq!(cpts_from_utf8(b"\xC0\x80"), vec![0]);
+        assert_eq!(cpts_from_utf8(b"\xF7\xBF\xBF\xBF"), vec![0x1FFFFF]);
+        assert_eq!(cpts_from_utf8(b"\xF8"), vec![REPLACEMENT]);
+    }
+
+    #[test]
+    fn encoding_matches_std_and_refuses_beyond_unicode() {
+        for cpt in [0u32, 0x7F, 0x80, 0x7FF, 0x800, 0xFFFF, 0x10000, 0x10FFFF] {
+            let mut out = Vec::new();
+            push_utf8(cpt, &mut out).unwrap();
+            assert_eq!(out, char::from_u32(cpt).unwrap().to_string().into_bytes());
+        }
+        assert_eq!(push_utf8(0x110000, &mut Vec::new()), Err(InvalidCodepoint(0x110000)));
+    }
+
+    #[test]
+    fn byte_map_is_gpt2() {
+        assert_eq!(byte_to_cpt(b' '), 0x120); // 'Ġ'
+        assert_eq!(byte_to_cpt(b'\n'), 0x10A); // 'Ċ'
+        assert_eq!(byte_to_cpt(b'a'), 'a' as u32);
+        assert_eq!(byte_to_cpt(0xAD), 0x143);
+        for b in 0..=255u8 {
+            assert_eq!(cpt_to_byte(byte_to_cpt(b)), Some(b));
+        }
+        assert_eq!(cpt_to_byte(0x20), None);
+    }
+
+    #[test]
+    fn case_and_nfd() {
+        assert_eq!(to_lower('A' as u32), 'a' as u32);
+        assert_eq!(to_lower(0x130), 'i' as u32);
+        assert_eq!(nfd_first(0xE9), 'e' as u32);
+        assert_eq!(nfd_first(0xAC00), 0x1100);
+        assert_eq!(nfd_first('x' as u32), 'x' as u32);
+    }
+}

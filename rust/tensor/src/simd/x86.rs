@@ -13,18 +13,19 @@
 
 use std::arch::x86_64::*;
 
-/// Reads a little-endian f16 and widens it (F16C).
+/// An f16 scale broadcast to all 8 lanes. Used where a scalar conversion would let the
+/// compiler merge the f16 into a live register (a single-lane insert) and chain every
+/// block of the loop on the previous one.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let h = std::ptr::read_unaligned(p as *const u16);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+unsafe fn f16x8(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(p as *const u16) as i16))
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f32_at(p: *const u8) -> f32 {
-    std::ptr::read_unaligned(p as *const f32)
+unsafe fn f16x4(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(p as *const u16) as i16))
 }
 
 #[inline]
@@ -88,8 +89,11 @@ unsafe fn quantize_block_q8_0(x: *const f32, y: *mut u8) {
     let dh = _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT), 0) as u16;
     std::ptr::write_unaligned(y as *mut u16, dh);
     let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
-    let r = |vi: __m256| _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(vi, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    let (i0, i1, i2, i3) = (r(v[0]), r(v[1]), r(v[2]), r(v[3]));
+    let mut i = [_mm256_setzero_si256(); 4];
+    for k in 0..4 {
+        i[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    let (i0, i1, i2, i3) = (i[0], i[1], i[2], i[3]);
     let p01 = _mm256_packs_epi32(i0, i1);
     let p23 = _mm256_packs_epi32(i2, i3);
     let p = _mm256_packs_epi16(p01, p23);
@@ -127,9 +131,12 @@ unsafe fn quantize_block_q8_k(x: *const f32, y: *mut u8) {
     let vs = _mm256_set1_ps(iscale);
     let qs = y.add(4);
     for k in 0..8 {
-        let q = |o: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x.add(32 * k + 8 * o)), vs));
-        let p01 = _mm256_packs_epi32(q(0), q(1));
-        let p23 = _mm256_packs_epi32(q(2), q(3));
+        let mut q = [_mm256_setzero_si256(); 4];
+        for o in 0..4 {
+            q[o] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x.add(32 * k + 8 * o)), vs));
+        }
+        let p01 = _mm256_packs_epi32(q[0], q[1]);
+        let p23 = _mm256_packs_epi32(q[2], q[3]);
         let p = _mm256_packs_epi16(p01, p23);
         let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         // nearest_int(v) is at most 127 in magnitude here; MIN(127, v) is a no-op.
@@ -163,21 +170,40 @@ macro_rules! x86_kernels {
     ($features:literal) => {
         use super::*;
 
-        /// Legacy 32-element block dot: `wq` decodes the weight block to 32 signed bytes.
+        /// Decodes one legacy 32-element weight block to 32 signed bytes.
+        /// KIND: 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = IQ4_NL.
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn dot_blocks32<const T: usize>(
-            nb: usize, w: *const u8, wbytes: usize, x: [*const u8; T], out: &mut [f32; T], wq: impl Fn(*const u8) -> __m256i,
-        ) {
+        unsafe fn decode32<const KIND: u8>(b: *const u8) -> __m256i {
+            match KIND {
+                0 => loadu(b.add(2)),
+                1 => _mm256_sub_epi8(bytes_from_nibbles_32(b.add(2)), _mm256_set1_epi8(8)),
+                2 => {
+                    let lo = bytes_from_nibbles_32(b.add(6));
+                    // Elements whose fifth bit is clear are (q | 0xF0) = q - 16 as i8.
+                    let hi = _mm256_andnot_si256(bytes_from_bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+                    _mm256_or_si256(lo, hi)
+                }
+                _ => {
+                    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::scalar::legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+                    _mm256_shuffle_epi8(table, bytes_from_nibbles_32(b.add(2)))
+                }
+            }
+        }
+
+        /// Legacy 32-element block dot against Q8_0 activations.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn dot_blocks32<const KIND: u8, const T: usize>(nb: usize, w: *const u8, wbytes: usize, x: [*const u8; T], out: &mut [f32; T]) {
             let mut acc = [_mm256_setzero_ps(); T];
             for i in 0..nb {
                 let bw = w.add(i * wbytes);
-                let q = wq(bw);
-                let dw = f16_at(bw);
+                let q = decode32::<KIND>(bw);
+                let dw = f16x8(bw);
                 for t in 0..T {
                     let bx = x[t].add(i * 34);
                     let s = dot_i8_signed!(q, loadu(bx.add(2)));
-                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(bx)), _mm256_cvtepi32_ps(s), acc[t]);
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, f16x8(bx)), _mm256_cvtepi32_ps(s), acc[t]);
                 }
             }
             for t in 0..T {
@@ -187,28 +213,22 @@ macro_rules! x86_kernels {
 
         #[target_feature(enable = $features)]
         pub unsafe fn q8_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            dot_blocks32(nb, w, 34, x, out, |b| loadu(b.add(2)))
+            dot_blocks32::<0, T>(nb, w, 34, x, out)
         }
 
         #[target_feature(enable = $features)]
         pub unsafe fn q4_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            dot_blocks32(nb, w, 18, x, out, |b| _mm256_sub_epi8(bytes_from_nibbles_32(b.add(2)), _mm256_set1_epi8(8)))
+            dot_blocks32::<1, T>(nb, w, 18, x, out)
         }
 
         #[target_feature(enable = $features)]
         pub unsafe fn q5_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            dot_blocks32(nb, w, 22, x, out, |b| {
-                let lo = bytes_from_nibbles_32(b.add(6));
-                // Elements whose fifth bit is clear are (q | 0xF0) = q - 16 as i8.
-                let hi = _mm256_andnot_si256(bytes_from_bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-                _mm256_or_si256(lo, hi)
-            })
+            dot_blocks32::<2, T>(nb, w, 22, x, out)
         }
 
         #[target_feature(enable = $features)]
         pub unsafe fn iq4_nl<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::scalar::legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i));
-            dot_blocks32(nb, w, 18, x, out, |b| _mm256_shuffle_epi8(table, bytes_from_nibbles_32(b.add(2))))
+            dot_blocks32::<3, T>(nb, w, 18, x, out)
         }
 
         /// Q4_K x Q8_K.
@@ -219,7 +239,7 @@ macro_rules! x86_kernels {
             let m4 = _mm256_set1_epi8(0x0f);
             for i in 0..nb {
                 let bw = w.add(i * 144);
-                let (dw, dminw) = (f16_at(bw), f16_at(bw.add(2)));
+                let (dw, dminw) = (f16x8(bw), f16x4(bw.add(2)));
                 let mut sc = [0u8; 8];
                 let mut mn = [0u8; 8];
                 let packed = std::slice::from_raw_parts(bw.add(4), 12);
@@ -235,8 +255,8 @@ macro_rules! x86_kernels {
                     let bsums = loadu(bx.add(260));
                     let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
                     let prod = _mm_madd_epi16(mins, q8s);
-                    let dmin = -(f32_at(bx) * dminw);
-                    acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[t]);
+                    let dmin = _mm_xor_ps(_mm_mul_ps(_mm_broadcast_ss(&*(bx as *const f32)), dminw), _mm_set1_ps(-0.0));
+                    acc_m[t] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(prod), acc_m[t]);
                 }
                 for j in 0..4 {
                     let scale_l = _mm256_set1_epi16(sc[2 * j] as i16);
@@ -252,8 +272,8 @@ macro_rules! x86_kernels {
                     }
                 }
                 for t in 0..T {
-                    let d = dw * f32_at(x[t].add(i * 292));
-                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*(x[t].add(i * 292) as *const f32)));
+                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
                 }
             }
             for t in 0..T {
@@ -270,7 +290,7 @@ macro_rules! x86_kernels {
             let m2 = _mm256_set1_epi8(0x03);
             for i in 0..nb {
                 let bw = w.add(i * 210);
-                let dw = f16_at(bw.add(208));
+                let dw = f16x8(bw.add(208));
                 let scales = bw.add(192) as *const i8;
                 let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales as *const __m128i));
                 let mut sumi = [_mm256_setzero_si256(); T];
@@ -282,17 +302,15 @@ macro_rules! x86_kernels {
                     let ql0 = loadu(bw.add(64 * h));
                     let ql1 = loadu(bw.add(64 * h + 32));
                     let qh = loadu(bw.add(128 + 32 * h));
-                    let high = |s: i32| match s {
-                        0 => _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
-                        2 => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
-                        4 => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
-                        _ => _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
-                    };
+                    let h0 = _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4);
+                    let h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4);
+                    let h4 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4);
+                    let h6 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4);
                     let q = [
-                        _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
-                        _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+                        _mm256_or_si256(_mm256_and_si256(ql0, m4), h0),
+                        _mm256_or_si256(_mm256_and_si256(ql1, m4), h2),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), h4),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), h6),
                     ];
                     for g in 0..4 {
                         let s0 = *scales.add(8 * h + 2 * g) as i16;
@@ -306,8 +324,8 @@ macro_rules! x86_kernels {
                     }
                 }
                 for t in 0..T {
-                    let d = dw * f32_at(x[t].add(i * 292));
-                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*(x[t].add(i * 292) as *const f32)));
+                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
                 }
             }
             for t in 0..T {

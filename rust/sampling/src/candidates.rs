@@ -213,7 +213,7 @@ pub(crate) fn bucket_partial_sort(src: &[TokenData], npartial: usize, res: &mut 
 /// C++'s `int(x)` as x86-64 executes it (cvttss2si): truncation toward zero, and the
 /// "integer indefinite" value i32::MIN for NaN and anything out of range.
 pub(crate) fn cvt_f32_to_i32(x: f32) -> i32 {
-    if x.is_nan() || x >= 2_147_483_648.0 || x < -2_147_483_648.0 {
+    if !(-2_147_483_648.0..2_147_483_648.0).contains(&x) {
         i32::MIN
     } else {
         x as i32

@@ -147,7 +147,7 @@ mod tests {
     fn matches_libstdcxx_distributions() {
         let mut g = Mt19937::new(1234);
         assert_eq!(g.uniform_f64(), 0.49766366630595166);
-        assert_eq!(g.uniform_f32(), 0.622108757f32);
+        assert_eq!(g.uniform_f32(), 0.622_108_76_f32);
         assert_eq!(g.uniform_f64(), 0.43772773743091115);
         let weights = [0.1f32, 0.2, 0.3, 0.4];
         for expected in [3, 3, 1, 1, 3] {

@@ -112,6 +112,7 @@ fn repetition_penalties() {
     penalties(&[0, 1, 2, 0, 0], &[0.000000, 0.000023, 0.000023, 0.499977, 0.499977], 1.0, 5.0, 5.0);
 }
 
+#[allow(clippy::too_many_arguments)]
 fn dry(probs: &[f32], history: &[u32], expected: &[f32], mult: f32, base: f32, allowed: i32, last_n: i32, breakers: Vec<Vec<u32>>) {
     let mut s = Dry::with_token_breakers(1024, mult, base, allowed, last_n, breakers).unwrap();
     for &t in history {

@@ -157,13 +157,31 @@ fn accept_chr(g: &Grammar, stack: &Stack, chr: u32, new_stacks: &mut Vec<Stack>)
 }
 
 /// A candidate token on its way through `reject`: `cp` indexes its remaining code points
-/// (0-terminated) in a shared buffer.
+/// (0-terminated) in a shared buffer; `index` is its place in the candidate array.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GrammarCandidate {
-    pub index: usize,
-    pub cp: usize,
+    pub index: u32,
+    pub cp: u32,
     pub partial: PartialUtf8,
     pub id: u32,
+}
+
+/// Candidate lists reused across the recursion and across calls: constraining 150k
+/// candidates would otherwise allocate (and fault in) megabytes per level.
+#[derive(Debug, Default)]
+pub(crate) struct RejectScratch {
+    pool: Vec<Vec<GrammarCandidate>>,
+}
+
+impl RejectScratch {
+    fn take(&mut self) -> Vec<GrammarCandidate> {
+        self.pool.pop().unwrap_or_default()
+    }
+
+    pub(crate) fn give(&mut self, mut v: Vec<GrammarCandidate>) {
+        v.clear();
+        self.pool.push(v);
+    }
 }
 
 /// The state of a grammar match: the live stacks and an unfinished UTF-8 sequence.
@@ -282,35 +300,56 @@ impl Matcher {
     }
 
     /// The candidates (of `cands`, whose code points are in `cps`) that no stack allows.
-    pub(crate) fn reject(&self, cands: &[GrammarCandidate], cps: &[u32]) -> Vec<GrammarCandidate> {
-        reject_candidates(&self.grammar, &self.stacks, cands, cps)
+    /// The returned list comes from `scratch`; give it back when done.
+    pub(crate) fn reject(&self, cands: &[GrammarCandidate], cps: &[u32], scratch: &mut RejectScratch) -> Vec<GrammarCandidate> {
+        reject_candidates(&self.grammar, &self.stacks, cands, cps, scratch)
     }
 }
 
-fn reject_candidates(g: &Grammar, stacks: &[Stack], cands: &[GrammarCandidate], cps: &[u32]) -> Vec<GrammarCandidate> {
+fn reject_candidates(
+    g: &Grammar,
+    stacks: &[Stack],
+    cands: &[GrammarCandidate],
+    cps: &[u32],
+    scratch: &mut RejectScratch,
+) -> Vec<GrammarCandidate> {
+    let mut rejects = scratch.take();
     if cands.is_empty() {
-        return Vec::new();
+        return rejects;
     }
     let Some((first, rest)) = stacks.split_first() else {
-        return cands.to_vec();
+        rejects.extend_from_slice(cands);
+        return rejects;
     };
-    let mut rejects = reject_for_stack(g, first, cands, cps);
+    reject_for_stack(g, first, cands, cps, scratch, &mut rejects);
     for stack in rest {
-        rejects = reject_for_stack(g, stack, &rejects, cps);
+        if rejects.is_empty() {
+            break;
+        }
+        let mut next = scratch.take();
+        reject_for_stack(g, stack, &rejects, cps, scratch, &mut next);
+        scratch.give(std::mem::replace(&mut rejects, next));
     }
     rejects
 }
 
-fn reject_for_stack(g: &Grammar, stack: &Stack, cands: &[GrammarCandidate], cps: &[u32]) -> Vec<GrammarCandidate> {
-    let mut rejects = Vec::with_capacity(cands.len());
+/// Appends to `rejects` the candidates that `stack` does not allow.
+fn reject_for_stack(
+    g: &Grammar,
+    stack: &Stack,
+    cands: &[GrammarCandidate],
+    cps: &[u32],
+    scratch: &mut RejectScratch,
+    rejects: &mut Vec<GrammarCandidate>,
+) {
     let Some(&pos) = stack.last() else {
         // a complete stack allows only what is itself complete
-        rejects.extend(cands.iter().filter(|t| cps[t.cp] != 0 || t.partial.n_remain != 0));
-        return rejects;
+        rejects.extend(cands.iter().filter(|t| cps[t.cp as usize] != 0 || t.partial.n_remain != 0));
+        return;
     };
     if is_token_element(g, pos) {
         for t in cands {
-            if cps[t.cp] == 0 {
+            if cps[t.cp as usize] == 0 {
                 if t.partial.n_remain != 0 {
                     rejects.push(*t);
                 }
@@ -318,11 +357,11 @@ fn reject_for_stack(g: &Grammar, stack: &Stack, cands: &[GrammarCandidate], cps:
                 rejects.push(*t);
             }
         }
-        return rejects;
+        return;
     }
-    let mut next_cands = Vec::with_capacity(cands.len());
+    let mut next_cands = scratch.take();
     for t in cands {
-        let chr = cps[t.cp];
+        let chr = cps[t.cp as usize];
         if chr == 0 {
             if t.partial.n_remain != 0 && !match_partial_char(g, pos, t.partial) {
                 rejects.push(*t);
@@ -333,20 +372,19 @@ fn reject_for_stack(g: &Grammar, stack: &Stack, cands: &[GrammarCandidate], cps:
             rejects.push(*t);
         }
     }
-    if next_cands.is_empty() {
-        return rejects;
+    if !next_cands.is_empty() {
+        let after = match_char(g, pos, 0).1;
+        let mut stack_after: Stack = stack[..stack.len() - 1].to_vec();
+        if !g.elems[after as usize].is_end_of_sequence() {
+            stack_after.push(after);
+        }
+        let mut next_stacks = Vec::new();
+        advance_stack(g, stack_after, &mut next_stacks);
+        let next_rejects = reject_candidates(g, &next_stacks, &next_cands, cps, scratch);
+        rejects.extend(next_rejects.iter().map(|t| GrammarCandidate { cp: t.cp - 1, ..*t }));
+        scratch.give(next_rejects);
     }
-    let after = match_char(g, pos, 0).1;
-    let mut stack_after: Stack = stack[..stack.len() - 1].to_vec();
-    if !g.elems[after as usize].is_end_of_sequence() {
-        stack_after.push(after);
-    }
-    let mut next_stacks = Vec::new();
-    advance_stack(g, stack_after, &mut next_stacks);
-    for t in reject_candidates(g, &next_stacks, &next_cands, cps) {
-        rejects.push(GrammarCandidate { cp: t.cp - 1, ..t });
-    }
-    rejects
+    scratch.give(next_cands);
 }
 
 /// Every token's piece decoded once (from a clean UTF-8 state), so that constraining a
@@ -354,7 +392,7 @@ fn reject_for_stack(g: &Grammar, stack: &Stack, cands: &[GrammarCandidate], cps:
 #[derive(Debug)]
 pub(crate) struct DecodedVocab {
     pub cps: Vec<u32>,
-    pub start: Vec<usize>,
+    pub start: Vec<u32>,
     pub partial: Vec<PartialUtf8>,
 }
 
@@ -364,7 +402,7 @@ impl DecodedVocab {
         let mut start = Vec::with_capacity(pieces.len());
         let mut partial = Vec::with_capacity(pieces.len());
         for piece in pieces {
-            start.push(cps.len());
+            start.push(cps.len() as u32);
             partial.push(decode_utf8(piece, PartialUtf8::default(), &mut cps));
         }
         DecodedVocab { cps, start, partial }

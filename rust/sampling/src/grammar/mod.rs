@@ -231,10 +231,8 @@ impl LeftRecursion {
                 if !self.may_be_empty[e.value as usize] {
                     recurse = false;
                 }
-            } else if e.is_end_of_sequence() {
-                recurse = true;
             } else {
-                recurse = false;
+                recurse = e.is_end_of_sequence();
             }
         }
         self.in_progress[idx] = false;

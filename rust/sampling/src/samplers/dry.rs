@@ -13,8 +13,9 @@ use crate::sampler::Sampler;
 const MAX_BREAKER_BYTES: usize = 40;
 /// Tails of multi-token breakers are cut to this many tokens (MAX_SEQ_LEN).
 const MAX_TAIL_TOKENS: usize = 20;
-/// ln(f32::MAX), to keep base^exponent finite.
-const FLOAT_MAX_LOG: f32 = 88.722_839;
+/// ln(f32::MAX), to keep base^exponent finite (llama.cpp's literal, 88.7228391f).
+#[allow(clippy::excessive_precision)]
+const FLOAT_MAX_LOG: f32 = 88.722_839_1;
 
 /// `llama_sampler_init_dry(vocab, n_ctx_train, multiplier, base, allowed_length,
 /// penalty_last_n, seq_breakers)`.

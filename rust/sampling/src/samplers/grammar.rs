@@ -4,7 +4,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::candidates::{Candidates, TokenData};
 use crate::error::SamplingError;
-use crate::grammar::matcher::{DecodedVocab, GrammarCandidate, Matcher};
+use crate::grammar::matcher::{DecodedVocab, GrammarCandidate, Matcher, RejectScratch};
 use crate::grammar::{self, parse_rules_with_pieces, PartialUtf8};
 use crate::json_schema;
 use crate::pieces::TokenPieces;
@@ -13,13 +13,29 @@ use crate::sampler::Sampler;
 /// `llama_sampler_init_grammar(vocab, gbnf, root)`: every candidate the grammar does not
 /// allow next gets a -inf logit; end-of-generation tokens are allowed only where the
 /// grammar can end; `accept` advances the grammar.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Grammar {
     pieces: Arc<TokenPieces>,
     is_eog: Arc<Vec<bool>>,
     decoded: Arc<OnceLock<DecodedVocab>>,
     matcher: Matcher,
     last_rejected: Option<u32>,
+    scratch: RejectScratch,
+    cands: Vec<GrammarCandidate>,
+}
+
+impl Clone for Grammar {
+    fn clone(&self) -> Self {
+        Grammar {
+            pieces: Arc::clone(&self.pieces),
+            is_eog: Arc::clone(&self.is_eog),
+            decoded: Arc::clone(&self.decoded),
+            matcher: self.matcher.clone(),
+            last_rejected: self.last_rejected,
+            scratch: RejectScratch::default(),
+            cands: Vec::new(),
+        }
+    }
 }
 
 impl Grammar {
@@ -33,7 +49,15 @@ impl Grammar {
     /// A sampler for an already compiled grammar.
     pub fn from_grammar(pieces: Arc<TokenPieces>, compiled: Arc<grammar::Grammar>) -> Self {
         let is_eog = Arc::new(pieces.eog_flags());
-        Grammar { pieces, is_eog, decoded: Arc::new(OnceLock::new()), matcher: Matcher::new(compiled), last_rejected: None }
+        Grammar {
+            pieces,
+            is_eog,
+            decoded: Arc::new(OnceLock::new()),
+            matcher: Matcher::new(compiled),
+            last_rejected: None,
+            scratch: RejectScratch::default(),
+            cands: Vec::new(),
+        }
     }
 
     /// A sampler for the grammar llama.cpp's converter makes of a JSON schema.
@@ -81,13 +105,14 @@ impl Grammar {
         }
     }
 
-    /// The pieces of the candidates to check, decoded: from the shared cache when no
-    /// UTF-8 sequence is pending, else afresh. Candidates that can never match get -inf.
-    fn collect(&self, c: &mut Candidates, allow_eog: bool, fresh: &mut Vec<u32>) -> (Vec<GrammarCandidate>, bool) {
+    /// Fills `cands` with the candidates to check, their pieces decoded: from the shared
+    /// cache when no UTF-8 sequence is pending, else afresh into `fresh`. Candidates that
+    /// can never match get -inf. Returns whether the cache was used.
+    fn collect(&self, c: &mut Candidates, allow_eog: bool, fresh: &mut Vec<u32>, cands: &mut Vec<GrammarCandidate>) -> bool {
         let pending: PartialUtf8 = self.matcher.partial_utf8();
         let use_cache = pending.n_remain <= 0;
         let decoded = use_cache.then(|| self.decoded.get_or_init(|| DecodedVocab::new(&self.pieces.pieces)));
-        let mut cands = Vec::with_capacity(c.data.len());
+        cands.clear();
         for (i, t) in c.data.iter_mut().enumerate() {
             let Some(piece) = self.pieces.pieces.get(t.id as usize) else {
                 t.logit = f32::NEG_INFINITY;
@@ -97,18 +122,18 @@ impl Grammar {
                 if !allow_eog {
                     t.logit = f32::NEG_INFINITY;
                 }
-            } else if piece.first().map_or(true, |&b| b == 0) {
+            } else if piece.first().copied().unwrap_or(0) == 0 {
                 t.logit = f32::NEG_INFINITY;
             } else if let Some(d) = decoded {
                 let id = t.id as usize;
-                cands.push(GrammarCandidate { index: i, cp: d.start[id], partial: d.partial[id], id: t.id });
+                cands.push(GrammarCandidate { index: i as u32, cp: d.start[id], partial: d.partial[id], id: t.id });
             } else {
-                let cp = fresh.len();
+                let cp = fresh.len() as u32;
                 let partial = grammar::decode_utf8(piece, pending, fresh);
-                cands.push(GrammarCandidate { index: i, cp, partial, id: t.id });
+                cands.push(GrammarCandidate { index: i as u32, cp, partial, id: t.id });
             }
         }
-        (cands, use_cache)
+        use_cache
     }
 }
 
@@ -120,14 +145,18 @@ impl Sampler for Grammar {
     fn apply(&mut self, c: &mut Candidates) {
         let allow_eog = self.matcher.is_complete();
         let mut fresh = Vec::new();
-        let (cands, from_cache) = self.collect(c, allow_eog, &mut fresh);
+        let mut cands = std::mem::take(&mut self.cands);
+        let from_cache = self.collect(c, allow_eog, &mut fresh, &mut cands);
         let cps: &[u32] = match (from_cache, self.decoded.get()) {
             (true, Some(d)) => &d.cps,
             _ => &fresh,
         };
-        for reject in self.matcher.reject(&cands, cps) {
-            c.data[reject.index].logit = f32::NEG_INFINITY;
+        let rejects = self.matcher.reject(&cands, cps, &mut self.scratch);
+        for reject in &rejects {
+            c.data[reject.index as usize].logit = f32::NEG_INFINITY;
         }
+        self.scratch.give(rejects);
+        self.cands = cands;
     }
 
     fn accept(&mut self, token: u32) {

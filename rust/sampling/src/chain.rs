@@ -148,3 +148,26 @@ impl Chain {
         self.samplers.iter_mut().filter_map(|s| s.as_grammar_mut()).all(|g| g.allows(token))
     }
 }
+
+/// A chain is itself a sampler (as llama.cpp's chain is), so chains can nest.
+impl Sampler for Chain {
+    fn name(&self) -> &'static str {
+        "chain"
+    }
+
+    fn apply(&mut self, c: &mut Candidates) {
+        Chain::apply(self, c);
+    }
+
+    fn accept(&mut self, token: u32) {
+        Chain::accept(self, token);
+    }
+
+    fn reset(&mut self) {
+        Chain::reset(self);
+    }
+
+    fn clone_box(&self) -> Box<dyn Sampler> {
+        Box::new(self.clone())
+    }
+}

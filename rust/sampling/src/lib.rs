@@ -37,7 +37,7 @@ pub use cfg::{apply_guidance, log_softmax};
 pub use chain::Chain;
 pub use error::SamplingError;
 pub use pieces::TokenPieces;
-pub use rng::{discrete_sample, Mt19937};
+pub use rng::{discrete_sample, resolve_seed, Mt19937, DEFAULT_SEED};
 pub use sampler::Sampler;
 pub use samplers::{
     Dist, Dry, Grammar, Greedy, Infill, LogitBias, MinP, MirostatV1, MirostatV2, Penalties, Temp, TempExt, TopK,

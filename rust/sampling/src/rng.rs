@@ -87,6 +87,23 @@ impl Mt19937 {
     }
 }
 
+/// llama.cpp's LLAMA_DEFAULT_SEED: a sampler given this seed draws a random one.
+pub const DEFAULT_SEED: u32 = 0xFFFF_FFFF;
+
+/// The seed a sampler actually uses (llama.cpp's get_rng_seed): the given one, or for
+/// [`DEFAULT_SEED`] a fresh random one (from the standard library's per-process random keys
+/// and the clock).
+pub fn resolve_seed(seed: u32) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    if seed != DEFAULT_SEED {
+        return seed;
+    }
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    h.finish() as u32
+}
+
 /// `std::discrete_distribution<int>(weights)(rng)` as libstdc++ computes it: with fewer
 /// than two weights it returns 0 without drawing; otherwise it normalizes the weights in
 /// double, accumulates them (the last forced to 1) and returns the first index whose

@@ -282,3 +282,60 @@ fn invalid_parameters_are_errors() {
     assert!(Dry::with_token_breakers(1024, 1.0, 1.1, 2, -2, vec![]).is_err());
     assert!(LogitBias::new(8, vec![(8, 1.0)]).is_err());
 }
+
+#[test]
+fn default_seed_draws_a_random_seed_and_reset_replays_a_fixed_one() {
+    let a = Dist::new(DEFAULT_SEED);
+    let b = Dist::new(DEFAULT_SEED);
+    assert_ne!(a.seed(), DEFAULT_SEED);
+    assert_ne!(a.seed(), b.seed(), "two random seeds");
+    let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+    let mut d = Dist::new(7);
+    let mut first = Vec::new();
+    for _ in 0..5 {
+        let mut c = Candidates::from_logits(&logits);
+        d.apply(&mut c);
+        first.push(c.selected_token());
+    }
+    d.reset();
+    for want in first {
+        let mut c = Candidates::from_logits(&logits);
+        d.apply(&mut c);
+        assert_eq!(c.selected_token(), want);
+    }
+}
+
+#[test]
+fn infill_prefers_end_of_generation_when_text_is_unlikely() {
+    let pieces = std::sync::Arc::new(TokenPieces {
+        pieces: vec![b"foo".to_vec(), b"foobar".to_vec(), b"baz".to_vec(), b"<eot>".to_vec()],
+        eog: vec![3],
+    });
+    // text dominates: "foo" is a prefix of "foobar" and merges into the likelier one
+    let mut s = Infill::new(std::sync::Arc::clone(&pieces), 3);
+    let mut c = Candidates::from_logits(&[2.0, 3.0, -5.0, -9.0]);
+    s.apply(&mut c);
+    let ids: Vec<u32> = c.data.iter().map(|t| t.id).collect();
+    assert!(ids.contains(&1) && !ids.contains(&0), "{ids:?}");
+    let total: f32 = c.data.iter().map(|t| t.p).sum();
+    assert!((total - 1.0).abs() < 1e-5);
+    // end of generation dominates: only EOG candidates stay
+    let mut c = Candidates::from_logits(&[-3.0, -3.0, -3.0, 4.0]);
+    s.apply(&mut c);
+    assert_eq!(c.data.iter().map(|t| t.id).collect::<Vec<_>>(), vec![3]);
+}
+
+#[test]
+fn chains_nest_and_clone_with_state() {
+    let inner = Chain::new(vec![Box::new(TopK::new(3)), Box::new(Temp::new(0.5).unwrap())]);
+    let mut outer = Chain::new(vec![Box::new(inner), Box::new(Dist::new(11))]);
+    let logits: Vec<f32> = (0..20).map(|i| (i as f32 * 0.37).sin()).collect();
+    let mut copy = outer.clone();
+    for _ in 0..5 {
+        let a = outer.sample_and_accept(&logits).unwrap();
+        let b = copy.sample_and_accept(&logits).unwrap();
+        assert_eq!(a, b);
+    }
+    assert_eq!(outer.last_candidates().len(), 3);
+    assert_eq!(outer.names(), vec!["chain", "dist"]);
+}

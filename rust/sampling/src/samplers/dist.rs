@@ -1,7 +1,7 @@
 //! dist: draws a token from the softmax of the candidates with a seeded mt19937.
 
 use crate::candidates::{Candidates, MaxCxx};
-use crate::rng::Mt19937;
+use crate::rng::{resolve_seed, Mt19937};
 use crate::sampler::Sampler;
 
 /// `llama_sampler_init_dist(seed)`: softmax without sorting, one uniform double, walk the
@@ -9,19 +9,22 @@ use crate::sampler::Sampler;
 #[derive(Debug, Clone)]
 pub struct Dist {
     seed: u32,
+    seed_cur: u32,
     rng: Mt19937,
 }
 
 impl Dist {
-    /// A dist sampler seeded with `seed`. (llama.cpp's LLAMA_DEFAULT_SEED, 0xFFFFFFFF,
-    /// means "random"; here every seed is taken as given: pick a random one yourself.)
+    /// A dist sampler seeded with `seed` ([`crate::DEFAULT_SEED`], 0xFFFFFFFF, draws a
+    /// random seed, at construction and at every reset, as in llama.cpp).
     pub fn new(seed: u32) -> Self {
-        Dist { seed, rng: Mt19937::new(seed) }
+        let seed_cur = resolve_seed(seed);
+        Dist { seed, seed_cur, rng: Mt19937::new(seed_cur) }
     }
 
-    /// The seed.
+    /// The seed in use (the drawn one when constructed with DEFAULT_SEED), as
+    /// `llama_sampler_get_seed` reports it.
     pub fn seed(&self) -> u32 {
-        self.seed
+        self.seed_cur
     }
 }
 
@@ -68,7 +71,8 @@ impl Sampler for Dist {
     }
 
     fn reset(&mut self) {
-        self.rng.reseed(self.seed);
+        self.seed_cur = resolve_seed(self.seed);
+        self.rng.reseed(self.seed_cur);
     }
 
     fn clone_box(&self) -> Box<dyn Sampler> {

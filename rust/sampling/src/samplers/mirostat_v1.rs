@@ -3,7 +3,7 @@
 
 use crate::candidates::{cvt_f32_to_i32, Candidates};
 use crate::error::{check_not_nan, invalid, SamplingError};
-use crate::rng::{discrete_sample, Mt19937};
+use crate::rng::{discrete_sample, resolve_seed, Mt19937};
 use crate::sampler::Sampler;
 
 /// `llama_sampler_init_mirostat(n_vocab, seed, tau, eta, m)`.
@@ -29,7 +29,7 @@ impl MirostatV1 {
         if m <= 0 {
             return Err(invalid("m", m, "must be positive"));
         }
-        Ok(MirostatV1 { n_vocab, seed, tau, eta, m, mu: 2.0 * tau, rng: Mt19937::new(seed) })
+        Ok(MirostatV1 { n_vocab, seed, tau, eta, m, mu: 2.0 * tau, rng: Mt19937::new(resolve_seed(seed)) })
     }
 
     /// The current target surprise mu.
@@ -79,7 +79,7 @@ impl Sampler for MirostatV1 {
 
     fn reset(&mut self) {
         self.mu = 2.0 * self.tau;
-        self.rng.reseed(self.seed);
+        self.rng.reseed(resolve_seed(self.seed));
     }
 
     fn clone_box(&self) -> Box<dyn Sampler> {

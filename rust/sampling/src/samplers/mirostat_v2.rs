@@ -3,7 +3,7 @@
 
 use crate::candidates::Candidates;
 use crate::error::{check_not_nan, SamplingError};
-use crate::rng::{discrete_sample, Mt19937};
+use crate::rng::{discrete_sample, resolve_seed, Mt19937};
 use crate::sampler::Sampler;
 
 /// `llama_sampler_init_mirostat_v2(seed, tau, eta)`.
@@ -21,7 +21,7 @@ impl MirostatV2 {
     pub fn new(seed: u32, tau: f32, eta: f32) -> Result<Self, SamplingError> {
         check_not_nan("tau", tau)?;
         check_not_nan("eta", eta)?;
-        Ok(MirostatV2 { seed, tau, eta, mu: 2.0 * tau, rng: Mt19937::new(seed) })
+        Ok(MirostatV2 { seed, tau, eta, mu: 2.0 * tau, rng: Mt19937::new(resolve_seed(seed)) })
     }
 
     /// The current target surprise mu.
@@ -55,7 +55,7 @@ impl Sampler for MirostatV2 {
 
     fn reset(&mut self) {
         self.mu = 2.0 * self.tau;
-        self.rng.reseed(self.seed);
+        self.rng.reseed(resolve_seed(self.seed));
     }
 
     fn clone_box(&self) -> Box<dyn Sampler> {

@@ -3,7 +3,7 @@
 
 use crate::candidates::Candidates;
 use crate::error::{check_not_nan, SamplingError};
-use crate::rng::Mt19937;
+use crate::rng::{resolve_seed, Mt19937};
 use crate::sampler::Sampler;
 
 /// `llama_sampler_init_xtc(p, threshold, min_keep, seed)`. Like llama.cpp, which moves
@@ -22,7 +22,7 @@ impl Xtc {
     pub fn new(p: f32, threshold: f32, min_keep: usize, seed: u32) -> Result<Self, SamplingError> {
         check_not_nan("p", p)?;
         check_not_nan("threshold", threshold)?;
-        Ok(Xtc { probability: p, threshold, min_keep, seed, rng: Mt19937::new(seed) })
+        Ok(Xtc { probability: p, threshold, min_keep, seed, rng: Mt19937::new(resolve_seed(seed)) })
     }
 }
 
@@ -54,7 +54,7 @@ impl Sampler for Xtc {
     }
 
     fn reset(&mut self) {
-        self.rng.reseed(self.seed);
+        self.rng.reseed(resolve_seed(self.seed));
     }
 
     fn clone_box(&self) -> Box<dyn Sampler> {

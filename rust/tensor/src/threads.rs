@@ -8,6 +8,7 @@ pub struct Threads {
 }
 
 impl Threads {
+    /// A pool of `n_threads` workers (at least one).
     pub fn new(n_threads: usize) -> Threads {
         let n_threads = n_threads.max(1);
         let pool = rayon::ThreadPoolBuilder::new()
@@ -17,9 +18,16 @@ impl Threads {
             .expect("spawning worker threads");
         Threads { pool, n_threads }
     }
+    /// The number of workers.
     pub fn n_threads(&self) -> usize { self.n_threads }
+    /// Calls `f(task)` for every task in 0..n_tasks on the workers; returns when all are done.
     pub fn run(&self, n_tasks: usize, f: impl Fn(usize) + Sync + Send) {
         use rayon::prelude::*;
+        if self.n_threads == 1 || n_tasks == 1 {
+            // One worker: run on the calling thread rather than hand over to the pool and wait.
+            (0..n_tasks).for_each(f);
+            return;
+        }
         self.pool.install(|| (0..n_tasks).into_par_iter().for_each(|t| f(t)));
     }
 }

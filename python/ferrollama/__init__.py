@@ -10,13 +10,16 @@ from ._core import (
     DecodeError,
     Error,
     GGUFError,
+    GrammarError,
     KVCache,
     Model,
     StateError,
+    StreamDecoder,
     TensorInfo,
     UnsupportedError,
     __version__,
 )
+from . import samplers
 
 __all__ = [
     "Batch",
@@ -25,10 +28,13 @@ __all__ = [
     "DecodeError",
     "Error",
     "GGUFError",
+    "GrammarError",
     "KVCache",
     "Model",
     "StateError",
+    "StreamDecoder",
     "TensorInfo",
     "UnsupportedError",
     "__version__",
+    "samplers",
 ]

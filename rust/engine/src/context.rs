@@ -87,6 +87,9 @@ impl Context {
     pub fn new(model: Arc<Model>, mut params: ContextParams) -> Result<Context> {
         let hp = &model.hparams;
         model.weights()?;
+        if model.arch.is_none() {
+            return Err(EngineError::Unsupported(format!("architecture '{}' is not supported", hp.arch)));
+        }
         if params.n_ctx == 0 {
             params.n_ctx = hp.n_ctx_train;
         }
@@ -209,7 +212,7 @@ impl Context {
             _ => &self.threads,
         };
         let logits = &mut self.logits[out_row0 * nv..(out_row0 + out_rows.len()) * nv];
-        match model.arch.graph {
+        match model.arch.expect("a context needs a runnable architecture (checked in Context::new)").graph {
             Graph::Llama => llama::forward(&model, w, &mut self.ws, &mut self.store, &ub, threads, logits),
             Graph::Gemma3 => gemma3::forward(&model, w, &mut self.ws, &mut self.store, &ub, threads, logits),
         }

@@ -156,6 +156,17 @@ impl HParams {
 
     pub fn has_swa(&self) -> bool { self.n_swa > 0 && self.swa_layers.iter().any(|&s| s) }
 
+    /// Placeholder hyper-parameters of a vocabulary-only file (no weights to run).
+    pub fn vocab_only(arch: &str, n_vocab: usize) -> HParams {
+        HParams {
+            arch: arch.to_string(), n_vocab, n_ctx_train: 0, n_embd: 0, n_layer: 0, n_head: 1, n_head_kv: 1, n_ff: 0,
+            head_dim_k: 0, head_dim_v: 0, rms_eps: 0.0,
+            rope: RopeParams { n_dims: 0, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0,
+                attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
+            n_swa: 0, swa_layers: Vec::new(), rope_freq_base_swa: 10000.0, attn_scale: 1.0, final_logit_softcap: 0.0,
+        }
+    }
+
     /// Query heads per KV head.
     pub fn gqa(&self) -> usize { self.n_head / self.n_head_kv }
     pub fn n_embd_k_gqa(&self) -> usize { self.head_dim_k * self.n_head_kv }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::QMatrix;
+use ferrollama_vocab::{Vocab, VocabError};
 
 use crate::arch::{arch_info, ArchInfo};
 use crate::error::{EngineError, Result};
@@ -43,10 +44,13 @@ pub struct Weights {
 
 pub struct Model {
     pub file: Arc<GgufFile>,
-    pub arch: &'static ArchInfo,
+    /// The architecture's table row; None only for a vocab-only model of an architecture the
+    /// engine cannot run (its tokenizer still works).
+    pub arch: Option<&'static ArchInfo>,
     pub hparams: HParams,
     /// None when loaded with vocab_only.
     pub weights: Option<Weights>,
+    pub vocab: Arc<Vocab>,
     pub load_ms: f64,
 }
 
@@ -57,21 +61,39 @@ impl Model {
         let arch_name = file.get_str("general.architecture")
             .ok_or_else(|| file.error("missing metadata key general.architecture"))?
             .to_string();
-        let arch = arch_info(&arch_name)?;
+        let arch = match arch_info(&arch_name) {
+            Ok(a) => Some(a),
+            Err(_) if vocab_only => None,
+            Err(e) => return Err(e),
+        };
         let n_vocab = match file.tensor("token_embd.weight") {
             Some(t) if t.shape.len() == 2 => t.shape[1],
             Some(t) => return Err(file.error(format!("token_embd.weight has shape {:?}", t.shape)).into()),
             None => file.get_array("tokenizer.ggml.tokens").map(|a| a.len())
                 .ok_or_else(|| file.error("no token_embd.weight and no tokenizer.ggml.tokens"))?,
         };
-        let mut hparams = HParams::from_gguf(&file, &arch_name, n_vocab)?;
-        hparams.rope.neox = arch.rope_neox;
-        if arch.graph == crate::arch::Graph::Gemma3 {
-            crate::arch::gemma3::adjust_hparams(&mut hparams, &file)?;
+        let mut hparams = match (HParams::from_gguf(&file, &arch_name, n_vocab), arch) {
+            (Ok(hp), _) => hp,
+            // A vocabulary file has no model hyper-parameters.
+            (Err(_), _) if vocab_only => HParams::vocab_only(&arch_name, n_vocab),
+            (Err(e), _) => return Err(e),
+        };
+        if let Some(arch) = arch {
+            hparams.rope.neox = arch.rope_neox;
+            if arch.graph == crate::arch::Graph::Gemma3 {
+                crate::arch::gemma3::adjust_hparams(&mut hparams, &file)?;
+            }
         }
+        let vocab = Arc::new(Vocab::from_gguf(&file).map_err(|e| match e {
+            VocabError::Unsupported(m) => EngineError::Unsupported(format!("tokenizer: {m}")),
+            VocabError::Invalid(m) => file.error(format!("tokenizer: {m}")).into(),
+        })?);
         let weights = if vocab_only { None } else { Some(load_weights(&file, &hparams)?) };
-        Ok(Model { file, arch, hparams, weights, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
+        Ok(Model { file, arch, hparams, weights, vocab, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
     }
+
+    /// The architecture's name (general.architecture).
+    pub fn arch_name(&self) -> &str { &self.hparams.arch }
 
     /// The weights, or an error for a vocab-only model.
     pub fn weights(&self) -> Result<&Weights> {

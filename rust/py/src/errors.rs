@@ -13,6 +13,7 @@ create_exception!(ferrollama, UnsupportedError, Error, "An architecture, tensor 
 create_exception!(ferrollama, DecodeError, Error, "A decode that failed; the cache is as it was before the call.");
 create_exception!(ferrollama, StateError, Error, "A state blob or session file that cannot be restored.");
 create_exception!(ferrollama, BusyError, Error, "An object used from two threads at once.");
+create_exception!(ferrollama, GrammarError, Error, "A malformed GBNF grammar or an unconvertible JSON schema.");
 
 pub fn to_py(e: EngineError) -> PyErr {
     match e {
@@ -46,5 +47,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DecodeError", py.get_type::<DecodeError>())?;
     m.add("StateError", py.get_type::<StateError>())?;
     m.add("BusyError", py.get_type::<BusyError>())?;
+    m.add("GrammarError", py.get_type::<GrammarError>())?;
     Ok(())
 }

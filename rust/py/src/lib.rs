@@ -4,6 +4,7 @@
 mod context;
 mod errors;
 mod model;
+mod samplers;
 
 use pyo3::prelude::*;
 
@@ -15,6 +16,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PyBatch>()?;
     m.add_class::<context::PyContext>()?;
     m.add_class::<context::PyKv>()?;
+    m.add_class::<model::PyStreamDecoder>()?;
+    samplers::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

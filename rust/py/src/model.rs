@@ -1,13 +1,16 @@
 //! `ferrollama.Model`: a GGUF model, memory-mapped.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ferrollama_engine::Model;
 use ferrollama_gguf::{Array, Value};
+use ferrollama_sampling::TokenPieces;
+use ferrollama_vocab::{StreamDecoder, Vocab, VocabError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use crate::errors::{guard, to_py};
+use crate::errors::{guard, to_py, UnsupportedError};
 
 /// One entry of the tensor table.
 #[pyclass(name = "TensorInfo", module = "ferrollama", frozen, get_all)]
@@ -30,6 +33,37 @@ impl PyTensorInfo {
 #[pyclass(name = "Model", module = "ferrollama", frozen)]
 pub struct PyModel {
     pub inner: Arc<Model>,
+    pieces: OnceLock<Arc<TokenPieces>>,
+}
+
+impl PyModel {
+    /// Every token's piece and the end-of-generation ids, for the samplers (built once).
+    pub fn token_pieces(&self) -> Arc<TokenPieces> {
+        self.pieces.get_or_init(|| crate::samplers::build_pieces(&self.inner.vocab)).clone()
+    }
+    fn token(&self, t: i64) -> PyResult<u32> {
+        let n = self.inner.vocab.n_tokens();
+        u32::try_from(t).ok().filter(|&t| (t as usize) < n)
+            .ok_or_else(|| PyValueError::new_err(format!("token {t} is out of range (n_vocab = {n})")))
+    }
+}
+
+fn vocab_err(e: VocabError) -> PyErr {
+    match e {
+        VocabError::Unsupported(m) => UnsupportedError::new_err(m),
+        VocabError::Invalid(m) => PyValueError::new_err(m),
+    }
+}
+
+/// Text bytes of a str or bytes argument.
+fn text_bytes(text: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(s) = text.downcast::<pyo3::types::PyString>() {
+        return Ok(s.to_cow()?.as_bytes().to_vec());
+    }
+    if let Ok(b) = text.downcast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    Err(PyValueError::new_err("text must be str or bytes"))
 }
 
 #[pymethods]
@@ -39,11 +73,11 @@ impl PyModel {
     fn new(py: Python<'_>, path: std::path::PathBuf, use_mmap: bool, vocab_only: bool) -> PyResult<Self> {
         guard(|| {
             let model = py.allow_threads(|| Model::load(&path, use_mmap, vocab_only)).map_err(to_py)?;
-            Ok(PyModel { inner: Arc::new(model) })
+            Ok(PyModel { inner: Arc::new(model), pieces: OnceLock::new() })
         })
     }
 
-    #[getter] fn arch(&self) -> &str { &self.inner.hparams.arch }
+    #[getter] fn arch(&self) -> &str { self.inner.arch_name() }
     #[getter] fn n_vocab(&self) -> usize { self.inner.hparams.n_vocab }
     #[getter] fn n_ctx_train(&self) -> usize { self.inner.hparams.n_ctx_train }
     #[getter] fn n_embd(&self) -> usize { self.inner.hparams.n_embd }
@@ -70,6 +104,70 @@ impl PyModel {
             name: t.name.clone(), ty: t.ggml_type.name().to_string(), shape: t.shape.clone(),
             offset: t.offset, nbytes: t.nbytes,
         }).collect()
+    }
+
+    /// Token ids of `text` (str or bytes); add_special adds BOS/EOS as the vocabulary says,
+    /// parse_special recognizes control and user-defined tokens written in the text.
+    #[pyo3(signature = (text, add_special=true, parse_special=false))]
+    fn tokenize(&self, py: Python<'_>, text: &Bound<'_, PyAny>, add_special: bool, parse_special: bool) -> PyResult<Vec<u32>> {
+        let bytes = text_bytes(text)?;
+        let vocab = &self.inner.vocab;
+        guard(|| py.allow_threads(|| vocab.tokenize(&bytes, add_special, parse_special)).map_err(vocab_err))
+    }
+
+    /// The bytes a token stands for (special tokens rendered only with special=True).
+    #[pyo3(signature = (token, special=false))]
+    fn token_to_piece<'py>(&self, py: Python<'py>, token: i64, special: bool) -> PyResult<Bound<'py, PyBytes>> {
+        let t = self.token(token)?;
+        Ok(PyBytes::new(py, &self.inner.vocab.token_to_piece(t, special)))
+    }
+
+    /// The text of a token sequence (invalid UTF-8 replaced by U+FFFD).
+    #[pyo3(signature = (tokens, remove_special=false, unparse_special=false))]
+    fn detokenize(&self, tokens: Vec<i64>, remove_special: bool, unparse_special: bool) -> PyResult<String> {
+        let ids = tokens.into_iter().map(|t| self.token(t)).collect::<PyResult<Vec<_>>>()?;
+        let bytes = self.inner.vocab.detokenize(&ids, remove_special, unparse_special);
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// The token's text as stored in the vocabulary.
+    fn token_text<'py>(&self, py: Python<'py>, token: i64) -> PyResult<Bound<'py, PyBytes>> {
+        Ok(PyBytes::new(py, self.inner.vocab.token_text(self.token(token)?)))
+    }
+    fn token_score(&self, token: i64) -> PyResult<f32> { Ok(self.inner.vocab.token_score(self.token(token)?)) }
+    /// llama.cpp's token attribute bits (normal 4, control 8, user-defined 16, byte 32, ...).
+    fn token_attr(&self, token: i64) -> PyResult<u32> { Ok(self.inner.vocab.token_attr(self.token(token)?).0) }
+    /// End of generation (eos, eot, eom and the model's end-of-generation list)?
+    fn is_eog(&self, token: i64) -> PyResult<bool> { Ok(self.inner.vocab.is_eog(self.token(token)?)) }
+    fn is_control(&self, token: i64) -> PyResult<bool> { Ok(self.inner.vocab.is_control(self.token(token)?)) }
+
+    #[getter] fn bos(&self) -> Option<u32> { self.inner.vocab.bos() }
+    #[getter] fn eos(&self) -> Option<u32> { self.inner.vocab.eos() }
+    #[getter] fn eot(&self) -> Option<u32> { self.inner.vocab.eot() }
+    #[getter] fn eom(&self) -> Option<u32> { self.inner.vocab.eom() }
+    #[getter] fn nl(&self) -> Option<u32> { self.inner.vocab.nl() }
+    #[getter] fn pad(&self) -> Option<u32> { self.inner.vocab.pad() }
+    #[getter] fn sep(&self) -> Option<u32> { self.inner.vocab.sep() }
+    #[getter] fn fim_pre(&self) -> Option<u32> { self.inner.vocab.fim_pre() }
+    #[getter] fn fim_suf(&self) -> Option<u32> { self.inner.vocab.fim_suf() }
+    #[getter] fn fim_mid(&self) -> Option<u32> { self.inner.vocab.fim_mid() }
+    #[getter] fn add_bos(&self) -> bool { self.inner.vocab.add_bos() }
+    #[getter] fn add_eos(&self) -> bool { self.inner.vocab.add_eos() }
+    #[getter] fn eog_tokens(&self) -> Vec<u32> { self.inner.vocab.eog_tokens().to_vec() }
+    /// The tokenizer model (tokenizer.ggml.model) and pre-tokenizer (tokenizer.ggml.pre).
+    #[getter] fn vocab_type(&self) -> String { self.inner.vocab.model_kind().to_string() }
+    #[getter] fn vocab_pre(&self) -> String { self.inner.vocab.pre().to_string() }
+
+    /// The GGUF's tokenizer.chat_template, or None.
+    #[getter]
+    fn chat_template(&self) -> Option<String> {
+        self.inner.file.get_str("tokenizer.chat_template").map(str::to_string)
+    }
+
+    /// A streaming detokenizer: push tokens, get text that never ends inside a character.
+    #[pyo3(signature = (special=false))]
+    fn stream_decoder(&self, special: bool) -> PyStreamDecoder {
+        PyStreamDecoder { inner: Mutex::new(StreamDecoder::new(self.inner.vocab.clone(), special)), model: self.inner.clone() }
     }
 
     fn __repr__(&self) -> String {
@@ -118,4 +216,24 @@ fn array_to_py(py: Python<'_>, a: &Array) -> PyResult<PyObject> {
         Array::Str(v) => PyList::new(py, v.iter().map(|s| str_to_py(py, s)))?.into_any().unbind(),
         Array::Array(v) => PyList::new(py, v.iter().map(|x| array_to_py(py, x)).collect::<PyResult<Vec<_>>>()?)?.into_any().unbind(),
     })
+}
+
+/// Turns tokens into text as they come, holding back bytes that end inside a character.
+#[pyclass(name = "StreamDecoder", module = "ferrollama", frozen)]
+pub struct PyStreamDecoder {
+    inner: Mutex<StreamDecoder<Arc<Vocab>>>,
+    model: Arc<Model>,
+}
+
+#[pymethods]
+impl PyStreamDecoder {
+    /// The text completed by this token (possibly empty).
+    fn push(&self, token: i64) -> PyResult<String> {
+        let n = self.model.vocab.n_tokens();
+        let t = u32::try_from(token).ok().filter(|&t| (t as usize) < n)
+            .ok_or_else(|| PyValueError::new_err(format!("token {token} is out of range (n_vocab = {n})")))?;
+        Ok(self.inner.lock().unwrap_or_else(|p| p.into_inner()).push(t))
+    }
+    /// Whatever is held back, with incomplete characters replaced by U+FFFD.
+    fn flush(&self) -> String { self.inner.lock().unwrap_or_else(|p| p.into_inner()).flush() }
 }

@@ -171,9 +171,39 @@ fn bench_grammar(vocab: &Arc<TokenPieces>, rng: &mut Mt19937) {
     report("JSON grammar + default chain, rejected: full vocabulary", &mut slow);
 }
 
+/// Single samplers (then dist) over gemma3's 262144-token vocabulary, where the sorting
+/// strategy (heap select, bucket sort, adaptive top-p) matters.
+fn bench_single_samplers(rng: &mut Mt19937) {
+    let logits: Vec<f32> = (0..262_144)
+        .map(|_| {
+            let s: f32 = (0..4).map(|_| rng.uniform_f32()).sum();
+            (s - 2.0) * 6.0
+        })
+        .collect();
+    let cases: Vec<(&str, Box<dyn Fn() -> Box<dyn Sampler>>)> = vec![
+        ("top_k 40", Box::new(|| Box::new(TopK::new(40)))),
+        ("top_k 1000 (bucket sort)", Box::new(|| Box::new(TopK::new(1000)))),
+        ("top_p 0.95 (adaptive partial sort)", Box::new(|| Box::new(TopP::new(0.95, 1).unwrap()))),
+        ("min_p 0.05 (unsorted filter)", Box::new(|| Box::new(MinP::new(0.05, 1).unwrap()))),
+        ("typical 0.9 (full sort)", Box::new(|| Box::new(Typical::new(0.9, 1).unwrap()))),
+        ("xtc 1.0 0.1 (full sort)", Box::new(|| Box::new(Xtc::new(1.0, 0.1, 1, 3).unwrap()))),
+    ];
+    for (name, make) in cases {
+        let mut chain = Chain::new(vec![make(), Box::new(Dist::new(1))]);
+        let mut times = Vec::new();
+        for _ in 0..40 {
+            let t0 = Instant::now();
+            chain.sample(&logits).unwrap();
+            times.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        report(&format!("{name} + dist, 262144 logits"), &mut times);
+    }
+}
+
 fn main() {
     let mut rng = Mt19937::new(12345);
     bench_default_chain(&mut rng);
+    bench_single_samplers(&mut rng);
     let vocab = synthetic_vocab(&mut rng);
     bench_grammar(&vocab, &mut rng);
 }

@@ -180,7 +180,8 @@ fn bench_single_samplers(rng: &mut Mt19937) {
             (s - 2.0) * 6.0
         })
         .collect();
-    let cases: Vec<(&str, Box<dyn Fn() -> Box<dyn Sampler>>)> = vec![
+    type MakeSampler = Box<dyn Fn() -> Box<dyn Sampler>>;
+    let cases: Vec<(&str, MakeSampler)> = vec![
         ("top_k 40", Box::new(|| Box::new(TopK::new(40)))),
         ("top_k 1000 (bucket sort)", Box::new(|| Box::new(TopK::new(1000)))),
         ("top_p 0.95 (adaptive partial sort)", Box::new(|| Box::new(TopP::new(0.95, 1).unwrap()))),

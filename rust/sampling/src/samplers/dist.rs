@@ -23,7 +23,7 @@ impl Dist {
 
     /// The seed in use (the drawn one when constructed with DEFAULT_SEED), as
     /// `llama_sampler_get_seed` reports it.
-    pub fn seed(&self) -> u32 {
+    pub fn seed_in_use(&self) -> u32 {
         self.seed_cur
     }
 }

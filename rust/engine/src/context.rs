@@ -12,9 +12,12 @@ use ferrollama_tensor::{GgmlType, Threads};
 use crate::arch::{gemma3, llama, Graph};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
-use crate::graph::{KvView, UBatchView, Workspace};
+use crate::graph::{ControlVector, KvView, UBatchView, Workspace};
 use crate::kvstore::KvStore;
 use crate::model::Model;
+
+/// The cache padding llama.cpp's old defragmentation rule used.
+const DEFRAG_PAD: u32 = 256;
 
 /// Sequence ids are bitsets of this many bits in the kv crate.
 pub const MAX_SEQ: usize = 256;
@@ -32,6 +35,7 @@ pub struct ContextParams {
     pub kv_unified: bool,
     pub swa_full: bool,
     pub embeddings: bool,
+    pub pooling: Pooling,
     /// Defragment when the fraction of holes in the attended cells passes this (< 0: never).
     pub defrag_thold: f32,
 }
@@ -42,7 +46,7 @@ impl ContextParams {
         ContextParams {
             n_ctx, n_batch: 2048, n_ubatch: 512, n_seq_max: 1, n_threads: threads, n_threads_batch: threads,
             type_k: GgmlType::F16, type_v: GgmlType::F16, kv_unified: true, swa_full: false,
-            embeddings: false, defrag_thold: -1.0,
+            embeddings: false, pooling: Pooling::None, defrag_thold: -1.0,
         }
     }
 }
@@ -80,7 +84,33 @@ pub struct Context {
     output_ids: Vec<i32>,
     n_outputs: usize,
     shift_scratch: Vec<f32>,
+    /// With params.embeddings: the final normed hidden state of each output, in batch order.
+    embd: Vec<f32>,
+    /// With pooling: one embedding per sequence of the last batch.
+    embd_seq: std::collections::BTreeMap<i32, Vec<f32>>,
+    cvec: Option<ControlVector>,
     pub perf: Perf,
+}
+
+/// How embeddings of a sequence are pooled (llama_pooling_type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    None,
+    Mean,
+    Cls,
+    Last,
+}
+
+impl Pooling {
+    pub fn parse(s: &str) -> Result<Pooling> {
+        Ok(match s {
+            "none" => Pooling::None,
+            "mean" => Pooling::Mean,
+            "cls" => Pooling::Cls,
+            "last" => Pooling::Last,
+            o => return Err(EngineError::InvalidArgument(format!("pooling must be none, mean, cls or last, not '{o}'"))),
+        })
+    }
 }
 
 impl Context {
@@ -118,7 +148,8 @@ impl Context {
         Ok(Context {
             masks: vec![Vec::new(); caches.len()],
             model, params, caches, layer_cache, store, ws, threads, threads_batch,
-            logits: Vec::new(), output_ids: Vec::new(), n_outputs: 0, shift_scratch: Vec::new(), perf: Perf::default(),
+            logits: Vec::new(), output_ids: Vec::new(), n_outputs: 0, shift_scratch: Vec::new(),
+            embd: Vec::new(), embd_seq: Default::default(), cvec: None, perf: Perf::default(),
         })
     }
 
@@ -127,7 +158,14 @@ impl Context {
 
     /// Logits of batch index `i` of the last decode (negative: counted from the last output).
     pub fn logits_ith(&self, i: i64) -> Result<&[f32]> {
-        let row = if i < 0 {
+        let row = self.output_row(i)?;
+        let nv = self.n_vocab();
+        Ok(&self.logits[row * nv..(row + 1) * nv])
+    }
+
+    /// The output row of batch index `i` (negative: counted from the last output).
+    fn output_row(&self, i: i64) -> Result<usize> {
+        Ok(if i < 0 {
             let back = (-i) as usize;
             if back > self.n_outputs {
                 return Err(EngineError::InvalidArgument(format!("output index {i} is out of range ({} outputs)", self.n_outputs)));
@@ -139,9 +177,66 @@ impl Context {
                 Some(_) => return Err(EngineError::InvalidArgument(format!("batch index {i} did not request logits"))),
                 None => return Err(EngineError::InvalidArgument(format!("batch index {i} is out of range ({} tokens)", self.output_ids.len()))),
             }
+        })
+    }
+
+    /// The embedding (final normed hidden state) of batch index `i` of the last decode.
+    pub fn embeddings_ith(&self, i: i64) -> Result<&[f32]> {
+        if !self.params.embeddings {
+            return Err(EngineError::InvalidArgument("create the context with embeddings=True".into()));
+        }
+        let d = self.model.hparams.n_embd;
+        let row = self.output_row(i)?;
+        Ok(&self.embd[row * d..(row + 1) * d])
+    }
+
+    /// The pooled embedding of a sequence of the last decode.
+    pub fn embeddings_seq(&self, seq: i32) -> Result<&[f32]> {
+        if !self.params.embeddings || self.params.pooling == Pooling::None {
+            return Err(EngineError::InvalidArgument("create the context with embeddings=True and a pooling type".into()));
+        }
+        self.embd_seq.get(&seq).map(Vec::as_slice)
+            .ok_or_else(|| EngineError::InvalidArgument(format!("sequence {seq} was not in the last batch")))
+    }
+
+    /// Sets (or with None removes) the control vector added to the outputs of layers
+    /// start..=end; `data` holds n_layer rows of n_embd.
+    pub fn set_control_vector(&mut self, data: Option<Vec<f32>>, start: usize, end: usize) -> Result<()> {
+        let hp = &self.model.hparams;
+        self.cvec = match data {
+            None => None,
+            Some(data) if data.len() == hp.n_layer * hp.n_embd => {
+                Some(ControlVector { data, n_embd: hp.n_embd, start, end: end.min(hp.n_layer.saturating_sub(1)) })
+            }
+            Some(data) => return Err(EngineError::InvalidArgument(format!(
+                "a control vector has n_layer x n_embd = {} x {} values, not {}", hp.n_layer, hp.n_embd, data.len()))),
         };
-        let nv = self.n_vocab();
-        Ok(&self.logits[row * nv..(row + 1) * nv])
+        Ok(())
+    }
+
+    fn pool_embeddings(&mut self, batch: &Batch) {
+        let d = self.model.hparams.n_embd;
+        self.embd_seq.clear();
+        let mut counts: std::collections::BTreeMap<i32, usize> = Default::default();
+        for (i, seqs) in batch.seq_ids.iter().enumerate() {
+            let row = &self.embd[i * d..(i + 1) * d];
+            for &s in seqs {
+                let acc = self.embd_seq.entry(s).or_insert_with(|| vec![0.0; d]);
+                let n = counts.entry(s).or_insert(0);
+                match self.params.pooling {
+                    Pooling::Mean => crate::ops::add_inplace(acc, row),
+                    Pooling::Cls if *n == 0 => acc.copy_from_slice(row),
+                    Pooling::Last => acc.copy_from_slice(row),
+                    _ => {}
+                }
+                *n += 1;
+            }
+        }
+        if self.params.pooling == Pooling::Mean {
+            for (s, acc) in self.embd_seq.iter_mut() {
+                crate::ops::scale_inplace(acc, 1.0 / counts[s] as f32);
+            }
+        }
     }
 
     /// All outputs of the last decode, n_outputs rows of n_vocab.
@@ -150,7 +245,11 @@ impl Context {
     pub fn decode(&mut self, batch: &Batch) -> Result<()> {
         let t0 = Instant::now();
         self.validate(batch)?;
-        self.apply_shifts();
+        self.apply_pending_shifts();
+        if self.params.defrag_thold > 0.0 {
+            let thold = self.params.defrag_thold;
+            self.defrag_if(|cells| cells.needs_defrag(thold, DEFRAG_PAD));
+        }
         let n = batch.len();
         let n_ub = self.params.n_ubatch;
         let ubatches: Vec<std::ops::Range<usize>> = (0..n).step_by(n_ub).map(|s| s..(s + n_ub).min(n)).collect();
@@ -167,25 +266,39 @@ impl Context {
             )))?);
         }
 
-        let n_outputs = batch.logits.iter().filter(|&&l| l).count();
+        // Pooled embeddings need every token's hidden state (llama.cpp overrides the flags).
+        let all_out = self.params.embeddings && self.params.pooling != Pooling::None;
+        let want: Vec<bool> = batch.logits.iter().map(|&l| l || all_out).collect();
+        let n_outputs = want.iter().filter(|&&l| l).count();
         let nv = self.n_vocab();
         self.logits.resize(n_outputs * nv, 0.0);
         self.output_ids.clear();
         let mut next_out = 0i32;
-        for &l in &batch.logits {
+        for &l in &want {
             self.output_ids.push(if l { next_out += 1; next_out - 1 } else { -1 });
         }
         self.n_outputs = n_outputs;
+        let d = self.model.hparams.n_embd;
+        if self.params.embeddings {
+            self.embd.resize(n_outputs * d, 0.0);
+        }
 
         let mut out_row0 = 0;
         for (u, (range, view)) in ubatches.iter().zip(&views).enumerate() {
             for (cache, cache_slots) in self.caches.iter_mut().zip(&slots) {
                 cache.cells.apply_ubatch(&cache_slots[u], view).map_err(|e| EngineError::Decode(e.to_string()))?;
             }
-            let out_rows: Vec<usize> = (0..range.len()).filter(|&i| batch.logits[range.start + i]).collect();
+            let out_rows: Vec<usize> = (0..range.len()).filter(|&i| want[range.start + i]).collect();
             let ub_slots: Vec<&[u32]> = slots.iter().map(|s| s[u].as_slice()).collect();
             self.run_ubatch(&batch.tokens[range.clone()], view, &ub_slots, &out_rows, out_row0)?;
+            if self.params.embeddings {
+                let rows = out_rows.len() * d;
+                self.embd[out_row0 * d..out_row0 * d + rows].copy_from_slice(&self.ws.h[..rows]);
+            }
             out_row0 += out_rows.len();
+        }
+        if self.params.embeddings && self.params.pooling != Pooling::None {
+            self.pool_embeddings(batch);
         }
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         if n > 1 { self.perf.n_p_eval += n as u64; self.perf.t_p_eval_ms += ms; } else { self.perf.n_eval += 1; self.perf.t_eval_ms += ms; }
@@ -206,7 +319,9 @@ impl Context {
         let views: Vec<KvView> = (0..self.caches.len())
             .map(|c| KvView { slots: slots[c], mask: &self.masks[c], n_kv: n_kvs[c] })
             .collect();
-        let ub = UBatchView { tokens, pos: view.pos, out_rows, caches: &views, layer_cache: &self.layer_cache };
+        let ub = UBatchView {
+            tokens, pos: view.pos, out_rows, caches: &views, layer_cache: &self.layer_cache, cvec: self.cvec.as_ref(),
+        };
         let threads = match (&self.threads_batch, tokens.len() > 1) {
             (Some(tb), true) => tb,
             _ => &self.threads,
@@ -220,7 +335,29 @@ impl Context {
     }
 
     /// Re-rotates the keys of cells whose position changed since they were computed.
-    fn apply_shifts(&mut self) {
+    /// Moves cells down to close the holes of every cache (positions unchanged, K/V moved with
+    /// them), so attention no longer walks over empty cells.
+    pub fn defrag(&mut self) {
+        self.apply_pending_shifts();
+        self.defrag_if(|_| true);
+    }
+
+    fn defrag_if(&mut self, wanted: impl Fn(&KvCells) -> bool) {
+        for cache in &mut self.caches {
+            if !wanted(&cache.cells) {
+                continue;
+            }
+            let plan = cache.cells.defrag_plan(u32::MAX);
+            for m in &plan {
+                for i in 0..m.len {
+                    self.store.move_cell((m.src + i) as usize, (m.dst + i) as usize, &cache.layers);
+                }
+            }
+            cache.cells.apply_defrag(&plan).expect("a plan made from these cells applies to them");
+        }
+    }
+
+    pub(crate) fn apply_pending_shifts(&mut self) {
         let hp = &self.model.hparams;
         for cache in &mut self.caches {
             if !cache.cells.has_shift() {
@@ -298,6 +435,48 @@ impl Context {
             }
         }
         Ok(())
+    }
+}
+
+/// The outputs of the last decode, as a state blob carries them.
+pub(crate) struct Outputs {
+    output_ids: Vec<i32>,
+    logits: Vec<f32>,
+    n_outputs: usize,
+}
+
+impl Context {
+    pub(crate) fn write_outputs(&self, out: &mut Vec<u8>) {
+        out.extend((self.output_ids.len() as u64).to_le_bytes());
+        for id in &self.output_ids {
+            out.extend(id.to_le_bytes());
+        }
+        let logits = self.logits_all();
+        out.extend((logits.len() as u64).to_le_bytes());
+        for l in logits {
+            out.extend(l.to_le_bytes());
+        }
+    }
+
+    pub(crate) fn read_outputs(&self, r: &mut crate::state::BlobReader) -> Result<Outputs> {
+        let n = r.len(4, "output id count")?;
+        let output_ids: Vec<i32> = r.take(n * 4, "output ids")?.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        let n_outputs = output_ids.iter().filter(|&&i| i >= 0).count();
+        if output_ids.iter().filter(|&&i| i >= 0).enumerate().any(|(k, &i)| i as usize != k) {
+            return Err(EngineError::State("the output ids are corrupt".into()));
+        }
+        let n = r.len(4, "logit count")?;
+        if n != n_outputs * self.n_vocab() {
+            return Err(EngineError::State("the saved logits do not match the outputs".into()));
+        }
+        let logits = r.take(n * 4, "logits")?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        Ok(Outputs { output_ids, logits, n_outputs })
+    }
+
+    pub(crate) fn set_outputs(&mut self, o: Outputs) {
+        self.output_ids = o.output_ids;
+        self.logits = o.logits;
+        self.n_outputs = o.n_outputs;
     }
 }
 

@@ -24,6 +24,31 @@ pub struct UBatchView<'a> {
     pub caches: &'a [KvView<'a>],
     /// For each layer, the index of its cache in `caches`.
     pub layer_cache: &'a [usize],
+    /// A control vector to add to the layers' outputs.
+    pub cvec: Option<&'a ControlVector>,
+}
+
+/// Directions added to the output of layers `start..=end` (llama.cpp's control vectors).
+#[derive(Debug, Clone)]
+pub struct ControlVector {
+    /// n_layer rows of n_embd: row `il` is added after layer `il`.
+    pub data: Vec<f32>,
+    pub n_embd: usize,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl ControlVector {
+    /// Adds the direction of layer `il` (if in range) to every row of `x`.
+    pub fn apply(&self, il: usize, x: &mut [f32]) {
+        if il < self.start || il > self.end {
+            return;
+        }
+        let dir = &self.data[il * self.n_embd..(il + 1) * self.n_embd];
+        for row in x.chunks_exact_mut(self.n_embd) {
+            crate::ops::add_inplace(row, dir);
+        }
+    }
 }
 
 impl UBatchView<'_> {

@@ -14,6 +14,7 @@ pub mod hparams;
 pub mod kvstore;
 pub mod model;
 pub mod ops;
+pub mod state;
 mod weights;
 
 pub use batch::Batch;

@@ -3,10 +3,12 @@
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use ferrollama_engine::kvstore::parse_cache_type;
+use ferrollama_engine::context::Pooling;
 use ferrollama_engine::{Batch, Context, ContextParams};
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 use crate::errors::{guard, to_py, BusyError};
 use crate::model::PyModel;
@@ -98,11 +100,7 @@ impl PyContext {
             p.swa_full = swa_full;
             p.embeddings = embeddings;
             p.defrag_thold = defrag_thold;
-            if let Some(pl) = pooling {
-                if !matches!(pl, "none" | "mean" | "cls" | "last") {
-                    return Err(PyValueError::new_err(format!("pooling must be none, mean, cls or last, not {pl:?}")));
-                }
-            }
+            p.pooling = Pooling::parse(pooling.unwrap_or("none")).map_err(to_py)?;
             let m = model.get().inner.clone();
             let ctx = py.allow_threads(|| Context::new(m, p)).map_err(to_py)?;
             Ok(PyContext { inner: Mutex::new(ctx), model })
@@ -124,6 +122,32 @@ impl PyContext {
     fn logits<'py>(&self, py: Python<'py>, i: i64) -> PyResult<Bound<'py, PyArray1<f32>>> {
         let ctx = self.lock()?;
         Ok(PyArray1::from_slice(py, ctx.logits_ith(i).map_err(to_py)?))
+    }
+
+    /// The embedding of batch index i of the last decode (contexts with embeddings=True).
+    #[pyo3(signature = (i=-1))]
+    fn embeddings<'py>(&self, py: Python<'py>, i: i64) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let ctx = self.lock()?;
+        Ok(PyArray1::from_slice(py, ctx.embeddings_ith(i).map_err(to_py)?))
+    }
+
+    /// The pooled embedding of a sequence of the last decode (embeddings=True with pooling).
+    fn embeddings_seq<'py>(&self, py: Python<'py>, seq_id: i32) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let ctx = self.lock()?;
+        Ok(PyArray1::from_slice(py, ctx.embeddings_seq(seq_id).map_err(to_py)?))
+    }
+
+    /// Adds data[il] (shape (n_layer, n_embd)) to the output of each layer il in
+    /// [layer_start, layer_end] (llama.cpp's control vectors); None removes it.
+    #[pyo3(signature = (data, layer_start=0, layer_end=-1))]
+    fn set_control_vector(&self, data: Option<numpy::PyReadonlyArray2<'_, f32>>, layer_start: i64, layer_end: i64) -> PyResult<()> {
+        let data = match data {
+            Some(a) => Some(a.as_array().iter().copied().collect::<Vec<f32>>()),
+            None => None,
+        };
+        let end = if layer_end < 0 { usize::MAX } else { layer_end as usize };
+        let mut ctx = self.lock()?;
+        ctx.set_control_vector(data, layer_start.max(0) as usize, end).map_err(to_py)
     }
 
     /// All outputs of the last decode, shape (n_outputs, n_vocab), in batch order.
@@ -155,6 +179,40 @@ impl PyContext {
     /// The KV cache of this context.
     #[getter]
     fn kv(slf: Py<Self>) -> PyKv { PyKv { ctx: slf } }
+
+    /// The whole context (cells, K/V, the last outputs) as bytes.
+    fn state_get<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let mut ctx = self.lock()?;
+        let blob = guard(|| ctx.state_get().map_err(to_py))?;
+        Ok(PyBytes::new(py, &blob))
+    }
+    /// Restores a state_get blob; StateError (context unchanged) for a foreign or broken one.
+    fn state_set(&self, blob: &[u8]) -> PyResult<()> {
+        let mut ctx = self.lock()?;
+        guard(|| ctx.state_set(blob).map_err(to_py))
+    }
+    /// One sequence's cells and K/V as bytes.
+    fn seq_state_get<'py>(&self, py: Python<'py>, seq_id: i32) -> PyResult<Bound<'py, PyBytes>> {
+        let mut ctx = self.lock()?;
+        let blob = guard(|| ctx.seq_state_get(seq_id).map_err(to_py))?;
+        Ok(PyBytes::new(py, &blob))
+    }
+    /// Restores a seq_state_get blob as sequence dst_seq_id.
+    fn seq_state_set(&self, blob: &[u8], dst_seq_id: i32) -> PyResult<()> {
+        let mut ctx = self.lock()?;
+        guard(|| ctx.seq_state_set(blob, dst_seq_id).map_err(to_py))
+    }
+    /// Writes a session file: the tokens the cache holds and the whole state.
+    fn state_save(&self, path: std::path::PathBuf, tokens: Vec<i64>) -> PyResult<()> {
+        let tokens = tokens.into_iter().map(token_id).collect::<PyResult<Vec<_>>>()?;
+        let mut ctx = self.lock()?;
+        guard(|| ctx.state_save(&path, &tokens).map_err(to_py))
+    }
+    /// Restores a session file and returns its tokens.
+    fn state_load(&self, path: std::path::PathBuf) -> PyResult<Vec<u32>> {
+        let mut ctx = self.lock()?;
+        guard(|| ctx.state_load(&path).map_err(to_py))
+    }
 }
 
 /// Threads for compute: the physical cores (hyper-threads share one core's units, and llama.cpp
@@ -208,6 +266,8 @@ impl PyKv {
     fn seq_pos_min(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.seq_pos_min(seq_id).map_err(to_py) }
     fn seq_pos_max(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.seq_pos_max(seq_id).map_err(to_py) }
     fn clear(&self) -> PyResult<()> { self.ctx.get().lock()?.kv_clear(); Ok(()) }
+    /// Moves cells down to close holes (positions unchanged).
+    fn defrag(&self) -> PyResult<()> { self.ctx.get().lock()?.defrag(); Ok(()) }
     #[getter] fn size(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells().size()) }
     #[getter] fn used(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells().used()) }
     #[getter] fn head(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells().head()) }

@@ -46,6 +46,9 @@ pub fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore,
     for (il, lw) in w.layers.iter().enumerate() {
         attention_block(model, il, lw, ws, kv, ub, threads);
         ffn_block(model, lw, ws, n, threads);
+        if let Some(cv) = ub.cvec {
+            cv.apply(il, &mut ws.x[..n * d]);
+        }
     }
     output(model, w, ws, ub.out_rows, threads, logits);
     if hp.final_logit_softcap > 0.0 {

@@ -13,18 +13,26 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use crate::errors::{guard, to_py, UnsupportedError};
 
 /// One entry of the tensor table.
-#[pyclass(name = "TensorInfo", module = "ferrollama", frozen, get_all)]
+#[pyclass(name = "TensorInfo", module = "ferrollama", frozen)]
 pub struct PyTensorInfo {
+    #[pyo3(get)]
     pub name: String,
-    #[pyo3(name = "type")]
+    #[pyo3(get, name = "type")]
     pub ty: String,
     pub shape: Vec<usize>,
+    #[pyo3(get)]
     pub offset: usize,
+    #[pyo3(get)]
     pub nbytes: usize,
 }
 
 #[pymethods]
 impl PyTensorInfo {
+    /// ggml's ne: the row length first.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        pyo3::types::PyTuple::new(py, &self.shape)
+    }
     fn __repr__(&self) -> String {
         format!("TensorInfo(name={:?}, type={:?}, shape={:?}, offset={}, nbytes={})", self.name, self.ty, self.shape, self.offset, self.nbytes)
     }

@@ -27,11 +27,14 @@ pub(crate) struct Bpe {
     pub kind: PreKind,
     pre: PreTokenizer,
     session: Session,
-    /// Vocabulary keyed by the bytes BPE symbols hold (decoded when byte-level encoded).
-    key_to_id: FastMap<Box<[u8]>, Token>,
-    /// Every string that is the left or right side of a merge, numbered.
-    intern: FastMap<Box<[u8]>, u32>,
-    /// (left, right) interned ids -> merge rank.
+    /// Number of tokens: keys below it are token ids.
+    n_tokens: u32,
+    /// Every token, keyed by the bytes BPE symbols hold (decoded when byte-level encoded),
+    /// and every other string that is a side of a merge, numbered from `n_tokens` on.
+    keys: FastMap<Box<[u8]>, u32>,
+    /// Key of each single-byte symbol.
+    byte_keys: [u32; 256],
+    /// (left key, right key) -> merge rank.
     ranks: FastMap<u64, u32>,
     /// Tokens whose text is exactly one byte (the byte-level fallback looks these up).
     single_byte: [Option<Token>; 256],
@@ -40,52 +43,65 @@ pub(crate) struct Bpe {
 }
 
 /// Raw bytes a byte-level encoded string stands for; `None` if some character is not in the
-/// GPT-2 byte map (such a string can never be produced from text).
+/// GPT-2 byte map (such a string can never be produced from text). The map's code points
+/// are all below U+0144, so only 1- and 2-byte UTF-8 sequences can qualify.
 fn decode_byte_level(text: &[u8]) -> Option<Vec<u8>> {
-    let cpts = unicode::cpts_from_utf8(text);
-    let mut out = Vec::with_capacity(cpts.len());
-    let mut check = Vec::with_capacity(text.len());
-    for cpt in cpts {
-        unicode::push_utf8(cpt, &mut check).ok()?;
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        let b = text[i];
+        let cpt = if b < 0x80 {
+            i += 1;
+            b as u32
+        } else if b & 0xE0 == 0xC0 && text.get(i + 1).is_some_and(|&c| c & 0xC0 == 0x80) && b >= 0xC2 {
+            let c = ((b as u32 & 0x1F) << 6) | (text[i + 1] as u32 & 0x3F);
+            i += 2;
+            c
+        } else {
+            return None;
+        };
         out.push(unicode::cpt_to_byte(cpt)?);
     }
-    // invalid UTF-8 in the token text decodes to U+FFFD, which is not in the byte map
-    (check == text).then_some(out)
+    Some(out)
 }
 
 fn pair_key(left: u32, right: u32) -> u64 { ((left as u64) << 32) | right as u64 }
 
 impl Bpe {
-    pub fn new(
-        model: &str,
-        kind: PreKind,
-        text_to_id: &FastMap<Box<[u8]>, Token>,
-        merges: &[(Vec<u8>, Vec<u8>)],
-    ) -> Result<Bpe, VocabError> {
+    pub fn new(model: &str, kind: PreKind, text_to_id: &FastMap<Box<[u8]>, Token>, merges: &[Vec<u8>]) -> Result<Bpe, VocabError> {
         let pre = PreTokenizer::new(kind)
             .map_err(|e| VocabError::Invalid(format!("pre-tokenizer regex {:?}: {}", e.regex, e.reason)))?;
         let byte_encode = pre.byte_encode();
         let to_key = |text: &[u8]| if byte_encode { decode_byte_level(text) } else { Some(text.to_vec()) };
-        let mut key_to_id = fast_map(text_to_id.len());
+        let n_tokens = text_to_id.len() as u32;
+        let mut keys: FastMap<Box<[u8]>, u32> = fast_map(text_to_id.len() + merges.len() / 8);
         for (text, &id) in text_to_id {
             if let Some(key) = to_key(text) {
-                key_to_id.insert(key.into_boxed_slice(), id);
+                keys.insert(key.into_boxed_slice(), id);
             }
         }
-        let mut intern: FastMap<Box<[u8]>, u32> = fast_map(merges.len());
         let mut ranks = fast_map(merges.len());
-        for (rank, (first, second)) in merges.iter().enumerate() {
-            let (Some(l), Some(r)) = (to_key(first), to_key(second)) else { continue };
+        let mut next_extra = n_tokens;
+        for (rank, merge) in merges.iter().enumerate() {
+            // split at the first space after position 0; no space: never applicable
+            let Some(p) = merge.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else { continue };
+            let (Some(l), Some(r)) = (to_key(&merge[..p]), to_key(&merge[p + 1..])) else { continue };
             if l.is_empty() || r.is_empty() {
-                continue; // a merge without a separating space: never applicable
+                continue;
             }
-            let mut id_of = |k: Vec<u8>| {
-                let next = intern.len() as u32;
-                *intern.entry(k.into_boxed_slice()).or_insert(next)
+            let mut key_of = |k: Vec<u8>| match keys.get(k.as_slice()) {
+                Some(&id) => id,
+                None => {
+                    let id = next_extra;
+                    next_extra += 1;
+                    keys.insert(k.into_boxed_slice(), id);
+                    id
+                }
             };
-            let (li, ri) = (id_of(l), id_of(r));
-            ranks.entry(pair_key(li, ri)).or_insert(rank as u32);
+            let (lk, rk) = (key_of(l), key_of(r));
+            ranks.entry(pair_key(lk, rk)).or_insert(rank as u32);
         }
+        let byte_keys = std::array::from_fn(|b| keys.get([b as u8].as_slice()).copied().unwrap_or(NONE));
         let mut single_byte = [None; 256];
         let mut hex_byte = [None; 256];
         for b in 0..=255u8 {
@@ -97,7 +113,7 @@ impl Bpe {
             "whitespace" => Session::Whitespace,
             _ => Session::Plain,
         };
-        Ok(Bpe { kind, pre, session, key_to_id, intern, ranks, single_byte, hex_byte })
+        Ok(Bpe { kind, pre, session, n_tokens, keys, byte_keys, ranks, single_byte, hex_byte })
     }
 
     /// The BPE branch of `llama_vocab::impl::tokenize`.
@@ -168,17 +184,18 @@ impl Bpe {
         let byte_encode = self.pre.byte_encode();
         m.symbols.clear();
         m.queue.clear();
-        let whole = (ignore_merges && self.key_to_id.contains_key(word))
-            || (self.kind == PreKind::Gemma4 && word.iter().all(|&b| b == b'\n') && self.key_to_id.contains_key(word));
+        let word_token = self.token_of(word);
+        let whole = word_token.is_some()
+            && (ignore_merges || (self.kind == PreKind::Gemma4 && word.iter().all(|&b| b == b'\n')));
         if whole {
-            m.symbols.push(Sym { start: 0, len: word.len(), prev: -1, next: -1, key: NONE });
+            m.symbols.push(Sym { start: 0, len: word.len(), prev: -1, next: -1, key: self.key_of(word) });
         } else {
             let mut offset = 0;
             while offset < word.len() {
                 let len = if byte_encode { 1 } else { unicode::len_utf8(word[offset]).min(word.len() - offset) };
                 let index = m.symbols.len() as isize;
                 let next = if offset + len == word.len() { -1 } else { index + 1 };
-                let key = self.intern_id(&word[offset..offset + len]);
+                let key = if byte_encode { self.byte_keys[word[offset] as usize] } else { self.key_of(&word[offset..offset + len]) };
                 m.symbols.push(Sym { start: offset, len, prev: index - 1, next, key });
                 offset += len;
             }
@@ -191,13 +208,16 @@ impl Bpe {
         while i >= 0 {
             let s = m.symbols[i as usize];
             if s.len > 0 {
-                self.emit_symbol(&word[s.start..s.start + s.len], out);
+                self.emit_symbol(&word[s.start..s.start + s.len], s.key, out);
             }
             i = s.next;
         }
     }
 
-    fn intern_id(&self, bytes: &[u8]) -> u32 { self.intern.get(bytes).copied().unwrap_or(NONE) }
+    fn key_of(&self, bytes: &[u8]) -> u32 { self.keys.get(bytes).copied().unwrap_or(NONE) }
+
+    /// The token whose (decoded) text is `bytes`.
+    fn token_of(&self, bytes: &[u8]) -> Option<Token> { self.keys.get(bytes).copied().filter(|&k| k < self.n_tokens) }
 
     fn add_bigram(&self, m: &mut Merger, left: isize, right: isize) {
         if left < 0 || right < 0 {
@@ -223,7 +243,7 @@ impl Bpe {
             merged.next = r.next;
             merged.key = NONE;
             let (start, len, prev, next) = (merged.start, merged.len, merged.prev, merged.next);
-            m.symbols[left].key = self.intern_id(&word[start..start + len]);
+            m.symbols[left].key = self.key_of(&word[start..start + len]);
             m.symbols[right].len = 0;
             if next >= 0 {
                 m.symbols[next as usize].prev = left as isize;
@@ -236,9 +256,9 @@ impl Bpe {
     /// A final symbol: its token, else the per-byte fallback llama.cpp uses (single-byte
     /// tokens of the encoded text, or `<0xXX>` without byte-level encoding); bytes without a
     /// fallback token are dropped, as there.
-    fn emit_symbol(&self, bytes: &[u8], out: &mut Vec<Token>) {
-        if let Some(&id) = self.key_to_id.get(bytes) {
-            out.push(id);
+    fn emit_symbol(&self, bytes: &[u8], key: u32, out: &mut Vec<Token>) {
+        if key < self.n_tokens {
+            out.push(key);
             return;
         }
         if self.pre.byte_encode() {
@@ -336,7 +356,7 @@ struct Sym {
     len: usize,
     prev: isize,
     next: isize,
-    /// Interned id of the symbol's bytes, NONE when no merge involves them.
+    /// Key of the symbol's bytes: a token id, a merge-only string's number, or NONE.
     key: u32,
 }
 

@@ -43,8 +43,10 @@ impl Hasher for FxHasher {
     fn write_u64(&mut self, i: u64) { self.add(i) }
     #[inline]
     fn write_usize(&mut self, i: usize) { self.add(i as u64) }
+    /// The multiply leaves the low bits depending on the low input bits only, and hashbrown
+    /// picks buckets by the low bits: rotate the well-mixed high bits down (as rustc-hash 2).
     #[inline]
-    fn finish(&self) -> u64 { self.hash }
+    fn finish(&self) -> u64 { self.hash.rotate_left(26) }
 }
 
 /// HashMap with [`FxHasher`].

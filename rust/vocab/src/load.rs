@@ -228,7 +228,7 @@ pub fn load(f: &GgufFile) -> Result<Vocab, VocabError> {
         opts.remove_extra_whitespaces = v;
     }
 
-    let merges = if choice.vocab_type == VocabType::Bpe { read_merges(f, choice.needs_merges)? } else { Vec::new() };
+    let merges: &[Vec<u8>] = if choice.vocab_type == VocabType::Bpe { read_merges(f, choice.needs_merges)? } else { &[] };
     let mut tokens = read_tokens(f)?;
     let text_to_id = build_text_map(&tokens)?;
     if model_name == "hybriddna" {
@@ -241,7 +241,7 @@ pub fn load(f: &GgufFile) -> Result<Vocab, VocabError> {
         VocabType::Wpm => Model::Wpm,
         VocabType::Bpe => {
             let kind = pre_entry.map_or(PreKind::Default, |e| e.kind);
-            Model::Bpe(bpe::Bpe::new(&model_name, kind, &text_to_id, &merges)?)
+            Model::Bpe(bpe::Bpe::new(&model_name, kind, &text_to_id, merges)?)
         }
         VocabType::Ugm => Model::Ugm(ugm::Ugm::new(f, &tokens)?),
         VocabType::Rwkv => Model::Rwkv(rwkv::Rwkv::new(&tokens)),
@@ -275,19 +275,12 @@ pub fn load(f: &GgufFile) -> Result<Vocab, VocabError> {
     Ok(vocab)
 }
 
-/// Merges as (first, second) byte strings, split at the first space after position 0.
-fn read_merges(f: &GgufFile, required: bool) -> Result<Vec<(Vec<u8>, Vec<u8>)>, VocabError> {
+/// The merges ("first second", in rank order).
+fn read_merges(f: &GgufFile, required: bool) -> Result<&[Vec<u8>], VocabError> {
     let Some(array) = get_array(f, KEY_MERGES)? else {
-        return if required { Err(invalid("cannot find tokenizer merges in model file")) } else { Ok(Vec::new()) };
+        return if required { Err(invalid("cannot find tokenizer merges in model file")) } else { Ok(&[]) };
     };
-    let merges = array.as_strs().ok_or_else(|| invalid(format!("invalid gguf type for {KEY_MERGES}")))?;
-    Ok(merges
-        .iter()
-        .map(|word| match word.iter().skip(1).position(|&b| b == b' ') {
-            Some(p) => (word[..p + 1].to_vec(), word[p + 2..].to_vec()),
-            None => (Vec::new(), Vec::new()),
-        })
-        .collect())
+    array.as_strs().ok_or_else(|| invalid(format!("invalid gguf type for {KEY_MERGES}")))
 }
 
 /// The newline token: SPM's byte token for '\n' (else PAD), WPM's PAD, the others'

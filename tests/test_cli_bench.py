@@ -50,3 +50,19 @@ def test_bad_values():
     assert r.returncode == 1 and "comma-separated integers" in r.stderr and r.stderr.count("\n") == 1
     r = ferrollama("bench", "-m", TINY, "-p", 0, "-n", 0)
     assert r.returncode == 1 and "nothing to run" in r.stderr
+
+
+def test_progress_bar_on_a_terminal_only():
+    from test_cli_generate import read_until, spawn, wait
+
+    piped = ferrollama("bench", "-m", TINY, "-p", 16, "-n", 0, "-r", 3)
+    assert piped.returncode == 0 and "run/s" not in piped.stderr and "%|" not in piped.stderr
+    pid, fd = spawn(["bench", "-m", TINY, "-p", 16, "-n", 0, "-r", 3])
+    try:
+        out = read_until(fd, r"pp16 \|")
+        assert "bench:" in out and "run" in out
+        assert wait(pid) == 0
+    finally:
+        import os
+
+        os.close(fd)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import model_path
-from test_cli_generate import read_until, spawn, wait
+from test_cli_generate import read_until, spawn, stable_text, wait
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "models" / "tiny-llama-f32.gguf"
@@ -36,7 +36,11 @@ def test_single_turn_answer_is_llama_cpp_s(model, fixture):
     r = ferrollama("chat", "-m", model_path(model), "-p", message["content"], "-st", "--temp", "0",
                    "-n", len(case["generated_tokens"]), "-c", case["context"]["n_ctx"])
     assert r.returncode == 0, r.stderr
-    assert r.stdout == case["text"] + "\n"
+    text, whole = stable_text(case)         # up to llama.cpp's first near-tie (see test_cli_generate)
+    if whole:
+        assert r.stdout == case["text"] + "\n"
+    else:
+        assert r.stdout.startswith(text) and len(text) >= 4
 
 
 def conversation(*extra: str):

@@ -2,13 +2,16 @@
 shifting, Self-Extend, the prompt cache, interactive mode through a pseudo-terminal, and errors."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import re
 import select
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -32,14 +35,40 @@ def greedy_cases(name: str) -> list[dict]:
     return [c for c in data["cases"] if c["kind"] == "plain"]
 
 
-@pytest.mark.parametrize("model, fixture", [(QWEN, "qwen2.5-coder-0.5b"), (GEMMA, "gemma-3-270m")])
-def test_greedy_text_is_llama_cpp_s(model, fixture):
-    for case in greedy_cases(fixture):
+#: llama.cpp's top-2 logit margin below which a greedy choice is a near-tie: the engine's logits
+#: may differ from llama.cpp's by that much (gemma3: top-1 agreement >= 90%, REFERENCE.md)
+NEAR_TIE = 0.1
+
+
+def stable_text(case: dict) -> tuple[str, bool]:
+    """The recorded text up to the first near-tie, and whether that is all of it."""
+    margins = [s["margin"] for s in case["steps"]]
+    k = next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(margins))
+    return "".join(case["pieces"][:k]), k == len(margins)
+
+
+def test_greedy_text_is_llama_cpp_s_qwen():
+    for case in greedy_cases("qwen2.5-coder-0.5b"):
         prompt = case["prompt"].replace("\n", "\\n")   # as typed on a command line; -p processes escapes
-        r = ferrollama("generate", "-m", model_path(model), "-p", prompt, "-n", len(case["generated_tokens"]),
+        r = ferrollama("generate", "-m", model_path(QWEN), "-p", prompt, "-n", len(case["generated_tokens"]),
                        "--temp", "0", "-c", case["context"]["n_ctx"])
         assert r.returncode == 0, r.stderr
         assert r.stdout == case["prompt"] + case["text"] + "\n"
+
+
+def test_greedy_text_is_llama_cpp_s_gemma():
+    """Gemma's records have near-ties; the text must agree up to the first one (all of it if none)."""
+    for case in greedy_cases("gemma-3-270m"):
+        prompt = case["prompt"].replace("\n", "\\n")
+        r = ferrollama("generate", "-m", model_path(GEMMA), "-p", prompt, "-n", len(case["generated_tokens"]),
+                       "--temp", "0", "-c", case["context"]["n_ctx"])
+        assert r.returncode == 0, r.stderr
+        text, whole = stable_text(case)
+        assert len(text) >= 10
+        if whole:
+            assert r.stdout == case["prompt"] + case["text"] + "\n"
+        else:
+            assert r.stdout.startswith(case["prompt"] + text)
 
 
 def test_timings_on_stderr():
@@ -95,8 +124,11 @@ def test_context_shift_matches_the_explicit_loop():
     n_keep = 1 + 1
     ctx.decode(fl.Batch.from_tokens(tokens, logits="last"))
     n_past, out = len(tokens), []
+    eog = [t for t in range(model.n_vocab) if model.is_eog(t)]
     for _ in range(300):
-        token = int(np.argmax(ctx.logits(-1)))
+        logits = ctx.logits(-1).copy()
+        logits[eog] = -np.inf                        # --ignore-eos
+        token = int(np.argmax(logits))
         out.append(token)
         if len(out) == 300:
             break
@@ -152,9 +184,11 @@ def test_prompt_cache_all_saves_the_output(tmp_path):
 
 
 def spawn(args: list[str]):
+    """The command on a pseudo-terminal of 24 x 100 characters: (pid, the terminal's fd)."""
     pid, fd = pty.fork()
     if pid == 0:
         os.execv(sys.executable, [sys.executable, "-m", "ferrollama.cli", *map(str, args)])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     return pid, fd
 
 
@@ -252,11 +286,15 @@ def test_unsupported_architecture(tmp_path):
     (["--mirostat", "3"], "invalid choice"),
     (["-j", "{not json"], "not valid JSON"),
     (["--grammar-file", "/nonexistent.gbnf"], "no such grammar file"),
-    (["-f", "/nonexistent.txt"], "no such prompt file"),
+    (["-f", "/nonexistent.txt"], "give -p or -f, not both"),
     (["--bogus-flag"], "unrecognized arguments"),
 ])
 def test_bad_flag_values(flags, text):
     one_line_error(ferrollama("generate", "-m", TINY, "-p", "x", "-n", 1, *flags), text)
+
+
+def test_missing_prompt_file():
+    one_line_error(ferrollama("generate", "-m", TINY, "-f", "/nonexistent.txt"), "/nonexistent.txt: no such prompt file")
 
 
 def test_verbose_shows_the_traceback(tmp_path):
@@ -281,7 +319,7 @@ def test_json_schema_constrains_the_output():
 
 def test_stdout_is_valid_utf8_when_text_is_split_across_tokens():
     r = subprocess.run([sys.executable, "-m", "ferrollama.cli", "generate", "-m", str(TINY), "-p", "日本語の文章",
-                        "-n", 40, "--temp", "0", "--ignore-eos"], capture_output=True)
+                        "-n", "40", "--temp", "0", "--ignore-eos"], capture_output=True)
     assert r.returncode == 0
     r.stdout.decode("utf-8")        # the tiny vocabulary spells these characters byte by byte
     assert "日本語の文章" in r.stdout.decode("utf-8")

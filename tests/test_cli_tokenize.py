@@ -35,10 +35,8 @@ def test_pieces_and_count():
     r = ferrollama("tokenize", "-m", model_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), "--stdin", "--show-count",
                    input=case["text"].encode())
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.decode().splitlines()
-    assert lines[-1] == f"Total number of tokens: {len(case['tokens'])}"
-    for line, token, piece in zip(lines, case["tokens"], case["pieces"]):
-        assert line == f"{token:6d} -> '{piece}'"
+    expected = "".join(f"{token:6d} -> '{piece}'\n" for token, piece in zip(case["tokens"], case["pieces"]))
+    assert r.stdout.decode() == expected + f"Total number of tokens: {len(case['tokens'])}\n"
 
 
 def test_byte_pieces_are_escaped():

@@ -119,7 +119,4 @@ class ChatTemplate:
 
 
 def _model_template(model) -> str | None:
-    template = getattr(model, "chat_template", None)
-    if template is None and not hasattr(type(model), "chat_template"):
-        template = model.metadata.get("tokenizer.chat_template")
-    return template or None
+    return model.chat_template or None

@@ -54,28 +54,26 @@ def _read_directions(path: str, n_embd: int) -> dict[int, np.ndarray]:
     return directions
 
 
-def load_control_vectors(args: argparse.Namespace, n_embd: int) -> np.ndarray | None:
-    """The scaled sum of the vectors, shape (max layer, n_embd), row N-1 for layer N; None when none."""
+def load_control_vectors(args: argparse.Namespace, n_layer: int, n_embd: int) -> np.ndarray | None:
+    """The scaled sum of the vectors, shape (n_layer, n_embd): row N is direction.N, added to the
+    output of layer N (row 0 stays zero, directions past the last layer are ignored, as in
+    llama.cpp). None when no vector is given."""
     files = [(f, 1.0) for f in args.control_vector] + [(f, _scale(s)) for f, s in args.control_vector_scaled]
     if not files:
         return None
-    total: dict[int, np.ndarray] = {}
+    data = np.zeros((n_layer, n_embd), dtype=np.float32)
     for path, scale in files:
         for layer, vec in _read_directions(path, n_embd).items():
-            total[layer] = total.get(layer, 0) + scale * vec
-    data = np.zeros((max(total), n_embd), dtype=np.float32)
-    for layer, vec in total.items():
-        data[layer - 1] = vec
+            if layer < n_layer:
+                data[layer] += np.float32(scale) * vec
     return data
 
 
 def apply_control_vectors(args: argparse.Namespace, model, ctx) -> None:
-    data = load_control_vectors(args, model.n_embd)
+    data = load_control_vectors(args, model.n_layer, model.n_embd)
     if data is None:
         return
     start, end = args.control_vector_layer_range or (1, model.n_layer)
     if not 1 <= start <= end:
         raise CLIError(f"--control-vector-layer-range: need 1 <= START <= END, got {start} {end}")
-    if not hasattr(ctx, "set_control_vector"):
-        raise CLIError("this build of the engine cannot apply control vectors (Context.set_control_vector)")
     ctx.set_control_vector(data, start, end)

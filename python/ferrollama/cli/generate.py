@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from .._core import Batch, Context, StateError
-from ..llama import Sampler, Utf8Stream, add_bos_of, log_softmax
+from ..llama import Sampler, Utf8Stream, add_bos_of
 from .common import (CLIError, add_context_args, add_model_args, add_sampling_args, float_value, int_value,
                      load_model, log, make_context, print_timings, process_escapes, progress, read_text_file,
                      sampling_params, warmup)
@@ -108,9 +108,10 @@ class _Guidance:
         self.n_past -= n_discard
 
     def mix(self, logits: np.ndarray) -> np.ndarray:
-        """llama.cpp's classifier-free guidance on log-probabilities."""
-        base, guide = log_softmax(logits), log_softmax(self.ctx.logits(-1))
-        return (self.scale * (base - guide) + guide).astype(np.float32)
+        """llama.cpp's classifier-free guidance: scale * (log_softmax(l) - log_softmax(g)) + log_softmax(g)."""
+        from .. import samplers
+
+        return samplers.apply_guidance(logits, self.ctx.logits(-1), self.scale)
 
 
 class Generation:

@@ -46,7 +46,8 @@ pub(crate) struct Bpe {
 /// GPT-2 byte map (such a string can never be produced from text). The map's code points
 /// are all below U+0144, so only 1- and 2-byte UTF-8 sequences can qualify.
 fn decode_byte_level(text: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len());
+    let n_chars = text.iter().filter(|&&b| b & 0xC0 != 0x80).count();
+    let mut out = Vec::with_capacity(n_chars);
     let mut i = 0;
     while i < text.len() {
         let b = text[i];
@@ -89,14 +90,11 @@ impl Bpe {
             if l.is_empty() || r.is_empty() {
                 continue;
             }
-            let mut key_of = |k: Vec<u8>| match keys.get(k.as_slice()) {
-                Some(&id) => id,
-                None => {
-                    let id = next_extra;
+            let mut key_of = |k: Vec<u8>| {
+                *keys.entry(k.into_boxed_slice()).or_insert_with(|| {
                     next_extra += 1;
-                    keys.insert(k.into_boxed_slice(), id);
-                    id
-                }
+                    next_extra - 1
+                })
             };
             let (lk, rk) = (key_of(l), key_of(r));
             ranks.entry(pair_key(lk, rk)).or_insert(rank as u32);

@@ -214,14 +214,18 @@ pub fn byte_to_cpt(byte: u8) -> u32 {
 }
 
 /// Inverse of [`byte_to_cpt`] (`unicode_utf8_to_byte`); `None` for code points outside the map.
+#[inline]
 pub fn cpt_to_byte(cpt: u32) -> Option<u8> {
-    static MAP: OnceLock<Vec<(u32, u8)>> = OnceLock::new();
+    // the map's code points are all below 256 + 68
+    static MAP: OnceLock<[u16; 324]> = OnceLock::new();
     let map = MAP.get_or_init(|| {
-        let mut pairs: Vec<(u32, u8)> = (0..=255u8).map(|b| (byte_to_cpt(b), b)).collect();
-        pairs.sort_unstable();
-        pairs
+        let mut map = [u16::MAX; 324];
+        for b in 0..=255u8 {
+            map[byte_to_cpt(b) as usize] = b as u16;
+        }
+        map
     });
-    map.binary_search_by_key(&cpt, |&(c, _)| c).ok().map(|i| map[i].1)
+    map.get(cpt as usize).copied().filter(|&b| b != u16::MAX).map(|b| b as u8)
 }
 
 /// Appends the UTF-8 of the byte-level code point of `byte` (`unicode_byte_to_utf8`).

@@ -323,3 +323,66 @@ def test_stdout_is_valid_utf8_when_text_is_split_across_tokens():
     assert r.returncode == 0
     r.stdout.decode("utf-8")        # the tiny vocabulary spells these characters byte by byte
     assert "日本語の文章" in r.stdout.decode("utf-8")
+
+
+def test_classifier_free_guidance_matches_the_explicit_loop():
+    import numpy as np
+
+    import ferrollama as fl
+    from ferrollama import samplers as S
+
+    prompt, negative, scale, n = "Once upon a time", "The weather", 2.5, 12
+    r = ferrollama("generate", "-m", TINY, "-p", prompt, "-n", n, "--temp", "0", "--ignore-eos", "--no-display-prompt",
+                   "--cfg-negative-prompt", negative, "--cfg-scale", scale, "-ctk", "f32", "-ctv", "f32")
+    assert r.returncode == 0, r.stderr
+    model = fl.Model(str(TINY))
+    eog = [t for t in range(model.n_vocab) if model.is_eog(t)]
+    main, guide = (fl.Context(model, n_ctx=256, type_k="f32", type_v="f32") for _ in range(2))
+    tokens = list(model.tokenize(prompt, add_special=True, parse_special=True))
+    neg = list(model.tokenize(negative, add_special=True, parse_special=True))
+    main.decode(fl.Batch.from_tokens(tokens, logits="last"))
+    guide.decode(fl.Batch.from_tokens(neg, logits="last"))
+    out = []
+    for i in range(n):
+        logits = S.apply_guidance(main.logits(-1), guide.logits(-1), scale)
+        logits[eog] = -np.inf
+        out.append(int(np.argmax(logits)))
+        main.decode(fl.Batch.from_tokens([out[-1]], pos0=len(tokens) + i, logits="last"))
+        guide.decode(fl.Batch.from_tokens([out[-1]], pos0=len(neg) + i, logits="last"))
+    out = out[:n]
+    assert r.stdout == b"".join(model.token_to_piece(t) for t in out).decode("utf-8", "replace") + "\n"
+    plain = ferrollama("generate", "-m", TINY, "-p", prompt, "-n", n, "--temp", "0", "--ignore-eos",
+                       "--no-display-prompt", "-ctk", "f32", "-ctv", "f32")
+    assert plain.stdout != r.stdout
+
+
+def test_control_vectors(tmp_path):
+    import gguf
+    import numpy as np
+
+    def write(path, scale):
+        w = gguf.GGUFWriter(path, "controlvector")
+        w.add_string("controlvector.model_hint", "llama")
+        w.add_uint32("controlvector.layer_count", 2)
+        for layer in (1,):
+            w.add_tensor(f"direction.{layer}", np.full(256, scale, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    zero, strong = tmp_path / "zero.gguf", tmp_path / "strong.gguf"
+    write(zero, 0.0)
+    write(strong, 3.0)
+    base = ["generate", "-m", TINY, "-p", "Hello", "-n", 10, "--temp", "0", "--ignore-eos", "--no-display-prompt"]
+    plain = ferrollama(*base)
+    assert ferrollama(*base, "--control-vector", zero).stdout == plain.stdout
+    steered = ferrollama(*base, "--control-vector", strong)
+    assert steered.returncode == 0, steered.stderr
+    assert steered.stdout != plain.stdout
+    assert ferrollama(*base, "--control-vector-scaled", strong, "0").stdout == plain.stdout
+    # the direction of layer 1 outside the range [2, 2] changes nothing
+    assert ferrollama(*base, "--control-vector", strong, "--control-vector-layer-range", 2, 2).stdout == plain.stdout
+    halves = ferrollama(*base, "--control-vector-scaled", strong, "0.5", "--control-vector-scaled", strong, "0.5")
+    assert halves.stdout == steered.stdout
+    one_line_error(ferrollama(*base, "--control-vector", tmp_path / "none.gguf"), "no such control vector file")

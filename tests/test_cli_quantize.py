@@ -89,3 +89,12 @@ def test_already_quantized_input_needs_allow_requantize(tmp_path):
 def test_missing_input(tmp_path):
     r = ferrollama("quantize", tmp_path / "nope.gguf", tmp_path / "o.gguf", "Q8_0")
     assert r.returncode == 1 and r.stderr.endswith("nope.gguf: no such file\n")
+
+
+@pytest.mark.parametrize("kind", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"])
+def test_k_quants_match_llama_quantize_pure(tmp_path, kind):
+    """The reference files were written by llama-quantize --pure (ggml's reference quantizers)."""
+    out = tmp_path / f"{kind}.gguf"
+    r = ferrollama("quantize", F32, out, kind.upper(), "--pure")
+    assert r.returncode == 0, r.stderr
+    assert tensors(out) == tensors(DATA / "models" / f"tiny-llama-{kind}.gguf")

@@ -165,12 +165,26 @@ def run(args: argparse.Namespace) -> int:
                   args.output_tensor_type and args.output_tensor_type.upper(),
                   args.token_embedding_type and args.token_embedding_type.upper())
     rules.has_output = any(t.name == "output.weight" for t in reader.tensors)
-    writer = gguf.GGUFWriter(args.output, arch)
+    partial = args.output + ".partial"
+    try:
+        sizes = _write(gguf, reader, partial, arch, ftype, rules, args.allow_requantize)
+        os.replace(partial, args.output)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    print(f"model size  = {sizes[0] / 2**20:8.2f} MiB")
+    print(f"quant size  = {sizes[1] / 2**20:8.2f} MiB")
+    return 0
+
+
+def _write(gguf, reader, path: str, arch: str, ftype: int, rules: Rules, allow_requantize: bool) -> list[int]:
+    """Writes the converted model to path; returns [bytes of tensor data in, out]."""
+    writer = gguf.GGUFWriter(path, arch)
     _copy_metadata(gguf, reader, writer, ftype)
     sizes = [0, 0]
     with progress(len(reader.tensors), "quantize", unit="tensor") as bar:
         for tensor in reader.tensors:
-            data, kind = _convert(gguf, tensor, rules, args.allow_requantize)
+            data, kind = _convert(gguf, tensor, rules, allow_requantize)
             writer.add_tensor(tensor.name, data, raw_dtype=gguf.GGMLQuantizationType[kind])
             sizes[0] += int(tensor.n_bytes)
             sizes[1] += int(data.nbytes)
@@ -179,9 +193,7 @@ def run(args: argparse.Namespace) -> int:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    print(f"model size  = {sizes[0] / 2**20:8.2f} MiB")
-    print(f"quant size  = {sizes[1] / 2**20:8.2f} MiB")
-    return 0
+    return sizes
 
 
 def _convert(gguf, tensor, rules: Rules, allow_requantize: bool) -> tuple[np.ndarray, str]:

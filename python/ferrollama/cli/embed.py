@@ -23,7 +23,7 @@ MODEL_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    add_context_args(p, n_ctx=0)
+    add_context_args(p)
     g = p.add_argument_group("embeddings")
     g.add_argument("-p", "--prompt", default=None, help="the text(s), separated by --embd-separator")
     g.add_argument("-f", "--file", metavar="FNAME", default=None, help="a file holding the text(s)")

@@ -375,7 +375,7 @@ class Samples:
         return f"{self.median:.{digits}f} ± {self.stdev:.{digits}f}"
 
     def as_dict(self) -> dict:
-        return {"values": self.values, "median": self.median, "stdev": self.stdev,
+        return {"values": self.values, "median": self.median if self.values else None, "stdev": self.stdev,
                 "min": min(self.values) if self.values else None,
                 "max": max(self.values) if self.values else None, "error": self.error}
 
@@ -397,6 +397,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def machine_info() -> dict:
     info = {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()}
+    try:
+        import subprocess
+        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        info["repo_commit"] = rev.stdout.strip() or None
+    except OSError:
+        pass
     try:
         info["loadavg_start"] = os.getloadavg()
     except OSError:
@@ -451,6 +457,41 @@ class ForeignLoad:
         return max(0.0, other / wall)
 
 
+#: llama-bench's --prio levels, as nice values (3 is realtime in llama-bench; a nice of -20 here,
+#: which cannot starve the machine if something spins)
+PRIORITY_NICE = {0: 0, 1: -5, 2: -10, 3: -20}
+
+
+def set_priority(level: int) -> int:
+    """llama-bench's --prio: raises the scheduling priority of this process and of the threads
+    it starts later (they inherit it). Call it before any engine starts threads.
+
+    With autogroup scheduling (Linux's default for desktop-like setups, and on by default
+    here) a nice value only counts inside the process's session: every session is one group
+    to the scheduler. So the process first becomes a session of its own (setsid), then the
+    nice value is set on that autogroup as well as on the process. Returns the nice value.
+    """
+    nice = PRIORITY_NICE[level]
+    if not nice:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except PermissionError:
+        print(f"warning: cannot set nice {nice} (needs root or CAP_SYS_NICE)", file=sys.stderr)
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    autogroup = Path("/proc/self/autogroup")
+    if autogroup.exists():
+        try:
+            os.setsid()  # a group of its own, so that other work of the caller's session is unaffected
+        except OSError:
+            pass  # already a session or group leader: the autogroup stays the caller's
+        try:
+            autogroup.write_text(str(nice))
+        except OSError as e:
+            print(f"warning: cannot set the autogroup's nice: {e}", file=sys.stderr)
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def wait_until_quiet(max_wait_s: float, threshold_cores: float = 0.2, probe_s: float = 2.0) -> float:
     """Waits (at most max_wait_s) until other processes use less than threshold_cores;
     returns the last measured foreign load."""
@@ -467,5 +508,5 @@ def wait_until_quiet(max_wait_s: float, threshold_cores: float = 0.2, probe_s: f
 __all__ = [
     "MODELS", "model_path", "resolve_models", "EngineUnavailable", "LlamaCppEngine", "FerrollamaEngine",
     "open_engines", "Samples", "paired_ratio", "markdown_table", "machine_info", "now", "ForeignLoad",
-    "wait_until_quiet",
+    "wait_until_quiet", "set_priority",
 ]

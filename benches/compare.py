@@ -274,6 +274,10 @@ def measure_call_overhead(ctx, state: dict, n: int = 2000) -> dict:  # noqa: ANN
     return {"fill_1_token_batch": fill * 1e6, "native_call": call * 1e6}
 
 
+def finite_or_none(x: float):  # noqa: ANN201 - JSON has no NaN
+    return x if math.isfinite(x) else None
+
+
 def fmt_ratio(num: B.Samples, den: B.Samples) -> str:
     med, sd = B.paired_ratio(num, den)
     return "n/a" if math.isnan(med) else f"{med:.2f} ± {sd:.2f}"
@@ -290,7 +294,7 @@ def report(rows: list[Row], engines: list[str], info: dict, args) -> str:  # noq
             line.append(fmt_ratio(r.samples["ferrollama"], r.samples["llama.cpp"]))
         body.append(line)
     out = [B.markdown_table(header, body), ""]
-    out.append(f"median ± stdev over {args.reps} reps (warm-up not counted), {args.threads} threads; "
+    out.append(f"median ± stdev over {args.reps} reps (warm-up not counted), {args.threads} threads, nice {info.get('nice', 0)}; "
                "ratio: median of the per-rep ratios of back-to-back runs.")
     scal = []
     for i, r in enumerate(rows):
@@ -332,6 +336,8 @@ def main(argv=None) -> int:  # noqa: ANN001
     ap.add_argument("--kv-unified", action=argparse.BooleanOptionalAction, default=False,
                     help="one KV stream for all sequences (batched-bench's -kvu; default off, as there)")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--prio", type=int, choices=[0, 1, 2, 3], default=0,
+                    help="llama-bench's --prio: 0 normal, 1/2/3 nice -5/-10/-20 for this process and its threads")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                     help="before each test, wait up to SECONDS for other processes to go below 0.2 cores")
     ap.add_argument("--json", default=None, help="write every sample and the settings here")
@@ -339,13 +345,14 @@ def main(argv=None) -> int:  # noqa: ANN001
     args = ap.parse_args(argv)
 
     tests = parse_tests(args.tests, args)
+    nice = B.set_priority(args.prio)
     engines, missing = B.open_engines([e.strip() for e in args.engines.split(",") if e.strip()])
     if not engines:
         raise SystemExit("no engine available: " + "; ".join(missing.values()))
     engine_names = [e.name for e in engines]
     models = B.resolve_models(args.models, args.model_dir)
     info = {"machine": B.machine_info(), "engines": {e.name: e.version for e in engines},
-            "missing_engines": missing, "system_info": {e.name: e.system_info() for e in engines}}
+            "missing_engines": missing, "system_info": {e.name: e.system_info() for e in engines}, "nice": nice}
 
     rows: list[Row] = []
     for short, path in models:
@@ -371,7 +378,8 @@ def main(argv=None) -> int:  # noqa: ANN001
         doc = {"settings": {k: v for k, v in vars(args).items() if k != "json"}, "info": info,
                "results": [{"model": r.model, "test": r.test,
                             "engines": {e: s.as_dict() for e, s in r.samples.items()},
-                            "ratio_ferrollama_over_llama_cpp": B.paired_ratio(r.samples["ferrollama"], r.samples["llama.cpp"])[0]
+                            "ratio_ferrollama_over_llama_cpp": finite_or_none(
+                                B.paired_ratio(r.samples["ferrollama"], r.samples["llama.cpp"])[0])
                             if set(r.samples) >= set(ENGINE_ORDER) else None} for r in rows],
                "markdown": text}
         Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n")

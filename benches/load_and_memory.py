@@ -179,6 +179,8 @@ def main(argv=None) -> int:  # noqa: ANN001
     ap.add_argument("--parts", default="load,longctx")
     ap.add_argument("--engines", default="llama.cpp,ferrollama")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--prio", type=int, choices=[0, 1, 2, 3], default=0,
+                    help="llama-bench's --prio: 0 normal, 1/2/3 nice -5/-10/-20 for this process and its threads")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                     help="before each measurement, wait up to SECONDS for other processes to go below 0.2 cores")
     ap.add_argument("--json", default=None)
@@ -186,13 +188,14 @@ def main(argv=None) -> int:  # noqa: ANN001
     args = ap.parse_args(argv)
 
     parts = set(args.parts.split(","))
+    nice = B.set_priority(args.prio)  # the children inherit it
     engine_objs, missing = B.open_engines([e.strip() for e in args.engines.split(",") if e.strip()])
     if not engine_objs:
         raise SystemExit("no engine available: " + "; ".join(missing.values()))
     names = [e.name for e in engine_objs]
     models = B.resolve_models(args.models, args.model_dir)
     doc = {"settings": {k: v for k, v in vars(args).items() if k != "json"}, "machine": B.machine_info(),
-           "missing_engines": missing}
+           "missing_engines": missing, "nice": nice}
     out = []
     if "load" in parts:
         text, raw = part_load(models, names, args)

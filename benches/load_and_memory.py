@@ -5,7 +5,7 @@
    (one engine, one model), so the RSS is that engine's alone. The child imports the
    engine, then times: load the model (mmap) + create a context (n_ctx --n-ctx, f16 cache)
    + decode one token. It reports VmHWM (peak RSS) and, after the decode, RssAnon
-   (heap: KV cache, compute buffers, repacked weights) and RssFile (touched pages of the
+   (heap: KV cache, compute buffers, weights copied out of the mapping) and RssFile (touched pages of the
    mmap'd GGUF and of the shared libraries). A warm-up round (not counted) puts the GGUF
    in the page cache; the engines then alternate round by round.
 2. Long-context generation: tg128 on an empty cache vs tg128 after --depth tokens

@@ -103,7 +103,7 @@ pub(crate) struct Options {
 #[derive(Debug)]
 pub(crate) enum Model {
     Spm,
-    Bpe(bpe::Bpe),
+    Bpe(Box<bpe::Bpe>),
     Wpm,
     Ugm(ugm::Ugm),
     Rwkv(rwkv::Rwkv),

@@ -241,7 +241,7 @@ pub fn load(f: &GgufFile) -> Result<Vocab, VocabError> {
         VocabType::Wpm => Model::Wpm,
         VocabType::Bpe => {
             let kind = pre_entry.map_or(PreKind::Default, |e| e.kind);
-            Model::Bpe(bpe::Bpe::new(&model_name, kind, &text_to_id, merges)?)
+            Model::Bpe(Box::new(bpe::Bpe::new(&model_name, kind, &text_to_id, merges)?))
         }
         VocabType::Ugm => Model::Ugm(ugm::Ugm::new(f, &tokens)?),
         VocabType::Rwkv => Model::Rwkv(rwkv::Rwkv::new(&tokens)),
@@ -434,7 +434,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool { hay.windows(needle.len()).any(|
 fn drop_false_eogs(v: &mut Vocab, eog: &mut Vec<Token>) {
     let text_of = |id: Token| &v.tokens[id as usize].text[..];
     let has = |eog: &[Token], texts: &[&str]| eog.iter().any(|&id| is_one_of(text_of(id), texts));
-    let end_id = eog.iter().copied().filter(|&id| text_of(id) == b"<|end|>").last();
+    let end_id = eog.iter().copied().rfind(|&id| text_of(id) == b"<|end|>");
     let harmony = has(eog, &["<|return|>"]) && has(eog, &["<|call|>", "<|calls|>"]);
     let solar = has(eog, &["<|call|>", "<|calls|>"]) && has(eog, &["<|flush|>"]);
     if let Some(end) = end_id.filter(|_| harmony || solar) {
@@ -443,7 +443,7 @@ fn drop_false_eogs(v: &mut Vocab, eog: &mut Vec<Token>) {
     }
     let text_of = |id: Token| &v.tokens[id as usize].text[..];
     let normal_s = eog.iter().any(|&id| is_one_of(text_of(id), &["<|tool_response>", "<|plamo:eos|>"]));
-    let s_id = eog.iter().copied().filter(|&id| text_of(id) == b"</s>").last();
+    let s_id = eog.iter().copied().rfind(|&id| text_of(id) == b"</s>");
     if let Some(s) = s_id.filter(|_| normal_s) {
         eog.retain(|&id| id != s);
         v.tokens[s as usize].attr = TokenAttr::NORMAL;

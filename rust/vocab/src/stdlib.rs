@@ -302,6 +302,19 @@ mod tests {
     }
 
     #[test]
+    fn std_sort_matches_libstdcxx_on_ties() {
+        // ids 0..40 with lengths 1,2,3,4,1,2,...; order printed by std::sort (g++ 12)
+        let lens: Vec<u32> = (0..40).map(|i| i % 4 + 1).collect();
+        let mut ids: Vec<usize> = (0..40).collect();
+        std_sort(&mut ids, &|&a: &usize, &b: &usize| lens[a] > lens[b]);
+        let expected = [
+            39, 27, 19, 15, 31, 23, 11, 35, 7, 3, 34, 10, 6, 38, 14, 30, 22, 18, 2, 26, 1, 25, 29,
+            33, 37, 21, 17, 13, 9, 5, 24, 20, 28, 16, 32, 12, 8, 36, 4, 0,
+        ];
+        assert_eq!(ids, expected);
+    }
+
+    #[test]
     fn std_sort_sorts() {
         let mut state = 12345u64;
         for n in [0usize, 1, 5, 16, 17, 100, 1000] {

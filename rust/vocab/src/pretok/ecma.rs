@@ -216,7 +216,7 @@ impl<'a> Parser<'a> {
     fn hex(&mut self, digits: usize) -> Result<u32, RegexError> {
         let mut value = 0;
         for _ in 0..digits {
-            let d = self.peek().and_then(|c| char::from_u32(c)).and_then(|c| c.to_digit(16));
+            let d = self.peek().and_then(char::from_u32).and_then(|c| c.to_digit(16));
             match d {
                 Some(d) => { value = value * 16 + d; self.pos += 1; }
                 None => return self.err("bad hex escape"),

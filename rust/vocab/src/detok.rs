@@ -4,7 +4,7 @@
 use std::ops::Deref;
 
 use crate::attr::TokenAttr;
-use crate::{rwkv, spm, unicode, Token, VocabType, Vocab, VocabError};
+use crate::{plamo2, rwkv, spm, unicode, Token, VocabType, Vocab, VocabError};
 
 /// All pieces, concatenated.
 #[derive(Debug, Default)]
@@ -86,6 +86,10 @@ fn render(v: &Vocab, id: usize, out: &mut Vec<u8>) -> Result<(), VocabError> {
     };
     match v.vocab_type {
         VocabType::Rwkv => out.extend_from_slice(&rwkv::unescape(&t.text)),
+        VocabType::Plamo2 => match plamo2::byte_of(&t.text).filter(|_| t.attr.intersects(TokenAttr::BYTE)) {
+            Some(b) => out.push(b),
+            None => out.extend_from_slice(&t.text),
+        },
         _ if t.attr.intersects(shown_raw) => out.extend_from_slice(&t.text),
         VocabType::Bpe if t.attr.intersects(TokenAttr::NORMAL) => {
             if v.opts.escape_whitespaces {

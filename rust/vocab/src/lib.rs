@@ -14,6 +14,7 @@ mod detok;
 mod hash;
 mod load;
 mod partition;
+mod plamo2;
 pub mod pretok;
 mod rwkv;
 mod spm;
@@ -53,6 +54,8 @@ pub enum VocabType {
     Ugm,
     /// RWKV greedy trie (`rwkv`).
     Rwkv,
+    /// PLaMo-2's suffix-table unigram (`plamo2`).
+    Plamo2,
 }
 
 /// One vocabulary entry.
@@ -105,8 +108,9 @@ pub(crate) enum Model {
     Spm,
     Bpe(Box<bpe::Bpe>),
     Wpm,
-    Ugm(ugm::Ugm),
+    Ugm(Box<ugm::Ugm>),
     Rwkv(rwkv::Rwkv),
+    Plamo2(Box<plamo2::Plamo2>),
 }
 
 /// A loaded vocabulary with its tokenizer.
@@ -160,6 +164,7 @@ impl Vocab {
             Model::Wpm => wpm::tokenize(self, text, &fragments, add_special, &mut out)?,
             Model::Ugm(ugm) => ugm.tokenize(self, text, &fragments, add_special, &mut out)?,
             Model::Rwkv(rwkv) => rwkv.tokenize(self, text, &fragments, &mut out)?,
+            Model::Plamo2(plamo2) => plamo2.tokenize(text, &fragments, &mut out)?,
         }
         Ok(out)
     }

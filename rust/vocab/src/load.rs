@@ -5,7 +5,7 @@ use ferrollama_gguf::{Array, GgufFile, Value};
 use crate::attr::TokenAttr;
 use crate::hash::{fast_map, FastMap};
 use crate::pretok::{self, PreKind};
-use crate::{bpe, detok, partition, rwkv, stdlib, ugm};
+use crate::{bpe, detok, partition, plamo2, rwkv, stdlib, ugm};
 use crate::{Model, Options, SpecialTokens, Token, TokenData, Vocab, VocabError, VocabType};
 
 fn invalid(msg: impl Into<String>) -> VocabError { VocabError::Invalid(msg.into()) }
@@ -108,7 +108,8 @@ fn choose_model(model: &str, pre: &str) -> Result<ModelChoice, VocabError> {
         "t5" => ModelChoice { vocab_type: VocabType::Ugm, special: ids(None, Some(1), Some(2), None, Some(0), None), needs_merges: false },
         "rwkv" => ModelChoice { vocab_type: VocabType::Rwkv, special: ids(None, None, None, None, None, None), needs_merges: false },
         "no_vocab" | "none" => return Err(VocabError::Unsupported(format!("tokenizer model '{model}' (model without vocabulary)"))),
-        "plamo2" => return Err(VocabError::Unsupported("tokenizer model 'plamo2'".into())),
+        "plamo2" => ModelChoice { vocab_type: VocabType::Plamo2, special: ids(Some(1), Some(2), Some(0), None, Some(3), None), needs_merges: false },
+        "test" => return Err(VocabError::Unsupported("tokenizer model 'test' (llama.cpp's test-only tokenizer)".into())),
         other => return Err(VocabError::Unsupported(format!("unknown tokenizer model '{other}'"))),
     })
 }
@@ -139,7 +140,7 @@ fn default_options(vocab_type: VocabType, pre: Option<&pretok::PreEntry>) -> Opt
             o.add_sep = true;
         }
         VocabType::Ugm => o.add_eos = true,
-        VocabType::Rwkv => {}
+        VocabType::Rwkv | VocabType::Plamo2 => {}
     }
     o
 }
@@ -243,8 +244,9 @@ pub fn load(f: &GgufFile) -> Result<Vocab, VocabError> {
             let kind = pre_entry.map_or(PreKind::Default, |e| e.kind);
             Model::Bpe(Box::new(bpe::Bpe::new(&model_name, kind, &text_to_id, merges)?))
         }
-        VocabType::Ugm => Model::Ugm(ugm::Ugm::new(f, &tokens)?),
+        VocabType::Ugm => Model::Ugm(Box::new(ugm::Ugm::new(f, &tokens)?)),
         VocabType::Rwkv => Model::Rwkv(rwkv::Rwkv::new(&tokens)),
+        VocabType::Plamo2 => Model::Plamo2(Box::new(plamo2::Plamo2::new(&tokens, &text_to_id)?)),
     };
 
     let mut vocab = Vocab {

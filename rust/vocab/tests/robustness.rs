@@ -14,6 +14,7 @@ fn arbitrary_bytes_never_panic() {
         common::suite_vocab("bert-bge"),
         common::load(&common::data_dir().join("vocab/synth-ugm.gguf")),
         common::load(&common::data_dir().join("vocab/synth-rwkv.gguf")),
+        common::load(&common::data_dir().join("vocab/synth-plamo2.gguf")),
     ];
     vocabs.push(common::load(&common::data_dir().join("models/tiny-llama-f32.gguf")));
     let mut state = 0x1234_5678_9abc_def0u64;

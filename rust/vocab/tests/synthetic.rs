@@ -1,4 +1,4 @@
-//! UGM (t5) and RWKV tokenizers against llama.cpp on small synthetic vocabularies
+//! UGM (t5), RWKV and PLaMo-2 tokenizers against llama.cpp on small synthetic vocabularies
 //! (tests/data/vocab/synthetic.json, see its "about"), and WPM (bert) on llama.cpp's own
 //! ggml-vocab-bert-bge suite files.
 
@@ -15,11 +15,11 @@ fn ids(v: &Value) -> Option<Vec<u32>> {
 }
 
 #[test]
-fn ugm_and_rwkv_match_llama_cpp() {
+fn ugm_rwkv_plamo2_match_llama_cpp() {
     let text = std::fs::read_to_string(common::data_dir().join("vocab/synthetic.json")).unwrap();
     let fixture: Value = serde_json::from_str(&text).unwrap();
     let vocabs = fixture["vocabs"].as_object().unwrap();
-    assert_eq!(vocabs.len(), 3);
+    assert_eq!(vocabs.len(), 4);
     for (name, rec) in vocabs {
         let vocab = common::load(&common::data_dir().join("vocab").join(name));
         let texts: Vec<Vec<u8>> = rec["texts_hex"].as_array().unwrap().iter().map(|t| unhex(t.as_str().unwrap())).collect();

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Builds the small synthetic vocabularies of tests/data/vocab (synth-ugm.gguf, synth-ugm-plain.gguf,
-synth-rwkv.gguf) with the `gguf` package: a t5 (UGM) vocabulary with a hand-built precompiled charsmap
-(llama.cpp's XOR-compressed double array layout) and an RWKV one. No real T5/RWKV vocabulary ships with
-the project; llama.cpp's results on these files are recorded in tests/data/vocab/synthetic.json.
+synth-rwkv.gguf, synth-plamo2.gguf) with the `gguf` package: a t5 (UGM) vocabulary with a hand-built
+precompiled charsmap (llama.cpp's XOR-compressed double array layout), an RWKV one and a PLaMo-2 one. No real T5/RWKV/PLaMo-2 vocabulary ships
+with the project; llama.cpp's results on these files are recorded in tests/data/vocab/synthetic.json.
 
 Usage: python3 tools/make_synthetic_vocabs.py OUT_DIR
 """
@@ -93,8 +93,28 @@ def rwkv(path):
     w.add_token_list(toks); w.add_token_types([1] * len(toks))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 
+def plamo2(path):
+    rng = random.Random(11)
+    w = gguf.GGUFWriter(path, 'plamo2')
+    toks = ['<|plamo:unk|>', '<|plamo:bos|>', '<|plamo:eos|>', '<|plamo:pad|>']
+    scores = [0.0, 0.0, 0.0, 0.0]
+    types = [2, 3, 3, 3]
+    for b in range(256):
+        toks.append('<0x%02X>' % b); scores.append(0.0); types.append(6)
+    seen = set(toks)
+    pieces = list('abcdefghijklmnopqrstuvwxyz .,!?') + ['é', 'ü', '你', '好', '日本', '▁']
+    for _ in range(700):
+        t = ''.join(rng.choice(pieces) for _ in range(rng.randint(1, 5)))
+        if t not in seen:
+            seen.add(t); toks.append(t); scores.append(-rng.uniform(1, 15)); types.append(1)
+    w.add_tokenizer_model('plamo2')
+    w.add_token_list(toks); w.add_token_scores(scores); w.add_token_types(types)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+
+
 if __name__ == '__main__':
     out = sys.argv[1]
     ugm(os.path.join(out, 'synth-ugm.gguf'))
     ugm(os.path.join(out, 'synth-ugm-plain.gguf'), add_space_prefix=False, remove_extra_ws=False)
     rwkv(os.path.join(out, 'synth-rwkv.gguf'))
+    plamo2(os.path.join(out, 'synth-plamo2.gguf'))

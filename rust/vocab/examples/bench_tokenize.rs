@@ -60,6 +60,9 @@ fn main() {
         n_tokens as f64 / best / 1e6,
         text.len() as f64 / best / 1048576.0
     );
+    let t = Instant::now();
+    let special = vocab.tokenize(&text, true, true).expect("tokenize");
+    println!("tokenize with special-token parsing: {:.1} ms ({} tokens)", t.elapsed().as_secs_f64() * 1e3, special.len());
     let tokens = vocab.tokenize(&text, false, false).expect("tokenize");
     let t = Instant::now();
     let back = vocab.detokenize(&tokens, false, false);

@@ -120,6 +120,7 @@ impl Bpe {
             out.push(v.special.bos.ok_or_else(|| VocabError::Invalid("add_bos is set but the vocabulary has no BOS".into()))?);
         }
         let mut escaped = Vec::new();
+        let mut scratch = Scratch::default();
         for f in fragments {
             match *f {
                 Fragment::Text { start, end } => {
@@ -127,9 +128,9 @@ impl Bpe {
                     if v.opts.escape_whitespaces {
                         escaped.clear();
                         spm::escape_whitespace(text, &mut escaped);
-                        self.session_tokenize(v, &escaped, out)?;
+                        self.session_tokenize(v, &escaped, &mut scratch, out)?;
                     } else {
-                        self.session_tokenize(v, text, out)?;
+                        self.session_tokenize(v, text, &mut scratch, out)?;
                     }
                 }
                 Fragment::Token(t) => out.push(t),
@@ -141,37 +142,34 @@ impl Bpe {
         Ok(())
     }
 
-    fn session_tokenize(&self, v: &Vocab, text: &[u8], out: &mut Vec<Token>) -> Result<(), VocabError> {
+    fn session_tokenize(&self, v: &Vocab, text: &[u8], scratch: &mut Scratch, out: &mut Vec<Token>) -> Result<(), VocabError> {
         match self.session {
-            Session::Plain => self.tokenize_text(text, v.opts.ignore_merges, out),
-            Session::HybridDna => self.tokenize_dna(v, text, out),
-            Session::Whitespace => self.tokenize_whitespace(v, text, out),
+            Session::Plain => self.tokenize_text(text, v.opts.ignore_merges, scratch, out),
+            Session::HybridDna => self.tokenize_dna(v, text, scratch, out),
+            Session::Whitespace => self.tokenize_whitespace(v, text, scratch, out),
         }
     }
 
     /// `llm_tokenizer_bpe_session::tokenize`: pre-tokenize, then BPE each pre-token. Equal
-    /// pre-tokens give equal tokens, so each distinct one is merged once per call.
-    fn tokenize_text(&self, text: &[u8], ignore_merges: bool, out: &mut Vec<Token>) -> Result<(), VocabError> {
+    /// pre-tokens give equal tokens, so each distinct one is merged once per `tokenize` call.
+    fn tokenize_text(&self, text: &[u8], ignore_merges: bool, scratch: &mut Scratch, out: &mut Vec<Token>) -> Result<(), VocabError> {
         let words: Words = self.pre.split(text).map_err(|e| {
             VocabError::Invalid(format!("code point 0x{:X} beyond U+10FFFF in text", e.0))
         })?;
-        let mut merger = Merger::default();
-        let mut cache: FastMap<&[u8], (usize, usize)> = fast_map(words.ends.len().min(1 << 16));
-        let mut cached: Vec<Token> = Vec::new();
         for word in words.iter() {
             if word.is_empty() {
                 continue;
             }
-            if let Some(&(s, e)) = cache.get(word) {
-                out.extend_from_slice(&cached[s..e]);
+            if let Some(&(s, e)) = scratch.cache.get(word) {
+                out.extend_from_slice(&scratch.cached[s..e]);
                 continue;
             }
             let start = out.len();
-            self.encode_word(word, ignore_merges, &mut merger, out);
-            if word.len() <= 64 {
-                let s = cached.len();
-                cached.extend_from_slice(&out[start..]);
-                cache.insert(word, (s, cached.len()));
+            self.encode_word(word, ignore_merges, &mut scratch.merger, out);
+            if word.len() <= MAX_CACHED_WORD {
+                let s = scratch.cached.len();
+                scratch.cached.extend_from_slice(&out[start..]);
+                scratch.cache.insert(word.into(), (s, scratch.cached.len()));
             }
         }
         Ok(())
@@ -272,12 +270,12 @@ impl Bpe {
     }
 
     /// hybriddna: `<dna>...</dna>` spans become 6-mer tokens, the rest plain BPE.
-    fn tokenize_dna(&self, v: &Vocab, text: &[u8], out: &mut Vec<Token>) -> Result<(), VocabError> {
+    fn tokenize_dna(&self, v: &Vocab, text: &[u8], scratch: &mut Scratch, out: &mut Vec<Token>) -> Result<(), VocabError> {
         const OPEN: &[u8] = b"<dna>";
         const CLOSE: &[u8] = b"</dna>";
         let ids = (v.text_to_token(OPEN), v.text_to_token(CLOSE), v.text_to_token(b"<oov>"));
         let (Some(begin_id), Some(end_id), Some(oov_id)) = ids else {
-            return self.tokenize_text(text, v.opts.ignore_merges, out);
+            return self.tokenize_text(text, v.opts.ignore_merges, scratch, out);
         };
         let find = |hay: &[u8], needle: &[u8], from: usize| {
             hay.get(from..).and_then(|h| h.windows(needle.len()).position(|w| w == needle)).map(|p| p + from)
@@ -285,11 +283,11 @@ impl Bpe {
         let mut pos = 0;
         while pos < text.len() {
             let Some(start) = find(text, OPEN, pos) else {
-                self.tokenize_text(&text[pos..], v.opts.ignore_merges, out)?;
+                self.tokenize_text(&text[pos..], v.opts.ignore_merges, scratch, out)?;
                 break;
             };
             if start > pos {
-                self.tokenize_text(&text[pos..start], v.opts.ignore_merges, out)?;
+                self.tokenize_text(&text[pos..start], v.opts.ignore_merges, scratch, out)?;
             }
             out.push(begin_id);
             let content_start = start + OPEN.len();
@@ -304,12 +302,12 @@ impl Bpe {
     }
 
     /// whitespace: whitespace-separated segments (optionally lower-cased), each BPE'd.
-    fn tokenize_whitespace(&self, v: &Vocab, text: &[u8], out: &mut Vec<Token>) -> Result<(), VocabError> {
+    fn tokenize_whitespace(&self, v: &Vocab, text: &[u8], scratch: &mut Scratch, out: &mut Vec<Token>) -> Result<(), VocabError> {
         let mut segment = Vec::new();
         for cpt in unicode::cpts_from_utf8(text) {
             if unicode::flags(cpt).is_whitespace() {
                 if !segment.is_empty() {
-                    self.tokenize_text(&segment, v.opts.ignore_merges, out)?;
+                    self.tokenize_text(&segment, v.opts.ignore_merges, scratch, out)?;
                     segment.clear();
                 }
             } else {
@@ -319,7 +317,7 @@ impl Bpe {
             }
         }
         if !segment.is_empty() {
-            self.tokenize_text(&segment, v.opts.ignore_merges, out)?;
+            self.tokenize_text(&segment, v.opts.ignore_merges, scratch, out)?;
         }
         Ok(())
     }
@@ -356,6 +354,17 @@ struct Sym {
     next: isize,
     /// Key of the symbol's bytes: a token id, a merge-only string's number, or NONE.
     key: u32,
+}
+
+/// Pre-tokens longer than this are not cached (rarely repeated, costly to keep).
+const MAX_CACHED_WORD: usize = 64;
+
+/// Per-call state: the merge scratch space and the tokens of every pre-token seen so far.
+#[derive(Default)]
+struct Scratch {
+    merger: Merger,
+    cache: FastMap<Box<[u8]>, (usize, usize)>,
+    cached: Vec<Token>,
 }
 
 /// Scratch space reused across pre-tokens.

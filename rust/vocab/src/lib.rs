@@ -66,23 +66,39 @@ pub(crate) struct TokenData {
     pub attr: TokenAttr,
 }
 
-/// Ids of the special tokens (None where the vocabulary has none).
+/// Ids of the special tokens (None where the vocabulary has none), resolved as llama.cpp
+/// resolves them: per-model defaults, then the GGUF keys, then detection by token text.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SpecialTokens {
+    /// Beginning of sequence (CLS for BERT).
     pub bos: Option<Token>,
+    /// End of sequence.
     pub eos: Option<Token>,
+    /// End of turn ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", ...).
     pub eot: Option<Token>,
+    /// End of message ("<|eom_id|>").
     pub eom: Option<Token>,
+    /// Unknown.
     pub unk: Option<Token>,
+    /// Separator.
     pub sep: Option<Token>,
+    /// Padding.
     pub pad: Option<Token>,
+    /// Mask.
     pub mask: Option<Token>,
+    /// Newline.
     pub nl: Option<Token>,
+    /// Fill-in-the-middle prefix.
     pub fim_pre: Option<Token>,
+    /// Fill-in-the-middle suffix.
     pub fim_suf: Option<Token>,
+    /// Fill-in-the-middle middle.
     pub fim_mid: Option<Token>,
+    /// Fill-in-the-middle padding.
     pub fim_pad: Option<Token>,
+    /// Fill-in-the-middle repository name.
     pub fim_rep: Option<Token>,
+    /// Fill-in-the-middle file separator.
     pub fim_sep: Option<Token>,
 }
 
@@ -252,4 +268,14 @@ impl Vocab {
     pub fn is_control(&self, t: Token) -> bool { self.token_attr(t).intersects(TokenAttr::CONTROL) }
     /// Token ids listed in `tokenizer.ggml.suppress_tokens` (in range).
     pub fn suppress_tokens(&self) -> &[Token] { &self.suppress }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn vocab_is_shareable_between_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<super::Vocab>();
+        shareable::<super::StreamDecoder<std::sync::Arc<super::Vocab>>>();
+    }
 }

@@ -12,6 +12,7 @@ pub const MAX_CODEPOINTS: u32 = 0x110000;
 pub const REPLACEMENT: u32 = 0xFFFD;
 
 /// Bits of llama.cpp's `unicode_cpt_flags` (same values, same layout).
+#[allow(missing_docs)]
 pub mod flag {
     pub const UNDEFINED: u16 = 0x0001;
     pub const NUMBER: u16 = 0x0002;
@@ -34,14 +35,23 @@ pub mod flag {
 pub struct CptFlags(pub u16);
 
 impl CptFlags {
+    /// Unassigned code point (or beyond U+10FFFF).
     #[inline] pub fn is_undefined(self) -> bool { self.0 & flag::UNDEFINED != 0 }
+    /// `\p{N}`.
     #[inline] pub fn is_number(self) -> bool { self.0 & flag::NUMBER != 0 }
+    /// `\p{L}`.
     #[inline] pub fn is_letter(self) -> bool { self.0 & flag::LETTER != 0 }
+    /// `\p{Z}`.
     #[inline] pub fn is_separator(self) -> bool { self.0 & flag::SEPARATOR != 0 }
+    /// `\p{M}`.
     #[inline] pub fn is_accent_mark(self) -> bool { self.0 & flag::ACCENT_MARK != 0 }
+    /// `\p{P}`.
     #[inline] pub fn is_punctuation(self) -> bool { self.0 & flag::PUNCTUATION != 0 }
+    /// `\p{S}`.
     #[inline] pub fn is_symbol(self) -> bool { self.0 & flag::SYMBOL != 0 }
+    /// `\p{C}`.
     #[inline] pub fn is_control(self) -> bool { self.0 & flag::CONTROL != 0 }
+    /// White_Space (llama.cpp's `\s`).
     #[inline] pub fn is_whitespace(self) -> bool { self.0 & flag::WHITESPACE != 0 }
     /// All bits, as llama.cpp's `as_uint()`: non-zero for every in-range code point.
     #[inline] pub fn as_uint(self) -> u16 { self.0 }

@@ -1,32 +1,58 @@
-//! Tokenization speed: a ~1 MB text (tests/data/texts, prose, chat, code and mixed-script
-//! text, plus the multilingual inputs of llama.cpp's vocabulary suite, repeated) tokenized
-//! with a vocabulary, and the vocabulary's load time.
+//! Tokenization speed on ~1 MB of text, and the vocabulary's load time.
+//!
+//! The text: tests/data/texts (prose, chat, code, mixed scripts), the multilingual inputs of
+//! llama.cpp's vocabulary suite, then the project's own Rust and Python sources (code and
+//! English comments; the generated Unicode tables left out), cut at the requested size and
+//! repeated only if the sources are too short. Pre-tokens repeat as in real text, and the
+//! tokenizer merges each distinct pre-token once per call, so this is not a repeated-text
+//! best case.
 //!
 //! cargo run --release -p ferrollama-vocab --example bench_tokenize [-- VOCAB.gguf [MB]]
 //! Default vocabulary: the Qwen2 one of llama.cpp's suite (tests/data/vocab/ggml-vocab-qwen2.gguf).
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ferrollama_gguf::GgufFile;
 use ferrollama_vocab::Vocab;
 
-fn corpus(megabytes: usize) -> Vec<u8> {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/texts");
-    let mut parts: Vec<Vec<u8>> = Vec::new();
-    let mut names: Vec<_> = std::fs::read_dir(root).expect("texts").map(|e| e.expect("entry").path()).collect();
-    names.sort();
-    for p in names {
-        parts.push(std::fs::read(p).expect("text"));
-    }
-    let suite = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/vocab/ggml-vocab-qwen2.gguf.inp");
-    parts.push(std::fs::read(suite).expect("suite inputs"));
-    let mut text = Vec::new();
-    while text.len() < megabytes << 20 {
-        for p in &parts {
-            text.extend_from_slice(p);
-            text.push(b'\n');
+fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if !path.ends_with("target") && !path.ends_with(".venv") {
+                files_under(&path, out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs" || e == "py") && !path.ends_with("tables.rs") {
+            out.push(path);
         }
     }
+}
+
+fn corpus(megabytes: usize) -> Vec<u8> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut paths: Vec<PathBuf> = Vec::new();
+    let mut texts: Vec<PathBuf> = std::fs::read_dir(root.join("tests/data/texts")).expect("texts").flatten().map(|e| e.path()).collect();
+    texts.sort();
+    paths.extend(texts);
+    paths.push(root.join("tests/data/vocab/ggml-vocab-qwen2.gguf.inp"));
+    let mut sources = Vec::new();
+    files_under(&root.join("rust"), &mut sources);
+    files_under(&root.join("python"), &mut sources);
+    sources.sort();
+    paths.extend(sources);
+    let mut text = Vec::new();
+    while text.len() < megabytes << 20 {
+        for p in &paths {
+            text.extend_from_slice(&std::fs::read(p).expect("read corpus file"));
+            text.push(b'\n');
+            if text.len() >= megabytes << 20 {
+                break;
+            }
+        }
+    }
+    text.truncate(megabytes << 20);
     text
 }
 

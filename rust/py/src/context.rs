@@ -266,6 +266,12 @@ impl PyKv {
     fn seq_pos_min(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.seq_pos_min(seq_id).map_err(to_py) }
     fn seq_pos_max(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.seq_pos_max(seq_id).map_err(to_py) }
     fn clear(&self) -> PyResult<()> { self.ctx.get().lock()?.kv_clear(); Ok(()) }
+    /// Bytes of K/V storage of every layer.
+    #[getter] fn nbytes(&self) -> PyResult<usize> { Ok(self.ctx.get().lock()?.store.bytes()) }
+    /// Cells of each cache: [full] or, for interleaved sliding-window models, [full, sliding].
+    #[getter] fn sizes(&self) -> PyResult<Vec<u32>> {
+        Ok(self.ctx.get().lock()?.caches.iter().map(|c| c.cells.size()).collect())
+    }
     /// Moves cells down to close holes (positions unchanged).
     fn defrag(&self) -> PyResult<()> { self.ctx.get().lock()?.defrag(); Ok(()) }
     #[getter] fn size(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells().size()) }

@@ -20,6 +20,7 @@ from ._core import (
     __version__,
 )
 from . import samplers
+from .llama import Llama, LlamaState
 
 __all__ = [
     "Batch",
@@ -30,6 +31,8 @@ __all__ = [
     "GGUFError",
     "GrammarError",
     "KVCache",
+    "Llama",
+    "LlamaState",
     "Model",
     "StateError",
     "StreamDecoder",

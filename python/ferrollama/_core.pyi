@@ -17,6 +17,9 @@ class StateError(Error): ...
 class BusyError(Error): ...
 class GrammarError(Error): ...
 
+def quantize(rows: npt.NDArray[np.float32], type: str) -> npt.NDArray[np.uint8]:
+    """Rows (n_rows, n_per_row) quantized with llama.cpp's reference quantizer of `type`."""
+
 class TensorInfo:
     name: str
     type: str

@@ -4,6 +4,7 @@
 mod context;
 mod errors;
 mod model;
+mod quantize;
 mod samplers;
 
 use pyo3::prelude::*;
@@ -18,6 +19,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PyKv>()?;
     m.add_class::<model::PyStreamDecoder>()?;
     samplers::register(m)?;
+    m.add_function(wrap_pyfunction!(quantize::quantize, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

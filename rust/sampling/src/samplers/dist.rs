@@ -40,6 +40,9 @@ impl Sampler for Dist {
         }
         c.selected = Some(0);
         if c.data.len() == 1 {
+            // llama.cpp draws anyway, keeping the RNG aligned with backend sampling, so the
+            // tokens that follow depend on it.
+            self.rng.uniform_f64();
             c.data[0].p = 1.0;
             return;
         }
@@ -77,5 +80,24 @@ impl Sampler for Dist {
 
     fn clone_box(&self) -> Box<dyn Sampler> {
         Box::new(self.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_candidate_still_draws() {
+        // after a single-candidate round, the next draw is mt19937(42)'s second value
+        let (mut a, mut b) = (Dist::new(42), Dist::new(42));
+        let mut one = Candidates::from_logits(&[1.0]);
+        a.apply(&mut one);
+        let logits: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin()).collect();
+        let (mut ca, mut cb) = (Candidates::from_logits(&logits), Candidates::from_logits(&logits));
+        a.apply(&mut ca);
+        b.rng.uniform_f64();
+        b.apply(&mut cb);
+        assert_eq!(ca.selected, cb.selected);
     }
 }

@@ -1,0 +1,36 @@
+//! `ferrollama._core.quantize`: the tensor crate's reference quantizers (what llama-quantize
+//! writes), for `ferrollama quantize`.
+
+use ferrollama_tensor::{traits, GgmlType};
+use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::UnsupportedError;
+
+/// Quantizes rows of float32 (shape (n_rows, n_per_row)) to `type` ("Q4_K", "q8_0", ...);
+/// returns uint8 of shape (n_rows, row_bytes).
+#[pyfunction]
+pub fn quantize<'py>(py: Python<'py>, rows: PyReadonlyArray2<'_, f32>, r#type: &str) -> PyResult<Bound<'py, PyArray2<u8>>> {
+    let ty = GgmlType::from_name(r#type).ok_or_else(|| PyValueError::new_err(format!("unknown tensor type {type:?}")))?;
+    let tr = traits(ty).ok_or_else(|| UnsupportedError::new_err(format!("tensor type {ty} is not supported")))?;
+    let quant = tr.from_f32_ref.ok_or_else(|| UnsupportedError::new_err(format!("no quantizer for {ty}")))?;
+    let shape = rows.shape();
+    let (n_rows, n_per_row) = (shape[0], shape[1]);
+    if n_per_row % tr.block_size != 0 {
+        return Err(PyValueError::new_err(format!("{n_per_row} values per row is not a multiple of {ty}'s block size {}", tr.block_size)));
+    }
+    let row_bytes = tr.row_bytes(n_per_row);
+    let src = rows.as_array();
+    let mut out = vec![0u8; n_rows * row_bytes];
+    let mut row = vec![0f32; n_per_row];
+    py.allow_threads(|| {
+        for (r, dst) in out.chunks_exact_mut(row_bytes).enumerate() {
+            for (d, s) in row.iter_mut().zip(src.row(r).iter()) {
+                *d = *s;
+            }
+            quant(&row, dst);
+        }
+    });
+    numpy::PyArray1::from_vec(py, out).reshape([n_rows, row_bytes])
+}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates the benchmark venv: llama-cpp-python 0.3.36 (the reference llama.cpp) built from
-# source by pip, numpy, and ferrollama built from this repository in release mode.
+# source by pip, numpy, and ferrollama built from this repository (release wheel).
 #
 #   benches/setup.sh [--skip-llama-cpp] [--skip-ferrollama] [--rebuild-llama-cpp]
 #
@@ -57,10 +57,15 @@ if [ "$WITH_LLAMA_CPP" = 1 ]; then
 fi
 
 if [ "$WITH_FERROLLAMA" = 1 ]; then
-    echo "building ferrollama (release) into $VENV"
+    # a wheel, not `maturin develop`: an editable install would write the extension into the
+    # repository's python/ferrollama/, which the development venv uses too.
+    echo "building ferrollama (release wheel) and installing it into $VENV"
     "${PIP[@]}" install -q 'maturin>=1.7,<2'
-    (cd "$REPO" && VIRTUAL_ENV="$VENV" "$VENV/bin/maturin" develop --release -q)
-    (cd / && "$VENV/bin/python" -c "import ferrollama; print('ferrollama', ferrollama.__version__)")
+    WHEELS="$(mktemp -d)"
+    (cd "$REPO" && "$VENV/bin/maturin" build --release -q -i "$VENV/bin/python" -o "$WHEELS")
+    "${PIP[@]}" install -q --force-reinstall "$WHEELS"/ferrollama-*.whl
+    rm -rf "$WHEELS"
+    (cd / && "$VENV/bin/python" -c "import ferrollama; print('ferrollama', ferrollama.__version__, ferrollama.__file__)")
 fi
 
 echo "done: $VENV/bin/python benches/compare.py"

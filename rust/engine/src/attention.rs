@@ -30,79 +30,143 @@ pub struct AttnInput<'a> {
     pub softcap: f32,
 }
 
+/// Per-thread buffers, grown to the largest call and then reused.
+#[derive(Default)]
+struct Scratch {
+    /// Queries of the task's heads in the K type's dot type, and as f32.
+    q_bytes: Vec<u8>,
+    q_f32: Vec<f32>,
+    /// Scores, then probabilities, of each head: heads x n_kv.
+    scores: Vec<f32>,
+    /// One cached value row as f32.
+    vbuf: Vec<f32>,
+    /// Per head: a cell's scores, then its probabilities.
+    cell: Vec<f32>,
+}
+
 thread_local! {
-    static SCRATCH: RefCell<(Vec<u8>, Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// out: n_tokens rows of n_head × head_dim_v.
+///
+/// A task is one token and the query heads of one KV head (grouped-query attention shares
+/// each cached key and value among them, so a task reads each cell once); when that leaves
+/// threads idle (few tokens, few KV heads) a task is one head.
 pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
     let hd_v = a.kv.head_dim_v;
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let n_tasks = a.n_tokens * a.n_head;
+    let group = a.n_head / a.n_head_kv;
+    let heads_per_task = if a.n_tokens * a.n_head_kv >= 2 * threads.n_threads() && group <= MAX_GROUP { group } else { 1 };
+    let tasks_per_token = a.n_head / heads_per_task;
     let online = !matches!(a.kv.type_v.ty, GgmlType::F32 | GgmlType::F16);
-    threads.run(n_tasks, |task| {
-        let (t, h) = (task / a.n_head, task % a.n_head);
+    threads.run(a.n_tokens * tasks_per_token, |task| {
+        let (t, h0) = (task / tasks_per_token, (task % tasks_per_token) * heads_per_task);
         let row_len = a.n_head * hd_v;
-        // SAFETY: each (token, head) task writes its own disjoint hd_v-slice of `out`.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * row_len + h * hd_v), hd_v) };
+        // SAFETY: each (token, heads) task writes its own disjoint slice of `out`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * row_len + h0 * hd_v), heads_per_task * hd_v) };
         SCRATCH.with(|s| {
-            let (qbuf, vbuf, scores) = &mut *s.borrow_mut();
+            let s = &mut *s.borrow_mut();
             if online {
-                one_head_online(a, t, h, dst, qbuf, vbuf);
+                for (i, d) in dst.chunks_exact_mut(hd_v).enumerate() {
+                    one_head_online(a, t, h0 + i, d, &mut s.q_bytes, &mut s.vbuf);
+                }
             } else {
-                one_head(a, t, h, dst, qbuf, vbuf, scores);
+                heads(a, t, h0, heads_per_task, dst, s);
             }
         });
     });
 }
 
 /// ggml_soft_max then V·P (llama.cpp without flash attention, the path its records took for
-/// f32 and f16 caches): scores in f32, the softmax sum in f64, the probabilities rounded to
-/// f16 when V is f16 (ggml converts them to V's dot type), the weighted sum in f32.
-fn one_head(a: &AttnInput, t: usize, h: usize, dst: &mut [f32], qbuf: &mut Vec<u8>, vbuf: &mut Vec<f32>, scores: &mut Vec<f32>) {
+/// f32 and f16 caches), for query heads h0..h0 + nh of token t, which share one KV head:
+/// scores in f32, the softmax sum in f64, the probabilities rounded to f16 when V is f16
+/// (ggml converts them to V's dot type), the weighted sum in f32.
+fn heads(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) {
     let kv = a.kv;
-    let (hd_k, hd_v) = (kv.head_dim_k, kv.head_dim_v);
-    let g = h / (a.n_head / a.n_head_kv);
+    let (hd_k, hd_v, n_kv) = (kv.head_dim_k, kv.head_dim_v, a.n_kv);
+    let g = h0 / (a.n_head / a.n_head_kv);
     let layer = &kv.layers[a.layer];
-    query_to_dot_type(a, t, h, qbuf);
-    let mask = &a.mask[t * a.n_kv..(t + 1) * a.n_kv];
-    scores.clear();
-    scores.resize(a.n_kv, f32::NEG_INFINITY);
-    let mut max = f32::NEG_INFINITY;
+    queries_to_dot_type(a, t, h0, nh, s);
+    let mask = &a.mask[t * n_kv..(t + 1) * n_kv];
+    s.scores.clear();
+    s.scores.resize(nh * n_kv, f32::NEG_INFINITY);
+    s.cell.resize(nh, 0.0);
+    let mut max = [f32::NEG_INFINITY; MAX_GROUP];
+    let k_ty = kv.type_k.ty;
+    let batched = matches!(k_ty, GgmlType::F16 | GgmlType::F32);
+    let qrow = s.q_bytes.len() / nh;
     for (j, &mv) in mask.iter().enumerate() {
         if mv == f32::NEG_INFINITY {
             continue;
         }
-        let mut s = (kv.type_k.vec_dot)(hd_k, kv.k_head(layer, j, g), qbuf);
-        if a.softcap > 0.0 {
-            s = a.softcap * (s * a.scale / a.softcap).tanh();
-            scores[j] = s + mv;
+        let k = kv.k_head(layer, j, g);
+        if batched {
+            ferrollama_tensor::attn::dot_queries(k_ty, hd_k, k, &s.q_bytes, &s.q_f32, nh, &mut s.cell);
         } else {
-            scores[j] = s * a.scale + mv;
+            for h in 0..nh {
+                s.cell[h] = (kv.type_k.vec_dot)(hd_k, k, &s.q_bytes[h * qrow..(h + 1) * qrow]);
+            }
         }
-        max = max.max(scores[j]);
+        for h in 0..nh {
+            let v = s.cell[h];
+            let sc = if a.softcap > 0.0 { a.softcap * (v * a.scale / a.softcap).tanh() + mv } else { v * a.scale + mv };
+            s.scores[h * n_kv + j] = sc;
+            max[h] = max[h].max(sc);
+        }
     }
     dst.fill(0.0);
-    if max == f32::NEG_INFINITY {
-        return;
-    }
-    let mut sum = 0.0f64;
-    for s in scores.iter_mut() {
-        *s = if *s == f32::NEG_INFINITY { 0.0 } else { (*s - max).exp() };
-        sum += *s as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    let p_as_f16 = kv.type_v.ty == GgmlType::F16;
-    vbuf.resize(hd_v, 0.0);
-    for (j, &e) in scores.iter().enumerate() {
-        let p = round(e * inv, p_as_f16);
-        if p == 0.0 {
+    let mut inv = [0f32; MAX_GROUP];
+    for h in 0..nh {
+        let row = &mut s.scores[h * n_kv..(h + 1) * n_kv];
+        if max[h] == f32::NEG_INFINITY {
+            // No cell visible: the output stays zero.
+            row.fill(0.0);
             continue;
         }
-        (kv.type_v.to_f32)(kv.v_head(layer, j, g), vbuf);
-        for (o, &v) in dst.iter_mut().zip(vbuf.iter()) {
-            *o += p * v;
+        let mut sum = 0.0f64;
+        for e in row.iter_mut() {
+            *e = if *e == f32::NEG_INFINITY { 0.0 } else { (*e - max[h]).exp() };
+            sum += *e as f64;
         }
+        inv[h] = (1.0 / sum) as f32;
+    }
+    let p_as_f16 = kv.type_v.ty == GgmlType::F16;
+    s.vbuf.resize(hd_v, 0.0);
+    for j in 0..n_kv {
+        let mut any = false;
+        for h in 0..nh {
+            let p = round(s.scores[h * n_kv + j] * inv[h], p_as_f16);
+            s.cell[h] = p;
+            any |= p != 0.0;
+        }
+        if !any {
+            continue;
+        }
+        let vrow = kv.v_head(layer, j, g);
+        if p_as_f16 {
+            ferrollama_tensor::attn::f16_to_f32(vrow, &mut s.vbuf);
+        } else {
+            (kv.type_v.to_f32)(vrow, &mut s.vbuf);
+        }
+        ferrollama_tensor::attn::accumulate(&s.vbuf, &s.cell[..nh], dst);
+    }
+}
+
+/// Query heads per KV head this file handles in one task (more are split into tasks of one).
+const MAX_GROUP: usize = 64;
+
+/// The queries of (token t, heads h0..h0 + nh) in the K cache type's dot-product partner
+/// type, and (for F16 and F32 partners) as f32.
+fn queries_to_dot_type(a: &AttnInput, t: usize, h0: usize, nh: usize, s: &mut Scratch) {
+    let hd_k = a.kv.head_dim_k;
+    let q = &a.q[(t * a.n_head + h0) * hd_k..(t * a.n_head + h0 + nh) * hd_k];
+    let dot_tr = traits(a.kv.type_k.vec_dot_type).expect("vec_dot types are in the table");
+    s.q_bytes.resize(dot_tr.row_bytes(hd_k) * nh, 0);
+    (dot_tr.from_f32.expect("vec_dot types quantize"))(q, &mut s.q_bytes);
+    if matches!(dot_tr.ty, GgmlType::F16 | GgmlType::F32) {
+        s.q_f32.resize(nh * hd_k, 0.0);
+        (dot_tr.to_f32)(&s.q_bytes, &mut s.q_f32);
     }
 }
 

@@ -7,8 +7,10 @@
 //! 32-element blocks, Q8_K for the k-quants, F16 for F16 ...) and then takes integer or
 //! reduced-precision dot products exactly as ggml's `vec_dot` does.
 
+pub mod attn;
 pub mod dispatch;
 pub mod matmul;
+pub mod packed;
 pub mod scalar;
 pub mod simd;
 pub mod threads;

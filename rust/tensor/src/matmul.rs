@@ -3,6 +3,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::packed::{self, KindKernels, PackKind, Packed, PackedActs};
+use crate::traits::{VecDot, VecDotX4};
 use crate::{traits, GgmlType, TensorError, Threads, TypeTraits};
 
 /// The bytes of a weight matrix: a range of a shared buffer (the model file's map) or an
@@ -23,6 +25,9 @@ impl WeightBytes {
 }
 
 /// A row-major matrix of `rows` rows of `cols` elements of type `ty` (ggml's ne0 = cols).
+///
+/// On CPUs with packed kernels (AVX-512 VNNI) the whole 16-row groups of the types that have
+/// them are also kept repacked (`crate::packed`); the products use that copy.
 #[derive(Clone)]
 pub struct QMatrix {
     pub ty: GgmlType,
@@ -30,10 +35,42 @@ pub struct QMatrix {
     pub cols: usize,
     traits: &'static TypeTraits,
     data: WeightBytes,
+    packed: Option<(Arc<Packed>, KindKernels)>,
+    /// The per-row dot product the product computes (see [`QMatrix::row_dot`]).
+    row_dot: VecDot,
+    row_dot_x4: Option<VecDotX4>,
+}
+
+/// llama.cpp's repacking is on (FERROLLAMA_NO_REPACK=1 turns ours off, for comparisons).
+fn repack_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROLLAMA_NO_REPACK").map(|v| v != "1").unwrap_or(true))
+}
+
+/// The dot product llama.cpp's CPU backend uses for each row of a `rows`-row matrix of this
+/// type: on x86 with AVX2 it repacks Q4_0, IQ4_NL and Q4_K matrices whose row count is a
+/// multiple of 8, whose kernels round differently from `vec_dot` (`scalar::repacked`).
+fn llama_row_dot(t: &'static TypeTraits, rows: usize) -> (VecDot, Option<VecDotX4>) {
+    use crate::scalar::repacked as rp;
+    if t.isa < crate::Isa::Avx2 || rows % 8 != 0 {
+        return (t.vec_dot, t.vec_dot_x4);
+    }
+    match t.ty {
+        GgmlType::Q4_0 => (rp::vec_dot_q4_0_q8_0, None),
+        GgmlType::IQ4_NL => (rp::vec_dot_iq4_nl_q8_0, None),
+        GgmlType::Q4_K => (rp::vec_dot_q4_k_q8_k, None),
+        _ => (t.vec_dot, t.vec_dot_x4),
+    }
 }
 
 impl QMatrix {
     pub fn new(ty: GgmlType, rows: usize, cols: usize, data: WeightBytes) -> Result<QMatrix, TensorError> {
+        Self::with_layout(ty, rows, cols, data, repack_enabled())
+    }
+
+    /// A matrix used in place only (`repack` false) or also repacked where this CPU has
+    /// packed kernels for its type (`repack` true, what `new` does): for comparisons.
+    pub fn with_layout(ty: GgmlType, rows: usize, cols: usize, data: WeightBytes, repack: bool) -> Result<QMatrix, TensorError> {
         let traits = traits(ty).ok_or(TensorError::Unsupported(ty))?;
         if cols % traits.block_size != 0 {
             return Err(TensorError::Shape(format!("{cols} columns is not a multiple of {ty}'s block size")));
@@ -44,8 +81,17 @@ impl QMatrix {
                 "{rows}x{cols} {ty} needs {want} bytes, found {}", data.bytes().len()
             )));
         }
-        Ok(QMatrix { ty, rows, cols, traits, data })
+        let packed = PackKind::of(ty)
+            .filter(|k| repack && rows >= packed::GROUP && (!k.one_accumulator() || rows % 8 == 0))
+            .and_then(|kind| packed::kernels(kind).map(|kk| (Arc::new(Packed::new(kind, data.bytes(), rows, cols)), kk)));
+        let (row_dot, row_dot_x4) = llama_row_dot(traits, rows);
+        Ok(QMatrix { ty, rows, cols, traits, data, packed, row_dot, row_dot_x4 })
     }
+    /// The dot product of one weight row with one activation row (of the `vec_dot_type`)
+    /// that the product computes for every output, bit for bit.
+    pub fn row_dot(&self) -> VecDot { self.row_dot }
+    /// True when the products use a repacked copy of the rows.
+    pub fn is_packed(&self) -> bool { self.packed.is_some() }
     pub fn traits(&self) -> &'static TypeTraits { self.traits }
     pub fn row_bytes(&self) -> usize { self.traits.row_bytes(self.cols) }
     pub fn row(&self, r: usize) -> &[u8] {
@@ -62,6 +108,7 @@ impl QMatrix {
 #[derive(Default)]
 pub struct MatmulScratch {
     quantized: Vec<u8>,
+    packed: PackedActs,
 }
 
 /// Tokens per weight-row pass when a four-token kernel exists.
@@ -81,6 +128,15 @@ pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch:
         return;
     }
     let dot_traits = traits(w.traits.vec_dot_type).expect("vec_dot types are in the table");
+    let mut first_plain_row = 0;
+    if let Some((p, kk)) = &w.packed {
+        packed::pack_activations(p.kind.act(), dot_traits, &x[..n_tokens * w.cols], w.cols, n_tokens, &mut scratch.packed, threads);
+        packed::product(p, kk, &scratch.packed, n_tokens, out.as_mut_ptr(), w.rows, threads);
+        first_plain_row = p.n_groups * packed::GROUP;
+        if first_plain_row == w.rows {
+            return;
+        }
+    }
     let xrow = dot_traits.row_bytes(w.cols);
     let activations: &[u8] = if dot_traits.ty == GgmlType::F32 {
         f32_bytes(&x[..n_tokens * w.cols])
@@ -88,11 +144,12 @@ pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch:
         quantize_activations(dot_traits, &x[..n_tokens * w.cols], w.cols, n_tokens, scratch, threads);
         &scratch.quantized[..n_tokens * xrow]
     };
-    let rows_per_task = rows_per_task(w, n_tokens, threads.n_threads());
-    let n_tasks = w.rows.div_ceil(rows_per_task);
+    let plain_rows = w.rows - first_plain_row;
+    let rows_per_task = rows_per_task(w, plain_rows, n_tokens, threads.n_threads());
+    let n_tasks = plain_rows.div_ceil(rows_per_task);
     let out_ptr = SendPtr(out.as_mut_ptr());
     threads.run(n_tasks, |task| {
-        let rows = task * rows_per_task..((task + 1) * rows_per_task).min(w.rows);
+        let rows = first_plain_row + task * rows_per_task..(first_plain_row + (task + 1) * rows_per_task).min(w.rows);
         // SAFETY: tasks own disjoint row ranges, so each (t, r) is written by one task.
         unsafe { rows_product(w, activations, xrow, n_tokens, rows, &out_ptr) };
     });
@@ -134,9 +191,9 @@ fn quantize_activations(dt: &TypeTraits, x: &[f32], cols: usize, n_tokens: usize
 
 /// Rows per task: an even share per thread (so the threads finish together), cut into
 /// a few pieces for load balance when other work shares the cores.
-fn rows_per_task(w: &QMatrix, n_tokens: usize, n_threads: usize) -> usize {
+fn rows_per_task(w: &QMatrix, rows: usize, n_tokens: usize, n_threads: usize) -> usize {
     let pieces = if n_tokens >= TOKEN_TILE { 4 } else { 2 };
-    let share = w.rows.div_ceil(n_threads * pieces);
+    let share = rows.div_ceil(n_threads * pieces);
     let per_chunk = (ROW_CHUNK_BYTES / w.row_bytes().max(1)).max(1);
     let rows = if n_tokens >= TOKEN_TILE { share.min(per_chunk.max(16)) } else { share };
     rows.max(1)
@@ -148,11 +205,10 @@ fn rows_per_task(w: &QMatrix, n_tokens: usize, n_threads: usize) -> usize {
 /// `out` must point to n_tokens * w.rows floats, and no other thread may write the
 /// entries of these rows.
 unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, rows: Range<usize>, out: &SendPtr) {
-    let t = w.traits;
     let (all, rb) = (w.data.bytes(), w.row_bytes());
     let row = |r: usize| &all[r * rb..(r + 1) * rb];
     let mut t0 = 0;
-    if let Some(x4) = t.vec_dot_x4 {
+    if let Some(x4) = w.row_dot_x4 {
         let mut res = [0f32; 4];
         while t0 + TOKEN_TILE <= n_tokens {
             let xs = &act[t0 * xrow..(t0 + TOKEN_TILE) * xrow];
@@ -168,7 +224,7 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
     for tok in t0..n_tokens {
         let xs = &act[tok * xrow..(tok + 1) * xrow];
         for r in rows.clone() {
-            *out.0.add(tok * w.rows + r) = (t.vec_dot)(w.cols, row(r), xs);
+            *out.0.add(tok * w.rows + r) = (w.row_dot)(w.cols, row(r), xs);
         }
     }
 }

@@ -1,6 +1,8 @@
 //! (d) The matrix product over any number of threads equals the single-thread result
-//! exactly, whatever the number of tokens, and each output is the type's vec_dot of its
-//! row with the quantized activation row.
+//! exactly, whatever the number of tokens, and each output is the matrix's row_dot of its
+//! row with the quantized activation row: the type's vec_dot, or for the types llama.cpp
+//! repacks (Q4_0, IQ4_NL, Q4_K with a multiple of 8 rows, on AVX2+) its repacked
+//! arithmetic; packed and plain rows of one matrix agree with it alike.
 
 mod common;
 
@@ -42,11 +44,11 @@ fn threads_and_token_counts_do_not_change_a_single_bit() {
             let alone = product(&m, &x[t * cols..(t + 1) * cols], 1, &pools[1]);
             assert!(alone.iter().zip(&single[t * m.rows..(t + 1) * m.rows]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} token {t}");
         }
-        // And each output is the table's vec_dot of the row with the quantized activation.
+        // And each output is the matrix's row_dot of the row with the quantized activation.
         let tr = tr(ty);
         let xq = quantize(tr.vec_dot_type, &x[3 * cols..4 * cols]);
         for r in [0, 33, 66] {
-            let v = (tr.vec_dot)(cols, m.row(r), &xq);
+            let v = (m.row_dot())(cols, m.row(r), &xq);
             assert_eq!(v.to_bits(), single[3 * m.rows + r].to_bits(), "{ty} row {r}");
         }
     }
@@ -74,4 +76,43 @@ fn shape_mismatches_are_errors() {
     assert!(QMatrix::new(GgmlType::Q4_K, 2, 256, bytes.clone()).is_err());
     assert!(QMatrix::new(GgmlType::Q4_K, 1, 256, bytes).is_ok());
     assert!(QMatrix::new(GgmlType::IQ2_XXS, 1, 256, WeightBytes::Owned(Arc::new(vec![0u8; 66]))).is_err());
+}
+
+/// The repacked products of every packed type equal, bit for bit, the per-row dot products
+/// llama.cpp computes: the 16-row groups (packed kernels, token tiles and single tokens) and
+/// the rows after the last whole group (plain kernels) alike, over 1 and 2 threads.
+#[test]
+fn packed_products_equal_llama_cpp_row_arithmetic() {
+    use ferrollama_tensor::scalar::repacked as rp;
+    let mut rng = Rng::new(23);
+    let pools = [Threads::new(1), Threads::new(2)];
+    let cases: &[(GgmlType, usize)] = &[
+        (GgmlType::Q8_0, 96), (GgmlType::Q5_0, 96), (GgmlType::Q4_0, 64), (GgmlType::IQ4_NL, 64),
+        (GgmlType::Q4_K, 512), (GgmlType::Q6_K, 512),
+    ];
+    for &(ty, cols) in cases {
+        // 56 rows: three packed groups and 8 plain rows (still a multiple of 8).
+        let m = random_matrix(ty, 56, cols, &mut rng);
+        let t = tr(ty);
+        let expected_dot = match ty {
+            GgmlType::Q4_0 if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_q4_0_q8_0,
+            GgmlType::IQ4_NL if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_iq4_nl_q8_0,
+            GgmlType::Q4_K if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_q4_k_q8_k,
+            _ => t.vec_dot,
+        };
+        for n_tokens in [1usize, 2, 3, 5, 9] {
+            let x = rng.vec(n_tokens * cols, 1.0);
+            for pool in &pools {
+                let got = product(&m, &x, n_tokens, pool);
+                for tok in 0..n_tokens {
+                    let xq = quantize(t.vec_dot_type, &x[tok * cols..(tok + 1) * cols]);
+                    for r in 0..m.rows {
+                        let want = expected_dot(cols, m.row(r), &xq);
+                        let g = got[tok * m.rows + r];
+                        assert_eq!(g.to_bits(), want.to_bits(), "{ty} packed={} tokens {n_tokens} token {tok} row {r}: {g} vs {want}", m.is_packed());
+                    }
+                }
+            }
+        }
+    }
 }

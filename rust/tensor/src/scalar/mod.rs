@@ -4,3 +4,4 @@ pub mod float;
 pub mod kquantize;
 pub mod kquants;
 pub mod legacy;
+pub mod repacked;

@@ -10,6 +10,8 @@ use crate::GgmlType;
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
+#[cfg(target_arch = "x86_64")]
+pub mod packed_x86;
 
 /// The SIMD replacements for one type at one instruction-set level.
 #[derive(Default, Clone, Copy)]

@@ -72,3 +72,17 @@ def test_rollback_into_the_dropped_window_is_refused(gemma_model: fl.Model) -> N
     # the context is still usable: start the sequence over
     ctx.kv.seq_rm(0)
     ctx.decode(fl.Batch.from_tokens(tokens[:10]))
+
+
+def test_sliding_cache_holds_a_window_per_sequence(gemma_model: fl.Model) -> None:
+    # 8 sequences of 256 tokens each need 8 windows of sliding cells (found by benches/compare.py
+    # with kv_unified=False, which sized the sliding cache for one sequence).
+    ctx = fl.Context(gemma_model, n_ctx=2048, n_batch=256, n_ubatch=256, n_seq_max=8, kv_unified=False)
+    assert ctx.kv.sizes[1] >= 8 * 256
+    for s in range(8):
+        ctx.decode(fl.Batch.from_tokens([2] + [100 + s] * 200, seq_id=s, logits="none"))
+    b = fl.Batch(8, 8)
+    for s in range(8):
+        b.add(7, 201, [s], True)
+    ctx.decode(b)
+    assert all(ctx.kv.seq_pos_max(s) == 201 for s in range(8))

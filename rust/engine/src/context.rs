@@ -492,7 +492,9 @@ fn build_caches(model: &Model, p: &ContextParams) -> Result<(Vec<Cache>, Vec<usi
     if !hp.has_swa() {
         return Ok((vec![Cache { cells: full, layers: (0..hp.n_layer).collect() }], vec![0; hp.n_layer]));
     }
-    let size = swa_cache_size(n_ctx, hp.n_swa as u32, n_seq, p.kv_unified, p.n_ubatch as u32, p.swa_full);
+    // The cells are one array shared by every sequence (llama.cpp's unified layout) whatever
+    // kv_unified says, so the window must be held for each sequence: size it as unified.
+    let size = swa_cache_size(n_ctx, hp.n_swa as u32, n_seq, true, p.n_ubatch as u32, p.swa_full);
     let swa = KvCells::with_swa(size, n_seq, SwaParams::standard(hp.n_swa as u32)).map_err(kv_arg)?;
     let layer_cache: Vec<usize> = hp.swa_layers.iter().map(|&s| s as usize).collect();
     let layers_of = |c: usize| (0..hp.n_layer).filter(|&il| layer_cache[il] == c).collect();

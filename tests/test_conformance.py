@@ -1,5 +1,9 @@
 """llama.cpp's recorded scenarios, replayed through the Python API with F32 and F16 caches,
-within the tolerances of tests/data/REFERENCE.md."""
+within the tolerances of tests/data/REFERENCE.md.
+
+For the real models the top-1 agreement leaves out the outputs where llama.cpp's own F32-cache
+and F16-cache records name different top tokens (a near-tie llama.cpp resolves both ways: one
+output of gemma3-context-shift, 0.008 nats apart); the KL divergence still counts them."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +15,8 @@ ENGINE_SPINE = ("forward-", "incremental", "ubatch-split", "qwen2-text")
 KV_CACHE = ("multi-seq-batch", "shared-prefix-keep", "seq-cp-diverge", "seq-rm-regenerate", "seq-rm-middle",
             "seq-div", "seq-add-free", "ring-wrap", "clear-reuse", "context-shift", "self-extend",
             "qwen2-context-shift")
-NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE)
+GEMMA3 = ("gemma3-",)
+NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3)
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
@@ -28,6 +33,8 @@ def test_scenario(name: str, cache_type: str) -> None:
 
 def test_every_spine_and_kv_scenario_is_collected() -> None:
     # The families the issues name must all be present in tests/data.
-    for prefix in ENGINE_SPINE + KV_CACHE:
+    for prefix in ENGINE_SPINE + KV_CACHE + GEMMA3:
         assert any(n.startswith(prefix) for n in NAMES), prefix
     assert len([n for n in NAMES if n.startswith("forward-")]) == 15
+    assert len([n for n in NAMES if n.startswith("gemma3-")]) == 6
+    assert len(NAMES) == 39  # every recorded scenario

@@ -48,12 +48,21 @@ def stable_text(case: dict) -> tuple[str, bool]:
 
 
 def test_greedy_text_is_llama_cpp_s_qwen():
-    for case in greedy_cases("qwen2.5-coder-0.5b"):
+    """`generate -p "def is_prime(n):\\n" -n 32 --temp 0` prints llama.cpp's text exactly (the
+    record has no near-tie); other records agree up to their first near-tie ("The capital of
+    France is" has a 0.008 margin at its third token)."""
+    cases = greedy_cases("qwen2.5-coder-0.5b")
+    assert cases[0]["prompt"] == "def is_prime(n):\n" and stable_text(cases[0])[1]
+    for case in cases:
         prompt = case["prompt"].replace("\n", "\\n")   # as typed on a command line; -p processes escapes
         r = ferrollama("generate", "-m", model_path(QWEN), "-p", prompt, "-n", len(case["generated_tokens"]),
                        "--temp", "0", "-c", case["context"]["n_ctx"])
         assert r.returncode == 0, r.stderr
-        assert r.stdout == case["prompt"] + case["text"] + "\n"
+        text, complete = stable_text(case)
+        if complete:
+            assert r.stdout == case["prompt"] + case["text"] + "\n"
+        else:
+            assert r.stdout.startswith(case["prompt"] + text), case["prompt"]
 
 
 def test_greedy_text_is_llama_cpp_s_gemma():

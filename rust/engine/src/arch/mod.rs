@@ -1,5 +1,6 @@
 //! The architectures: one file each, written against the shared ops, and one table row each.
 
+mod blocks;
 pub mod gemma3;
 pub mod llama;
 

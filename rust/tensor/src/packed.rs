@@ -469,13 +469,21 @@ pub struct KernelArgs {
 /// Computes rows [16 g, 16 g + 16) for tokens [t0, t0 + T).
 pub type GroupKernel = unsafe fn(a: &KernelArgs, g: usize, t0: usize);
 
-/// The kernels of one kind: (tokens per call, kernel) for the main tiles, and one token.
+/// Computes rows [16 g, 16 g + 16) for tokens [t0, t1), decoding the group once.
+pub type GroupManyKernel = unsafe fn(a: &KernelArgs, g: usize, t0: usize, t1: usize);
+
+/// The kernels of one kind: (tokens per call, kernel) for the main tiles, one token, and
+/// optionally a kernel for many tokens that decodes the group once into a buffer.
 #[derive(Clone, Copy)]
 pub struct KindKernels {
     pub tile: usize,
     pub tiled: GroupKernel,
     pub single: GroupKernel,
+    pub many: Option<GroupManyKernel>,
 }
+
+/// Tokens from which a task decodes a group once rather than per token tile.
+const MANY_TOKENS: usize = 8;
 
 /// The packed kernels of this CPU for a kind, if it has them (AVX-512 VNNI).
 pub fn kernels(kind: PackKind) -> Option<KindKernels> {
@@ -534,6 +542,10 @@ pub fn product(p: &Packed, kk: &KindKernels, acts: &PackedActs, n_tokens: usize,
             // SAFETY: every (group, token) output block is written by exactly one task; the
             // kernel reads the packed group g and token rows t..t+T, all in bounds.
             unsafe {
+                if let Some(many) = kk.many.filter(|_| t_end - t_start >= MANY_TOKENS) {
+                    many(a, g, t_start, t_end);
+                    continue;
+                }
                 while t + kk.tile <= t_end {
                     (kk.tiled)(a, g, t);
                     t += kk.tile;

@@ -24,13 +24,24 @@ unsafe fn at(a: &KernelArgs, base: *const u8, b: usize, i: usize) -> *const u8 {
 /// The kernels for `kind`, with their token tile.
 pub fn kernels(kind: PackKind) -> KindKernels {
     match kind {
-        PackKind::Q8_0 => KindKernels { tile: 2, tiled: legacy_lanes::<0, 2>, single: legacy_lanes::<0, 1> },
-        PackKind::Q5_0 => KindKernels { tile: 2, tiled: legacy_lanes::<1, 2>, single: legacy_lanes::<1, 1> },
-        PackKind::Q4_0 => KindKernels { tile: 4, tiled: legacy_block::<0, 4>, single: legacy_block::<0, 1> },
-        PackKind::Iq4Nl => KindKernels { tile: 4, tiled: legacy_block::<1, 4>, single: legacy_block::<1, 1> },
-        PackKind::Q4K => KindKernels { tile: 4, tiled: q4_k::<4>, single: q4_k::<1> },
-        PackKind::Q6K => KindKernels { tile: 2, tiled: q6_k::<2>, single: q6_k::<1> },
+        PackKind::Q8_0 => KindKernels { tile: 2, tiled: legacy_lanes::<0, 2>, single: legacy_lanes::<0, 1>, many: None },
+        PackKind::Q5_0 => KindKernels { tile: 2, tiled: legacy_lanes::<1, 2>, single: legacy_lanes::<1, 1>, many: Some(q5_0_many) },
+        PackKind::Q4_0 => KindKernels { tile: 4, tiled: legacy_block::<0, 4>, single: legacy_block::<0, 1>, many: None },
+        PackKind::Iq4Nl => KindKernels { tile: 4, tiled: legacy_block::<1, 4>, single: legacy_block::<1, 1>, many: None },
+        PackKind::Q4K => KindKernels { tile: 4, tiled: q4_k::<4>, single: q4_k::<1>, many: None },
+        PackKind::Q6K => KindKernels { tile: 2, tiled: q6_k::<2>, single: q6_k::<1>, many: Some(q6_k_many) },
     }
+}
+
+/// VPDPWSSD (acc + pairwise i16 products), written out because LLVM otherwise splits it
+/// into VPMADDWD + VPADDD on generic targets (one more instruction in the Q6_K inner loop).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
+unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut r = acc;
+    std::arch::asm!("vpdpwssd {r}, {a}, {b}", r = inout(zmm_reg) r, a = in(zmm_reg) a, b = in(zmm_reg) b,
+                    options(pure, nomem, nostack, preserves_flags));
+    r
 }
 
 #[inline(always)]
@@ -82,29 +93,72 @@ unsafe fn nibbles(v: __m512i, high: bool) -> __m512i {
     if high { _mm512_and_si512(_mm512_srli_epi16(v, 4), m4) } else { _mm512_and_si512(v, m4) }
 }
 
-/// Q8_0 (KIND 0) and Q5_0 (KIND 1): eight lane accumulators per output (ggml's vec_dot).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
-unsafe fn legacy_lanes<const KIND: u8, const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
-    let base = a.w.add(g * a.group_bytes);
+/// The weights of one 16-row group as the lane kernels read them: per block, 16 f16 scales
+/// and eight 64-byte vectors of unsigned weights (lane l: bytes 4l..4l+3 of every row).
+trait LaneWeights {
+    unsafe fn scales(&self, b: usize) -> *const u8;
+    unsafe fn lane(&self, b: usize, l: usize) -> __m512i;
+}
+
+/// A packed Q8_0 group (weights stored + 128).
+struct PackedQ8<'a> {
+    a: &'a KernelArgs,
+    base: *const u8,
+}
+
+impl LaneWeights for PackedQ8<'_> {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> *const u8 { at(self.a, self.base, b, 0) }
+    #[inline(always)]
+    unsafe fn lane(&self, b: usize, l: usize) -> __m512i { load(at(self.a, self.base, b, 1).add(l * 64)) }
+}
+
+/// A packed Q5_0 group, decoded on the fly to q + 16 (0..31).
+struct PackedQ5<'a> {
+    a: &'a KernelArgs,
+    base: *const u8,
+}
+
+impl LaneWeights for PackedQ5<'_> {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> *const u8 { at(self.a, self.base, b, 0) }
+    #[inline(always)]
+    unsafe fn lane(&self, b: usize, l: usize) -> __m512i {
+        let nib = nibbles(load(at(self.a, self.base, b, 1).add((l & 3) * 64)), l >= 4);
+        let bits = std::ptr::read_unaligned(at(self.a, self.base, b, 2).add(l * 8) as *const u64);
+        _mm512_mask_add_epi8(nib, bits, nib, _mm512_set1_epi8(16))
+    }
+}
+
+/// A group decoded once into a buffer (scales: nb x 32 bytes, weights: nb x 512 bytes), for
+/// products over many tokens: the decoding is then paid once per group, not per token pair.
+struct Expanded {
+    d: *const u8,
+    w: *const u8,
+}
+
+impl LaneWeights for Expanded {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> *const u8 { self.d.add(b * 32) }
+    #[inline(always)]
+    unsafe fn lane(&self, b: usize, l: usize) -> __m512i { load(self.w.add(b * 512 + l * 64)) }
+}
+
+/// Eight lane accumulators per output (ggml's vec_dot for Q8_0 and Q5_0).
+#[inline(always)]
+unsafe fn lanes<W: LaneWeights, const T: usize>(w: &W, a: &KernelArgs, g: usize, t0: usize) {
     let mut acc = [[_mm512_setzero_ps(); 8]; T];
     for b in 0..a.nb {
-        let (dp, qp, hp) = (at(a, base, b, 0), at(a, base, b, 1), at(a, base, b, 2));
-        let dw = scales16(dp);
+        let dw = scales16(w.scales(b));
         let mut ds = [_mm512_setzero_ps(); T];
         for t in 0..T {
             ds[t] = _mm512_mul_ps(dw, act_d(a, t0 + t, b));
         }
         for l in 0..8 {
-            let w = if KIND == 0 {
-                load(qp.add(l * 64))
-            } else {
-                let nib = nibbles(load(qp.add((l & 3) * 64)), l >= 4);
-                let bits = std::ptr::read_unaligned(hp.add(l * 8) as *const u64);
-                _mm512_mask_add_epi8(nib, bits, nib, _mm512_set1_epi8(16))
-            };
+            let wl = w.lane(b, l);
             for t in 0..T {
                 let init = _mm512_set1_epi32(aux(a, t0 + t, b, l));
-                let s = _mm512_dpbusd_epi32(init, w, act4(a, t0 + t, b * 32 + 4 * l));
+                let s = _mm512_dpbusd_epi32(init, wl, act4(a, t0 + t, b * 32 + 4 * l));
                 acc[t][l] = _mm512_fmadd_ps(ds[t], _mm512_cvtepi32_ps(s), acc[t][l]);
             }
         }
@@ -112,6 +166,54 @@ unsafe fn legacy_lanes<const KIND: u8, const T: usize>(a: &KernelArgs, g: usize,
     for t in 0..T {
         store(a, g, t0 + t, hsum8(&acc[t]));
     }
+}
+
+/// Q8_0 (KIND 0) and Q5_0 (KIND 1) straight from the packed group.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
+unsafe fn legacy_lanes<const KIND: u8, const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    if KIND == 0 {
+        lanes::<_, T>(&PackedQ8 { a, base }, a, g, t0)
+    } else {
+        lanes::<_, T>(&PackedQ5 { a, base }, a, g, t0)
+    }
+}
+
+thread_local! {
+    /// Per-thread buffer for decoded groups.
+    static EXPANDED: std::cell::RefCell<Vec<__m512i>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Q5_0 over tokens t0..t1: the group is decoded once into a buffer, then the token pairs
+/// run the Q8_0 kernel over it (same integers, same float operations).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
+unsafe fn q5_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    let src = PackedQ5 { a, base };
+    EXPANDED.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let lines = a.nb * (32 + 512) / 64 + 1;
+        if buf.len() < lines {
+            buf.resize(lines, _mm512_setzero_si512());
+        }
+        let d = buf.as_mut_ptr() as *mut u8;
+        let w = d.add((a.nb * 32).div_ceil(64) * 64);
+        for b in 0..a.nb {
+            std::ptr::copy_nonoverlapping(src.scales(b), d.add(b * 32), 32);
+            for l in 0..8 {
+                _mm512_storeu_si512(w.add(b * 512 + l * 64) as *mut __m512i, src.lane(b, l));
+            }
+        }
+        let e = Expanded { d, w };
+        let mut t = t0;
+        while t + 2 <= t1 {
+            lanes::<_, 2>(&e, a, g, t);
+            t += 2;
+        }
+        if t < t1 {
+            lanes::<_, 1>(&e, a, g, t);
+        }
+    });
 }
 
 /// Q4_0 (KIND 0) and IQ4_NL (KIND 1): one accumulator per output (llama.cpp's repack).
@@ -189,15 +291,125 @@ unsafe fn q4_k<const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
     }
 }
 
+/// The weights of one 16-row Q6_K group as its kernel reads them: per super-block the 16 f16
+/// scales, the 8-bit group scales as pairs [pair 8][row 16][2], and the 6-bit weights of
+/// chunk k (32 elements 128h + 32k..) lane l as 16 rows x 4 unsigned bytes.
+trait Q6Weights {
+    unsafe fn d(&self, b: usize) -> *const u8;
+    unsafe fn scales(&self, b: usize) -> *const u8;
+    unsafe fn chunk(&self, b: usize, h: usize, k: usize, l: usize) -> __m512i;
+}
+
+struct PackedQ6<'a> {
+    a: &'a KernelArgs,
+    base: *const u8,
+}
+
+impl Q6Weights for PackedQ6<'_> {
+    #[inline(always)]
+    unsafe fn d(&self, b: usize) -> *const u8 { at(self.a, self.base, b, 0) }
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> *const u8 { at(self.a, self.base, b, 1) }
+    #[inline(always)]
+    unsafe fn chunk(&self, b: usize, h: usize, k: usize, l: usize) -> __m512i {
+        let q = at(self.a, self.base, b, 2).add((h * 8 + l) * 192);
+        let ql = load(q.add(64 * (k % 2)));
+        let qh = load(q.add(128));
+        let lo = nibbles(ql, k >= 2);
+        let hb = match k {
+            0 => _mm512_slli_epi16(qh, 4),
+            1 => _mm512_slli_epi16(qh, 2),
+            2 => qh,
+            _ => _mm512_srli_epi16(qh, 2),
+        };
+        _mm512_or_si512(lo, _mm512_and_si512(hb, _mm512_set1_epi8(0x30)))
+    }
+}
+
+/// A Q6_K group decoded into a buffer: per super-block 32 + 256 + 4096 bytes.
+struct ExpandedQ6 {
+    p: *const u8,
+}
+
+const Q6_EXPANDED: usize = 32 + 256 + 4096;
+
+impl Q6Weights for ExpandedQ6 {
+    #[inline(always)]
+    unsafe fn d(&self, b: usize) -> *const u8 { self.p.add(b * Q6_EXPANDED) }
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> *const u8 { self.p.add(b * Q6_EXPANDED + 32) }
+    #[inline(always)]
+    unsafe fn chunk(&self, b: usize, h: usize, k: usize, l: usize) -> __m512i {
+        load(self.p.add(b * Q6_EXPANDED + 288 + ((h * 4 + k) * 8 + l) * 64))
+    }
+}
+
 /// Q6_K: eight lane accumulators per output, updated once per super-block (ggml's vec_dot).
+/// Lane by lane, so that a lane's integer sums stay in registers over its eight chunks.
+#[inline(always)]
+unsafe fn q6_lanes<W: Q6Weights, const T: usize>(w: &W, a: &KernelArgs, g: usize, t0: usize) {
+    let mut acc = [[_mm512_setzero_ps(); 8]; T];
+    // Byte shuffles duplicating the first (lo) or second (hi) i16 of each dword.
+    let (a0, a1, a2, a3) = (0x0100_0100, 0x0504_0504, 0x0908_0908, 0x0d0c_0d0c);
+    let (b0, b1, b2, b3) = (0x0302_0302, 0x0706_0706, 0x0b0a_0b0a, 0x0f0e_0f0e);
+    let dup = [
+        _mm512_setr_epi32(a0, a1, a2, a3, a0, a1, a2, a3, a0, a1, a2, a3, a0, a1, a2, a3),
+        _mm512_setr_epi32(b0, b1, b2, b3, b0, b1, b2, b3, b0, b1, b2, b3, b0, b1, b2, b3),
+    ];
+    for b in 0..a.nb {
+        let sp = w.scales(b);
+        let dw = scales16(w.d(b));
+        let mut d = [_mm512_setzero_ps(); T];
+        for t in 0..T {
+            d[t] = _mm512_mul_ps(act_d(a, t0 + t, b), dw);
+        }
+        for e in 0..2 {
+            // Lanes 4e..4e+4 use the scale of group 8h + 2k + e in chunk (h, k): each row's
+            // scale twice as i16, for VPDPWSSD.
+            let mut sc = [_mm512_setzero_si512(); 8];
+            for (c, v) in sc.iter_mut().enumerate() {
+                let pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256(sp.add(c * 32) as *const __m256i));
+                *v = _mm512_shuffle_epi8(pairs, dup[e]);
+            }
+            for l in 4 * e..4 * e + 4 {
+                // The lane starts at -32 * (bsum[2l] * sc[2l] + bsum[2l+1] * sc[2l+1]).
+                let pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256(sp.add(l * 32) as *const __m256i));
+                let mut isum = [_mm512_setzero_si512(); T];
+                for t in 0..T {
+                    let c = _mm512_dpwssd_epi32(_mm512_setzero_si512(), pairs, _mm512_set1_epi32(aux(a, t0 + t, b, l)));
+                    isum[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(c, 5));
+                }
+                for h in 0..2 {
+                    for k in 0..4 {
+                        let wk = w.chunk(b, h, k, l);
+                        for t in 0..T {
+                            // Pairs of products (at most 2 * 63 * 127: no saturation), then
+                            // the row's scale times their sum.
+                            let p = _mm512_maddubs_epi16(wk, act4(a, t0 + t, b * 256 + 128 * h + 32 * k + 4 * l));
+                            isum[t] = dpwssd(isum[t], p, sc[4 * h + k]);
+                        }
+                    }
+                }
+                for t in 0..T {
+                    acc[t][l] = _mm512_fmadd_ps(d[t], _mm512_cvtepi32_ps(isum[t]), acc[t][l]);
+                }
+            }
+        }
+    }
+    for t in 0..T {
+        store(a, g, t0 + t, hsum8(&acc[t]));
+    }
+}
+
+/// Q6_K straight from the packed group, reading it in address order (one token streams the
+/// weights from memory: the order matters to the prefetchers, and T = 1 leaves registers
+/// for all eight lane sums).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
 unsafe fn q6_k<const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
-    let base = a.w.add(g * a.group_bytes);
+    let w = PackedQ6 { a, base: a.w.add(g * a.group_bytes) };
     let mut acc = [[_mm512_setzero_ps(); 8]; T];
-    let m4 = _mm512_set1_epi8(0x0f);
-    let m30 = _mm512_set1_epi8(0x30);
     for b in 0..a.nb {
-        let (dp, sp, qp) = (at(a, base, b, 0), at(a, base, b, 1), at(a, base, b, 2));
+        let sp = w.scales(b);
         // Lane l starts at -32 * (bsum[2l] * sc[2l] + bsum[2l+1] * sc[2l+1]) (the -32 offset).
         let mut isum = [[_mm512_setzero_si512(); 8]; T];
         for l in 0..8 {
@@ -215,26 +427,16 @@ unsafe fn q6_k<const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
                 sc[k] = [_mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16), _mm512_srai_epi32(pairs, 16)];
             }
             for l in 0..8 {
-                let q = qp.add((h * 8 + l) * 192);
-                let (ql0, ql1, qh) = (load(q), load(q.add(64)), load(q.add(128)));
                 for k in 0..4 {
-                    let ql = if k % 2 == 0 { ql0 } else { ql1 };
-                    let lo = if k < 2 { _mm512_and_si512(ql, m4) } else { _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) };
-                    let hb = match k {
-                        0 => _mm512_slli_epi16(qh, 4),
-                        1 => _mm512_slli_epi16(qh, 2),
-                        2 => qh,
-                        _ => _mm512_srli_epi16(qh, 2),
-                    };
-                    let w = _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
+                    let wk = w.chunk(b, h, k, l);
                     for t in 0..T {
-                        let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, act4(a, t0 + t, b * 256 + 128 * h + 32 * k + 4 * l));
+                        let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wk, act4(a, t0 + t, b * 256 + 128 * h + 32 * k + 4 * l));
                         isum[t][l] = _mm512_add_epi32(isum[t][l], _mm512_mullo_epi32(p, sc[k][l / 4]));
                     }
                 }
             }
         }
-        let dw = scales16(dp);
+        let dw = scales16(w.d(b));
         for t in 0..T {
             let d = _mm512_mul_ps(act_d(a, t0 + t, b), dw);
             for l in 0..8 {
@@ -245,4 +447,39 @@ unsafe fn q6_k<const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
     for t in 0..T {
         store(a, g, t0 + t, hsum8(&acc[t]));
     }
+}
+
+/// Q6_K over tokens t0..t1 with the group decoded once.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
+unsafe fn q6_k_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    let src = PackedQ6 { a, base: a.w.add(g * a.group_bytes) };
+    EXPANDED.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let lines = (a.nb * Q6_EXPANDED).div_ceil(64);
+        if buf.len() < lines {
+            buf.resize(lines, _mm512_setzero_si512());
+        }
+        let p = buf.as_mut_ptr() as *mut u8;
+        for b in 0..a.nb {
+            let e = p.add(b * Q6_EXPANDED);
+            std::ptr::copy_nonoverlapping(src.d(b), e, 32);
+            std::ptr::copy_nonoverlapping(src.scales(b), e.add(32), 256);
+            for h in 0..2 {
+                for k in 0..4 {
+                    for l in 0..8 {
+                        _mm512_storeu_si512(e.add(288 + ((h * 4 + k) * 8 + l) * 64) as *mut __m512i, src.chunk(b, h, k, l));
+                    }
+                }
+            }
+        }
+        let e = ExpandedQ6 { p };
+        let mut t = t0;
+        while t + 2 <= t1 {
+            q6_lanes::<_, 2>(&e, a, g, t);
+            t += 2;
+        }
+        if t < t1 {
+            q6_lanes::<_, 1>(&e, a, g, t);
+        }
+    });
 }

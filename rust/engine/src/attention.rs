@@ -6,6 +6,12 @@
 //! outputs (measured: with it the q8_0 model's logits match the F16-cache records exactly,
 //! while the flash-attention arithmetic is 0.075 off); for a quantized V cache, which llama.cpp
 //! only allows with flash attention, the online-softmax kernel.
+//!
+//! On AVX-512 machines the f32/f16 path runs `ferrollama_tensor::attn::attend`, which repeats
+//! llama.cpp's operations in llama.cpp's order (vec_dot or tinyBLAS summation depending on the
+//! micro-batch size, ggml_v_expf, the chunked f64 softmax sum): with it the Q4_0, IQ4_NL,
+//! IQ4_XS, Q5_0, Q6_K and Q8_0 tiny models match the F32-cache records to the last printed
+//! digit, and Q4_0, IQ4_XS, Q3_K and Q8_0 the F16-cache records too.
 
 use std::cell::RefCell;
 
@@ -33,6 +39,8 @@ pub struct AttnInput<'a> {
 /// Per-thread buffers, grown to the largest call and then reused.
 #[derive(Default)]
 struct Scratch {
+    /// The buffers of the exact AVX-512 kernel.
+    exact: ferrollama_tensor::attn::AttnScratch,
     /// Queries of the task's heads in the K type's dot type, and as f32.
     q_bytes: Vec<u8>,
     q_f32: Vec<f32>,
@@ -40,8 +48,6 @@ struct Scratch {
     scores: Vec<f32>,
     /// One cached value row as f32.
     vbuf: Vec<f32>,
-    /// Per head: a cell's scores, then its probabilities.
-    cell: Vec<f32>,
 }
 
 thread_local! {
@@ -79,10 +85,52 @@ pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
 }
 
 /// ggml_soft_max then V·P (llama.cpp without flash attention, the path its records took for
-/// f32 and f16 caches), for query heads h0..h0 + nh of token t, which share one KV head:
-/// scores in f32, the softmax sum in f64, the probabilities rounded to f16 when V is f16
-/// (ggml converts them to V's dot type), the weighted sum in f32.
+/// f32 and f16 caches), for query heads h0..h0 + nh of token t, which share one KV head.
+///
+/// On AVX-512 machines `attn::attend` reproduces llama.cpp's arithmetic there operation for
+/// operation: the orders of the dot products depend on whether the micro-batch has one token
+/// (ggml's vec_dot) or several (llamafile's tinyBLAS for F16 operands and for V·P).
+/// Elsewhere (and with soft-capping) `heads_portable` computes the same formulas in a
+/// simpler order.
 fn heads(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) {
+    use ferrollama_tensor::attn::{attend, DotOrder, Heads};
+    let kv = a.kv;
+    let (hd_k, hd_v, n_kv) = (kv.head_dim_k, kv.head_dim_v, a.n_kv);
+    let g = h0 / (a.n_head / a.n_head_kv);
+    let layer = &kv.layers[a.layer];
+    let batch = a.n_tokens >= 2;
+    let k_f16 = kv.type_k.ty == GgmlType::F16;
+    let h = Heads {
+        k_type: kv.type_k.ty,
+        v_type: kv.type_v.ty,
+        k: &layer.k,
+        k_stride: kv.k_row_bytes(),
+        k_offset: g * kv.type_k.row_bytes(hd_k),
+        v: &layer.v,
+        v_stride: kv.v_row_bytes(),
+        v_offset: g * kv.type_v.row_bytes(hd_v),
+        head_dim_k: hd_k,
+        head_dim_v: hd_v,
+        n_kv,
+        q: &a.q[(t * a.n_head + h0) * hd_k..(t * a.n_head + h0 + nh) * hd_k],
+        n_q: nh,
+        mask: &a.mask[t * n_kv..(t + 1) * n_kv],
+        scale: a.scale,
+        // F32 queries stay non-contiguous in llama.cpp's graph, so K·Q with an F32 cache
+        // never reaches tinyBLAS; V·P does for either type.
+        order_kq: if k_f16 && batch { DotOrder::TinyBlas } else { DotOrder::VecDot },
+        order_vp: if batch { DotOrder::TinyBlas } else { DotOrder::VecDot },
+    };
+    if a.softcap == 0.0 && h.supported() {
+        attend(&h, dst, &mut s.exact);
+    } else {
+        heads_portable(a, t, h0, nh, dst, s);
+    }
+}
+
+/// The softmax and weighted sum with each dot product from the type table's `vec_dot`,
+/// the softmax sum in f64 and the weighted sum in cell order.
+fn heads_portable(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) {
     let kv = a.kv;
     let (hd_k, hd_v, n_kv) = (kv.head_dim_k, kv.head_dim_v, a.n_kv);
     let g = h0 / (a.n_head / a.n_head_kv);
@@ -91,25 +139,15 @@ fn heads(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut
     let mask = &a.mask[t * n_kv..(t + 1) * n_kv];
     s.scores.clear();
     s.scores.resize(nh * n_kv, f32::NEG_INFINITY);
-    s.cell.resize(nh, 0.0);
     let mut max = [f32::NEG_INFINITY; MAX_GROUP];
-    let k_ty = kv.type_k.ty;
-    let batched = matches!(k_ty, GgmlType::F16 | GgmlType::F32);
     let qrow = s.q_bytes.len() / nh;
     for (j, &mv) in mask.iter().enumerate() {
         if mv == f32::NEG_INFINITY {
             continue;
         }
         let k = kv.k_head(layer, j, g);
-        if batched {
-            ferrollama_tensor::attn::dot_queries(k_ty, hd_k, k, &s.q_bytes, &s.q_f32, nh, &mut s.cell);
-        } else {
-            for h in 0..nh {
-                s.cell[h] = (kv.type_k.vec_dot)(hd_k, k, &s.q_bytes[h * qrow..(h + 1) * qrow]);
-            }
-        }
         for h in 0..nh {
-            let v = s.cell[h];
+            let v = (kv.type_k.vec_dot)(hd_k, k, &s.q_bytes[h * qrow..(h + 1) * qrow]);
             let sc = if a.softcap > 0.0 { a.softcap * (v * a.scale / a.softcap).tanh() + mv } else { v * a.scale + mv };
             s.scores[h * n_kv + j] = sc;
             max[h] = max[h].max(sc);
@@ -134,22 +172,21 @@ fn heads(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut
     let p_as_f16 = kv.type_v.ty == GgmlType::F16;
     s.vbuf.resize(hd_v, 0.0);
     for j in 0..n_kv {
-        let mut any = false;
+        let vrow = kv.v_head(layer, j, g);
+        let mut converted = false;
         for h in 0..nh {
             let p = round(s.scores[h * n_kv + j] * inv[h], p_as_f16);
-            s.cell[h] = p;
-            any |= p != 0.0;
+            if p == 0.0 {
+                continue;
+            }
+            if !converted {
+                (kv.type_v.to_f32)(vrow, &mut s.vbuf);
+                converted = true;
+            }
+            for (o, &v) in dst[h * hd_v..(h + 1) * hd_v].iter_mut().zip(&s.vbuf) {
+                *o += p * v;
+            }
         }
-        if !any {
-            continue;
-        }
-        let vrow = kv.v_head(layer, j, g);
-        if p_as_f16 {
-            ferrollama_tensor::attn::f16_to_f32(vrow, &mut s.vbuf);
-        } else {
-            (kv.type_v.to_f32)(vrow, &mut s.vbuf);
-        }
-        ferrollama_tensor::attn::accumulate(&s.vbuf, &s.cell[..nh], dst);
     }
 }
 

@@ -1,37 +1,438 @@
-//! Row kernels for attention over an F16 or F32 cache: the scores of one cached key against
-//! several queries (the heads sharing a KV head), f16 to f32 conversion of cached values,
-//! and the probability-weighted accumulation of a value row into several outputs.
+//! Attention over an F16 or F32 cache with the arithmetic of llama.cpp's CPU backend on an
+//! AVX-512 machine (no flash attention: `mul_mat(K, Q)`, `soft_max_ext`, `mul_mat(V, P)`):
 //!
-//! `dot_queries` returns, bit for bit, what the table's `vec_dot` of the cache type returns
-//! for each query (on AVX-512 it inlines the same arithmetic and loads the key once for all
-//! queries; elsewhere it calls `vec_dot`), so attention can batch heads without changing a
-//! score.
+//! - the query is rounded to the K type (f16) before the scores;
+//! - a dot product is summed the way the matrix product that computes it sums: one token
+//!   (`DotOrder::VecDot`: ggml_vec_dot_f16/f32, four 16-lane accumulators over 64-element
+//!   steps added as (a0 + a2) + (a1 + a3)) or a prompt batch with F16 operands
+//!   (`DotOrder::TinyBlas`: llamafile's tinyBLAS, one 16-lane accumulator); the 16 lanes are
+//!   then added in the tree of GCC's `_mm512_reduce_add_ps`;
+//! - the softmax is ggml_soft_max: scores times the scale plus the mask, exponentials by
+//!   `ggml_v_expf` over 16 cells at a time, their sum in f64 of each 16-cell lane sum,
+//!   multiplied by (float)(1 / sum); probabilities rounded to f16 for an F16 V;
+//! - the weighted sum over cells is again a dot product (over cells) in one of the orders.
+//!
+//! `attend` is the AVX-512 kernel; `attend_reference` computes the same numbers one operation
+//! at a time (the specification, and the test of the kernel).
 
 use crate::dispatch::{active_isa, Isa};
-use crate::{traits, GgmlType};
+use crate::util::{f16_to_f32 as half_to_f32, f32_to_f16};
+use crate::GgmlType;
 
-/// Scores of key row `k` (n elements of `ty`, F16 or F32) against `n_q` queries: `out[h]`
-/// is `traits(ty).vec_dot(n, k, q_bytes[h])`. The queries are given twice, as rows of `ty`
-/// (`q_bytes`, n_q rows) and as their f32 values (`q_f32`, n_q rows of n).
-pub fn dot_queries(ty: GgmlType, n: usize, k: &[u8], q_bytes: &[u8], q_f32: &[f32], n_q: usize, out: &mut [f32]) {
-    let t = traits(ty).expect("cache types are in the table");
-    let rb = t.row_bytes(n);
-    assert!(k.len() >= rb && q_bytes.len() >= n_q * rb && q_f32.len() >= n_q * n && out.len() >= n_q);
+/// How a dot product's terms are summed (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DotOrder {
+    VecDot,
+    TinyBlas,
+}
+
+/// The query heads of one token that share one cached KV head, and the cache they attend to.
+pub struct Heads<'a> {
+    /// F16 or F32.
+    pub k_type: GgmlType,
+    pub v_type: GgmlType,
+    /// The layer's cached keys: cell j's head starts at k[j * k_stride + k_offset].
+    pub k: &'a [u8],
+    pub k_stride: usize,
+    pub k_offset: usize,
+    pub v: &'a [u8],
+    pub v_stride: usize,
+    pub v_offset: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    pub n_kv: usize,
+    /// n_q rows of head_dim_k query values.
+    pub q: &'a [f32],
+    pub n_q: usize,
+    /// n_kv entries, 0 or -inf.
+    pub mask: &'a [f32],
+    pub scale: f32,
+    /// The order of the scores' dot products and of the weighted sum's.
+    pub order_kq: DotOrder,
+    pub order_vp: DotOrder,
+}
+
+impl Heads<'_> {
+    /// True when `attend` handles this call (the shapes the exact orders are defined for, on
+    /// an AVX-512 machine); otherwise the caller uses its own path.
+    pub fn supported(&self) -> bool {
+        let dims_ok = |d: usize| d > 0 && d % 64 == 0;
+        active_isa() == Isa::Avx512
+            && matches!(self.k_type, GgmlType::F16 | GgmlType::F32)
+            && matches!(self.v_type, GgmlType::F16 | GgmlType::F32)
+            && dims_ok(self.head_dim_k)
+            && dims_ok(self.head_dim_v)
+            && self.n_kv % 64 == 0
+            && self.n_q > 0
+            && self.mask.len() >= self.n_kv
+            && self.q.len() >= self.n_q * self.head_dim_k
+            && self.cache_in_bounds()
+    }
+
+    fn cache_in_bounds(&self) -> bool {
+        let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
+        let last = self.n_kv.saturating_sub(1);
+        let k_end = last * self.k_stride + self.k_offset + self.head_dim_k * es(self.k_type);
+        let v_end = last * self.v_stride + self.v_offset + self.head_dim_v * es(self.v_type);
+        self.k.len() >= k_end && self.v.len() >= v_end
+    }
+
+    fn sets(&self) -> usize {
+        match self.order_vp {
+            DotOrder::VecDot => 64,
+            DotOrder::TinyBlas => 16,
+        }
+    }
+}
+
+/// Buffers `attend` reuses: grown to the largest call, never shrunk.
+#[derive(Default)]
+pub struct AttnScratch {
+    q: Vec<f32>,
+    w: Vec<f32>,
+    row: Vec<f32>,
+    sets: Vec<f32>,
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// out (n_q rows of head_dim_v) = softmax(scale * K·q + mask) · V for each query. Requires
+/// `h.supported()`. A query with no visible cell gets zeros.
+pub fn attend(h: &Heads, out: &mut [f32], s: &mut AttnScratch) {
+    assert!(h.supported() && out.len() >= h.n_q * h.head_dim_v, "unsupported attention call");
     #[cfg(target_arch = "x86_64")]
-    {
-        if active_isa() == Isa::Avx512 && n % 64 == 0 {
-            // SAFETY: lengths checked above; AVX-512 checked by the dispatch.
-            unsafe {
-                match ty {
-                    GgmlType::F16 => return x86::dot_f16(n, k.as_ptr(), q_f32.as_ptr(), n_q, out.as_mut_ptr()),
-                    GgmlType::F32 => return x86::dot_f32(n, k.as_ptr(), q_f32.as_ptr(), n_q, out.as_mut_ptr()),
-                    _ => {}
+    // SAFETY: shapes and bounds checked by `supported`; AVX-512 by the dispatch.
+    unsafe {
+        x86::attend(h, out, s)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    attend_reference(h, out, s)
+}
+
+// ------------------------------------------------------------------ the specification
+
+/// GCC's `_mm512_reduce_add_ps`: ((x8 + x0) ... ) as a tree of halves.
+pub fn reduce16(x: &[f32; 16]) -> f32 {
+    let mut t = [0f32; 8];
+    for i in 0..8 {
+        t[i] = x[8 + i] + x[i];
+    }
+    let mut u = [0f32; 4];
+    for i in 0..4 {
+        u[i] = t[4 + i] + t[i];
+    }
+    (u[0] + u[2]) + (u[1] + u[3])
+}
+
+fn fma(a: f32, b: f32, c: f32) -> f32 {
+    a.mul_add(b, c)
+}
+
+/// One dot product of n terms x[i] * y[i] in `order`.
+pub fn dot_reference(order: DotOrder, x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len();
+    match order {
+        DotOrder::TinyBlas => {
+            let mut acc = [0f32; 16];
+            for c in (0..n).step_by(16) {
+                for k in 0..16 {
+                    acc[k] = fma(x[c + k], y[c + k], acc[k]);
+                }
+            }
+            reduce16(&acc)
+        }
+        DotOrder::VecDot => {
+            let mut acc = [[0f32; 16]; 4];
+            for c in (0..n).step_by(64) {
+                for j in 0..4 {
+                    for k in 0..16 {
+                        acc[j][k] = fma(x[c + 16 * j + k], y[c + 16 * j + k], acc[j][k]);
+                    }
+                }
+            }
+            let mut x0 = [0f32; 16];
+            for k in 0..16 {
+                x0[k] = (acc[0][k] + acc[2][k]) + (acc[1][k] + acc[3][k]);
+            }
+            reduce16(&x0)
+        }
+    }
+}
+
+/// ggml_v_expf (AVX-512 version), one lane.
+pub fn expf_reference(x: f32) -> f32 {
+    let c = |b: u32| f32::from_bits(b);
+    let r = c(0x4b40_0000);
+    let z = fma(x, c(0x3fb8_aa3b), r);
+    let n = z - r;
+    // fnmadd(a, b, c) = -(a * b) + c, rounded once.
+    let b = fma(-n, c(0x35bf_be8e), fma(-n, c(0x3f31_7200), x));
+    let u = b * b;
+    let j = fma(
+        fma(fma(c(0x3c07_2010), b, c(0x3d2b_9f17)), u, fma(c(0x3e2a_af33), b, c(0x3eff_fedb))),
+        u,
+        fma(c(0x3f7f_fff6), b, 1.0),
+    );
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // scalef: j * 2^n, rounded once (exact in f64, then rounded to f32).
+    (j as f64 * 2f64.powi(n as i32)) as f32
+}
+
+fn row_f32(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
+    match ty {
+        GgmlType::F16 => (0..n).map(|i| half_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]))).collect(),
+        _ => (0..n).map(|i| f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"))).collect(),
+    }
+}
+
+fn round_f16(x: f32) -> f32 {
+    half_to_f32(f32_to_f16(x))
+}
+
+/// `attend`, one operation at a time.
+pub fn attend_reference(h: &Heads, out: &mut [f32], _s: &mut AttnScratch) {
+    let (dk, dv, n_kv) = (h.head_dim_k, h.head_dim_v, h.n_kv);
+    let key = |j: usize| row_f32(h.k_type, &h.k[j * h.k_stride + h.k_offset..], dk);
+    let value = |j: usize| row_f32(h.v_type, &h.v[j * h.v_stride + h.v_offset..], dv);
+    for qi in 0..h.n_q {
+        let q: Vec<f32> = h.q[qi * dk..(qi + 1) * dk].iter().map(|&v| if h.k_type == GgmlType::F16 { round_f16(v) } else { v }).collect();
+        let mut w = vec![f32::NEG_INFINITY; n_kv];
+        for (j, wj) in w.iter_mut().enumerate() {
+            if h.mask[j] != f32::NEG_INFINITY {
+                *wj = dot_reference(h.order_kq, &key(j), &q) * h.scale + h.mask[j];
+            }
+        }
+        let o = &mut out[qi * dv..(qi + 1) * dv];
+        o.fill(0.0);
+        let max = w.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        if max == f32::NEG_INFINITY {
+            continue;
+        }
+        let mut sum = 0f64;
+        for c in (0..n_kv).step_by(16) {
+            let mut e = [0f32; 16];
+            for k in 0..16 {
+                e[k] = expf_reference(w[c + k] - max);
+                w[c + k] = e[k];
+            }
+            sum += reduce16(&e) as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        let p: Vec<f32> = w.iter().map(|&e| if h.v_type == GgmlType::F16 { round_f16(e * inv) } else { e * inv }).collect();
+        let vt: Vec<Vec<f32>> = (0..n_kv).map(value).collect();
+        for (d, od) in o.iter_mut().enumerate() {
+            let col: Vec<f32> = vt.iter().map(|v| v[d]).collect();
+            *od = dot_reference(h.order_vp, &col, &p);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{grow, AttnScratch, DotOrder, Heads};
+    use crate::GgmlType;
+
+    /// Lane-wise GCC `_mm512_reduce_add_ps` of one vector, as a scalar.
+    #[inline(always)]
+    unsafe fn reduce16(x: __m512) -> f32 {
+        let hi = _mm512_extractf32x8_ps::<1>(x);
+        let lo = _mm512_castps512_ps256(x);
+        let t = _mm256_add_ps(hi, lo);
+        let u = _mm_add_ps(_mm256_extractf128_ps::<1>(t), _mm256_castps256_ps128(t));
+        let v = _mm_add_ps(u, _mm_shuffle_ps::<0b01_00_11_10>(u, u));
+        _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)))
+    }
+
+    /// ggml_v_expf (AVX-512).
+    #[inline(always)]
+    unsafe fn expf(x: __m512) -> __m512 {
+        let c = |b: u32| _mm512_set1_ps(f32::from_bits(b));
+        let r = c(0x4b40_0000);
+        let z = _mm512_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(n, c(0x35bf_be8e), _mm512_fnmadd_ps(n, c(0x3f31_7200), x));
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(_mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)), u, _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb))),
+            u,
+            _mm512_fmadd_ps(c(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        if d == 0 {
+            return res;
+        }
+        let zero = _mm512_setzero_ps();
+        let alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero), _mm512_set1_ps(f32::INFINITY), zero);
+        _mm512_mask_blend_ps(d, res, alt)
+    }
+
+    /// 16 values of a cached row (F16 or F32) as f32.
+    #[inline(always)]
+    unsafe fn load16(ty: GgmlType, p: *const u8, i: usize) -> __m512 {
+        if ty == GgmlType::F16 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i) as *const __m256i))
+        } else {
+            _mm512_loadu_ps((p as *const f32).add(i))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
+    pub unsafe fn attend(h: &Heads, out: &mut [f32], s: &mut AttnScratch) {
+        let (dk, dv, n_kv, nq) = (h.head_dim_k, h.head_dim_v, h.n_kv, h.n_q);
+        // Queries in the K type's precision.
+        let q = grow(&mut s.q, nq * dk);
+        for (d, &x) in q.iter_mut().zip(&h.q[..nq * dk]) {
+            *d = if h.k_type == GgmlType::F16 { crate::util::f16_to_f32(crate::util::f32_to_f16(x)) } else { x };
+        }
+        let q = q.as_ptr();
+        let w = grow(&mut s.w, nq * n_kv).as_mut_ptr();
+        // Scores, scaled and masked: w[qi][j].
+        for j in 0..n_kv {
+            let m = *h.mask.get_unchecked(j);
+            if m == f32::NEG_INFINITY {
+                for qi in 0..nq {
+                    *w.add(qi * n_kv + j) = f32::NEG_INFINITY;
+                }
+                continue;
+            }
+            let k = h.k.as_ptr().add(j * h.k_stride + h.k_offset);
+            for qi in 0..nq {
+                let sc = score(h.order_kq, h.k_type, k, q.add(qi * dk), dk);
+                *w.add(qi * n_kv + j) = sc * h.scale + m;
+            }
+        }
+        // Softmax rows; probabilities in place.
+        let mut any_row = false;
+        for qi in 0..nq {
+            any_row |= softmax(w.add(qi * n_kv), n_kv, h.v_type == GgmlType::F16);
+        }
+        let sets = h.sets();
+        let acc = grow(&mut s.sets, nq * sets * dv);
+        acc.fill(0.0);
+        let acc = acc.as_mut_ptr();
+        if any_row {
+            let vbuf = grow(&mut s.row, dv).as_mut_ptr();
+            for j in 0..n_kv {
+                let mut any = false;
+                for qi in 0..nq {
+                    any |= *w.add(qi * n_kv + j) != 0.0;
+                }
+                if !any {
+                    continue;
+                }
+                let vrow = h.v.as_ptr().add(j * h.v_stride + h.v_offset);
+                for i in (0..dv).step_by(16) {
+                    _mm512_storeu_ps(vbuf.add(i), load16(h.v_type, vrow, i));
+                }
+                let r = j % sets;
+                for qi in 0..nq {
+                    let p = *w.add(qi * n_kv + j);
+                    if p == 0.0 {
+                        continue;
+                    }
+                    let pv = _mm512_set1_ps(p);
+                    let a = acc.add((qi * sets + r) * dv);
+                    for i in (0..dv).step_by(16) {
+                        _mm512_storeu_ps(a.add(i), _mm512_fmadd_ps(_mm512_loadu_ps(vbuf.add(i)), pv, _mm512_loadu_ps(a.add(i))));
+                    }
                 }
             }
         }
+        for qi in 0..nq {
+            let o = out.as_mut_ptr().add(qi * dv);
+            let a = acc.add(qi * sets * dv);
+            for i in (0..dv).step_by(16) {
+                let set = |r: usize| _mm512_loadu_ps(a.add(r * dv + i));
+                // The lanes of the dot product over cells, then GCC's reduce tree, lane-wise.
+                let mut x = [_mm512_setzero_ps(); 16];
+                for (k, xk) in x.iter_mut().enumerate() {
+                    *xk = if sets == 64 {
+                        _mm512_add_ps(_mm512_add_ps(set(k), set(32 + k)), _mm512_add_ps(set(16 + k), set(48 + k)))
+                    } else {
+                        set(k)
+                    };
+                }
+                _mm512_storeu_ps(o.add(i), reduce16_lanes(&x));
+            }
+        }
     }
-    for h in 0..n_q {
-        out[h] = (t.vec_dot)(n, k, &q_bytes[h * rb..(h + 1) * rb]);
+
+    /// The reduce tree of `reduce16` applied to 16 vectors lane by lane.
+    #[inline(always)]
+    unsafe fn reduce16_lanes(x: &[__m512; 16]) -> __m512 {
+        let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(x[8 + i], x[i]));
+        let u: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t[4 + i], t[i]));
+        _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]))
+    }
+
+    /// One score: the key row (F16 or F32) against a query (f32 values), in `order`.
+    #[inline(always)]
+    unsafe fn score(order: DotOrder, ty: GgmlType, k: *const u8, q: *const f32, n: usize) -> f32 {
+        match order {
+            DotOrder::TinyBlas => {
+                let mut acc = _mm512_setzero_ps();
+                for c in (0..n).step_by(16) {
+                    acc = _mm512_fmadd_ps(load16(ty, k, c), _mm512_loadu_ps(q.add(c)), acc);
+                }
+                reduce16(acc)
+            }
+            DotOrder::VecDot => {
+                let mut acc = [_mm512_setzero_ps(); 4];
+                for c in (0..n).step_by(64) {
+                    for j in 0..4 {
+                        acc[j] = _mm512_fmadd_ps(load16(ty, k, c + 16 * j), _mm512_loadu_ps(q.add(c + 16 * j)), acc[j]);
+                    }
+                }
+                reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])))
+            }
+        }
+    }
+
+    /// ggml_soft_max of one row in place (probabilities rounded to f16 when `as_f16`);
+    /// false (and zeros) when every cell is masked.
+    #[inline(always)]
+    unsafe fn softmax(w: *mut f32, n: usize, as_f16: bool) -> bool {
+        let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+        for c in (0..n).step_by(16) {
+            m = _mm512_max_ps(m, _mm512_loadu_ps(w.add(c)));
+        }
+        let max = _mm512_reduce_max_ps(m);
+        if max == f32::NEG_INFINITY {
+            for c in (0..n).step_by(16) {
+                _mm512_storeu_ps(w.add(c), _mm512_setzero_ps());
+            }
+            return false;
+        }
+        let mv = _mm512_set1_ps(max);
+        let mut sum = 0f64;
+        for c in (0..n).step_by(16) {
+            let x = _mm512_loadu_ps(w.add(c));
+            if _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(x, _mm512_set1_ps(f32::NEG_INFINITY)) == 0 {
+                // Every cell masked: exponentials 0, lane sum 0.
+                _mm512_storeu_ps(w.add(c), _mm512_setzero_ps());
+                continue;
+            }
+            let e = expf(_mm512_sub_ps(x, mv));
+            _mm512_storeu_ps(w.add(c), e);
+            sum += reduce16(e) as f64;
+        }
+        let inv = _mm512_set1_ps((1.0 / sum) as f32);
+        for c in (0..n).step_by(16) {
+            let p = _mm512_mul_ps(_mm512_loadu_ps(w.add(c)), inv);
+            let p = if as_f16 { _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(p)) } else { p };
+            _mm512_storeu_ps(w.add(c), p);
+        }
+        true
     }
 }
 
@@ -43,88 +444,16 @@ pub fn f16_to_f32(src: &[u8], dst: &mut [f32]) {
     {
         if active_isa() >= Isa::Avx2 {
             // SAFETY: lengths checked above; F16C is part of the Avx2 level.
-            unsafe { x86::f16_to_f32(n, src.as_ptr(), dst.as_mut_ptr()) };
+            unsafe { convert::f16_to_f32(n, src.as_ptr(), dst.as_mut_ptr()) };
             return;
         }
     }
     crate::scalar::float::f16_to_f32_row(&src[..2 * n], dst);
 }
 
-/// `acc[h * n + i] = acc[h * n + i] + p[h] * v[i]` (the product rounded, then the sum: the
-/// arithmetic of a sequential weighted sum) for every query h with p[h] != 0.
-pub fn accumulate(v: &[f32], p: &[f32], acc: &mut [f32]) {
-    let n = v.len();
-    assert!(acc.len() >= p.len() * n);
-    #[cfg(target_arch = "x86_64")]
-    {
-        if active_isa() == Isa::Avx512 {
-            for (h, &ph) in p.iter().enumerate() {
-                if ph != 0.0 {
-                    // SAFETY: lengths checked above; AVX-512 checked by the dispatch.
-                    unsafe { x86::axpy(n, ph, v.as_ptr(), acc.as_mut_ptr().add(h * n)) };
-                }
-            }
-            return;
-        }
-    }
-    for (h, &ph) in p.iter().enumerate() {
-        if ph != 0.0 {
-            for (o, &x) in acc[h * n..(h + 1) * n].iter_mut().zip(v) {
-                *o += ph * x;
-            }
-        }
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+mod convert {
     use std::arch::x86_64::*;
-
-    /// avx512::f16 of the table (four 16-lane accumulators over 64-element steps, then
-    /// `_mm512_reduce_add_ps` of their sum), the key converted once for all queries.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn dot_f16(n: usize, k: *const u8, q: *const f32, n_q: usize, out: *mut f32) {
-        if n == 64 {
-            let kv = [0, 1, 2, 3].map(|j| _mm512_cvtph_ps(_mm256_loadu_si256(k.add(32 * j) as *const __m256i)));
-            for h in 0..n_q {
-                let qh = q.add(h * n);
-                let acc = [0, 1, 2, 3].map(|j| _mm512_fmadd_ps(kv[j], _mm512_loadu_ps(qh.add(16 * j)), _mm512_setzero_ps()));
-                *out.add(h) = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-            }
-            return;
-        }
-        for h in 0..n_q {
-            let qh = q.add(h * n);
-            let mut acc = [_mm512_setzero_ps(); 4];
-            let mut i = 0;
-            while i + 64 <= n {
-                for j in 0..4 {
-                    let a = _mm512_cvtph_ps(_mm256_loadu_si256(k.add(2 * (i + 16 * j)) as *const __m256i));
-                    acc[j] = _mm512_fmadd_ps(a, _mm512_loadu_ps(qh.add(i + 16 * j)), acc[j]);
-                }
-                i += 64;
-            }
-            *out.add(h) = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-        }
-    }
-
-    /// avx512::f32 of the table, for several queries.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn dot_f32(n: usize, k: *const u8, q: *const f32, n_q: usize, out: *mut f32) {
-        let k = k as *const f32;
-        for h in 0..n_q {
-            let qh = q.add(h * n);
-            let mut acc = [_mm512_setzero_ps(); 4];
-            let mut i = 0;
-            while i + 64 <= n {
-                for j in 0..4 {
-                    acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(k.add(i + 16 * j)), _mm512_loadu_ps(qh.add(i + 16 * j)), acc[j]);
-                }
-                i += 64;
-            }
-            *out.add(h) = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-        }
-    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn f16_to_f32(n: usize, src: *const u8, dst: *mut f32) {
@@ -138,80 +467,71 @@ mod x86 {
             i += 1;
         }
     }
-
-    /// acc[i] = acc[i] + p * v[i], product and sum rounded separately.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn axpy(n: usize, p: f32, v: *const f32, acc: *mut f32) {
-        let pv = _mm512_set1_ps(p);
-        let mut i = 0;
-        while i + 16 <= n {
-            let prod = _mm512_mul_ps(pv, _mm512_loadu_ps(v.add(i)));
-            _mm512_storeu_ps(acc.add(i), _mm512_add_ps(_mm512_loadu_ps(acc.add(i)), prod));
-            i += 16;
-        }
-        while i < n {
-            *acc.add(i) += p * *v.add(i);
-            i += 1;
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> f32 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        }
     }
 
-    #[test]
-    fn batched_scores_equal_vec_dot_bit_for_bit() {
-        let mut seed = 5u64;
-        for ty in [GgmlType::F16, GgmlType::F32] {
-            let t = traits(ty).unwrap();
-            for n in [64usize, 128, 256, 96] {
-                let n_q = 7;
-                let kf: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
-                let qf: Vec<f32> = (0..n * n_q).map(|_| lcg(&mut seed)).collect();
-                let mut k = vec![0u8; t.row_bytes(n)];
-                (t.from_f32.unwrap())(&kf, &mut k);
-                let mut qb = vec![0u8; t.row_bytes(n) * n_q];
-                (t.from_f32.unwrap())(&qf, &mut qb);
-                let mut q32 = vec![0f32; n * n_q];
-                (t.to_f32)(&qb, &mut q32);
-                let mut out = vec![0f32; n_q];
-                dot_queries(ty, n, &k, &qb, &q32, n_q, &mut out);
-                for h in 0..n_q {
-                    let want = (t.vec_dot)(n, &k, &qb[h * t.row_bytes(n)..(h + 1) * t.row_bytes(n)]);
-                    assert_eq!(out[h].to_bits(), want.to_bits(), "{ty} n {n} query {h}");
-                }
-            }
+    fn cache(ty: GgmlType, vals: &[f32]) -> Vec<u8> {
+        match ty {
+            GgmlType::F16 => vals.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()).collect(),
+            _ => vals.iter().flat_map(|&v| v.to_le_bytes()).collect(),
         }
     }
 
     #[test]
-    fn conversion_and_accumulation_match_scalar() {
-        let mut seed = 9u64;
-        let n = 80;
-        let vf: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
-        let mut vb = vec![0u8; 2 * n];
-        crate::scalar::float::f16_from_f32(&vf, &mut vb);
-        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-        f16_to_f32(&vb, &mut a);
-        crate::scalar::float::f16_to_f32_row(&vb, &mut b);
-        assert_eq!(a, b);
-        let p = [0.25f32, 0.0, 0.3];
-        let mut acc: Vec<f32> = (0..3 * n).map(|_| lcg(&mut seed)).collect();
-        let mut want = acc.clone();
-        accumulate(&a, &p, &mut acc);
-        for h in 0..3 {
-            for i in 0..n {
-                if p[h] != 0.0 {
-                    want[h * n + i] += p[h] * a[i];
+    fn the_expf_port_is_close_to_libm_and_handles_the_limits() {
+        for i in -2000..2000 {
+            let x = i as f32 * 0.0437;
+            let (a, b) = (expf_reference(x), x.exp());
+            assert!((a - b).abs() <= b * 3e-7, "{x}: {a} vs {b}");
+        }
+        assert_eq!(expf_reference(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf_reference(-1000.0), 0.0);
+        assert_eq!(expf_reference(0.0), 1.0);
+    }
+
+    #[test]
+    fn kernel_equals_the_reference_bit_for_bit() {
+        if active_isa() != Isa::Avx512 {
+            eprintln!("no AVX-512: attend is not used on this CPU");
+            return;
+        }
+        let mut rng = Lcg(3);
+        for (kt, vt) in [(GgmlType::F16, GgmlType::F16), (GgmlType::F32, GgmlType::F32), (GgmlType::F16, GgmlType::F32)] {
+            for (dk, dv, n_kv, nq) in [(64, 64, 256, 7), (256, 256, 128, 4), (128, 64, 64, 1)] {
+                for (okq, ovp) in [(DotOrder::VecDot, DotOrder::VecDot), (DotOrder::TinyBlas, DotOrder::TinyBlas)] {
+                    let n_head_kv = 2;
+                    let kvals: Vec<f32> = (0..n_kv * n_head_kv * dk).map(|_| rng.next()).collect();
+                    let vvals: Vec<f32> = (0..n_kv * n_head_kv * dv).map(|_| rng.next()).collect();
+                    let (k, v) = (cache(kt, &kvals), cache(vt, &vvals));
+                    let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
+                    let q: Vec<f32> = (0..nq * dk).map(|_| rng.next()).collect();
+                    // Causal-like mask with a masked prefix and a visible middle.
+                    let mask: Vec<f32> = (0..n_kv).map(|j| if j % 5 == 3 || j > n_kv - 9 { f32::NEG_INFINITY } else { 0.0 }).collect();
+                    let h = Heads {
+                        k_type: kt, v_type: vt, k: &k, k_stride: n_head_kv * dk * es(kt), k_offset: dk * es(kt),
+                        v: &v, v_stride: n_head_kv * dv * es(vt), v_offset: dv * es(vt), head_dim_k: dk, head_dim_v: dv,
+                        n_kv, q: &q, n_q: nq, mask: &mask, scale: 0.125, order_kq: okq, order_vp: ovp,
+                    };
+                    let mut s = AttnScratch::default();
+                    let (mut a, mut b) = (vec![0f32; nq * dv], vec![0f32; nq * dv]);
+                    attend(&h, &mut a, &mut s);
+                    attend_reference(&h, &mut b, &mut s);
+                    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                        assert_eq!(x.to_bits(), y.to_bits(), "{kt}/{vt} {dk}x{dv} n_kv {n_kv} {okq:?} output {i}: {x} vs {y}");
+                    }
                 }
             }
         }
-        assert!(acc.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()));
     }
 }

@@ -56,50 +56,67 @@ thread_local! {
 
 /// out: n_tokens rows of n_head × head_dim_v.
 ///
-/// A task is one token and the query heads of one KV head (grouped-query attention shares
-/// each cached key and value among them, so a task reads each cell once); when that leaves
-/// threads idle (few tokens, few KV heads) a task is one head.
+/// A task is a block of tokens and the query heads of one KV head (grouped-query attention
+/// shares each cached key and value among them, and the exact kernel converts each cached row
+/// once per task); when that leaves threads idle (few tokens, few KV heads) a task is one
+/// token and one head.
 pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
     let hd_v = a.kv.head_dim_v;
     let out_ptr = OutPtr(out.as_mut_ptr());
     let group = a.n_head / a.n_head_kv;
-    let heads_per_task = if a.n_tokens * a.n_head_kv >= 2 * threads.n_threads() && group <= MAX_GROUP { group } else { 1 };
-    let tasks_per_token = a.n_head / heads_per_task;
+    let n_threads = threads.n_threads();
+    let by_group = a.n_tokens * a.n_head_kv >= 2 * n_threads && group <= MAX_GROUP;
+    let heads_per_task = if by_group { group } else { 1 };
+    // Token blocks: at least four tasks per thread, at most MAX_TOKENS tokens each.
+    let tokens_per_task = if by_group { (a.n_tokens * a.n_head_kv / (4 * n_threads)).clamp(1, TOKENS_PER_TASK) } else { 1 };
+    let n_blocks = a.n_tokens.div_ceil(tokens_per_task);
+    let groups = a.n_head / heads_per_task;
     let online = !matches!(a.kv.type_v.ty, GgmlType::F32 | GgmlType::F16);
-    threads.run(a.n_tokens * tasks_per_token, |task| {
-        let (t, h0) = (task / tasks_per_token, (task % tasks_per_token) * heads_per_task);
+    threads.run(n_blocks * groups, |task| {
+        let (block, h0) = (task / groups, (task % groups) * heads_per_task);
+        let tokens = block * tokens_per_task..((block + 1) * tokens_per_task).min(a.n_tokens);
         let row_len = a.n_head * hd_v;
-        // SAFETY: each (token, heads) task writes its own disjoint slice of `out`.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * row_len + h0 * hd_v), heads_per_task * hd_v) };
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
-            if online {
-                for (i, d) in dst.chunks_exact_mut(hd_v).enumerate() {
-                    one_head_online(a, t, h0 + i, d, &mut s.q_bytes, &mut s.vbuf);
+            if !online && exact_heads(a, tokens.clone(), h0, heads_per_task, &out_ptr, s) {
+                return;
+            }
+            for t in tokens {
+                // SAFETY: each (token, heads) pair belongs to one task: a disjoint slice of `out`.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * row_len + h0 * hd_v), heads_per_task * hd_v) };
+                if online {
+                    for (i, d) in dst.chunks_exact_mut(hd_v).enumerate() {
+                        one_head_online(a, t, h0 + i, d, &mut s.q_bytes, &mut s.vbuf);
+                    }
+                } else {
+                    heads_portable(a, t, h0, heads_per_task, dst, s);
                 }
-            } else {
-                heads(a, t, h0, heads_per_task, dst, s);
             }
         });
     });
 }
 
-/// ggml_soft_max then V·P (llama.cpp without flash attention, the path its records took for
-/// f32 and f16 caches), for query heads h0..h0 + nh of token t, which share one KV head.
+/// Tokens per task at most (the exact kernel's limit is larger).
+const TOKENS_PER_TASK: usize = 16;
+
+/// ggml_soft_max then V·P for query heads h0..h0 + nh of `tokens`, through the exact AVX-512
+/// kernel; false (nothing written) when it does not apply here.
 ///
-/// On AVX-512 machines `attn::attend` reproduces llama.cpp's arithmetic there operation for
-/// operation: the orders of the dot products depend on whether the micro-batch has one token
-/// (ggml's vec_dot) or several (llamafile's tinyBLAS for F16 operands and for V·P).
-/// Elsewhere (and with soft-capping) `heads_portable` computes the same formulas in a
-/// simpler order.
-fn heads(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) {
-    use ferrollama_tensor::attn::{attend, DotOrder, Heads};
+/// `attn::attend` reproduces llama.cpp's non-flash arithmetic operation for operation: the
+/// orders of the dot products depend on whether the micro-batch has one token (ggml's
+/// vec_dot) or several (llamafile's tinyBLAS for F16 operands and for V·P).
+fn exact_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usize, out: &OutPtr, s: &mut Scratch) -> bool {
+    use ferrollama_tensor::attn::{attend_raw, DotOrder, Heads};
+    if a.softcap != 0.0 || tokens.is_empty() {
+        return false;
+    }
     let kv = a.kv;
     let (hd_k, hd_v, n_kv) = (kv.head_dim_k, kv.head_dim_v, a.n_kv);
     let g = h0 / (a.n_head / a.n_head_kv);
     let layer = &kv.layers[a.layer];
     let batch = a.n_tokens >= 2;
     let k_f16 = kv.type_k.ty == GgmlType::F16;
+    let t0 = tokens.start;
     let h = Heads {
         k_type: kv.type_k.ty,
         v_type: kv.type_v.ty,
@@ -112,24 +129,31 @@ fn heads(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut
         head_dim_k: hd_k,
         head_dim_v: hd_v,
         n_kv,
-        q: &a.q[(t * a.n_head + h0) * hd_k..(t * a.n_head + h0 + nh) * hd_k],
+        q: &a.q[(t0 * a.n_head + h0) * hd_k..],
+        q_stride: a.n_head * hd_k,
         n_q: nh,
-        mask: &a.mask[t * n_kv..(t + 1) * n_kv],
+        n_t: tokens.len(),
+        mask: &a.mask[t0 * n_kv..],
+        mask_stride: n_kv,
+        out_stride: a.n_head * hd_v,
         scale: a.scale,
         // F32 queries stay non-contiguous in llama.cpp's graph, so K·Q with an F32 cache
         // never reaches tinyBLAS; V·P does for either type.
         order_kq: if k_f16 && batch { DotOrder::TinyBlas } else { DotOrder::VecDot },
         order_vp: if batch { DotOrder::TinyBlas } else { DotOrder::VecDot },
     };
-    if a.softcap == 0.0 && h.supported() {
-        attend(&h, dst, &mut s.exact);
-    } else {
-        heads_portable(a, t, h0, nh, dst, s);
+    if !h.supported() {
+        return false;
     }
+    // SAFETY: the task owns heads h0..h0 + nh of these tokens' rows of `out`.
+    unsafe { attend_raw(&h, out.get().add((t0 * a.n_head + h0) * hd_v), &mut s.exact) };
+    true
 }
 
-/// The softmax and weighted sum with each dot product from the type table's `vec_dot`,
-/// the softmax sum in f64 and the weighted sum in cell order.
+/// ggml_soft_max then V·P (llama.cpp without flash attention, the path its records took for
+/// f32 and f16 caches) for query heads h0..h0 + nh of token t, which share one KV head, where
+/// the exact kernel does not apply: each dot product from the type table's `vec_dot`, the
+/// softmax sum in f64, the weighted sum in cell order.
 fn heads_portable(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) {
     let kv = a.kv;
     let (hd_k, hd_v, n_kv) = (kv.head_dim_k, kv.head_dim_v, a.n_kv);

@@ -26,7 +26,9 @@ pub enum DotOrder {
     TinyBlas,
 }
 
-/// The query heads of one token that share one cached KV head, and the cache they attend to.
+/// The query heads that share one cached KV head, for a few tokens, and the cache they
+/// attend to. Query (token t, head i) is q[t * q_stride + i * head_dim_k ..]; its output goes
+/// to out[t * out_stride + i * head_dim_v ..].
 pub struct Heads<'a> {
     /// F16 or F32.
     pub k_type: GgmlType,
@@ -41,11 +43,16 @@ pub struct Heads<'a> {
     pub head_dim_k: usize,
     pub head_dim_v: usize,
     pub n_kv: usize,
-    /// n_q rows of head_dim_k query values.
     pub q: &'a [f32],
+    pub q_stride: usize,
+    /// Heads per token.
     pub n_q: usize,
-    /// n_kv entries, 0 or -inf.
+    /// Tokens.
+    pub n_t: usize,
+    /// n_t rows of n_kv entries (0 or -inf), row t at mask[t * mask_stride].
     pub mask: &'a [f32],
+    pub mask_stride: usize,
+    pub out_stride: usize,
     pub scale: f32,
     /// The order of the scores' dot products and of the weighted sum's.
     pub order_kq: DotOrder,
@@ -64,8 +71,13 @@ impl Heads<'_> {
             && dims_ok(self.head_dim_v)
             && self.n_kv % 64 == 0
             && self.n_q > 0
-            && self.mask.len() >= self.n_kv
-            && self.q.len() >= self.n_q * self.head_dim_k
+            && self.n_t > 0
+            && self.n_t <= MAX_TOKENS
+            && self.mask_stride >= self.n_kv
+            && self.mask.len() >= (self.n_t - 1) * self.mask_stride + self.n_kv
+            && self.q_stride >= self.n_q * self.head_dim_k
+            && self.q.len() >= (self.n_t - 1) * self.q_stride + self.n_q * self.head_dim_k
+            && self.out_stride >= self.n_q * self.head_dim_v
             && self.cache_in_bounds()
     }
 
@@ -85,13 +97,18 @@ impl Heads<'_> {
     }
 }
 
+/// Tokens one `attend` call may cover.
+pub const MAX_TOKENS: usize = 64;
+
 /// Buffers `attend` reuses: grown to the largest call, never shrunk.
 #[derive(Default)]
 pub struct AttnScratch {
     q: Vec<f32>,
     w: Vec<f32>,
-    row: Vec<f32>,
     sets: Vec<f32>,
+    /// The cached rows of the call as f32 (for an F16 cache).
+    k: Vec<f32>,
+    v: Vec<f32>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -101,17 +118,32 @@ fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut v[..n]
 }
 
-/// out (n_q rows of head_dim_v) = softmax(scale * K·q + mask) · V for each query. Requires
-/// `h.supported()`. A query with no visible cell gets zeros.
+/// out = softmax(scale * K·q + mask) · V for each query. Requires `h.supported()`. A query
+/// with no visible cell gets zeros.
 pub fn attend(h: &Heads, out: &mut [f32], s: &mut AttnScratch) {
-    assert!(h.supported() && out.len() >= h.n_q * h.head_dim_v, "unsupported attention call");
+    assert!(out.len() >= (h.n_t - 1) * h.out_stride + h.n_q * h.head_dim_v, "output too short");
+    // SAFETY: the output range was checked above.
+    unsafe { attend_raw(h, out.as_mut_ptr(), s) }
+}
+
+/// `attend` writing through a pointer, for callers whose tasks interleave their outputs
+/// (token rows of one task alternate with other tasks' heads).
+///
+/// # Safety
+/// `out` must be valid for writes at out[t * out_stride + i] for t < n_t and
+/// i < n_q * head_dim_v, and no other thread may access those floats during the call.
+pub unsafe fn attend_raw(h: &Heads, out: *mut f32, s: &mut AttnScratch) {
+    assert!(h.supported(), "unsupported attention call");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: shapes and bounds checked by `supported`; AVX-512 by the dispatch.
     unsafe {
         x86::attend(h, out, s)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    attend_reference(h, out, s)
+    {
+        let len = (h.n_t - 1) * h.out_stride + h.n_q * h.head_dim_v;
+        attend_reference(h, std::slice::from_raw_parts_mut(out, len), s)
+    }
 }
 
 // ------------------------------------------------------------------ the specification
@@ -201,15 +233,18 @@ pub fn attend_reference(h: &Heads, out: &mut [f32], _s: &mut AttnScratch) {
     let (dk, dv, n_kv) = (h.head_dim_k, h.head_dim_v, h.n_kv);
     let key = |j: usize| row_f32(h.k_type, &h.k[j * h.k_stride + h.k_offset..], dk);
     let value = |j: usize| row_f32(h.v_type, &h.v[j * h.v_stride + h.v_offset..], dv);
-    for qi in 0..h.n_q {
-        let q: Vec<f32> = h.q[qi * dk..(qi + 1) * dk].iter().map(|&v| if h.k_type == GgmlType::F16 { round_f16(v) } else { v }).collect();
+    for (t, qi) in (0..h.n_t).flat_map(|t| (0..h.n_q).map(move |qi| (t, qi))) {
+        let q0 = t * h.q_stride + qi * dk;
+        let q: Vec<f32> = h.q[q0..q0 + dk].iter().map(|&v| if h.k_type == GgmlType::F16 { round_f16(v) } else { v }).collect();
+        let mask = &h.mask[t * h.mask_stride..t * h.mask_stride + n_kv];
         let mut w = vec![f32::NEG_INFINITY; n_kv];
         for (j, wj) in w.iter_mut().enumerate() {
-            if h.mask[j] != f32::NEG_INFINITY {
-                *wj = dot_reference(h.order_kq, &key(j), &q) * h.scale + h.mask[j];
+            if mask[j] != f32::NEG_INFINITY {
+                *wj = dot_reference(h.order_kq, &key(j), &q) * h.scale + mask[j];
             }
         }
-        let o = &mut out[qi * dv..(qi + 1) * dv];
+        let o0 = t * h.out_stride + qi * dv;
+        let o = &mut out[o0..o0 + dv];
         o.fill(0.0);
         let max = w.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
         if max == f32::NEG_INFINITY {
@@ -238,7 +273,7 @@ pub fn attend_reference(h: &Heads, out: &mut [f32], _s: &mut AttnScratch) {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{grow, AttnScratch, DotOrder, Heads};
+    use super::{grow, AttnScratch, DotOrder, Heads, MAX_TOKENS};
     use crate::GgmlType;
 
     /// Lane-wise GCC `_mm512_reduce_add_ps` of one vector, as a scalar.
@@ -255,17 +290,21 @@ mod x86 {
     /// ggml_v_expf (AVX-512).
     #[inline(always)]
     unsafe fn expf(x: __m512) -> __m512 {
-        let c = |b: u32| _mm512_set1_ps(f32::from_bits(b));
-        let r = c(0x4b40_0000);
-        let z = _mm512_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        macro_rules! c {
+            ($b:expr) => {
+                _mm512_set1_ps(f32::from_bits($b))
+            };
+        }
+        let r = c!(0x4b40_0000);
+        let z = _mm512_fmadd_ps(x, c!(0x3fb8_aa3b), r);
         let n = _mm512_sub_ps(z, r);
-        let b = _mm512_fnmadd_ps(n, c(0x35bf_be8e), _mm512_fnmadd_ps(n, c(0x3f31_7200), x));
+        let b = _mm512_fnmadd_ps(n, c!(0x35bf_be8e), _mm512_fnmadd_ps(n, c!(0x3f31_7200), x));
         let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
         let u = _mm512_mul_ps(b, b);
         let j = _mm512_fmadd_ps(
-            _mm512_fmadd_ps(_mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)), u, _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb))),
+            _mm512_fmadd_ps(_mm512_fmadd_ps(c!(0x3c07_2010), b, c!(0x3d2b_9f17)), u, _mm512_fmadd_ps(c!(0x3e2a_af33), b, c!(0x3eff_fedb))),
             u,
-            _mm512_fmadd_ps(c(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
+            _mm512_fmadd_ps(c!(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
         );
         let res = _mm512_scalef_ps(j, n);
         if d == 0 {
@@ -286,83 +325,180 @@ mod x86 {
         }
     }
 
+    /// The cached rows of cells 0..end as f32: converted into `buf` for F16, the cache itself
+    /// for F32. Returns (pointer to cell 0's head, stride in floats).
+    #[inline(always)]
+    unsafe fn rows_f32(ty: GgmlType, cache: &[u8], stride: usize, offset: usize, d: usize, end: usize, buf: &mut Vec<f32>) -> (*const f32, usize) {
+        if ty == GgmlType::F32 {
+            return ((cache.as_ptr().add(offset)) as *const f32, stride / 4);
+        }
+        let b = grow(buf, end * d).as_mut_ptr();
+        for j in 0..end {
+            let src = cache.as_ptr().add(j * stride + offset);
+            for i in (0..d).step_by(16) {
+                _mm512_storeu_ps(b.add(j * d + i), load16(ty, src, i));
+            }
+        }
+        (b, d)
+    }
+
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
-    pub unsafe fn attend(h: &Heads, out: &mut [f32], s: &mut AttnScratch) {
-        let (dk, dv, n_kv, nq) = (h.head_dim_k, h.head_dim_v, h.n_kv, h.n_q);
-        // Queries in the K type's precision.
-        let q = grow(&mut s.q, nq * dk);
-        for (d, &x) in q.iter_mut().zip(&h.q[..nq * dk]) {
-            *d = if h.k_type == GgmlType::F16 { crate::util::f16_to_f32(crate::util::f32_to_f16(x)) } else { x };
+    pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut AttnScratch) {
+        let (dk, dv, n_kv, nq, nt) = (h.head_dim_k, h.head_dim_v, h.n_kv, h.n_q, h.n_t);
+        let mask = |t: usize| h.mask.as_ptr().add(t * h.mask_stride);
+        // One past the last cell visible to each token, and to any.
+        let mut ends = [0usize; MAX_TOKENS];
+        for (t, e) in ends.iter_mut().enumerate().take(nt) {
+            let m = mask(t);
+            *e = (0..n_kv).rev().find(|&j| *m.add(j) != f32::NEG_INFINITY).map_or(0, |j| j + 1);
         }
-        let q = q.as_ptr();
-        let w = grow(&mut s.w, nq * n_kv).as_mut_ptr();
-        // Scores, scaled and masked: w[qi][j].
-        for j in 0..n_kv {
-            let m = *h.mask.get_unchecked(j);
-            if m == f32::NEG_INFINITY {
-                for qi in 0..nq {
-                    *w.add(qi * n_kv + j) = f32::NEG_INFINITY;
-                }
-                continue;
-            }
-            let k = h.k.as_ptr().add(j * h.k_stride + h.k_offset);
-            for qi in 0..nq {
-                let sc = score(h.order_kq, h.k_type, k, q.add(qi * dk), dk);
-                *w.add(qi * n_kv + j) = sc * h.scale + m;
-            }
-        }
-        // Softmax rows; probabilities in place.
-        let mut any_row = false;
-        for qi in 0..nq {
-            any_row |= softmax(w.add(qi * n_kv), n_kv, h.v_type == GgmlType::F16);
-        }
+        let end_any = ends[..nt].iter().copied().max().unwrap_or(0);
+        // The rows of the cache, once for all tokens and heads of the task.
+        let (kf, ks) = rows_f32(h.k_type, h.k, h.k_stride, h.k_offset, dk, end_any, &mut s.k);
+        let (vf, vs) = rows_f32(h.v_type, h.v, h.v_stride, h.v_offset, dv, end_any, &mut s.v);
+        let qbuf = grow(&mut s.q, dk).as_mut_ptr();
+        let w = grow(&mut s.w, n_kv).as_mut_ptr();
         let sets = h.sets();
-        let acc = grow(&mut s.sets, nq * sets * dv);
-        acc.fill(0.0);
-        let acc = acc.as_mut_ptr();
-        if any_row {
-            let vbuf = grow(&mut s.row, dv).as_mut_ptr();
-            for j in 0..n_kv {
-                let mut any = false;
-                for qi in 0..nq {
-                    any |= *w.add(qi * n_kv + j) != 0.0;
+        let acc = grow(&mut s.sets, sets * dv).as_mut_ptr();
+        for t in 0..nt {
+            let m = mask(t);
+            let end = ends[t];
+            for qi in 0..nq {
+                // The query in the K type's precision.
+                let q = h.q.as_ptr().add(t * h.q_stride + qi * dk);
+                for i in (0..dk).step_by(16) {
+                    let x = _mm512_loadu_ps(q.add(i));
+                    let x = if h.k_type == GgmlType::F16 { _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) } else { x };
+                    _mm512_storeu_ps(qbuf.add(i), x);
                 }
-                if !any {
+                // Scores, scaled and masked.
+                scores(h, kf, ks, qbuf, m, end, w);
+                for j in (end..n_kv).step_by(1) {
+                    *w.add(j) = f32::NEG_INFINITY;
+                }
+                let o = out.add(t * h.out_stride + qi * dv);
+                if !softmax(w, n_kv, h.v_type == GgmlType::F16) {
+                    for i in 0..dv {
+                        *o.add(i) = 0.0;
+                    }
                     continue;
                 }
-                let vrow = h.v.as_ptr().add(j * h.v_stride + h.v_offset);
-                for i in (0..dv).step_by(16) {
-                    _mm512_storeu_ps(vbuf.add(i), load16(h.v_type, vrow, i));
+                weighted_sum(sets, vf, vs, dv, w, end, acc, o);
+            }
+        }
+    }
+
+    /// w[j] = scale * K_j · q + mask[j] for the cells j < end (masked cells: -inf).
+    #[inline(always)]
+    unsafe fn scores(h: &Heads, kf: *const f32, ks: usize, q: *const f32, m: *const f32, end: usize, w: *mut f32) {
+        let dk = h.head_dim_k;
+        let mut j = 0;
+        // Four cells at a time: four independent chains keep the FMA units busy.
+        while j + 4 <= end {
+            let k = [kf.add(j * ks), kf.add((j + 1) * ks), kf.add((j + 2) * ks), kf.add((j + 3) * ks)];
+            let sc = dot4(h.order_kq, k, q, dk);
+            for c in 0..4 {
+                let mv = *m.add(j + c);
+                *w.add(j + c) = if mv == f32::NEG_INFINITY { f32::NEG_INFINITY } else { sc[c] * h.scale + mv };
+            }
+            j += 4;
+        }
+        while j < end {
+            let mv = *m.add(j);
+            *w.add(j) = if mv == f32::NEG_INFINITY { f32::NEG_INFINITY } else { dot4(h.order_kq, [kf.add(j * ks); 4], q, dk)[0] * h.scale + mv };
+            j += 1;
+        }
+    }
+
+    /// The dot products of four f32 rows with q, each in `order`.
+    #[inline(always)]
+    unsafe fn dot4(order: DotOrder, k: [*const f32; 4], q: *const f32, n: usize) -> [f32; 4] {
+        match order {
+            DotOrder::TinyBlas => {
+                let mut acc = [_mm512_setzero_ps(); 4];
+                for c in (0..n).step_by(16) {
+                    let qc = _mm512_loadu_ps(q.add(c));
+                    for r in 0..4 {
+                        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(k[r].add(c)), qc, acc[r]);
+                    }
                 }
-                let r = j % sets;
-                for qi in 0..nq {
-                    let p = *w.add(qi * n_kv + j);
-                    if p == 0.0 {
-                        continue;
+                let mut out = [0f32; 4];
+                for r in 0..4 {
+                    out[r] = reduce16(acc[r]);
+                }
+                out
+            }
+            DotOrder::VecDot => {
+                let mut out = [0f32; 4];
+                for r in 0..4 {
+                    let mut acc = [_mm512_setzero_ps(); 4];
+                    for c in (0..n).step_by(64) {
+                        for j in 0..4 {
+                            acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(k[r].add(c + 16 * j)), _mm512_loadu_ps(q.add(c + 16 * j)), acc[j]);
+                        }
                     }
-                    let pv = _mm512_set1_ps(p);
-                    let a = acc.add((qi * sets + r) * dv);
-                    for i in (0..dv).step_by(16) {
-                        _mm512_storeu_ps(a.add(i), _mm512_fmadd_ps(_mm512_loadu_ps(vbuf.add(i)), pv, _mm512_loadu_ps(a.add(i))));
-                    }
+                    out[r] = reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+                }
+                out
+            }
+        }
+    }
+
+    /// o[d] = the dot product over cells of p (w, cells < end) with V[., d]: lane r of its
+    /// accumulator (set r) sums cells r, r + sets, ... One set at a time, held in registers.
+    #[inline(always)]
+    unsafe fn weighted_sum(sets: usize, vf: *const f32, vs: usize, dv: usize, p: *const f32, end: usize, acc: *mut f32, o: *mut f32) {
+        // head_dim_v is a multiple of 64 (`supported`): whole rows of up to 256 dimensions
+        // at a time (each cached row read once per set), wider ones 64 at a time.
+        match dv {
+            64 => sets_pass::<4>(sets, vf, vs, dv, 0, p, end, acc),
+            128 => sets_pass::<8>(sets, vf, vs, dv, 0, p, end, acc),
+            256 => sets_pass::<16>(sets, vf, vs, dv, 0, p, end, acc),
+            _ => {
+                for i in (0..dv).step_by(64) {
+                    sets_pass::<4>(sets, vf, vs, dv, i, p, end, acc);
                 }
             }
         }
-        for qi in 0..nq {
-            let o = out.as_mut_ptr().add(qi * dv);
-            let a = acc.add(qi * sets * dv);
-            for i in (0..dv).step_by(16) {
-                let set = |r: usize| _mm512_loadu_ps(a.add(r * dv + i));
-                // The lanes of the dot product over cells, then GCC's reduce tree, lane-wise.
-                let mut x = [_mm512_setzero_ps(); 16];
-                for (k, xk) in x.iter_mut().enumerate() {
-                    *xk = if sets == 64 {
-                        _mm512_add_ps(_mm512_add_ps(set(k), set(32 + k)), _mm512_add_ps(set(16 + k), set(48 + k)))
-                    } else {
-                        set(k)
-                    };
+        for i in (0..dv).step_by(16) {
+            let at = acc.add(i);
+            // The lanes of the dot product over cells, then GCC's reduce tree, lane-wise.
+            let mut x = [_mm512_setzero_ps(); 16];
+            for k in 0..16 {
+                x[k] = if sets == 64 {
+                    let (s0, s1) = (_mm512_loadu_ps(at.add(k * dv)), _mm512_loadu_ps(at.add((16 + k) * dv)));
+                    let (s2, s3) = (_mm512_loadu_ps(at.add((32 + k) * dv)), _mm512_loadu_ps(at.add((48 + k) * dv)));
+                    _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3))
+                } else {
+                    _mm512_loadu_ps(at.add(k * dv))
+                };
+            }
+            _mm512_storeu_ps(o.add(i), reduce16_lanes(&x));
+        }
+    }
+
+    /// For every set r: acc[r][i..i + 16 NV] = sum over cells j = r, r + sets, .. < end of
+    /// p[j] * V[j][i..], as FMAs in cell order, the NV accumulators held in registers.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn sets_pass<const NV: usize>(sets: usize, vf: *const f32, vs: usize, dv: usize, i: usize, p: *const f32, end: usize, acc: *mut f32) {
+        for r in 0..sets {
+            let mut a = [_mm512_setzero_ps(); NV];
+            let mut j = r;
+            while j < end {
+                let pj = *p.add(j);
+                if pj != 0.0 {
+                    let pv = _mm512_set1_ps(pj);
+                    let v = vf.add(j * vs + i);
+                    for c in 0..NV {
+                        a[c] = _mm512_fmadd_ps(_mm512_loadu_ps(v.add(16 * c)), pv, a[c]);
+                    }
                 }
-                _mm512_storeu_ps(o.add(i), reduce16_lanes(&x));
+                j += sets;
+            }
+            let base = acc.add(r * dv + i);
+            for c in 0..NV {
+                _mm512_storeu_ps(base.add(16 * c), a[c]);
             }
         }
     }
@@ -370,32 +506,15 @@ mod x86 {
     /// The reduce tree of `reduce16` applied to 16 vectors lane by lane.
     #[inline(always)]
     unsafe fn reduce16_lanes(x: &[__m512; 16]) -> __m512 {
-        let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(x[8 + i], x[i]));
-        let u: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t[4 + i], t[i]));
-        _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]))
-    }
-
-    /// One score: the key row (F16 or F32) against a query (f32 values), in `order`.
-    #[inline(always)]
-    unsafe fn score(order: DotOrder, ty: GgmlType, k: *const u8, q: *const f32, n: usize) -> f32 {
-        match order {
-            DotOrder::TinyBlas => {
-                let mut acc = _mm512_setzero_ps();
-                for c in (0..n).step_by(16) {
-                    acc = _mm512_fmadd_ps(load16(ty, k, c), _mm512_loadu_ps(q.add(c)), acc);
-                }
-                reduce16(acc)
-            }
-            DotOrder::VecDot => {
-                let mut acc = [_mm512_setzero_ps(); 4];
-                for c in (0..n).step_by(64) {
-                    for j in 0..4 {
-                        acc[j] = _mm512_fmadd_ps(load16(ty, k, c + 16 * j), _mm512_loadu_ps(q.add(c + 16 * j)), acc[j]);
-                    }
-                }
-                reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])))
-            }
+        let mut t = [_mm512_setzero_ps(); 8];
+        for i in 0..8 {
+            t[i] = _mm512_add_ps(x[8 + i], x[i]);
         }
+        let mut u = [_mm512_setzero_ps(); 4];
+        for i in 0..4 {
+            u[i] = _mm512_add_ps(t[4 + i], t[i]);
+        }
+        _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]))
     }
 
     /// ggml_soft_max of one row in place (probabilities rounded to f16 when `as_f16`);
@@ -515,16 +634,23 @@ mod tests {
                     let vvals: Vec<f32> = (0..n_kv * n_head_kv * dv).map(|_| rng.next()).collect();
                     let (k, v) = (cache(kt, &kvals), cache(vt, &vvals));
                     let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
-                    let q: Vec<f32> = (0..nq * dk).map(|_| rng.next()).collect();
-                    // Causal-like mask with a masked prefix and a visible middle.
-                    let mask: Vec<f32> = (0..n_kv).map(|j| if j % 5 == 3 || j > n_kv - 9 { f32::NEG_INFINITY } else { 0.0 }).collect();
+                    let nt = 3;
+                    let q: Vec<f32> = (0..nt * nq * dk).map(|_| rng.next()).collect();
+                    // A causal-like mask per token, with holes; token 2 sees nothing.
+                    let mask: Vec<f32> = (0..nt * n_kv)
+                        .map(|i| {
+                            let (t, j) = (i / n_kv, i % n_kv);
+                            if t == 2 || j % 5 == 3 || j > n_kv - 9 - 7 * t { f32::NEG_INFINITY } else { 0.0 }
+                        })
+                        .collect();
                     let h = Heads {
                         k_type: kt, v_type: vt, k: &k, k_stride: n_head_kv * dk * es(kt), k_offset: dk * es(kt),
                         v: &v, v_stride: n_head_kv * dv * es(vt), v_offset: dv * es(vt), head_dim_k: dk, head_dim_v: dv,
-                        n_kv, q: &q, n_q: nq, mask: &mask, scale: 0.125, order_kq: okq, order_vp: ovp,
+                        n_kv, q: &q, q_stride: nq * dk, n_q: nq, n_t: nt, mask: &mask, mask_stride: n_kv, out_stride: nq * dv,
+                        scale: 0.125, order_kq: okq, order_vp: ovp,
                     };
                     let mut s = AttnScratch::default();
-                    let (mut a, mut b) = (vec![0f32; nq * dv], vec![0f32; nq * dv]);
+                    let (mut a, mut b) = (vec![1f32; nt * nq * dv], vec![2f32; nt * nq * dv]);
                     attend(&h, &mut a, &mut s);
                     attend_reference(&h, &mut b, &mut s);
                     for (i, (x, y)) in a.iter().zip(&b).enumerate() {

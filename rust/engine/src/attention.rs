@@ -56,19 +56,13 @@ thread_local! {
 
 /// out: n_tokens rows of n_head × head_dim_v.
 ///
-/// A task is a block of tokens and the query heads of one KV head (grouped-query attention
-/// shares each cached key and value among them, and the exact kernel converts each cached row
-/// once per task); when that leaves threads idle (few tokens, few KV heads) a task is one
-/// token and one head.
+/// A task is a block of tokens and some query heads of one KV head (grouped-query attention
+/// shares each cached key and value among them: the kernel reads each cached row once per
+/// task while it is in cache, and converts it once when enough queries share it).
 pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
     let hd_v = a.kv.head_dim_v;
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let group = a.n_head / a.n_head_kv;
-    let n_threads = threads.n_threads();
-    let by_group = a.n_tokens * a.n_head_kv >= 2 * n_threads && group <= MAX_GROUP;
-    let heads_per_task = if by_group { group } else { 1 };
-    // Token blocks: at least four tasks per thread, at most MAX_TOKENS tokens each.
-    let tokens_per_task = if by_group { (a.n_tokens * a.n_head_kv / (4 * n_threads)).clamp(1, TOKENS_PER_TASK) } else { 1 };
+    let (tokens_per_task, heads_per_task) = task_shape(a.n_tokens, a.n_head, a.n_head_kv, threads.n_threads());
     let n_blocks = a.n_tokens.div_ceil(tokens_per_task);
     let groups = a.n_head / heads_per_task;
     let online = !matches!(a.kv.type_v.ty, GgmlType::F32 | GgmlType::F16);
@@ -94,6 +88,21 @@ pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
             }
         });
     });
+}
+
+/// (tokens, query heads) per task: blocks of up to TOKENS_PER_TASK tokens, about four tasks
+/// per thread; the most heads of one KV head that still give every thread equal work (a
+/// multiple of the thread count, or enough tasks that the remainder is small).
+fn task_shape(n_tokens: usize, n_head: usize, n_head_kv: usize, n_threads: usize) -> (usize, usize) {
+    let group = n_head / n_head_kv;
+    let tokens = (n_tokens * n_head_kv / (4 * n_threads)).clamp(1, TOKENS_PER_TASK).min(n_tokens.max(1));
+    let blocks = n_tokens.div_ceil(tokens);
+    let balanced = |heads: usize| {
+        let tasks = blocks * (n_head / heads);
+        tasks % n_threads == 0 || tasks >= 4 * n_threads
+    };
+    let heads = (1..=group.min(MAX_GROUP)).rev().find(|&h| group % h == 0 && balanced(h)).unwrap_or(1);
+    (tokens, heads)
 }
 
 /// Tokens per task at most (the exact kernel's limit is larger).
@@ -311,3 +320,24 @@ impl OutPtr {
 }
 unsafe impl Sync for OutPtr {}
 unsafe impl Send for OutPtr {}
+
+#[cfg(test)]
+mod tests {
+    use super::task_shape;
+
+    #[test]
+    fn tasks_keep_a_kv_heads_queries_together_when_threads_stay_balanced() {
+        // Qwen2.5-0.5B (14 heads, 2 KV heads), one decoded token, 2 threads: a KV head each.
+        assert_eq!(task_shape(1, 14, 2, 2), (1, 7));
+        // Gemma 3 270M (4 heads, 1 KV head): two tasks of two heads.
+        assert_eq!(task_shape(1, 4, 1, 2), (1, 2));
+        // Eight sequences' tokens: blocks of two tokens, whole groups.
+        assert_eq!(task_shape(8, 14, 2, 2), (2, 7));
+        // A prompt: blocks of 16 tokens.
+        assert_eq!(task_shape(512, 14, 2, 2), (16, 7));
+        // One thread, no grouping constraint but the group's size.
+        assert_eq!(task_shape(1, 32, 8, 1), (1, 4));
+        // Three threads, one token of a 7-head group: no grouping balances them; single heads.
+        assert_eq!(task_shape(1, 7, 1, 3), (1, 1));
+    }
+}

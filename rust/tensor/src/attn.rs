@@ -71,6 +71,7 @@ impl Heads<'_> {
             && dims_ok(self.head_dim_v)
             && self.n_kv % 64 == 0
             && self.n_q > 0
+            && self.n_q <= MAX_HEADS
             && self.n_t > 0
             && self.n_t <= MAX_TOKENS
             && self.mask_stride >= self.n_kv
@@ -100,15 +101,20 @@ impl Heads<'_> {
 /// Tokens one `attend` call may cover.
 pub const MAX_TOKENS: usize = 64;
 
+/// Query heads one `attend` call may cover.
+pub const MAX_HEADS: usize = 64;
+
 /// Buffers `attend` reuses: grown to the largest call, never shrunk.
 #[derive(Default)]
 pub struct AttnScratch {
     q: Vec<f32>,
     w: Vec<f32>,
     sets: Vec<f32>,
-    /// The cached rows of the call as f32 (for an F16 cache).
+    /// The cached rows of the call as f32 (for an F16 cache whose rows several queries read).
     k: Vec<f32>,
     v: Vec<f32>,
+    /// The cells visible to the current token, ascending.
+    visible: Vec<u32>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -273,7 +279,7 @@ pub fn attend_reference(h: &Heads, out: &mut [f32], _s: &mut AttnScratch) {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{grow, AttnScratch, DotOrder, Heads, MAX_TOKENS};
+    use super::{grow, AttnScratch, DotOrder, Heads, MAX_HEADS, MAX_TOKENS};
     use crate::GgmlType;
 
     /// Lane-wise GCC `_mm512_reduce_add_ps` of one vector, as a scalar.
@@ -315,31 +321,53 @@ mod x86 {
         _mm512_mask_blend_ps(d, res, alt)
     }
 
-    /// 16 values of a cached row (F16 or F32) as f32.
-    #[inline(always)]
-    unsafe fn load16(ty: GgmlType, p: *const u8, i: usize) -> __m512 {
-        if ty == GgmlType::F16 {
-            _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i) as *const __m256i))
-        } else {
-            _mm512_loadu_ps((p as *const f32).add(i))
+    /// Queries per cached row from which converting the rows to f32 once pays (below it, each
+    /// dot product converts the f16 it reads: a decoded token reads each row once per head).
+    const CONVERT_FROM_USES: usize = 16;
+
+    /// Where a row's values are read: an f16 cache in place, or f32 (an F32 cache, or rows
+    /// converted once).
+    #[derive(Clone, Copy)]
+    struct Rows {
+        p: *const u8,
+        /// Bytes from one cell's row to the next.
+        stride: usize,
+        f16: bool,
+    }
+
+    impl Rows {
+        #[inline(always)]
+        unsafe fn row(&self, j: usize) -> *const u8 {
+            self.p.add(j * self.stride)
+        }
+        /// Values i..i + 16 of a row (from `row`) as f32.
+        #[inline(always)]
+        unsafe fn load16(&self, row: *const u8, i: usize) -> __m512 {
+            if self.f16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(row.add(2 * i) as *const __m256i))
+            } else {
+                _mm512_loadu_ps((row as *const f32).add(i))
+            }
         }
     }
 
-    /// The cached rows of cells 0..end as f32: converted into `buf` for F16, the cache itself
-    /// for F32. Returns (pointer to cell 0's head, stride in floats).
+    /// The cached rows of cells 0..end: converted to f32 into `buf` when `convert` (and the
+    /// cache is F16), else read in place.
     #[inline(always)]
-    unsafe fn rows_f32(ty: GgmlType, cache: &[u8], stride: usize, offset: usize, d: usize, end: usize, buf: &mut Vec<f32>) -> (*const f32, usize) {
-        if ty == GgmlType::F32 {
-            return ((cache.as_ptr().add(offset)) as *const f32, stride / 4);
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows(ty: GgmlType, cache: &[u8], stride: usize, offset: usize, d: usize, end: usize, convert: bool, buf: &mut Vec<f32>) -> Rows {
+        let f16 = ty == GgmlType::F16;
+        let in_place = Rows { p: cache.as_ptr().add(offset), stride, f16 };
+        if !f16 || !convert {
+            return in_place;
         }
         let b = grow(buf, end * d).as_mut_ptr();
         for j in 0..end {
-            let src = cache.as_ptr().add(j * stride + offset);
             for i in (0..d).step_by(16) {
-                _mm512_storeu_ps(b.add(j * d + i), load16(ty, src, i));
+                _mm512_storeu_ps(b.add(j * d + i), in_place.load16(in_place.row(j), i));
             }
         }
-        (b, d)
+        Rows { p: b as *const u8, stride: 4 * d, f16: false }
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
@@ -353,73 +381,99 @@ mod x86 {
             *e = (0..n_kv).rev().find(|&j| *m.add(j) != f32::NEG_INFINITY).map_or(0, |j| j + 1);
         }
         let end_any = ends[..nt].iter().copied().max().unwrap_or(0);
-        // The rows of the cache, once for all tokens and heads of the task.
-        let (kf, ks) = rows_f32(h.k_type, h.k, h.k_stride, h.k_offset, dk, end_any, &mut s.k);
-        let (vf, vs) = rows_f32(h.v_type, h.v, h.v_stride, h.v_offset, dv, end_any, &mut s.v);
-        let qbuf = grow(&mut s.q, dk).as_mut_ptr();
-        let w = grow(&mut s.w, n_kv).as_mut_ptr();
+        // The rows of the cache, once for all tokens and heads of the task when they share them.
+        let convert = nt * nq >= CONVERT_FROM_USES;
+        let kr = rows(h.k_type, h.k, h.k_stride, h.k_offset, dk, end_any, convert, &mut s.k);
+        let vr = rows(h.v_type, h.v, h.v_stride, h.v_offset, dv, end_any, convert, &mut s.v);
         let sets = h.sets();
-        let acc = grow(&mut s.sets, sets * dv).as_mut_ptr();
+        let qbuf = grow(&mut s.q, nq * dk).as_mut_ptr();
+        let w = grow(&mut s.w, nq * n_kv).as_mut_ptr();
+        let acc = grow(&mut s.sets, nq * sets * dv).as_mut_ptr();
         for t in 0..nt {
             let m = mask(t);
             let end = ends[t];
+            s.visible.clear();
+            s.visible.extend((0..end as u32).filter(|&j| *m.add(j as usize) != f32::NEG_INFINITY));
+            let visible = &s.visible[..];
             for qi in 0..nq {
                 // The query in the K type's precision.
-                let q = h.q.as_ptr().add(t * h.q_stride + qi * dk);
+                let (q, qb) = (h.q.as_ptr().add(t * h.q_stride + qi * dk), qbuf.add(qi * dk));
                 for i in (0..dk).step_by(16) {
                     let x = _mm512_loadu_ps(q.add(i));
                     let x = if h.k_type == GgmlType::F16 { _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) } else { x };
-                    _mm512_storeu_ps(qbuf.add(i), x);
+                    _mm512_storeu_ps(qb.add(i), x);
                 }
-                // Scores, scaled and masked.
-                scores(h, kf, ks, qbuf, m, end, w);
-                for j in (end..n_kv).step_by(1) {
-                    *w.add(j) = f32::NEG_INFINITY;
+                for c in (0..n_kv).step_by(16) {
+                    _mm512_storeu_ps(w.add(qi * n_kv + c), _mm512_set1_ps(f32::NEG_INFINITY));
                 }
-                let o = out.add(t * h.out_stride + qi * dv);
-                if !softmax(w, n_kv, h.v_type == GgmlType::F16) {
+            }
+            // Scores, scaled and masked: each cached key read once for all heads.
+            if kr.f16 {
+                scores::<true>(h, kr, qbuf, m, visible, w);
+            } else {
+                scores::<false>(h, kr, qbuf, m, visible, w);
+            }
+            let o = out.add(t * h.out_stride);
+            let mut live = [false; MAX_HEADS];
+            for qi in 0..nq {
+                live[qi] = softmax(w.add(qi * n_kv), n_kv, h.v_type == GgmlType::F16);
+            }
+            // Weighted sums: each cached value read once for all heads.
+            let sums = Sums { sets, dv, n_kv, nq, p: w, end, acc };
+            if vr.f16 {
+                weighted_sums::<true>(&sums, vr, visible);
+            } else {
+                weighted_sums::<false>(&sums, vr, visible);
+            }
+            for qi in 0..nq {
+                let oq = o.add(qi * dv);
+                if live[qi] {
+                    reduce_sets(sets, dv, acc.add(qi * sets * dv), oq);
+                } else {
                     for i in 0..dv {
-                        *o.add(i) = 0.0;
+                        *oq.add(i) = 0.0;
                     }
-                    continue;
                 }
-                weighted_sum(sets, vf, vs, dv, w, end, acc, o);
             }
         }
     }
 
-    /// w[j] = scale * K_j · q + mask[j] for the cells j < end (masked cells: -inf).
+    /// w[qi][j] = scale * K_j · q_qi + mask[j] for the visible cells j and every head qi (the
+    /// others keep their -inf).
     #[inline(always)]
-    unsafe fn scores(h: &Heads, kf: *const f32, ks: usize, q: *const f32, m: *const f32, end: usize, w: *mut f32) {
-        let dk = h.head_dim_k;
-        let mut j = 0;
+    unsafe fn scores<const F16: bool>(h: &Heads, kr: Rows, q: *const f32, m: *const f32, visible: &[u32], w: *mut f32) {
+        let kr = Rows { f16: F16, ..kr };
+        let (dk, n_kv) = (h.head_dim_k, h.n_kv);
         // Four cells at a time: four independent chains keep the FMA units busy.
-        while j + 4 <= end {
-            let k = [kf.add(j * ks), kf.add((j + 1) * ks), kf.add((j + 2) * ks), kf.add((j + 3) * ks)];
-            let sc = dot4(h.order_kq, k, q, dk);
-            for c in 0..4 {
-                let mv = *m.add(j + c);
-                *w.add(j + c) = if mv == f32::NEG_INFINITY { f32::NEG_INFINITY } else { sc[c] * h.scale + mv };
+        let mut quads = visible.chunks_exact(4);
+        for c4 in quads.by_ref() {
+            let j = [c4[0] as usize, c4[1] as usize, c4[2] as usize, c4[3] as usize];
+            let rows = [kr.row(j[0]), kr.row(j[1]), kr.row(j[2]), kr.row(j[3])];
+            for qi in 0..h.n_q {
+                let sc = dot4(h.order_kq, kr, rows, q.add(qi * dk), dk);
+                for c in 0..4 {
+                    *w.add(qi * n_kv + j[c]) = sc[c] * h.scale + *m.add(j[c]);
+                }
             }
-            j += 4;
         }
-        while j < end {
-            let mv = *m.add(j);
-            *w.add(j) = if mv == f32::NEG_INFINITY { f32::NEG_INFINITY } else { dot4(h.order_kq, [kf.add(j * ks); 4], q, dk)[0] * h.scale + mv };
-            j += 1;
+        for &j in quads.remainder() {
+            let j = j as usize;
+            for qi in 0..h.n_q {
+                *w.add(qi * n_kv + j) = dot4(h.order_kq, kr, [kr.row(j); 4], q.add(qi * dk), dk)[0] * h.scale + *m.add(j);
+            }
         }
     }
 
-    /// The dot products of four f32 rows with q, each in `order`.
+    /// The dot products of four cached rows with q, each in `order`.
     #[inline(always)]
-    unsafe fn dot4(order: DotOrder, k: [*const f32; 4], q: *const f32, n: usize) -> [f32; 4] {
+    unsafe fn dot4(order: DotOrder, kr: Rows, k: [*const u8; 4], q: *const f32, n: usize) -> [f32; 4] {
         match order {
             DotOrder::TinyBlas => {
                 let mut acc = [_mm512_setzero_ps(); 4];
                 for c in (0..n).step_by(16) {
                     let qc = _mm512_loadu_ps(q.add(c));
                     for r in 0..4 {
-                        acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(k[r].add(c)), qc, acc[r]);
+                        acc[r] = _mm512_fmadd_ps(kr.load16(k[r], c), qc, acc[r]);
                     }
                 }
                 let mut out = [0f32; 4];
@@ -434,7 +488,7 @@ mod x86 {
                     let mut acc = [_mm512_setzero_ps(); 4];
                     for c in (0..n).step_by(64) {
                         for j in 0..4 {
-                            acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(k[r].add(c + 16 * j)), _mm512_loadu_ps(q.add(c + 16 * j)), acc[j]);
+                            acc[j] = _mm512_fmadd_ps(kr.load16(k[r], c + 16 * j), _mm512_loadu_ps(q.add(c + 16 * j)), acc[j]);
                         }
                     }
                     out[r] = reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
@@ -444,25 +498,55 @@ mod x86 {
         }
     }
 
-    /// o[d] = the dot product over cells of p (w, cells < end) with V[., d]: lane r of its
-    /// accumulator (set r) sums cells r, r + sets, ... One set at a time, held in registers.
+    /// The weighted sums of one token's heads: probabilities p[qi * n_kv + j] for cells
+    /// j < end, into acc[qi][set][dv] (lane r of a dot product over cells, set r, sums cells
+    /// r, r + sets, ... in cell order).
+    struct Sums {
+        sets: usize,
+        dv: usize,
+        n_kv: usize,
+        nq: usize,
+        p: *const f32,
+        end: usize,
+        acc: *mut f32,
+    }
+
     #[inline(always)]
-    unsafe fn weighted_sum(sets: usize, vf: *const f32, vs: usize, dv: usize, p: *const f32, end: usize, acc: *mut f32, o: *mut f32) {
-        // head_dim_v is a multiple of 64 (`supported`): whole rows of up to 256 dimensions
-        // at a time (each cached row read once per set), wider ones 64 at a time.
-        match dv {
-            64 => sets_pass::<4>(sets, vf, vs, dv, 0, p, end, acc),
-            128 => sets_pass::<8>(sets, vf, vs, dv, 0, p, end, acc),
-            256 => sets_pass::<16>(sets, vf, vs, dv, 0, p, end, acc),
-            _ => {
-                for i in (0..dv).step_by(64) {
-                    sets_pass::<4>(sets, vf, vs, dv, i, p, end, acc);
-                }
-            }
+    unsafe fn weighted_sums<const F16: bool>(u: &Sums, vr: Rows, visible: &[u32]) {
+        let vr = Rows { f16: F16, ..vr };
+        if visible.len() * 4 < u.end {
+            // Few visible cells (other sequences' cells interleaved): walk only those.
+            sparse_pass(u, vr, visible);
+            return;
         }
+        // Heads in blocks of up to eight, each cached row read once per block: the blocks'
+        // accumulators (heads x 16 NV floats) stay in registers.
+        let mut h0 = 0;
+        while h0 < u.nq {
+            let hb = (u.nq - h0).min(8);
+            macro_rules! pass {
+                ($(($h:literal, $nv:literal)),*) => {
+                    match (hb, lanes_per_pass(hb, u.dv)) {
+                        $(($h, $nv) => {
+                            for i in (0..u.dv).step_by(16 * $nv) {
+                                sets_pass::<$h, $nv>(u, vr, h0, i);
+                            }
+                        })*
+                        _ => unreachable!("lanes_per_pass returns one of these"),
+                    }
+                };
+            }
+            pass!((1, 16), (1, 8), (1, 4), (2, 8), (2, 4), (3, 4), (4, 4), (5, 2), (6, 2), (7, 2), (8, 2));
+            h0 += hb;
+        }
+    }
+
+    /// out[d] = the dot product over cells: the lanes of one head's sets, then GCC's reduce
+    /// tree, lane-wise.
+    #[inline(always)]
+    unsafe fn reduce_sets(sets: usize, dv: usize, acc: *const f32, o: *mut f32) {
         for i in (0..dv).step_by(16) {
             let at = acc.add(i);
-            // The lanes of the dot product over cells, then GCC's reduce tree, lane-wise.
             let mut x = [_mm512_setzero_ps(); 16];
             for k in 0..16 {
                 x[k] = if sets == 64 {
@@ -477,28 +561,89 @@ mod x86 {
         }
     }
 
-    /// For every set r: acc[r][i..i + 16 NV] = sum over cells j = r, r + sets, .. < end of
-    /// p[j] * V[j][i..], as FMAs in cell order, the NV accumulators held in registers.
+    /// 16-float vectors per row chunk for a block of `hb` heads: as many as the registers hold
+    /// (hb x NV accumulators, NV values, one probability), dividing head_dim_v (a multiple of
+    /// 64).
+    fn lanes_per_pass(hb: usize, dv: usize) -> usize {
+        match hb {
+            1 if dv % 256 == 0 => 16,
+            1 | 2 if dv % 128 == 0 => 8,
+            1..=4 => 4,
+            _ => 2,
+        }
+    }
+
+    /// Dimensions i..i + 16 NV of every set of heads h0..h0 + HB: FMAs in cell order, the
+    /// accumulators in registers, each cached row chunk loaded (and converted) once for all
+    /// HB heads.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn sets_pass<const NV: usize>(sets: usize, vf: *const f32, vs: usize, dv: usize, i: usize, p: *const f32, end: usize, acc: *mut f32) {
-        for r in 0..sets {
-            let mut a = [_mm512_setzero_ps(); NV];
+    unsafe fn sets_pass<const HB: usize, const NV: usize>(u: &Sums, vr: Rows, h0: usize, i: usize) {
+        // Rows a set's walk reaches a few steps from now: its cells are `sets` rows apart,
+        // a power-of-two stride the hardware prefetchers do not follow.
+        let ahead = 8 * u.sets;
+        let es = if vr.f16 { 2 } else { 4 };
+        let chunk_bytes = es * 16 * NV;
+        let p = u.p.add(h0 * u.n_kv);
+        for r in 0..u.sets {
+            let mut a = [[_mm512_setzero_ps(); NV]; HB];
+            for j in (r..u.end.min(r + ahead)).step_by(u.sets) {
+                prefetch(vr.row(j).add(es * i), chunk_bytes);
+            }
             let mut j = r;
-            while j < end {
-                let pj = *p.add(j);
-                if pj != 0.0 {
-                    let pv = _mm512_set1_ps(pj);
-                    let v = vf.add(j * vs + i);
+            while j < u.end {
+                let v = vr.row(j);
+                if j + ahead < u.end {
+                    prefetch(vr.row(j + ahead).add(es * i), chunk_bytes);
+                }
+                let mut x = [_mm512_setzero_ps(); NV];
+                for c in 0..NV {
+                    x[c] = vr.load16(v, i + 16 * c);
+                }
+                for h in 0..HB {
+                    // A zero probability adds exact zeros: the FMA leaves the sum's bits.
+                    let pv = _mm512_set1_ps(*p.add(h * u.n_kv + j));
                     for c in 0..NV {
-                        a[c] = _mm512_fmadd_ps(_mm512_loadu_ps(v.add(16 * c)), pv, a[c]);
+                        a[h][c] = _mm512_fmadd_ps(x[c], pv, a[h][c]);
                     }
                 }
-                j += sets;
+                j += u.sets;
             }
-            let base = acc.add(r * dv + i);
-            for c in 0..NV {
-                _mm512_storeu_ps(base.add(16 * c), a[c]);
+            for h in 0..HB {
+                let base = u.acc.add(((h0 + h) * u.sets + r) * u.dv + i);
+                for c in 0..NV {
+                    _mm512_storeu_ps(base.add(16 * c), a[h][c]);
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn prefetch(p: *const u8, bytes: usize) {
+        for off in (0..bytes).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8);
+        }
+    }
+
+    /// `sets_pass` over the visible cells only, in cell order, the sums in memory (the same
+    /// FMAs in the same order: a skipped cell's probability is 0).
+    #[inline(always)]
+    unsafe fn sparse_pass(u: &Sums, vr: Rows, visible: &[u32]) {
+        for k in (0..u.nq * u.sets * u.dv).step_by(16) {
+            _mm512_storeu_ps(u.acc.add(k), _mm512_setzero_ps());
+        }
+        for &j in visible {
+            let j = j as usize;
+            let v = vr.row(j);
+            for qi in 0..u.nq {
+                let pj = *u.p.add(qi * u.n_kv + j);
+                if pj == 0.0 {
+                    continue;
+                }
+                let pv = _mm512_set1_ps(pj);
+                let a = u.acc.add((qi * u.sets + j % u.sets) * u.dv);
+                for i in (0..u.dv).step_by(16) {
+                    _mm512_storeu_ps(a.add(i), _mm512_fmadd_ps(vr.load16(v, i), pv, _mm512_loadu_ps(a.add(i))));
+                }
             }
         }
     }
@@ -627,8 +772,11 @@ mod tests {
         }
         let mut rng = Lcg(3);
         for (kt, vt) in [(GgmlType::F16, GgmlType::F16), (GgmlType::F32, GgmlType::F32), (GgmlType::F16, GgmlType::F32)] {
-            for (dk, dv, n_kv, nq) in [(64, 64, 256, 7), (256, 256, 128, 4), (128, 64, 64, 1)] {
-                for (okq, ovp) in [(DotOrder::VecDot, DotOrder::VecDot), (DotOrder::TinyBlas, DotOrder::TinyBlas)] {
+            for (dk, dv, n_kv, nq) in [(64, 64, 256, 7), (256, 256, 128, 4), (128, 64, 64, 1), (128, 128, 64, 2), (64, 64, 128, 5), (64, 128, 64, 9), (64, 256, 64, 1)] {
+                for ((okq, ovp), sparse) in [(DotOrder::VecDot, DotOrder::VecDot), (DotOrder::TinyBlas, DotOrder::TinyBlas)]
+                    .into_iter()
+                    .flat_map(|o| [(o, false), (o, true)])
+                {
                     let n_head_kv = 2;
                     let kvals: Vec<f32> = (0..n_kv * n_head_kv * dk).map(|_| rng.next()).collect();
                     let vvals: Vec<f32> = (0..n_kv * n_head_kv * dv).map(|_| rng.next()).collect();
@@ -636,11 +784,14 @@ mod tests {
                     let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
                     let nt = 3;
                     let q: Vec<f32> = (0..nt * nq * dk).map(|_| rng.next()).collect();
-                    // A causal-like mask per token, with holes; token 2 sees nothing.
+                    // A causal-like mask per token, with holes; token 2 sees nothing. With
+                    // `sparse`, token 1 sees one cell in eight (sequences interleaved in the
+                    // cache), which takes the kernel's sparse path.
                     let mask: Vec<f32> = (0..nt * n_kv)
                         .map(|i| {
                             let (t, j) = (i / n_kv, i % n_kv);
-                            if t == 2 || j % 5 == 3 || j > n_kv - 9 - 7 * t { f32::NEG_INFINITY } else { 0.0 }
+                            let hidden = t == 2 || j % 5 == 3 || j > n_kv - 9 - 7 * t || (sparse && t == 1 && j % 8 != 5);
+                            if hidden { f32::NEG_INFINITY } else { 0.0 }
                         })
                         .collect();
                     let h = Heads {
@@ -654,7 +805,7 @@ mod tests {
                     attend(&h, &mut a, &mut s);
                     attend_reference(&h, &mut b, &mut s);
                     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                        assert_eq!(x.to_bits(), y.to_bits(), "{kt}/{vt} {dk}x{dv} n_kv {n_kv} {okq:?} output {i}: {x} vs {y}");
+                        assert_eq!(x.to_bits(), y.to_bits(), "{kt}/{vt} {dk}x{dv} n_kv {n_kv} {okq:?} sparse {sparse} output {i}: {x} vs {y}");
                     }
                 }
             }

@@ -1,0 +1,72 @@
+//! The attention kernel (`attn::attend`, llama.cpp's non-flash arithmetic) over an F16 cache
+//! on the real models' shapes, one thread, reporting the bytes of cached keys and values
+//! read per second (the cache is larger than L2 at 4096 cells: memory bandwidth is the
+//! ceiling of a decoded token).
+//!
+//! - decode: one token, the query heads of one KV head, n_kv cells, the cache row holding
+//!   every KV head (so a head's rows are strided, as in the engine's cache);
+//! - batch: eight tokens of a prompt block (tinyBLAS order, rows converted once).
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ferrollama_tensor::attn::{attend, AttnScratch, DotOrder, Heads};
+use ferrollama_tensor::util::f32_to_f16;
+use ferrollama_tensor::GgmlType;
+
+struct Shape {
+    name: &'static str,
+    n_head_kv: usize,
+    group: usize,
+    head_dim: usize,
+}
+
+const SHAPES: [Shape; 2] = [
+    Shape { name: "qwen2.5-0.5b", n_head_kv: 2, group: 7, head_dim: 64 },
+    Shape { name: "gemma3-270m", n_head_kv: 1, group: 4, head_dim: 256 },
+];
+
+fn f16_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    (0..n)
+        .flat_map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            f32_to_f16(((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0).to_le_bytes()
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    for sh in &SHAPES {
+        for (kind, n_kv, n_t) in [("decode", 4096usize, 1usize), ("decode", 512, 1), ("batch8", 512, 8)] {
+            let row = sh.n_head_kv * sh.head_dim;
+            let (k, v) = (f16_bytes(n_kv * row, 1), f16_bytes(n_kv * row, 2));
+            let q: Vec<f32> = (0..n_t * sh.group * sh.head_dim).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+            // Causal over the last n_t positions.
+            let mask: Vec<f32> = (0..n_t * n_kv)
+                .map(|i| if i % n_kv > n_kv - n_t + i / n_kv { f32::NEG_INFINITY } else { 0.0 })
+                .collect();
+            let order = if n_t > 1 { DotOrder::TinyBlas } else { DotOrder::VecDot };
+            let h = Heads {
+                k_type: GgmlType::F16, v_type: GgmlType::F16, k: &k, k_stride: 2 * row, k_offset: 0,
+                v: &v, v_stride: 2 * row, v_offset: 0, head_dim_k: sh.head_dim, head_dim_v: sh.head_dim,
+                n_kv, q: &q, q_stride: sh.group * sh.head_dim, n_q: sh.group, n_t, mask: &mask, mask_stride: n_kv,
+                out_stride: sh.group * sh.head_dim, scale: 0.125, order_kq: order, order_vp: order,
+            };
+            if !h.supported() {
+                eprintln!("attention bench: no AVX-512 on this CPU, the kernel does not run");
+                return;
+            }
+            let mut out = vec![0f32; n_t * sh.group * sh.head_dim];
+            let mut s = AttnScratch::default();
+            let mut g = c.benchmark_group(format!("attn/{}/{kind}/{n_kv}", sh.name));
+            g.throughput(Throughput::Bytes((2 * n_kv * sh.head_dim * 2) as u64));
+            g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2)).sample_size(30);
+            g.bench_with_input(BenchmarkId::new("heads", sh.group), &(), |b, _| b.iter(|| attend(&h, &mut out, &mut s)));
+            g.finish();
+        }
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -39,10 +39,16 @@ impl Loader {
         }
         let start = self.file.data_offset + t.offset;
         let data = WeightBytes::Shared { owner: self.bytes.clone(), range: start..start + t.nbytes };
-        QMatrix::new(t.ggml_type, rows, cols, data).map_err(|e| match e {
+        let m = QMatrix::new(t.ggml_type, rows, cols, data).map_err(|e| match e {
             TensorError::Unsupported(ty) => EngineError::Unsupported(format!("tensor '{name}' has type {ty}, which the engine does not support")),
             TensorError::Shape(s) => self.file.error(format!("tensor '{name}': {s}")).into(),
-        })
+        })?;
+        if m.is_packed() {
+            // The products read the repacked copy: the file's pages need not stay resident
+            // (embedding lookups and leftover rows read a few back).
+            self.file.release(start, t.nbytes);
+        }
+        Ok(m)
     }
 
     pub fn opt_matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Option<QMatrix>> {

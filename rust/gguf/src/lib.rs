@@ -124,6 +124,20 @@ impl GgufFile {
     pub fn path(&self) -> &Path { &self.path }
     /// The whole file.
     pub fn bytes(&self) -> &[u8] { self.storage.bytes() }
+
+    /// Lets the kernel take back the pages of bytes start..start + len (of a mapped file;
+    /// nothing for a file read into memory). The bytes stay readable: a page touched again
+    /// is read back from the file. For data the caller has copied (repacked weights), so
+    /// that the process does not hold it twice.
+    pub fn release(&self, start: usize, len: usize) {
+        if let Storage::Mapped(m) = &self.storage {
+            if start.checked_add(len).is_some_and(|end| end <= m.len()) {
+                // SAFETY: the map is a read-only private mapping of a file, never written:
+                // a dropped page is reloaded from the file with the same contents.
+                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+            }
+        }
+    }
     pub fn is_mapped(&self) -> bool { matches!(self.storage, Storage::Mapped(_)) }
 
     pub fn get(&self, key: &str) -> Option<&Value> { self.index.get(key).map(|&i| &self.metadata[i].1) }

@@ -169,6 +169,9 @@ impl PackKind {
 pub struct HugeBuf {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
+    /// The mapping (Linux: start and length as mmap returned them).
+    #[cfg(target_os = "linux")]
+    map: (*mut libc::c_void, usize),
 }
 
 // SAFETY: plain owned bytes.
@@ -178,24 +181,42 @@ unsafe impl Sync for HugeBuf {}
 const HUGE_ALIGN: usize = 2 << 20;
 
 impl HugeBuf {
+    /// On Linux an anonymous mapping: the kernel supplies zero pages on first write, so the
+    /// threads that fill the buffer also take its page faults, in parallel.
+    #[cfg(target_os = "linux")]
+    pub fn zeroed(len: usize) -> HugeBuf {
+        if len == 0 {
+            return HugeBuf { ptr: std::ptr::NonNull::dangling(), len: 0, map: (std::ptr::null_mut(), 0) };
+        }
+        let total = len.checked_add(HUGE_ALIGN).expect("buffer size");
+        // SAFETY: a fresh private anonymous mapping, no file, no fixed address.
+        let raw = unsafe {
+            libc::mmap(std::ptr::null_mut(), total, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if raw == libc::MAP_FAILED {
+            std::alloc::handle_alloc_error(std::alloc::Layout::from_size_align(len, HUGE_ALIGN).expect("buffer size"));
+        }
+        let skip = (HUGE_ALIGN - raw as usize % HUGE_ALIGN) % HUGE_ALIGN;
+        // SAFETY: skip < HUGE_ALIGN, inside the mapping of len + HUGE_ALIGN bytes.
+        let start = unsafe { (raw as *mut u8).add(skip) };
+        // SAFETY: advising our own mapping; failure only loses the hint.
+        unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+        let ptr = std::ptr::NonNull::new(start).expect("mmap returned a non-null address");
+        HugeBuf { ptr, len, map: (raw, total) }
+    }
+
+    #[cfg(not(target_os = "linux"))]
     pub fn zeroed(len: usize) -> HugeBuf {
         if len == 0 {
             return HugeBuf { ptr: std::ptr::NonNull::dangling(), len: 0 };
         }
         let layout = std::alloc::Layout::from_size_align(len, HUGE_ALIGN).expect("buffer size");
-        // SAFETY: non-zero size. Not alloc_zeroed: it may touch the pages (as 4 KiB pages)
-        // before the advice below.
-        let raw = unsafe { std::alloc::alloc(layout) };
+        // SAFETY: non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        #[cfg(target_os = "linux")]
-        // SAFETY: advising our own allocation; failure only loses the hint.
-        unsafe {
-            libc::madvise(raw as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-        }
-        // SAFETY: len bytes allocated above.
-        unsafe { std::ptr::write_bytes(raw, 0, len) };
         HugeBuf { ptr, len }
     }
+
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: len initialized (zeroed) bytes owned by self.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
@@ -208,7 +229,16 @@ impl HugeBuf {
 
 impl Drop for HugeBuf {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if self.len == 0 {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        // SAFETY: the mapping made in `zeroed`, unmapped once.
+        unsafe {
+            libc::munmap(self.map.0, self.map.1);
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
             let layout = std::alloc::Layout::from_size_align(self.len, HUGE_ALIGN).expect("buffer size");
             // SAFETY: allocated in `zeroed` with this layout.
             unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
@@ -243,10 +273,26 @@ impl Packed {
         let n_groups = rows / GROUP;
         let mut data = HugeBuf::zeroed(group_bytes * n_groups);
         let row_bytes = nb * kind.row_block_bytes();
-        let bytes = data.as_mut_slice();
-        for (g, dst) in bytes.chunks_exact_mut(group_bytes.max(1)).enumerate().take(n_groups) {
-            let rows_src = &src[g * GROUP * row_bytes..(g + 1) * GROUP * row_bytes];
-            repack_group(kind, rows_src, row_bytes, nb, dst);
+        let bytes = &mut data.as_mut_slice()[..group_bytes * n_groups];
+        // Every core repacks a share of the groups (loading is this copy, and the first
+        // touch of each new page, which the kernel zeroes).
+        let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(n_groups / 64).max(1);
+        let per_thread = n_groups.div_ceil(n_threads).max(1);
+        let repack_range = |g0: usize, dst: &mut [u8]| {
+            for (i, out) in dst.chunks_exact_mut(group_bytes.max(1)).enumerate() {
+                let g = g0 + i;
+                repack_group(kind, &src[g * GROUP * row_bytes..(g + 1) * GROUP * row_bytes], row_bytes, nb, out);
+            }
+        };
+        if n_threads == 1 || group_bytes == 0 {
+            repack_range(0, bytes);
+        } else {
+            std::thread::scope(|scope| {
+                for (k, dst) in bytes.chunks_mut(per_thread * group_bytes).enumerate() {
+                    let repack_range = &repack_range;
+                    scope.spawn(move || repack_range(k * per_thread, dst));
+                }
+            });
         }
         Packed { kind, n_groups, cols, nb, plane, chunk_bytes, group_bytes, data }
     }
@@ -290,13 +336,11 @@ fn repack_group(kind: PackKind, src: &[u8], row_bytes: usize, nb: usize, dst: &m
                 PackKind::Q5_0 => {
                     p[0][2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
                     scatter_nibbles(&blk[6..22], r, p[1]);
+                    // Lane l's high bits (qh bits 4l..4l + 3) go to bits 4r..4r + 3 of the
+                    // lane's 64-bit mask: one nibble of one byte.
                     let qh = rd_u32(blk, 2);
                     for l in 0..8 {
-                        for k in 0..4 {
-                            if qh >> (4 * l + k) & 1 != 0 {
-                                p[2][l * 8 + (4 * r + k) / 8] |= 1 << ((4 * r + k) % 8);
-                            }
-                        }
+                        p[2][l * 8 + r / 2] |= (((qh >> (4 * l)) & 0xF) as u8) << (4 * (r % 2));
                     }
                 }
                 PackKind::Q4_0 | PackKind::Iq4Nl => {

@@ -121,7 +121,8 @@ class LlamaCppEngine:
     def system_info(self) -> str:
         return self.L.llama_print_system_info().decode().strip()
 
-    def load(self, path: Path, use_mmap: bool = True) -> "LcModel":
+    def load(self, path: Path, use_mmap: bool = True, settled: bool = True) -> "LcModel":
+        """``settled`` has no effect: llama.cpp repacks its weights inside the load."""
         return LcModel(self, path, use_mmap)
 
 
@@ -252,11 +253,22 @@ class FerrollamaEngine:
     def system_info(self) -> str:
         return f"ferrollama {self.version} ({Path(self.fl.__file__).parent})"
 
-    def load(self, path: Path, use_mmap: bool = True) -> "FlModel":
-        return FlModel(self, path, use_mmap)
+    def load(self, path: Path, use_mmap: bool = True, settled: bool = True) -> "FlModel":
+        """``settled``: return once the weights' repacking thread is done (throughput
+        measurements); False returns as soon as the model is usable (load-time measurements)."""
+        model = FlModel(self, path, use_mmap)
+        if settled:
+            model.settle()
+        return model
 
 
 class FlModel:
+    def settle(self, timeout_s: float = 300.0) -> None:
+        """Waits for the repacking thread (products run in place until it is done)."""
+        deadline = time.monotonic() + timeout_s
+        while getattr(self.m, "repack_pending", 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def __init__(self, engine: FerrollamaEngine, path: Path, use_mmap: bool) -> None:
         self.engine = engine
         self.m = engine.fl.Model(str(path), use_mmap=use_mmap)

@@ -48,6 +48,10 @@ class Model:
     @property
     def size(self) -> int: ...
     @property
+    def repack_pending(self) -> int:
+        """Weight matrices still waiting for their repacked copy, which a thread makes after
+        loading. Until then their products run on the rows in place: the same results, slower."""
+    @property
     def path(self) -> str: ...
     @property
     def metadata(self) -> dict[str, Any]: ...

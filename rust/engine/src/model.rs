@@ -52,6 +52,8 @@ pub struct Model {
     pub weights: Option<Weights>,
     pub vocab: Arc<Vocab>,
     pub load_ms: f64,
+    /// Matrices whose repacked copy is still being made (see `weights::Repacking`).
+    repack_pending: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Model {
@@ -88,9 +90,19 @@ impl Model {
             VocabError::Unsupported(m) => EngineError::Unsupported(format!("tokenizer: {m}")),
             VocabError::Invalid(m) => file.error(format!("tokenizer: {m}")).into(),
         })?);
-        let weights = if vocab_only { None } else { Some(load_weights(&file, &hparams)?) };
-        Ok(Model { file, arch, hparams, weights, vocab, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
+        let (weights, repack_pending) = if vocab_only {
+            (None, Arc::default())
+        } else {
+            let (weights, repacking) = load_weights(&file, &hparams)?;
+            (Some(weights), repacking.start())
+        };
+        Ok(Model { file, arch, hparams, weights, vocab, load_ms: t0.elapsed().as_secs_f64() * 1e3, repack_pending })
     }
+
+    /// Weight matrices still waiting for their repacked copy, which a thread makes after
+    /// loading; until a matrix has it, its products run on the rows in place (same results,
+    /// slower).
+    pub fn repack_pending(&self) -> usize { self.repack_pending.load(std::sync::atomic::Ordering::Acquire) }
 
     /// The architecture's name (general.architecture).
     pub fn arch_name(&self) -> &str { &self.hparams.arch }
@@ -106,7 +118,7 @@ impl Model {
     pub fn size(&self) -> usize { self.file.tensors.iter().map(|t| t.nbytes).sum() }
 }
 
-fn load_weights(file: &Arc<GgufFile>, hp: &HParams) -> Result<Weights> {
+fn load_weights(file: &Arc<GgufFile>, hp: &HParams) -> Result<(Weights, crate::weights::Repacking)> {
     let ld = Loader::new(file.clone());
     let (n_embd, n_ff) = (hp.n_embd, hp.n_ff);
     let (q_dim, k_dim, v_dim) = (hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa(), hp.n_embd_v_gqa());
@@ -135,5 +147,6 @@ fn load_weights(file: &Arc<GgufFile>, hp: &HParams) -> Result<Weights> {
             post_ffn_norm: ld.opt_vector(&n("post_ffw_norm.weight"), n_embd)?,
         });
     }
-    Ok(Weights { tok_embd, output_norm: ld.vector("output_norm.weight", n_embd)?, output, layers })
+    let output_norm = ld.vector("output_norm.weight", n_embd)?;
+    Ok((Weights { tok_embd, output_norm, output, layers }, ld.repacking()))
 }

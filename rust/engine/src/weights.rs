@@ -1,10 +1,12 @@
 //! Weights as typed views into the model file's map: matrices stay quantized in place,
 //! small vectors (norms, biases) are converted to f32 once.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferrollama_gguf::{GgufFile, TensorInfo};
-use ferrollama_tensor::{traits, QMatrix, TensorError, WeightBytes};
+use ferrollama_tensor::{traits, PackJob, QMatrix, TensorError, WeightBytes};
 
 use crate::error::{EngineError, Result};
 
@@ -19,12 +21,65 @@ impl AsRef<[u8]> for FileBytes {
 pub(crate) struct Loader {
     file: Arc<GgufFile>,
     bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    /// The repacking left to do, in load order (see `Repacking`).
+    jobs: RefCell<Vec<Repack>>,
+}
+
+/// One matrix's repacking, and where its bytes lie in the file.
+struct Repack {
+    name: String,
+    job: PackJob,
+    range: std::ops::Range<usize>,
+}
+
+/// The repacking of a model's matrices, run after loading on a thread of its own: loading
+/// returns as soon as the file is mapped, the first products run on the rows in place (the
+/// same bits), and each matrix switches to its packed copy when it is ready.
+pub(crate) struct Repacking {
+    file: Arc<GgufFile>,
+    jobs: Vec<Repack>,
+    /// Matrices still waiting for their copy (shared with the model, for `Model::repack_pending`).
+    pending: Arc<AtomicUsize>,
+}
+
+impl Repacking {
+    /// Starts the thread (nothing to do: no thread). Layers first, in order, then the
+    /// embedding and output matrices: the order a decode uses them.
+    pub fn start(mut self) -> Arc<AtomicUsize> {
+        let pending = self.pending.clone();
+        pending.store(self.jobs.len(), Ordering::Release);
+        if self.jobs.is_empty() {
+            return pending;
+        }
+        self.jobs.sort_by_key(|r| !r.name.starts_with("blk."));
+        let spawned = std::thread::Builder::new().name("ferrollama-repack".into()).spawn(move || {
+            for r in self.jobs {
+                // One thread: the decodes that run meanwhile keep the cores.
+                if r.job.run(1) {
+                    // The products now read the copy: the file's pages need not stay
+                    // resident (embedding lookups and leftover rows read a few back).
+                    self.file.release(r.range.start, r.range.len());
+                }
+                self.pending.fetch_sub(1, Ordering::AcqRel);
+            }
+        });
+        if spawned.is_err() {
+            // No thread (resource limits): the matrices stay in place, correct and slower.
+            pending.store(0, Ordering::Release);
+        }
+        pending
+    }
 }
 
 impl Loader {
     pub fn new(file: Arc<GgufFile>) -> Loader {
         let bytes = Arc::new(FileBytes(file.clone()));
-        Loader { file, bytes }
+        Loader { file, bytes, jobs: RefCell::new(Vec::new()) }
+    }
+
+    /// The repacking the loaded matrices wait for.
+    pub fn repacking(self) -> Repacking {
+        Repacking { file: self.file, jobs: self.jobs.into_inner(), pending: Arc::new(AtomicUsize::new(0)) }
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo> {
@@ -39,14 +94,12 @@ impl Loader {
         }
         let start = self.file.data_offset + t.offset;
         let data = WeightBytes::Shared { owner: self.bytes.clone(), range: start..start + t.nbytes };
-        let m = QMatrix::new(t.ggml_type, rows, cols, data).map_err(|e| match e {
+        let (m, job) = QMatrix::new_deferred(t.ggml_type, rows, cols, data).map_err(|e| match e {
             TensorError::Unsupported(ty) => EngineError::Unsupported(format!("tensor '{name}' has type {ty}, which the engine does not support")),
             TensorError::Shape(s) => self.file.error(format!("tensor '{name}': {s}")).into(),
         })?;
-        if m.is_packed() {
-            // The products read the repacked copy: the file's pages need not stay resident
-            // (embedding lookups and leftover rows read a few back).
-            self.file.release(start, t.nbytes);
+        if let Some(job) = job {
+            self.jobs.borrow_mut().push(Repack { name: name.to_string(), job, range: start..start + t.nbytes });
         }
         Ok(m)
     }

@@ -94,6 +94,9 @@ impl PyModel {
     #[getter] fn n_head_kv(&self) -> usize { self.inner.hparams.n_head_kv }
     #[getter] fn n_params(&self) -> usize { self.inner.n_params() }
     #[getter] fn size(&self) -> usize { self.inner.size() }
+    /// Weight matrices still waiting for their repacked copy (made on a thread after
+    /// loading; results are the same before and after, only the speed differs).
+    #[getter] fn repack_pending(&self) -> usize { self.inner.repack_pending() }
     #[getter] fn path(&self) -> String { self.inner.file.path().display().to_string() }
 
     /// Every GGUF metadata key with its value (arrays as lists, strings as str).

@@ -1,7 +1,7 @@
 //! Quantized weight matrices and the matrix product.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use crate::packed::{self, KindKernels, PackKind, Packed, PackedActs};
 use crate::traits::{VecDot, VecDotX4};
@@ -27,7 +27,10 @@ impl WeightBytes {
 /// A row-major matrix of `rows` rows of `cols` elements of type `ty` (ggml's ne0 = cols).
 ///
 /// On CPUs with packed kernels (AVX-512 VNNI) the whole 16-row groups of the types that have
-/// them are also kept repacked (`crate::packed`); the products use that copy.
+/// them are also kept repacked (`crate::packed`); the products use that copy once it exists.
+/// The copy is made at construction (`new`) or later by a [`PackJob`] (`new_deferred`);
+/// until then the products run on the rows in place. Both give the same bits (the packed
+/// kernels repeat the in-place row arithmetic), so when the copy appears does not matter.
 #[derive(Clone)]
 pub struct QMatrix {
     pub ty: GgmlType,
@@ -35,7 +38,7 @@ pub struct QMatrix {
     pub cols: usize,
     traits: &'static TypeTraits,
     data: WeightBytes,
-    packed: Option<(Arc<Packed>, KindKernels)>,
+    packed: Arc<OnceLock<(Arc<Packed>, KindKernels)>>,
     /// The per-row dot product the product computes (see [`QMatrix::row_dot`]).
     row_dot: VecDot,
     row_dot_x4: Option<VecDotX4>,
@@ -81,17 +84,36 @@ impl QMatrix {
                 "{rows}x{cols} {ty} needs {want} bytes, found {}", data.bytes().len()
             )));
         }
-        let packed = PackKind::of(ty)
-            .filter(|k| repack && rows >= packed::GROUP && (!k.one_accumulator() || rows % 8 == 0))
-            .and_then(|kind| packed::kernels(kind).map(|kk| (Arc::new(Packed::new(kind, data.bytes(), rows, cols)), kk)));
         let (row_dot, row_dot_x4) = llama_row_dot(traits, rows);
-        Ok(QMatrix { ty, rows, cols, traits, data, packed, row_dot, row_dot_x4 })
+        let m = QMatrix { ty, rows, cols, traits, data, packed: Arc::new(OnceLock::new()), row_dot, row_dot_x4 };
+        if repack {
+            if let Some(job) = m.pack_job() {
+                job.run(usize::MAX);
+            }
+        }
+        Ok(m)
     }
+
+    /// A matrix whose repacked copy is left to the returned job (None when it gets none):
+    /// the caller runs it when it likes, on any thread, e.g. after loading so that loading
+    /// does not wait for it.
+    pub fn new_deferred(ty: GgmlType, rows: usize, cols: usize, data: WeightBytes) -> Result<(QMatrix, Option<PackJob>), TensorError> {
+        let m = Self::with_layout(ty, rows, cols, data, false)?;
+        let job = if repack_enabled() { m.pack_job() } else { None };
+        Ok((m, job))
+    }
+
+    fn pack_job(&self) -> Option<PackJob> {
+        let kind = PackKind::of(self.ty).filter(|k| self.rows >= packed::GROUP && (!k.one_accumulator() || self.rows % 8 == 0))?;
+        let kernels = packed::kernels(kind)?;
+        Some(PackJob { slot: Arc::downgrade(&self.packed), data: self.data.clone(), kind, kernels, rows: self.rows, cols: self.cols })
+    }
+
     /// The dot product of one weight row with one activation row (of the `vec_dot_type`)
     /// that the product computes for every output, bit for bit.
     pub fn row_dot(&self) -> VecDot { self.row_dot }
     /// True when the products use a repacked copy of the rows.
-    pub fn is_packed(&self) -> bool { self.packed.is_some() }
+    pub fn is_packed(&self) -> bool { self.packed.get().is_some() }
     pub fn traits(&self) -> &'static TypeTraits { self.traits }
     pub fn row_bytes(&self) -> usize { self.traits.row_bytes(self.cols) }
     pub fn row(&self, r: usize) -> &[u8] {
@@ -101,6 +123,30 @@ impl QMatrix {
     /// Row `r` as f32 (embedding lookup).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         (self.traits.to_f32)(self.row(r), &mut out[..self.cols]);
+    }
+}
+
+/// The repacking of one matrix, to run later (see [`QMatrix::new_deferred`]).
+pub struct PackJob {
+    /// Gone when every copy of the matrix was dropped: then there is nothing to do.
+    slot: Weak<OnceLock<(Arc<Packed>, KindKernels)>>,
+    data: WeightBytes,
+    kind: PackKind,
+    kernels: KindKernels,
+    rows: usize,
+    cols: usize,
+}
+
+impl PackJob {
+    /// Repacks on up to `max_threads` threads; true when the matrix now has its copy (false:
+    /// the matrix is gone, or was packed already).
+    pub fn run(self, max_threads: usize) -> bool {
+        let Some(slot) = self.slot.upgrade() else { return false };
+        if slot.get().is_some() {
+            return false;
+        }
+        let packed = Packed::new(self.kind, self.data.bytes(), self.rows, self.cols, max_threads);
+        slot.set((Arc::new(packed), self.kernels)).is_ok()
     }
 }
 
@@ -129,7 +175,7 @@ pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch:
     }
     let dot_traits = traits(w.traits.vec_dot_type).expect("vec_dot types are in the table");
     let mut first_plain_row = 0;
-    if let Some((p, kk)) = &w.packed {
+    if let Some((p, kk)) = w.packed.get() {
         packed::pack_activations(p.kind.act(), dot_traits, &x[..n_tokens * w.cols], w.cols, n_tokens, &mut scratch.packed, threads);
         packed::product(p, kk, &scratch.packed, n_tokens, out.as_mut_ptr(), w.rows, threads);
         first_plain_row = p.n_groups * packed::GROUP;

@@ -265,8 +265,9 @@ fn align64(n: usize) -> usize {
 }
 
 impl Packed {
-    /// Repacks the whole groups of `rows` rows of `cols` elements stored row-major in `src`.
-    pub fn new(kind: PackKind, src: &[u8], rows: usize, cols: usize) -> Packed {
+    /// Repacks the whole groups of `rows` rows of `cols` elements stored row-major in `src`,
+    /// on up to `max_threads` threads.
+    pub fn new(kind: PackKind, src: &[u8], rows: usize, cols: usize, max_threads: usize) -> Packed {
         let nb = cols / kind.block();
         let (plane, chunk_bytes) = kind.chunk_layout();
         let group_bytes = nb.div_ceil(kind.blocks_per_chunk()) * chunk_bytes;
@@ -276,7 +277,7 @@ impl Packed {
         let bytes = &mut data.as_mut_slice()[..group_bytes * n_groups];
         // Every core repacks a share of the groups (loading is this copy, and the first
         // touch of each new page, which the kernel zeroes).
-        let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(n_groups / 64).max(1);
+        let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(max_threads).min(n_groups / 64).max(1);
         let per_thread = n_groups.div_ceil(n_threads).max(1);
         let repack_range = |g0: usize, dst: &mut [u8]| {
             for (i, out) in dst.chunks_exact_mut(group_bytes.max(1)).enumerate() {

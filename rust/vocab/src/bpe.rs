@@ -46,8 +46,13 @@ pub(crate) struct Bpe {
 /// GPT-2 byte map (such a string can never be produced from text). The map's code points
 /// are all below U+0144, so only 1- and 2-byte UTF-8 sequences can qualify.
 fn decode_byte_level(text: &[u8]) -> Option<Vec<u8>> {
-    let n_chars = text.iter().filter(|&&b| b & 0xC0 != 0x80).count();
-    let mut out = Vec::with_capacity(n_chars);
+    let mut out = Vec::with_capacity(text.len());
+    decode_byte_level_into(text, &mut out).then_some(out)
+}
+
+/// `decode_byte_level` into a reused buffer (cleared first); false for an undecodable text.
+fn decode_byte_level_into(text: &[u8], out: &mut Vec<u8>) -> bool {
+    out.clear();
     let mut i = 0;
     while i < text.len() {
         let b = text[i];
@@ -59,11 +64,14 @@ fn decode_byte_level(text: &[u8]) -> Option<Vec<u8>> {
             i += 2;
             c
         } else {
-            return None;
+            return false;
         };
-        out.push(unicode::cpt_to_byte(cpt)?);
+        match unicode::cpt_to_byte(cpt) {
+            Some(byte) => out.push(byte),
+            None => return false,
+        }
     }
-    Some(out)
+    true
 }
 
 fn pair_key(left: u32, right: u32) -> u64 { ((left as u64) << 32) | right as u64 }
@@ -83,20 +91,34 @@ impl Bpe {
         }
         let mut ranks = fast_map(merges.len());
         let mut next_extra = n_tokens;
+        // The two sides of a merge, decoded into reused buffers: most are tokens already, so
+        // a lookup without allocating finds them (loading a 151k-merge vocabulary is mostly
+        // this loop).
+        let (mut lbuf, mut rbuf) = (Vec::new(), Vec::new());
+        let decode = |text: &[u8], buf: &mut Vec<u8>| {
+            if byte_encode {
+                decode_byte_level_into(text, buf)
+            } else {
+                buf.clear();
+                buf.extend_from_slice(text);
+                true
+            }
+        };
         for (rank, merge) in merges.iter().enumerate() {
             // split at the first space after position 0; no space: never applicable
             let Some(p) = merge.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else { continue };
-            let (Some(l), Some(r)) = (to_key(&merge[..p]), to_key(&merge[p + 1..])) else { continue };
-            if l.is_empty() || r.is_empty() {
+            if !decode(&merge[..p], &mut lbuf) || !decode(&merge[p + 1..], &mut rbuf) || lbuf.is_empty() || rbuf.is_empty() {
                 continue;
             }
-            let mut key_of = |k: Vec<u8>| {
-                *keys.entry(k.into_boxed_slice()).or_insert_with(|| {
+            let mut key_of = |k: &[u8]| match keys.get(k) {
+                Some(&id) => id,
+                None => {
+                    keys.insert(k.into(), next_extra);
                     next_extra += 1;
                     next_extra - 1
-                })
+                }
             };
-            let (lk, rk) = (key_of(l), key_of(r));
+            let (lk, rk) = (key_of(&lbuf), key_of(&rbuf));
             ranks.entry(pair_key(lk, rk)).or_insert(rank as u32);
         }
         let byte_keys = std::array::from_fn(|b| keys.get([b as u8].as_slice()).copied().unwrap_or(NONE));

@@ -94,6 +94,7 @@ def run_fuzz(tmp_path: Path, n: int) -> dict[str, int]:
     for k, src in enumerate([DATA / "models" / "tiny-llama-q4_k.gguf", DATA / "models" / "tiny-llama-q8_0.gguf"]):
         for m in mutants(src.read_bytes(), n // 2, seed=k):
             target.write_bytes(m)
+            model = ctx = None
             try:
                 model = fl.Model(target)
                 ctx = fl.Context(model, n_ctx=64)
@@ -102,6 +103,9 @@ def run_fuzz(tmp_path: Path, n: int) -> dict[str, int]:
             except (fl.Error, ValueError) as e:
                 assert "mutant.gguf" in str(e) or not isinstance(e, fl.GGUFError)
                 counts["error"] += 1
+            # The model maps the file (and repacks from it on a thread): it must be gone
+            # before the file is rewritten, as with any memory-mapped loader.
+            del model, ctx
     return counts
 
 

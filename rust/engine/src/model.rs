@@ -52,8 +52,8 @@ pub struct Model {
     pub weights: Option<Weights>,
     pub vocab: Arc<Vocab>,
     pub load_ms: f64,
-    /// Matrices whose repacked copy is still being made (see `weights::Repacking`).
-    repack_pending: Arc<std::sync::atomic::AtomicUsize>,
+    /// The thread making the matrices' repacked copies (see `weights::Repacking`).
+    repack: crate::weights::RepackHandle,
 }
 
 impl Model {
@@ -90,19 +90,19 @@ impl Model {
             VocabError::Unsupported(m) => EngineError::Unsupported(format!("tokenizer: {m}")),
             VocabError::Invalid(m) => file.error(format!("tokenizer: {m}")).into(),
         })?);
-        let (weights, repack_pending) = if vocab_only {
-            (None, Arc::default())
+        let (weights, repack) = if vocab_only {
+            (None, crate::weights::RepackHandle::none())
         } else {
             let (weights, repacking) = load_weights(&file, &hparams)?;
             (Some(weights), repacking.start())
         };
-        Ok(Model { file, arch, hparams, weights, vocab, load_ms: t0.elapsed().as_secs_f64() * 1e3, repack_pending })
+        Ok(Model { file, arch, hparams, weights, vocab, load_ms: t0.elapsed().as_secs_f64() * 1e3, repack })
     }
 
     /// Weight matrices still waiting for their repacked copy, which a thread makes after
     /// loading; until a matrix has it, its products run on the rows in place (same results,
     /// slower).
-    pub fn repack_pending(&self) -> usize { self.repack_pending.load(std::sync::atomic::Ordering::Acquire) }
+    pub fn repack_pending(&self) -> usize { self.repack.pending.load(std::sync::atomic::Ordering::Acquire) }
 
     /// The architecture's name (general.architecture).
     pub fn arch_name(&self) -> &str { &self.hparams.arch }

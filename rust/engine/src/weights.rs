@@ -2,7 +2,7 @@
 //! small vectors (norms, biases) are converted to f32 once.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferrollama_gguf::{GgufFile, TensorInfo};
@@ -45,15 +45,20 @@ pub(crate) struct Repacking {
 impl Repacking {
     /// Starts the thread (nothing to do: no thread). Layers first, in order, then the
     /// embedding and output matrices: the order a decode uses them.
-    pub fn start(mut self) -> Arc<AtomicUsize> {
+    pub fn start(mut self) -> RepackHandle {
         let pending = self.pending.clone();
         pending.store(self.jobs.len(), Ordering::Release);
+        let cancel = Arc::new(AtomicBool::new(false));
         if self.jobs.is_empty() {
-            return pending;
+            return RepackHandle { pending, cancel, thread: None };
         }
         self.jobs.sort_by_key(|r| !r.name.starts_with("blk."));
+        let stop = cancel.clone();
         let spawned = std::thread::Builder::new().name("ferrollama-repack".into()).spawn(move || {
             for r in self.jobs {
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
                 // One thread: the decodes that run meanwhile keep the cores.
                 if r.job.run(1) {
                     // The products now read the copy: the file's pages need not stay
@@ -63,11 +68,41 @@ impl Repacking {
                 self.pending.fetch_sub(1, Ordering::AcqRel);
             }
         });
-        if spawned.is_err() {
-            // No thread (resource limits): the matrices stay in place, correct and slower.
-            pending.store(0, Ordering::Release);
+        let thread = match spawned {
+            Ok(t) => Some(t),
+            Err(_) => {
+                // No thread (resource limits): the matrices stay in place, correct and slower.
+                pending.store(0, Ordering::Release);
+                None
+            }
+        };
+        RepackHandle { pending, cancel, thread }
+    }
+}
+
+/// The model's side of the repacking thread. Dropping it (with the model) stops the thread
+/// after the matrix it is copying and waits for it: once a model is gone, nothing reads its
+/// file any more (the file may then be rewritten).
+pub(crate) struct RepackHandle {
+    pub pending: Arc<AtomicUsize>,
+    cancel: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RepackHandle {
+    /// No repacking (a vocab-only model).
+    pub fn none() -> RepackHandle {
+        RepackHandle { pending: Arc::default(), cancel: Arc::default(), thread: None }
+    }
+}
+
+impl Drop for RepackHandle {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            // A panic there only lost the remaining copies: nothing to report at drop.
+            let _ = t.join();
         }
-        pending
     }
 }
 

@@ -265,9 +265,9 @@ class FerrollamaEngine:
 class FlModel:
     def settle(self, timeout_s: float = 300.0) -> None:
         """Waits for the repacking thread (products run in place until it is done)."""
-        deadline = time.monotonic() + timeout_s
-        while getattr(self.m, "repack_pending", 0) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait = getattr(self.m, "wait_repacked", None)  # older builds repack inside the load
+        if wait is not None:
+            wait(timeout_s)
 
     def __init__(self, engine: FerrollamaEngine, path: Path, use_mmap: bool) -> None:
         self.engine = engine

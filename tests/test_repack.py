@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -38,9 +37,7 @@ def _has_avx512_vnni() -> bool:
 
 
 def _wait_for_repacking(m: fl.Model, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while m.repack_pending and time.monotonic() < deadline:
-        time.sleep(0.05)
+    m.wait_repacked(timeout_s)
     assert m.repack_pending == 0, "the repacking thread did not finish"
 
 
@@ -72,3 +69,12 @@ def test_logits_are_identical_in_place_and_repacked(arch: str) -> None:
 def test_a_vocab_only_model_has_nothing_to_repack() -> None:
     m = fl.Model(str(model_path(REAL_MODELS["qwen2"])), vocab_only=True)
     assert m.repack_pending == 0
+
+
+def test_waiting_for_the_repacking() -> None:
+    m = fl.Model(str(model_path(REAL_MODELS["gemma3"])))
+    with pytest.raises(ValueError):
+        m.wait_repacked(-1.0)
+    assert m.wait_repacked() is True
+    assert m.repack_pending == 0
+    assert m.wait_repacked(0.0) is True

@@ -51,6 +51,9 @@ class Model:
     def repack_pending(self) -> int:
         """Weight matrices still waiting for their repacked copy, which a thread makes after
         loading. Until then their products run on the rows in place: the same results, slower."""
+    def wait_repacked(self, timeout: float | None = None) -> bool:
+        """Waits (releasing the GIL) until every matrix has its repacked copy, at most `timeout`
+        seconds; True when they all do."""
     @property
     def path(self) -> str: ...
     @property

@@ -224,8 +224,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     # The weights are repacked on a thread after loading (llama-bench's llama.cpp does it
     # inside the load): measure the steady state.
-    while model.repack_pending:
-        time.sleep(0.01)
+    model.wait_repacked()
     bench = Bench(model, random.Random(1))
     results: list[Result] = []
     total = len(tests) * len(instances) * args.repetitions

@@ -104,6 +104,19 @@ impl Model {
     /// slower).
     pub fn repack_pending(&self) -> usize { self.repack.pending.load(std::sync::atomic::Ordering::Acquire) }
 
+    /// Waits until every matrix has its repacked copy, at most `timeout`; true when they do.
+    pub fn wait_repacked(&self, timeout: std::time::Duration) -> bool {
+        // None: too far to represent, i.e. no limit.
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        while self.repack_pending() > 0 {
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        true
+    }
+
     /// The architecture's name (general.architecture).
     pub fn arch_name(&self) -> &str { &self.hparams.arch }
 

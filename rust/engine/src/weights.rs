@@ -38,16 +38,15 @@ struct Repack {
 pub(crate) struct Repacking {
     file: Arc<GgufFile>,
     jobs: Vec<Repack>,
-    /// Matrices still waiting for their copy (shared with the model, for `Model::repack_pending`).
-    pending: Arc<AtomicUsize>,
 }
 
 impl Repacking {
     /// Starts the thread (nothing to do: no thread). Layers first, in order, then the
     /// embedding and output matrices: the order a decode uses them.
     pub fn start(mut self) -> RepackHandle {
-        let pending = self.pending.clone();
-        pending.store(self.jobs.len(), Ordering::Release);
+        // Matrices still waiting for their copy (shared with the model's handle).
+        let pending = Arc::new(AtomicUsize::new(self.jobs.len()));
+        let left = pending.clone();
         let cancel = Arc::new(AtomicBool::new(false));
         if self.jobs.is_empty() {
             return RepackHandle { pending, cancel, thread: None };
@@ -65,7 +64,7 @@ impl Repacking {
                     // resident (embedding lookups and leftover rows read a few back).
                     self.file.release(r.range.start, r.range.len());
                 }
-                self.pending.fetch_sub(1, Ordering::AcqRel);
+                left.fetch_sub(1, Ordering::AcqRel);
             }
         });
         let thread = match spawned {
@@ -114,7 +113,7 @@ impl Loader {
 
     /// The repacking the loaded matrices wait for.
     pub fn repacking(self) -> Repacking {
-        Repacking { file: self.file, jobs: self.jobs.into_inner(), pending: Arc::new(AtomicUsize::new(0)) }
+        Repacking { file: self.file, jobs: self.jobs.into_inner() }
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo> {

@@ -97,6 +97,17 @@ impl PyModel {
     /// Weight matrices still waiting for their repacked copy (made on a thread after
     /// loading; results are the same before and after, only the speed differs).
     #[getter] fn repack_pending(&self) -> usize { self.inner.repack_pending() }
+    /// Waits (without the GIL) until every weight matrix has its repacked copy, at most
+    /// `timeout` seconds (None: as long as it takes); True when they all do.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_repacked(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let limit = match timeout {
+            None => std::time::Duration::MAX,
+            Some(t) if t.is_finite() && t >= 0.0 => std::time::Duration::from_secs_f64(t.min(1e9)),
+            Some(t) => return Err(pyo3::exceptions::PyValueError::new_err(format!("timeout must be a non-negative number of seconds, not {t}"))),
+        };
+        Ok(py.allow_threads(|| self.inner.wait_repacked(limit)))
+    }
     #[getter] fn path(&self) -> String { self.inner.file.path().display().to_string() }
 
     /// Every GGUF metadata key with its value (arrays as lists, strings as str).

@@ -32,6 +32,10 @@ struct Repack {
     range: std::ops::Range<usize>,
 }
 
+/// Source bytes repacked and published at a time: small next to the weights (the extra
+/// memory while copying), large next to a page and a syscall.
+const PART_BYTES: usize = 1 << 20;
+
 /// The repacking of a model's matrices, run after loading on a thread of its own: loading
 /// returns as soon as the file is mapped, the first products run on the rows in place (the
 /// same bits), and each matrix switches to its packed copy when it is ready.
@@ -58,12 +62,14 @@ impl Repacking {
                 if stop.load(Ordering::Acquire) {
                     break;
                 }
-                // One thread: the decodes that run meanwhile keep the cores.
-                if r.job.run(1) {
-                    // The products now read the copy: the file's pages need not stay
-                    // resident (embedding lookups and leftover rows read a few back).
-                    self.file.release(r.range.start, r.range.len());
-                }
+                // One thread, so that the decodes that run meanwhile keep the cores. Each
+                // part's file pages are dropped as soon as the products read its copy
+                // (embedding lookups and leftover rows read a few back), so the process
+                // never holds much of the weights twice.
+                r.job.run_in_parts(PART_BYTES, |done| {
+                    self.file.release(r.range.start + done.start, done.len());
+                    !stop.load(Ordering::Acquire)
+                });
                 left.fetch_sub(1, Ordering::AcqRel);
             }
         });
@@ -80,7 +86,7 @@ impl Repacking {
 }
 
 /// The model's side of the repacking thread. Dropping it (with the model) stops the thread
-/// after the matrix it is copying and waits for it: once a model is gone, nothing reads its
+/// after the part it is copying and waits for it: once a model is gone, nothing reads its
 /// file any more (the file may then be rewritten).
 pub(crate) struct RepackHandle {
     pub pending: Arc<AtomicUsize>,

@@ -27,10 +27,11 @@ impl WeightBytes {
 /// A row-major matrix of `rows` rows of `cols` elements of type `ty` (ggml's ne0 = cols).
 ///
 /// On CPUs with packed kernels (AVX-512 VNNI) the whole 16-row groups of the types that have
-/// them are also kept repacked (`crate::packed`); the products use that copy once it exists.
-/// The copy is made at construction (`new`) or later by a [`PackJob`] (`new_deferred`);
-/// until then the products run on the rows in place. Both give the same bits (the packed
-/// kernels repeat the in-place row arithmetic), so when the copy appears does not matter.
+/// them are also kept repacked (`crate::packed`); the products use the groups of that copy
+/// published so far and the rows in place for the rest. The copy is made at construction
+/// (`new`) or later by a [`PackJob`] (`new_deferred`), possibly part by part. Both give the
+/// same bits (the packed kernels repeat the in-place row arithmetic), so when each group
+/// switches does not matter.
 #[derive(Clone)]
 pub struct QMatrix {
     pub ty: GgmlType,
@@ -112,8 +113,8 @@ impl QMatrix {
     /// The dot product of one weight row with one activation row (of the `vec_dot_type`)
     /// that the product computes for every output, bit for bit.
     pub fn row_dot(&self) -> VecDot { self.row_dot }
-    /// True when the products use a repacked copy of the rows.
-    pub fn is_packed(&self) -> bool { self.packed.get().is_some() }
+    /// True when the products use a repacked copy of every whole 16-row group.
+    pub fn is_packed(&self) -> bool { self.packed.get().is_some_and(|(p, _)| p.ready_groups() == p.n_groups) }
     pub fn traits(&self) -> &'static TypeTraits { self.traits }
     pub fn row_bytes(&self) -> usize { self.traits.row_bytes(self.cols) }
     pub fn row(&self, r: usize) -> &[u8] {
@@ -148,6 +149,28 @@ impl PackJob {
         let packed = Packed::new(self.kind, self.data.bytes(), self.rows, self.cols, max_threads);
         slot.set((Arc::new(packed), self.kernels)).is_ok()
     }
+
+    /// Repacks on the calling thread, publishing the copy about `part_bytes` of source at a
+    /// time: after each part, `on_part(range)` is told which bytes of the matrix's rows the
+    /// products no longer read (the caller may drop their pages), and may return false to
+    /// stop there (the rest of the rows stay in place). True when every group was copied.
+    pub fn run_in_parts(self, part_bytes: usize, mut on_part: impl FnMut(Range<usize>) -> bool) -> bool {
+        let Some(slot) = self.slot.upgrade() else { return false };
+        let packed = Arc::new(Packed::allocate(self.kind, self.rows, self.cols));
+        if slot.set((packed.clone(), self.kernels)).is_err() {
+            return false;
+        }
+        let groups_per_part = (part_bytes / packed.src_bytes(1).max(1)).max(1);
+        let src = self.data.bytes();
+        while packed.ready_groups() < packed.n_groups {
+            let done = packed.ready_groups();
+            packed.fill_to(src, done + groups_per_part, 1);
+            if !on_part(packed.src_bytes(done)..packed.src_bytes(packed.ready_groups())) {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 /// Buffers a matrix product reuses between calls (the quantized activations).
@@ -175,10 +198,12 @@ pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch:
     }
     let dot_traits = traits(w.traits.vec_dot_type).expect("vec_dot types are in the table");
     let mut first_plain_row = 0;
-    if let Some((p, kk)) = w.packed.get() {
+    // The groups whose copy is published (all, once repacking is done) run packed.
+    if let Some((p, kk)) = w.packed.get().filter(|(p, _)| p.ready_groups() > 0) {
+        let n_groups = p.ready_groups();
         packed::pack_activations(p.kind.act(), dot_traits, &x[..n_tokens * w.cols], w.cols, n_tokens, &mut scratch.packed, threads);
-        packed::product(p, kk, &scratch.packed, n_tokens, out.as_mut_ptr(), w.rows, threads);
-        first_plain_row = p.n_groups * packed::GROUP;
+        packed::product(p, n_groups, kk, &scratch.packed, n_tokens, out.as_mut_ptr(), w.rows, threads);
+        first_plain_row = n_groups * packed::GROUP;
         if first_plain_row == w.rows {
             return;
         }

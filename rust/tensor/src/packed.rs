@@ -22,6 +22,9 @@
 use crate::scalar::kquants::{scale_min_k4, QK_K, Q4_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
 use crate::scalar::legacy::{Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
 use crate::util::{f16_to_f32, rd_f32, rd_i16, rd_u32};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
 use crate::{GgmlType, Threads, TypeTraits};
 
 /// Rows per group.
@@ -166,7 +169,7 @@ impl PackKind {
 /// Zeroed bytes aligned to 2 MiB and, on Linux, advised to be backed by transparent huge
 /// pages: a product streams hundreds of megabytes, and with 4 KiB pages (under a hypervisor,
 /// two-level page walks) the TLB misses cost a third of the memory bandwidth.
-pub struct HugeBuf {
+struct HugeBuf {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
     /// The mapping (Linux: start and length as mmap returned them).
@@ -184,7 +187,7 @@ impl HugeBuf {
     /// On Linux an anonymous mapping: the kernel supplies zero pages on first write, so the
     /// threads that fill the buffer also take its page faults, in parallel.
     #[cfg(target_os = "linux")]
-    pub fn zeroed(len: usize) -> HugeBuf {
+    fn zeroed(len: usize) -> HugeBuf {
         if len == 0 {
             return HugeBuf { ptr: std::ptr::NonNull::dangling(), len: 0, map: (std::ptr::null_mut(), 0) };
         }
@@ -206,7 +209,7 @@ impl HugeBuf {
     }
 
     #[cfg(not(target_os = "linux"))]
-    pub fn zeroed(len: usize) -> HugeBuf {
+    fn zeroed(len: usize) -> HugeBuf {
         if len == 0 {
             return HugeBuf { ptr: std::ptr::NonNull::dangling(), len: 0 };
         }
@@ -215,15 +218,6 @@ impl HugeBuf {
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         HugeBuf { ptr, len }
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: len initialized (zeroed) bytes owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -246,7 +240,9 @@ impl Drop for HugeBuf {
     }
 }
 
-/// The first `n_groups * 16` rows of a matrix in the packed layout.
+/// The first `n_groups * 16` rows of a matrix in the packed layout, filled front to back
+/// and published group by group: products read the first `ready_groups()` groups from here
+/// and the other rows in place, so a copy being made is already used for what it holds.
 pub struct Packed {
     pub kind: PackKind,
     pub n_groups: usize,
@@ -257,7 +253,13 @@ pub struct Packed {
     pub plane: [usize; 5],
     pub chunk_bytes: usize,
     pub group_bytes: usize,
+    /// Bytes per plain row.
+    row_bytes: usize,
     data: HugeBuf,
+    /// Groups written and visible to readers (Release on publishing, Acquire on reading).
+    ready: AtomicUsize,
+    /// Held while groups are written, so that two fillers never write the same group.
+    filling: Mutex<()>,
 }
 
 fn align64(n: usize) -> usize {
@@ -265,41 +267,78 @@ fn align64(n: usize) -> usize {
 }
 
 impl Packed {
-    /// Repacks the whole groups of `rows` rows of `cols` elements stored row-major in `src`,
-    /// on up to `max_threads` threads.
-    pub fn new(kind: PackKind, src: &[u8], rows: usize, cols: usize, max_threads: usize) -> Packed {
+    /// An empty copy of the whole groups of `rows` rows of `cols` elements: no group is
+    /// ready, and the memory is taken only as groups are written.
+    pub fn allocate(kind: PackKind, rows: usize, cols: usize) -> Packed {
         let nb = cols / kind.block();
         let (plane, chunk_bytes) = kind.chunk_layout();
         let group_bytes = nb.div_ceil(kind.blocks_per_chunk()) * chunk_bytes;
         let n_groups = rows / GROUP;
-        let mut data = HugeBuf::zeroed(group_bytes * n_groups);
         let row_bytes = nb * kind.row_block_bytes();
-        let bytes = &mut data.as_mut_slice()[..group_bytes * n_groups];
+        let data = HugeBuf::zeroed(group_bytes * n_groups);
+        Packed { kind, n_groups, cols, nb, plane, chunk_bytes, group_bytes, row_bytes, data, ready: AtomicUsize::new(0), filling: Mutex::new(()) }
+    }
+
+    /// Repacks the whole groups of `rows` rows of `cols` elements stored row-major in `src`,
+    /// on up to `max_threads` threads.
+    pub fn new(kind: PackKind, src: &[u8], rows: usize, cols: usize, max_threads: usize) -> Packed {
+        let packed = Packed::allocate(kind, rows, cols);
         // Every core repacks a share of the groups (loading is this copy, and the first
         // touch of each new page, which the kernel zeroes).
-        let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(max_threads).min(n_groups / 64).max(1);
-        let per_thread = n_groups.div_ceil(n_threads).max(1);
+        let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(max_threads).min(packed.n_groups / 64).max(1);
+        packed.fill_to(src, packed.n_groups, n_threads);
+        packed
+    }
+
+    /// Groups that products may read.
+    pub fn ready_groups(&self) -> usize {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Bytes of the plain rows that the first `groups` groups hold.
+    pub fn src_bytes(&self, groups: usize) -> usize {
+        groups * GROUP * self.row_bytes
+    }
+
+    /// Writes groups `ready_groups()..upto` from `src` (the matrix's plain rows) on up to
+    /// `n_threads` threads, then publishes them.
+    pub fn fill_to(&self, src: &[u8], upto: usize, n_threads: usize) {
+        let upto = upto.min(self.n_groups);
+        assert!(src.len() >= self.src_bytes(upto), "repacking source too short");
+        let _writer = self.filling.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let first = self.ready.load(Ordering::Acquire);
+        if first >= upto || self.group_bytes == 0 {
+            return;
+        }
+        let gb = self.group_bytes;
+        // SAFETY: groups first..upto lie inside the buffer; no reader looks past `ready`
+        // (= first) and the lock excludes other writers, so this is the only reference to
+        // those bytes until they are published below.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.data.ptr.as_ptr().add(first * gb), (upto - first) * gb) };
+        let rb = self.row_bytes;
         let repack_range = |g0: usize, dst: &mut [u8]| {
-            for (i, out) in dst.chunks_exact_mut(group_bytes.max(1)).enumerate() {
+            for (i, out) in dst.chunks_exact_mut(gb).enumerate() {
                 let g = g0 + i;
-                repack_group(kind, &src[g * GROUP * row_bytes..(g + 1) * GROUP * row_bytes], row_bytes, nb, out);
+                repack_group(self.kind, &src[g * GROUP * rb..(g + 1) * GROUP * rb], rb, self.nb, out);
             }
         };
-        if n_threads == 1 || group_bytes == 0 {
-            repack_range(0, bytes);
+        let per_thread = (upto - first).div_ceil(n_threads.max(1));
+        if n_threads <= 1 {
+            repack_range(first, dst);
         } else {
             std::thread::scope(|scope| {
-                for (k, dst) in bytes.chunks_mut(per_thread * group_bytes).enumerate() {
+                for (k, part) in dst.chunks_mut(per_thread * gb).enumerate() {
                     let repack_range = &repack_range;
-                    scope.spawn(move || repack_range(k * per_thread, dst));
+                    scope.spawn(move || repack_range(first + k * per_thread, part));
                 }
             });
         }
-        Packed { kind, n_groups, cols, nb, plane, chunk_bytes, group_bytes, data }
+        self.ready.store(upto, Ordering::Release);
     }
 
-    pub fn bytes(&self) -> &[u8] {
-        self.data.as_slice()
+    /// The start of the packed groups (read only the first `ready_groups()`).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.data.ptr.as_ptr()
     }
 }
 
@@ -542,10 +581,12 @@ pub fn kernels(kind: PackKind) -> Option<KindKernels> {
     None
 }
 
-/// out[t * out_stride + r] for rows r < 16 * n_groups and tokens t < n_tokens.
-pub fn product(p: &Packed, kk: &KindKernels, acts: &PackedActs, n_tokens: usize, out: *mut f32, out_stride: usize, threads: &Threads) {
+/// out[t * out_stride + r] for rows r < 16 * n_groups and tokens t < n_tokens, where
+/// `n_groups` ≤ `p.ready_groups()`.
+pub fn product(p: &Packed, n_groups: usize, kk: &KindKernels, acts: &PackedActs, n_tokens: usize, out: *mut f32, out_stride: usize, threads: &Threads) {
+    assert!(n_groups <= p.ready_groups(), "product over unpublished groups");
     let args = KernelArgs {
-        w: p.bytes().as_ptr(),
+        w: p.as_ptr(),
         group_bytes: p.group_bytes,
         plane: p.plane,
         plane_size: {
@@ -568,19 +609,19 @@ pub fn product(p: &Packed, kk: &KindKernels, acts: &PackedActs, n_tokens: usize,
     // Tasks: ranges of groups times ranges of tokens. Small products split the tokens too,
     // so that both threads get work.
     let n_threads = threads.n_threads();
-    let tok_chunk = if p.n_groups >= 8 * n_threads || n_tokens <= kk.tile { n_tokens } else { (kk.tile * 4).max(n_tokens.div_ceil(n_threads * 2)) };
+    let tok_chunk = if n_groups >= 8 * n_threads || n_tokens <= kk.tile { n_tokens } else { (kk.tile * 4).max(n_tokens.div_ceil(n_threads * 2)) };
     let n_tok_chunks = n_tokens.div_ceil(tok_chunk);
     let work_per_group = p.group_bytes.max(1) * n_tokens.min(tok_chunk);
     // About 64 KiB-token units of work per task, and at least 4 tasks per thread.
     let by_size = (64 * 1024 / work_per_group).max(1);
-    let by_count = (p.n_groups * n_tok_chunks).div_ceil(4 * n_threads).max(1);
+    let by_count = (n_groups * n_tok_chunks).div_ceil(4 * n_threads).max(1);
     let groups_per_task = by_size.min(by_count);
-    let n_group_chunks = p.n_groups.div_ceil(groups_per_task);
+    let n_group_chunks = n_groups.div_ceil(groups_per_task);
     threads.run(n_group_chunks * n_tok_chunks, |task| {
         let whole = &args; // the Sync wrapper, not its field
         let a = &whole.0;
         let (gc, tc) = (task / n_tok_chunks, task % n_tok_chunks);
-        let groups = gc * groups_per_task..((gc + 1) * groups_per_task).min(p.n_groups);
+        let groups = gc * groups_per_task..((gc + 1) * groups_per_task).min(n_groups);
         let (t_start, t_end) = (tc * tok_chunk, ((tc + 1) * tok_chunk).min(n_tokens));
         for g in groups {
             let mut t = t_start;

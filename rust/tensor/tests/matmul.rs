@@ -116,3 +116,57 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
         }
     }
 }
+
+/// A copy made part by part (as the repacking thread does after loading) is used for the
+/// groups published so far: after every part, and when repacking stops half way, the
+/// product equals the in-place product bit for bit, and the parts cover the groups' source
+/// bytes front to back.
+#[test]
+fn a_copy_published_part_by_part_gives_the_in_place_bits_at_every_step() {
+    use ferrollama_tensor::packed::{kernels, PackKind, GROUP};
+    let mut rng = Rng::new(24);
+    let pool = Threads::new(2);
+    let cases: &[(GgmlType, usize)] = &[
+        (GgmlType::Q8_0, 96), (GgmlType::Q5_0, 96), (GgmlType::Q4_0, 64), (GgmlType::IQ4_NL, 64),
+        (GgmlType::Q4_K, 512), (GgmlType::Q6_K, 512),
+    ];
+    for &(ty, cols) in cases {
+        let rows = 3 * GROUP + 8;
+        let bytes: Vec<u8> = (0..rows).flat_map(|_| random_weights(ty, cols, &mut rng)).collect();
+        let row_bytes = bytes.len() / rows;
+        let data = WeightBytes::Owned(Arc::new(bytes));
+        let in_place = QMatrix::with_layout(ty, rows, cols, data.clone(), false).expect("valid matrix");
+        let x = rng.vec(9 * cols, 1.0);
+        let want: Vec<Vec<f32>> = [1usize, 9].iter().map(|&n| product(&in_place, &x, n, &pool)).collect();
+        let same_bits = |m: &QMatrix, step: &str| {
+            for (k, &n) in [1usize, 9].iter().enumerate() {
+                let got = product(m, &x, n, &pool);
+                assert!(got.iter().zip(&want[k]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} {n} tokens, {step}");
+            }
+        };
+        let has_kernels = PackKind::of(ty).and_then(kernels).is_some();
+        for stop_after in [usize::MAX, 1] {
+            let (m, job) = QMatrix::new_deferred(ty, rows, cols, data.clone()).expect("valid matrix");
+            assert_eq!(job.is_some(), has_kernels, "{ty}: a job exactly when the CPU has packed kernels");
+            let Some(job) = job else { continue };
+            same_bits(&m, "before repacking");
+            let mut covered = 0..0;
+            let mut parts = 0;
+            // One byte per part: one group at a time.
+            let finished = job.run_in_parts(1, |done| {
+                assert_eq!(done.start, covered.end, "{ty}: parts follow each other");
+                covered.end = done.end;
+                parts += 1;
+                same_bits(&m, &format!("after part {parts}"));
+                parts < stop_after
+            });
+            if stop_after == usize::MAX {
+                assert!(finished && m.is_packed(), "{ty}");
+                assert_eq!((parts, covered), (3, 0..3 * GROUP * row_bytes), "{ty}: every group, once");
+            } else {
+                assert!(!finished && !m.is_packed(), "{ty}: stopped after one part");
+                same_bits(&m, "stopped half way");
+            }
+        }
+    }
+}

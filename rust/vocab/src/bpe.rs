@@ -11,6 +11,7 @@ use std::collections::BinaryHeap;
 
 use crate::hash::{fast_map, FastMap};
 use crate::partition::Fragment;
+use crate::texts::{Inserted, TextTable};
 use crate::pretok::{PreKind, PreTokenizer, Words};
 use crate::unicode;
 use crate::{spm, Token, Vocab, VocabError};
@@ -29,9 +30,10 @@ pub(crate) struct Bpe {
     session: Session,
     /// Number of tokens: keys below it are token ids.
     n_tokens: u32,
-    /// Every token, keyed by the bytes BPE symbols hold (decoded when byte-level encoded),
-    /// and every other string that is a side of a merge, numbered from `n_tokens` on.
-    keys: FastMap<Box<[u8]>, u32>,
+    /// Every token, keyed by the bytes BPE symbols hold (decoded when byte-level encoded;
+    /// unindexed when not decodable), and every other string that is a side of a merge,
+    /// numbered from `n_tokens` on.
+    keys: TextTable,
     /// Key of each single-byte symbol.
     byte_keys: [u32; 256],
     /// (left key, right key) -> merge rank.
@@ -42,91 +44,83 @@ pub(crate) struct Bpe {
     hex_byte: [Option<Token>; 256],
 }
 
-/// Raw bytes a byte-level encoded string stands for; `None` if some character is not in the
-/// GPT-2 byte map (such a string can never be produced from text). The map's code points
-/// are all below U+0144, so only 1- and 2-byte UTF-8 sequences can qualify.
-fn decode_byte_level(text: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len());
-    decode_byte_level_into(text, &mut out).then_some(out)
-}
-
-/// `decode_byte_level` into a reused buffer (cleared first); false for an undecodable text.
-fn decode_byte_level_into(text: &[u8], out: &mut Vec<u8>) -> bool {
-    out.clear();
-    let mut i = 0;
-    while i < text.len() {
-        let b = text[i];
-        let cpt = if b < 0x80 {
-            i += 1;
-            b as u32
-        } else if b & 0xE0 == 0xC0 && text.get(i + 1).is_some_and(|&c| c & 0xC0 == 0x80) && b >= 0xC2 {
-            let c = ((b as u32 & 0x1F) << 6) | (text[i + 1] as u32 & 0x3F);
-            i += 2;
-            c
-        } else {
-            return false;
-        };
-        match unicode::cpt_to_byte(cpt) {
-            Some(byte) => out.push(byte),
-            None => return false,
-        }
-    }
-    true
-}
-
 fn pair_key(left: u32, right: u32) -> u64 { ((left as u64) << 32) | right as u64 }
 
+/// `text` as BPE symbols hold it, appended to `out`: decoded from the byte-level encoding when
+/// `byte_encode` (false, with `out` unchanged, for a text that is not such an encoding: it
+/// can never be produced from text).
+fn append_key(text: &[u8], byte_encode: bool, out: &mut Vec<u8>) -> bool {
+    if byte_encode {
+        unicode::append_byte_decoded(text, out)
+    } else {
+        out.extend_from_slice(text);
+        true
+    }
+}
+
+/// The key of every token, under its id. Decoding is one to one, so keys are as distinct
+/// as the texts.
+fn token_keys(texts: &TextTable, byte_encode: bool) -> Result<TextTable, VocabError> {
+    let token_texts = texts.texts();
+    // room for the merge-only strings too (a few per cent at most in known vocabularies)
+    let mut keys = TextTable::with_capacity(token_texts.len() + token_texts.len() / 16, 0);
+    for text in token_texts.iter() {
+        match keys.insert_with(|out| append_key(text, byte_encode, out))? {
+            Some(Inserted::New(_)) => {}
+            // not decodable (or, which cannot be, a repeated key): hold the id's place
+            None | Some(Inserted::Existing(_)) => {
+                keys.push_unindexed(b"")?;
+            }
+        }
+    }
+    Ok(keys)
+}
+
+/// (left key, right key) -> rank of each merge ("left right", in rank order), the first
+/// rank where a pair repeats. Sides that are not tokens get keys from `n_tokens` on.
+fn merge_ranks(keys: &mut TextTable, merges: &[Vec<u8>], byte_encode: bool) -> Result<FastMap<u64, u32>, VocabError> {
+    let mut ranks = fast_map(merges.len());
+    // the two sides, decoded into reused buffers
+    let (mut left, mut right) = (Vec::new(), Vec::new());
+    for (rank, merge) in merges.iter().enumerate() {
+        // split at the first space after position 0; no space: never applicable
+        let Some(p) = merge.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else { continue };
+        left.clear();
+        right.clear();
+        if !append_key(&merge[..p], byte_encode, &mut left) || !append_key(&merge[p + 1..], byte_encode, &mut right) || left.is_empty() || right.is_empty() {
+            continue;
+        }
+        let pair = pair_key(key_or_insert(keys, &left)?, key_or_insert(keys, &right)?);
+        ranks.entry(pair).or_insert(rank as u32);
+    }
+    Ok(ranks)
+}
+
+/// The key of `side`, added if new. Most sides are tokens: a lookup finds them without
+/// copying.
+fn key_or_insert(keys: &mut TextTable, side: &[u8]) -> Result<u32, VocabError> {
+    if let Some(key) = keys.find(side) {
+        return Ok(key);
+    }
+    match keys.insert(side)? {
+        Inserted::New(key) | Inserted::Existing(key) => Ok(key),
+    }
+}
+
 impl Bpe {
-    pub fn new(model: &str, kind: PreKind, text_to_id: &FastMap<Box<[u8]>, Token>, merges: &[Vec<u8>]) -> Result<Bpe, VocabError> {
+    pub fn new(model: &str, kind: PreKind, texts: &TextTable, merges: &[Vec<u8>]) -> Result<Bpe, VocabError> {
         let pre = PreTokenizer::new(kind)
             .map_err(|e| VocabError::Invalid(format!("pre-tokenizer regex {:?}: {}", e.regex, e.reason)))?;
         let byte_encode = pre.byte_encode();
-        let to_key = |text: &[u8]| if byte_encode { decode_byte_level(text) } else { Some(text.to_vec()) };
-        let n_tokens = text_to_id.len() as u32;
-        let mut keys: FastMap<Box<[u8]>, u32> = fast_map(text_to_id.len() + merges.len() / 8);
-        for (text, &id) in text_to_id {
-            if let Some(key) = to_key(text) {
-                keys.insert(key.into_boxed_slice(), id);
-            }
-        }
-        let mut ranks = fast_map(merges.len());
-        let mut next_extra = n_tokens;
-        // The two sides of a merge, decoded into reused buffers: most are tokens already, so
-        // a lookup without allocating finds them (loading a 151k-merge vocabulary is mostly
-        // this loop).
-        let (mut lbuf, mut rbuf) = (Vec::new(), Vec::new());
-        let decode = |text: &[u8], buf: &mut Vec<u8>| {
-            if byte_encode {
-                decode_byte_level_into(text, buf)
-            } else {
-                buf.clear();
-                buf.extend_from_slice(text);
-                true
-            }
-        };
-        for (rank, merge) in merges.iter().enumerate() {
-            // split at the first space after position 0; no space: never applicable
-            let Some(p) = merge.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else { continue };
-            if !decode(&merge[..p], &mut lbuf) || !decode(&merge[p + 1..], &mut rbuf) || lbuf.is_empty() || rbuf.is_empty() {
-                continue;
-            }
-            let mut key_of = |k: &[u8]| match keys.get(k) {
-                Some(&id) => id,
-                None => {
-                    keys.insert(k.into(), next_extra);
-                    next_extra += 1;
-                    next_extra - 1
-                }
-            };
-            let (lk, rk) = (key_of(&lbuf), key_of(&rbuf));
-            ranks.entry(pair_key(lk, rk)).or_insert(rank as u32);
-        }
-        let byte_keys = std::array::from_fn(|b| keys.get([b as u8].as_slice()).copied().unwrap_or(NONE));
+        let n_tokens = texts.len() as u32;
+        let mut keys = token_keys(texts, byte_encode)?;
+        let ranks = merge_ranks(&mut keys, merges, byte_encode)?;
+        let byte_keys = std::array::from_fn(|b| keys.find(&[b as u8]).unwrap_or(NONE));
         let mut single_byte = [None; 256];
         let mut hex_byte = [None; 256];
         for b in 0..=255u8 {
-            single_byte[b as usize] = text_to_id.get([b].as_slice()).copied();
-            hex_byte[b as usize] = text_to_id.get(format!("<0x{b:02X}>").as_bytes()).copied();
+            single_byte[b as usize] = texts.find(&[b]);
+            hex_byte[b as usize] = texts.find(format!("<0x{b:02X}>").as_bytes());
         }
         let session = match model {
             "hybriddna" => Session::HybridDna,
@@ -232,10 +226,10 @@ impl Bpe {
         }
     }
 
-    fn key_of(&self, bytes: &[u8]) -> u32 { self.keys.get(bytes).copied().unwrap_or(NONE) }
+    fn key_of(&self, bytes: &[u8]) -> u32 { self.keys.find(bytes).unwrap_or(NONE) }
 
     /// The token whose (decoded) text is `bytes`.
-    fn token_of(&self, bytes: &[u8]) -> Option<Token> { self.keys.get(bytes).copied().filter(|&k| k < self.n_tokens) }
+    fn token_of(&self, bytes: &[u8]) -> Option<Token> { self.keys.find(bytes).filter(|&k| k < self.n_tokens) }
 
     fn add_bigram(&self, m: &mut Merger, left: isize, right: isize) {
         if left < 0 || right < 0 {

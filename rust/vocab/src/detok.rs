@@ -11,7 +11,7 @@ use crate::{plamo2, rwkv, spm, unicode, Token, VocabType, Vocab, VocabError};
 pub(crate) struct Pieces {
     bytes: Vec<u8>,
     /// End of each token's piece in `bytes`.
-    ends: Vec<usize>,
+    ends: Vec<u32>,
 }
 
 /// `strtol(text.substr(3, 2), NULL, 16)` cast to a byte, as `token_to_byte` does.
@@ -37,6 +37,9 @@ fn token_to_byte(text: &[u8]) -> Option<u8> {
 /// `llama_decode_text`: byte-level code points back to bytes; characters outside the byte map
 /// become "[UNK_BYTE_0x..<text>]" as in llama.cpp.
 fn decode_byte_level(text: &[u8], out: &mut Vec<u8>) -> Result<(), VocabError> {
+    if unicode::append_byte_decoded(text, out) {
+        return Ok(()); // every character in the map (almost every token)
+    }
     for cpt in unicode::cpts_from_utf8(text) {
         match unicode::cpt_to_byte(cpt) {
             Some(b) => out.push(b),
@@ -72,33 +75,34 @@ fn unescape_whitespace(text: &[u8], out: &mut Vec<u8>) {
 
 /// The piece of one token with `special = true` (the cache llama.cpp builds at load).
 fn render(v: &Vocab, id: usize, out: &mut Vec<u8>) -> Result<(), VocabError> {
-    let t = &v.tokens[id];
+    let t = v.tokens[id];
+    let text = v.text(id as Token);
     let shown_raw = TokenAttr::UNKNOWN.with(TokenAttr::CONTROL).with(TokenAttr::USER_DEFINED);
     let byte = |out: &mut Vec<u8>| -> Result<(), VocabError> {
         match v.vocab_type {
             VocabType::Wpm => Err(VocabError::Invalid("byte token in a WPM vocabulary".into())),
             _ => {
-                let b = token_to_byte(&t.text).ok_or_else(|| VocabError::Invalid("malformed byte token".into()))?;
+                let b = token_to_byte(text).ok_or_else(|| VocabError::Invalid("malformed byte token".into()))?;
                 out.push(b);
                 Ok(())
             }
         }
     };
     match v.vocab_type {
-        VocabType::Rwkv => out.extend_from_slice(&rwkv::unescape(&t.text)),
-        VocabType::Plamo2 => match plamo2::byte_of(&t.text).filter(|_| t.attr.intersects(TokenAttr::BYTE)) {
+        VocabType::Rwkv => out.extend_from_slice(&rwkv::unescape(text)),
+        VocabType::Plamo2 => match plamo2::byte_of(text).filter(|_| t.attr.intersects(TokenAttr::BYTE)) {
             Some(b) => out.push(b),
-            None => out.extend_from_slice(&t.text),
+            None => out.extend_from_slice(text),
         },
-        _ if t.attr.intersects(shown_raw) => out.extend_from_slice(&t.text),
+        _ if t.attr.intersects(shown_raw) => out.extend_from_slice(text),
         VocabType::Bpe if t.attr.intersects(TokenAttr::NORMAL) => {
             if v.opts.escape_whitespaces {
-                unescape_whitespace(&t.text, out);
+                unescape_whitespace(text, out);
             } else {
-                decode_byte_level(&t.text, out)?;
+                decode_byte_level(text, out)?;
             }
         }
-        _ if t.attr.intersects(TokenAttr::NORMAL) => unescape_whitespace(&t.text, out),
+        _ if t.attr.intersects(TokenAttr::NORMAL) => unescape_whitespace(text, out),
         _ if t.attr.intersects(TokenAttr::BYTE) => byte(out)?,
         _ => {}
     }
@@ -108,17 +112,20 @@ fn render(v: &Vocab, id: usize, out: &mut Vec<u8>) -> Result<(), VocabError> {
 impl Pieces {
     /// Renders every token.
     pub fn build(v: &Vocab) -> Result<Pieces, VocabError> {
-        let mut pieces = Pieces { bytes: Vec::with_capacity(v.tokens.len() * 6), ends: Vec::with_capacity(v.tokens.len()) };
+        // pieces are about as long as the texts
+        let mut pieces = Pieces { bytes: Vec::with_capacity(v.token_texts().total_len()), ends: Vec::with_capacity(v.tokens.len()) };
         for id in 0..v.tokens.len() {
             render(v, id, &mut pieces.bytes)?;
-            pieces.ends.push(pieces.bytes.len());
+            let end = u32::try_from(pieces.bytes.len()).map_err(|_| VocabError::Invalid("token pieces longer than 4 GiB together".into()))?;
+            pieces.ends.push(end);
         }
+        pieces.bytes.shrink_to_fit();
         Ok(pieces)
     }
 
     fn get(&self, id: usize) -> &[u8] {
-        let start = if id == 0 { 0 } else { self.ends[id - 1] };
-        &self.bytes[start..self.ends[id]]
+        let start = if id == 0 { 0 } else { self.ends[id - 1] as usize };
+        &self.bytes[start..self.ends[id] as usize]
     }
 }
 

@@ -56,3 +56,112 @@ pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 pub fn fast_map<K, V>(n: usize) -> FastMap<K, V> {
     FastMap::with_capacity_and_hasher(n, BuildHasherDefault::default())
 }
+
+/// A 64-bit hash of a byte string for [`IdIndex`]: FxHash's word loop, then MurmurHash3's
+/// finalizer so that both halves are well mixed (the low half picks the slot, the high half
+/// is the tag).
+pub fn hash_bytes(bytes: &[u8]) -> u64 {
+    let mut hasher = FxHasher::default();
+    hasher.write(bytes);
+    let mut h = hasher.hash;
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// An open-addressing set of ids whose keys are stored elsewhere (the caller says whether an
+/// id's key is the one looked for). It lets a table of strings keep each string once, in one
+/// buffer, instead of as a separately allocated map key.
+///
+/// Each slot holds the high half of the key's hash (a tag that rules out almost every wrong
+/// candidate without reading its key) and the id; linear probing from a slot picked by the
+/// low half, at most 2/3 full.
+#[derive(Debug, Clone, Default)]
+pub struct IdIndex {
+    slots: Vec<u64>,
+    len: usize,
+}
+
+const EMPTY: u64 = u64::MAX;
+const TAG: u64 = 0xffff_ffff_0000_0000;
+
+/// What [`IdIndex::find_or_slot`] found.
+pub enum Probe {
+    /// The id whose key matched.
+    Found(u32),
+    /// The free slot where the key would go.
+    Vacant(usize),
+}
+
+impl IdIndex {
+    /// An index with room for `n` ids before it grows.
+    pub fn with_capacity(n: usize) -> IdIndex {
+        IdIndex { slots: vec![EMPTY; n + n / 2 + 8], len: 0 }
+    }
+
+    /// Number of ids held.
+    pub fn len(&self) -> usize { self.len }
+
+    /// The slot probing starts at (the low half of the hash scaled to the slot count).
+    fn home(&self, hash: u64) -> usize { ((hash & 0xffff_ffff) * self.slots.len() as u64 >> 32) as usize }
+
+    /// The id whose key `is_key` accepts, among those stored under `hash`; else the free slot
+    /// where it belongs.
+    #[inline]
+    pub fn find_or_slot(&self, hash: u64, is_key: impl Fn(u32) -> bool) -> Probe {
+        let tag = hash & TAG;
+        let mut i = self.home(hash);
+        loop {
+            let slot = self.slots[i];
+            if slot == EMPTY {
+                return Probe::Vacant(i);
+            }
+            if slot & TAG == tag && is_key(slot as u32) {
+                return Probe::Found(slot as u32);
+            }
+            i = if i + 1 == self.slots.len() { 0 } else { i + 1 };
+        }
+    }
+
+    /// The id whose key `is_key` accepts, among those stored under `hash`.
+    #[inline]
+    pub fn find(&self, hash: u64, is_key: impl Fn(u32) -> bool) -> Option<u32> {
+        match self.find_or_slot(hash, is_key) {
+            Probe::Found(id) => Some(id),
+            Probe::Vacant(_) => None,
+        }
+    }
+
+    /// Whether one more id fits without passing the maximum load.
+    pub fn has_room(&self) -> bool { (self.len + 1) * 3 <= self.slots.len() * 2 }
+
+    /// Stores `id` in the free `slot` given by [`IdIndex::find_or_slot`] for `hash`, which
+    /// must have been called since the last change and found no key (and [`IdIndex::has_room`]).
+    pub fn fill(&mut self, slot: usize, hash: u64, id: u32) {
+        debug_assert_eq!(self.slots[slot], EMPTY);
+        self.slots[slot] = (hash & TAG) | id as u64;
+        self.len += 1;
+    }
+
+    /// The ids held, in slot order.
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slots.iter().filter(|&&s| s != EMPTY).map(|&s| s as u32)
+    }
+
+    /// A copy with room for `n` ids holding the same ids (`hash_of` gives each id's hash again:
+    /// slots keep only half of it).
+    pub fn regrown(&self, n: usize, hash_of: impl Fn(u32) -> u64) -> IdIndex {
+        let mut grown = IdIndex::with_capacity(n.max(self.len));
+        for id in self.ids() {
+            let hash = hash_of(id);
+            let mut i = grown.home(hash);
+            while grown.slots[i] != EMPTY {
+                i = if i + 1 == grown.slots.len() { 0 } else { i + 1 };
+            }
+            grown.fill(i, hash, id);
+        }
+        grown
+    }
+}

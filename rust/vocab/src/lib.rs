@@ -19,12 +19,14 @@ pub mod pretok;
 mod rwkv;
 mod spm;
 mod stdlib;
+mod texts;
 mod ugm;
 pub mod unicode;
 mod wpm;
 
 pub use attr::TokenAttr;
 pub use detok::StreamDecoder;
+pub use load::Phases as LoadPhases;
 
 /// A token id.
 pub type Token = u32;
@@ -58,10 +60,9 @@ pub enum VocabType {
     Plamo2,
 }
 
-/// One vocabulary entry.
-#[derive(Debug, Clone)]
+/// One vocabulary entry (its text is in [`Vocab::texts`]).
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct TokenData {
-    pub text: Box<[u8]>,
     pub score: f32,
     pub attr: TokenAttr,
 }
@@ -136,8 +137,11 @@ pub struct Vocab {
     pub(crate) pre_name: String,
     pub(crate) vocab_type: VocabType,
     pub(crate) tokens: Vec<TokenData>,
-    /// Token texts as llama.cpp's `token_to_id` holds them.
-    pub(crate) text_to_id: hash::FastMap<Box<[u8]>, Token>,
+    /// Token texts by id, findable by text as in llama.cpp's `token_to_id`.
+    pub(crate) texts: texts::TextTable,
+    /// Token texts changed after `texts` was indexed (hybriddna drops a marker from its
+    /// k-mers, but looks them up with it); None when they are those of `texts`.
+    pub(crate) changed_texts: Option<texts::Texts>,
     pub(crate) special: SpecialTokens,
     pub(crate) opts: Options,
     pub(crate) max_token_len: usize,
@@ -154,9 +158,28 @@ pub struct Vocab {
 }
 
 impl Vocab {
+    /// Text of a token id in range.
+    #[inline]
+    pub(crate) fn text(&self, t: Token) -> &[u8] {
+        match &self.changed_texts {
+            Some(texts) => texts.get(t as usize),
+            None => self.texts.get(t),
+        }
+    }
+
+    /// The token texts, in id order.
+    pub(crate) fn token_texts(&self) -> &texts::Texts { self.changed_texts.as_ref().unwrap_or(self.texts.texts()) }
+
     /// Loads the vocabulary of a GGUF file as llama.cpp's `llama_vocab::impl::load` does.
     pub fn from_gguf(f: &ferrollama_gguf::GgufFile) -> Result<Vocab, VocabError> {
         load::load(f)
+    }
+
+    /// [`Vocab::from_gguf`], also returning how long each loading step took (for profiling).
+    pub fn from_gguf_timed(f: &ferrollama_gguf::GgufFile) -> Result<(Vocab, LoadPhases), VocabError> {
+        let mut phases = LoadPhases::new();
+        let vocab = load::load_timed(f, Some(&mut phases))?;
+        Ok((vocab, phases))
     }
 
     /// Number of tokens.
@@ -201,7 +224,7 @@ impl Vocab {
 
     /// Raw vocabulary text of a token (empty when out of range).
     pub fn token_text(&self, t: Token) -> &[u8] {
-        self.tokens.get(t as usize).map_or(&[], |d| &d.text)
+        if (t as usize) < self.tokens.len() { self.text(t) } else { &[] }
     }
     /// Score of a token (0 when out of range).
     pub fn token_score(&self, t: Token) -> f32 {
@@ -213,7 +236,7 @@ impl Vocab {
     }
     /// Id of a vocabulary text, if it is one.
     pub fn text_to_token(&self, text: &[u8]) -> Option<Token> {
-        self.text_to_id.get(text).copied()
+        self.texts.find(text)
     }
 
     /// Beginning of sequence.

@@ -3,7 +3,7 @@
 use ferrollama_gguf::{Array, GgufFile, Value};
 
 use crate::attr::TokenAttr;
-use crate::hash::{fast_map, FastMap};
+use crate::texts::{Inserted, TextTable, Texts};
 use crate::pretok::{self, PreKind};
 use crate::{bpe, detok, partition, plamo2, rwkv, stdlib, ugm};
 use crate::{Model, Options, SpecialTokens, Token, TokenData, Vocab, VocabError, VocabType};
@@ -145,7 +145,8 @@ fn default_options(vocab_type: VocabType, pre: Option<&pretok::PreEntry>) -> Opt
     o
 }
 
-fn read_tokens(f: &GgufFile) -> Result<Vec<TokenData>, VocabError> {
+/// The tokens' scores and attributes, and their texts (empty ones named "[EMPTY_<id>]").
+fn read_tokens(f: &GgufFile) -> Result<(Vec<TokenData>, TextTable), VocabError> {
     let list = get_array(f, KEY_TOKENS)?.ok_or_else(|| invalid("cannot find tokenizer vocab in model file"))?;
     let texts = list.as_strs().ok_or_else(|| invalid(format!("invalid gguf type for {KEY_TOKENS}")))?;
     let n = texts.len();
@@ -168,42 +169,68 @@ fn read_tokens(f: &GgufFile) -> Result<Vec<TokenData>, VocabError> {
         Some(Array::I32(t)) => return Err(invalid(format!("Index out of array bounds for toktypes ({} < {n})", t.len()))),
         Some(_) => return Err(invalid(format!("invalid gguf type for {KEY_TYPES}"))),
     };
-    Ok(texts
-        .iter()
-        .enumerate()
-        .map(|(i, text)| TokenData {
-            text: if text.is_empty() { format!("[EMPTY_{i}]").into_bytes().into() } else { text.clone().into_boxed_slice() },
+    let tokens = (0..n)
+        .map(|i| TokenData {
             score: scores.as_ref().map_or(0.0, |s| s[i]),
             attr: types.map_or(TokenAttr::NORMAL, |t| TokenAttr::from_token_type(t[i] as i64)),
         })
-        .collect())
+        .collect();
+    Ok((tokens, index_texts(texts)?))
 }
 
-fn build_text_map(tokens: &[TokenData]) -> Result<FastMap<Box<[u8]>, Token>, VocabError> {
-    let mut map = fast_map(tokens.len());
-    for (i, t) in tokens.iter().enumerate() {
-        if let Some(prev) = map.insert(t.text.clone(), i as Token) {
-            return Err(invalid(format!("duplicate token in vocabulary: '{}' has ids {prev} and {i}", String::from_utf8_lossy(&t.text))));
+/// The token texts by id and by text (llama.cpp's `id_to_token[].text` and `token_to_id`).
+fn index_texts(texts: &[Vec<u8>]) -> Result<TextTable, VocabError> {
+    let total_len = texts.iter().map(|t| t.len()).sum();
+    let mut table = TextTable::with_capacity(texts.len(), total_len);
+    for (i, text) in texts.iter().enumerate() {
+        let inserted = if text.is_empty() { table.insert(format!("[EMPTY_{i}]").as_bytes())? } else { table.insert(text)? };
+        if let Inserted::Existing(prev) = inserted {
+            return Err(invalid(format!("duplicate token in vocabulary: '{}' has ids {prev} and {i}", String::from_utf8_lossy(table.get(prev)))));
         }
     }
-    Ok(map)
+    Ok(table)
 }
 
 /// hybriddna: k-mer texts carry a marker (U+E000) in the lookup table that the token texts
-/// lose, so the k-mers detokenize to bare DNA.
-fn strip_dna_markers(tokens: &mut [TokenData], text_to_id: &FastMap<Box<[u8]>, Token>) {
+/// lose, so the k-mers detokenize to bare DNA. The token texts with the markers dropped, if
+/// the vocabulary has k-mers (after "<oov>").
+fn strip_dna_markers(table: &TextTable) -> Result<Option<Texts>, VocabError> {
     const MARKER: &[u8] = "\u{E000}".as_bytes();
-    if let Some(&oov) = text_to_id.get(b"<oov>".as_slice()) {
-        for t in tokens.iter_mut().skip(oov as usize + 1) {
-            if t.text.len() > MARKER.len() && t.text.ends_with(MARKER) {
-                t.text = t.text[..t.text.len() - MARKER.len()].into();
-            }
+    let Some(oov) = table.find(b"<oov>") else { return Ok(None) };
+    let mut stripped = Texts::with_capacity(table.len(), 0);
+    for (id, text) in table.texts().iter().enumerate() {
+        let is_kmer = id > oov as usize && text.len() > MARKER.len() && text.ends_with(MARKER);
+        stripped.push(if is_kmer { &text[..text.len() - MARKER.len()] } else { text })?;
+    }
+    Ok(Some(stripped))
+}
+
+/// Time spent in each named step of [`load`], in order.
+pub type Phases = Vec<(&'static str, std::time::Duration)>;
+
+/// Records how long each step of the load takes (a few `Instant::now` calls per load).
+struct PhaseClock<'a> {
+    phases: Option<&'a mut Phases>,
+    last: std::time::Instant,
+}
+
+impl PhaseClock<'_> {
+    /// Ends the current step under `name`.
+    fn done(&mut self, name: &'static str) {
+        if let Some(phases) = self.phases.as_deref_mut() {
+            let now = std::time::Instant::now();
+            phases.push((name, now - self.last));
+            self.last = now;
         }
     }
 }
 
 /// Loads a vocabulary.
-pub fn load(f: &GgufFile) -> Result<Vocab, VocabError> {
+pub fn load(f: &GgufFile) -> Result<Vocab, VocabError> { load_timed(f, None) }
+
+/// [`load`], recording the time of each step into `phases` when given.
+pub fn load_timed(f: &GgufFile, phases: Option<&mut Phases>) -> Result<Vocab, VocabError> {
+    let mut clock = PhaseClock { phases, last: std::time::Instant::now() };
     let model_name = get_string(f, KEY_MODEL)?.ok_or_else(|| invalid(format!("key not found in model: {KEY_MODEL}")))?;
     let mut pre_name = get_string(f, KEY_PRE)?.unwrap_or_default();
     let choice = choose_model(&model_name, &pre_name)?;
@@ -230,31 +257,33 @@ pub fn load(f: &GgufFile) -> Result<Vocab, VocabError> {
     }
 
     let merges: &[Vec<u8>] = if choice.vocab_type == VocabType::Bpe { read_merges(f, choice.needs_merges)? } else { &[] };
-    let mut tokens = read_tokens(f)?;
-    let text_to_id = build_text_map(&tokens)?;
-    if model_name == "hybriddna" {
-        strip_dna_markers(&mut tokens, &text_to_id);
-    }
-    let max_token_len = tokens.iter().map(|t| t.text.len()).max().unwrap_or(0);
+    clock.done("options and merges");
+    let (tokens, texts) = read_tokens(f)?;
+    let changed_texts = if model_name == "hybriddna" { strip_dna_markers(&texts)? } else { None };
+    let token_texts = changed_texts.as_ref().unwrap_or(texts.texts());
+    let max_token_len = token_texts.iter().map(|t| t.len()).max().unwrap_or(0);
+    clock.done("tokens");
 
     let model = match choice.vocab_type {
         VocabType::Spm => Model::Spm,
         VocabType::Wpm => Model::Wpm,
         VocabType::Bpe => {
             let kind = pre_entry.map_or(PreKind::Default, |e| e.kind);
-            Model::Bpe(Box::new(bpe::Bpe::new(&model_name, kind, &text_to_id, merges)?))
+            Model::Bpe(Box::new(bpe::Bpe::new(&model_name, kind, &texts, merges)?))
         }
-        VocabType::Ugm => Model::Ugm(Box::new(ugm::Ugm::new(f, &tokens)?)),
-        VocabType::Rwkv => Model::Rwkv(rwkv::Rwkv::new(&tokens)),
-        VocabType::Plamo2 => Model::Plamo2(Box::new(plamo2::Plamo2::new(&tokens, &text_to_id)?)),
+        VocabType::Ugm => Model::Ugm(Box::new(ugm::Ugm::new(f, &tokens, token_texts)?)),
+        VocabType::Rwkv => Model::Rwkv(rwkv::Rwkv::new(token_texts)),
+        VocabType::Plamo2 => Model::Plamo2(Box::new(plamo2::Plamo2::new(&tokens, token_texts, &texts)?)),
     };
+    clock.done("model tables");
 
     let mut vocab = Vocab {
         model_name,
         pre_name,
         vocab_type: choice.vocab_type,
         tokens,
-        text_to_id,
+        texts,
+        changed_texts,
         special,
         opts,
         max_token_len,
@@ -269,11 +298,16 @@ pub fn load(f: &GgufFile) -> Result<Vocab, VocabError> {
     read_special_ids(f, &mut vocab)?;
     read_flags(f, &mut vocab)?;
     vocab.suppress = read_suppress(f, vocab.tokens.len())?;
+    clock.done("special ids");
     detect_by_text(&mut vocab)?;
-    vocab.special_cache = special_cache(&vocab.tokens);
+    clock.done("detect by text");
+    vocab.special_cache = special_cache(&vocab);
+    clock.done("special cache");
     vocab.pieces = detok::Pieces::build(&vocab)?;
+    clock.done("pieces");
     set_model_attrs(f, &mut vocab)?;
     partition::prepare(&mut vocab);
+    clock.done("special index");
     Ok(vocab)
 }
 
@@ -381,45 +415,66 @@ const ALWAYS_RENDERED: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<
 
 fn is_one_of(text: &[u8], list: &[&str]) -> bool { list.iter().any(|t| t.as_bytes() == text) }
 
+/// The ids of the tokens whose text is one of `list`.
+fn ids_with_text(v: &Vocab, list: &[&str]) -> Vec<Token> {
+    match &v.changed_texts {
+        // the index has the texts as they were before the change: look at every token
+        Some(texts) => texts.iter().enumerate().filter(|(_, t)| is_one_of(t, list)).map(|(id, _)| id as Token).collect(),
+        None => list.iter().filter_map(|t| v.texts.find(t.as_bytes())).collect(),
+    }
+}
+
+/// Which of `candidates` llama.cpp meets first when it scans `token_to_id`, whose order is
+/// libstdc++'s hash order (`order`, computed on first need: only a slot with several
+/// candidates needs it).
+fn first_in_map_order(v: &Vocab, candidates: &[Token], order: &mut Option<Vec<u32>>) -> Option<Token> {
+    if candidates.len() <= 1 {
+        return candidates.first().copied();
+    }
+    // detect_by_text checked the vocabulary's size against the orders known
+    let order = order.get_or_insert_with(|| stdlib::unordered_map_order(v.token_texts().iter()).unwrap_or_default());
+    order.iter().copied().find(|id| candidates.contains(id))
+}
+
 /// The loader's text-based detection: EOT/EOM/FIM ids, unused tokens, the EOG set and the
-/// attribute overrides that come with them. Scans tokens in `token_to_id`'s iteration order.
+/// attribute overrides that come with them. A slot takes the first token with one of its
+/// texts in `token_to_id`'s iteration order.
 fn detect_by_text(v: &mut Vocab) -> Result<(), VocabError> {
-    let order = stdlib::unordered_map_order(&v.tokens.iter().map(|t| &t.text[..]).collect::<Vec<_>>())
-        .ok_or_else(|| invalid("vocabulary too large"))?;
+    if v.tokens.len() > stdlib::MAX_MAP_KEYS {
+        return Err(invalid("vocabulary too large"));
+    }
     let control = TokenAttr::CONTROL;
-    let s = &mut v.special;
-    let slots: [(&mut Option<Token>, &[&str]); 8] = [
-        (&mut s.eot, EOT_TEXTS), (&mut s.eom, EOM_TEXTS), (&mut s.fim_pre, FIM_PRE_TEXTS),
-        (&mut s.fim_suf, FIM_SUF_TEXTS), (&mut s.fim_mid, FIM_MID_TEXTS), (&mut s.fim_pad, FIM_PAD_TEXTS),
-        (&mut s.fim_rep, FIM_REP_TEXTS), (&mut s.fim_sep, FIM_SEP_TEXTS),
+    let mut order = None;
+    let slots = [
+        (Slot::Eot, EOT_TEXTS), (Slot::Eom, EOM_TEXTS), (Slot::FimPre, FIM_PRE_TEXTS),
+        (Slot::FimSuf, FIM_SUF_TEXTS), (Slot::FimMid, FIM_MID_TEXTS), (Slot::FimPad, FIM_PAD_TEXTS),
+        (Slot::FimRep, FIM_REP_TEXTS), (Slot::FimSep, FIM_SEP_TEXTS),
     ];
-    let mut slots = slots;
-    for &id in &order {
-        let t = &mut v.tokens[id];
-        for (slot, texts) in slots.iter_mut() {
-            if slot.is_none() && is_one_of(&t.text, texts) {
-                **slot = Some(id as Token);
-                t.attr = t.attr.with(control);
-            }
+    for (which, texts) in slots {
+        if slot(&mut v.special, which).is_some() {
+            continue;
         }
-    }
-    // control tokens whose text says "unused"
-    for t in v.tokens.iter_mut() {
-        if t.attr.intersects(control) && !t.attr.intersects(TokenAttr::UNUSED) && contains(&t.text, b"unused") {
-            t.attr = t.attr.with(TokenAttr::UNUSED);
-        }
-    }
-    let mut eog: Vec<Token> = [v.special.fim_pad, v.special.fim_rep, v.special.fim_sep].into_iter().flatten().collect();
-    for (id, t) in v.tokens.iter_mut().enumerate() {
-        if is_one_of(&t.text, EOG_TEXTS) {
-            eog.push(id as Token);
+        if let Some(id) = first_in_map_order(v, &ids_with_text(v, texts), &mut order) {
+            *slot(&mut v.special, which) = Some(id);
+            let t = &mut v.tokens[id as usize];
             t.attr = t.attr.with(control);
         }
     }
-    for t in v.tokens.iter_mut() {
-        if is_one_of(&t.text, ALWAYS_RENDERED) {
-            t.attr = TokenAttr::USER_DEFINED;
+    // control tokens whose text says "unused"
+    for id in 0..v.tokens.len() {
+        let attr = v.tokens[id].attr;
+        if attr.intersects(control) && !attr.intersects(TokenAttr::UNUSED) && contains(v.text(id as Token), b"unused") {
+            v.tokens[id].attr = attr.with(TokenAttr::UNUSED);
         }
+    }
+    let mut eog: Vec<Token> = [v.special.fim_pad, v.special.fim_rep, v.special.fim_sep].into_iter().flatten().collect();
+    for id in ids_with_text(v, EOG_TEXTS) {
+        eog.push(id);
+        let t = &mut v.tokens[id as usize];
+        t.attr = t.attr.with(control);
+    }
+    for id in ids_with_text(v, ALWAYS_RENDERED) {
+        v.tokens[id as usize].attr = TokenAttr::USER_DEFINED;
     }
     eog.extend([v.special.eos, v.special.eot, v.special.eom].into_iter().flatten());
     eog.sort_unstable();
@@ -434,7 +489,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool { hay.windows(needle.len()).any(|
 /// o200k_harmony / solar-open: "<|end|>" is not EOG when "<|return|>"+"<|call|>" (or
 /// "<|calls|>"+"<|flush|>") are; gemma4 / plamo: "</s>" is a normal token.
 fn drop_false_eogs(v: &mut Vocab, eog: &mut Vec<Token>) {
-    let text_of = |id: Token| &v.tokens[id as usize].text[..];
+    let text_of = |id: Token| v.text(id);
     let has = |eog: &[Token], texts: &[&str]| eog.iter().any(|&id| is_one_of(text_of(id), texts));
     let end_id = eog.iter().copied().rfind(|&id| text_of(id) == b"<|end|>");
     let harmony = has(eog, &["<|return|>"]) && has(eog, &["<|call|>", "<|calls|>"]);
@@ -443,7 +498,7 @@ fn drop_false_eogs(v: &mut Vocab, eog: &mut Vec<Token>) {
         eog.retain(|&id| id != end);
         v.tokens[end as usize].attr = TokenAttr::USER_DEFINED;
     }
-    let text_of = |id: Token| &v.tokens[id as usize].text[..];
+    let text_of = |id: Token| v.text(id);
     let normal_s = eog.iter().any(|&id| is_one_of(text_of(id), &["<|tool_response>", "<|plamo:eos|>"]));
     let s_id = eog.iter().copied().rfind(|&id| text_of(id) == b"</s>");
     if let Some(s) = s_id.filter(|_| normal_s) {
@@ -453,10 +508,10 @@ fn drop_false_eogs(v: &mut Vocab, eog: &mut Vec<Token>) {
 }
 
 /// Control, user-defined and unknown tokens, longest first, in libstdc++ `std::sort` order.
-fn special_cache(tokens: &[TokenData]) -> Vec<Token> {
+fn special_cache(v: &Vocab) -> Vec<Token> {
     let special = TokenAttr::CONTROL.with(TokenAttr::USER_DEFINED).with(TokenAttr::UNKNOWN);
-    let mut ids: Vec<Token> = (0..tokens.len() as Token).filter(|&i| tokens[i as usize].attr.intersects(special)).collect();
-    stdlib::std_sort(&mut ids, &|&a: &Token, &b: &Token| tokens[a as usize].text.len() > tokens[b as usize].text.len());
+    let mut ids: Vec<Token> = (0..v.tokens.len() as Token).filter(|&i| v.tokens[i as usize].attr.intersects(special)).collect();
+    stdlib::std_sort(&mut ids, &|&a: &Token, &b: &Token| v.text(a).len() > v.text(b).len());
     ids
 }
 
@@ -467,13 +522,13 @@ fn set_model_attrs(f: &GgufFile, v: &mut Vocab) -> Result<(), VocabError> {
     let arch = get_string(f, "general.architecture")?.unwrap_or_default();
     let any = |s: &str, subs: &[&str]| subs.iter().any(|x| s.contains(x));
     let set = |v: &mut Vocab, text: &str, attr: TokenAttr, on: bool| -> Result<(), VocabError> {
-        let id = *v.text_to_id.get(text.as_bytes()).ok_or_else(|| invalid(format!("token '{text}' not in vocabulary")))?;
+        let id = v.texts.find(text.as_bytes()).ok_or_else(|| invalid(format!("token '{text}' not in vocabulary")))?;
         let t = &mut v.tokens[id as usize];
         t.attr = if on { t.attr.with(attr) } else { t.attr.without(attr) };
         Ok(())
     };
     if any(&pre, &["jina-v2-de", "jina-v2-es", "jina-v2-code"]) || any(&arch, &["nomic-bert-moe", "jina-bert-v3"]) {
-        if v.text_to_id.contains_key(b"<mask>".as_slice()) {
+        if v.texts.find(b"<mask>").is_some() {
             set(v, "<mask>", TokenAttr::LSTRIP, true)?;
         }
     } else if any(&name, &["phi-3", "phi3"]) {
@@ -485,7 +540,7 @@ fn set_model_attrs(f: &GgufFile, v: &mut Vocab) -> Result<(), VocabError> {
         for text in ["<unk>", "<s>", "<|endoftext|>"] {
             set(v, text, TokenAttr::RSTRIP, false)?;
         }
-    } else if any(&name, &["modern-bert"]) && v.text_to_id.contains_key(b"[MASK]".as_slice()) {
+    } else if any(&name, &["modern-bert"]) && v.texts.find(b"[MASK]").is_some() {
         set(v, "[MASK]", TokenAttr::LSTRIP, true)?;
     }
     Ok(())

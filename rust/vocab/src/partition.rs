@@ -24,7 +24,7 @@ pub(crate) struct SpecialIndex {
 }
 
 impl SpecialIndex {
-    fn new(texts: impl Iterator<Item = (usize, Box<[u8]>)>) -> SpecialIndex {
+    fn new<'a>(texts: impl Iterator<Item = (usize, &'a [u8])>) -> SpecialIndex {
         let mut index = SpecialIndex { children: vec![Vec::new()], terminal: vec![u32::MAX] };
         for (pos, text) in texts {
             let mut node = 0usize;
@@ -76,8 +76,9 @@ impl SpecialIndex {
 
 /// Builds the occurrence index once the special cache is final.
 pub(crate) fn prepare(v: &mut Vocab) {
-    let texts = v.special_cache.iter().enumerate().map(|(pos, &id)| (pos, v.tokens[id as usize].text.clone()));
-    v.special_index = SpecialIndex::new(texts);
+    let texts = v.special_cache.iter().enumerate().map(|(pos, &id)| (pos, v.text(id)));
+    let index = SpecialIndex::new(texts);
+    v.special_index = index;
 }
 
 /// `isspace` in the C locale.
@@ -152,7 +153,7 @@ pub(crate) fn partition(v: &Vocab, text: &[u8], parse_special: bool) -> Vec<Frag
         for f in fragments {
             match f {
                 Fragment::Token(_) => next.push(f),
-                Fragment::Text { start, end } => split_fragment(text, start, end, id, &data.text, data.attr, &mut next),
+                Fragment::Text { start, end } => split_fragment(text, start, end, id, v.text(id), data.attr, &mut next),
             }
         }
         fragments = next;

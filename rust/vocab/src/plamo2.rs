@@ -5,6 +5,7 @@
 use crate::attr::TokenAttr;
 use crate::hash::{fast_map, FastMap};
 use crate::partition::Fragment;
+use crate::texts::{TextTable, Texts};
 use crate::unicode;
 use crate::{Token, TokenData, VocabError};
 
@@ -46,19 +47,19 @@ pub(crate) fn byte_of(text: &[u8]) -> Option<u8> {
 }
 
 impl Plamo2 {
-    pub fn new(tokens: &[TokenData], text_to_id: &FastMap<Box<[u8]>, Token>) -> Result<Plamo2, VocabError> {
+    pub fn new(tokens: &[TokenData], texts: &Texts, text_to_id: &TextTable) -> Result<Plamo2, VocabError> {
         let mut bytes = [0 as Token; 256];
         // text -> score; suffixes that are not tokens get NaN
         let mut suffix_score: FastMap<Vec<u8>, f32> = fast_map(tokens.len() * 4);
-        for (id, t) in tokens.iter().enumerate() {
+        for (id, (t, text)) in tokens.iter().zip(texts.iter()).enumerate() {
             if t.attr.intersects(TokenAttr::BYTE) {
-                if let Some(b) = byte_of(&t.text) {
+                if let Some(b) = byte_of(text) {
                     bytes[b as usize] = id as Token;
                 }
                 continue;
             }
-            suffix_score.insert(t.text.to_vec(), t.score);
-            let cpts = unicode::cpts_from_utf8(&t.text);
+            suffix_score.insert(text.to_vec(), t.score);
+            let cpts = unicode::cpts_from_utf8(text);
             for i in 1..cpts.len() {
                 suffix_score.entry(utf8(&cpts[i..])?).or_insert(f32::NAN);
             }
@@ -99,7 +100,7 @@ impl Plamo2 {
             for len in (1..=cpts.len()).rev() {
                 let piece = utf8(&cpts[..len])?;
                 let Some(&score) = suffix_score.get(&piece) else { continue };
-                let token = text_to_id.get(piece.as_slice()).map_or(-1, |&id| id as i32);
+                let token = text_to_id.find(&piece).map_or(-1, |id| id as i32);
                 let score = if score.is_finite() { (score as f64 * 1e4).round() as i32 } else { INVALID_SCORE };
                 let piece_id = suffix_id.get(piece.as_slice()).copied().unwrap_or(0);
                 table.push(Row { len: len as i32, token, score, piece: piece_id });

@@ -2,7 +2,8 @@
 //! over a byte trie.
 
 use crate::partition::Fragment;
-use crate::{Token, TokenData, Vocab, VocabError};
+use crate::texts::Texts;
+use crate::{Token, Vocab, VocabError};
 
 /// `llama_unescape_rwkv_token`: `\t \n \r \xHH` and `\c` escapes.
 pub(crate) fn unescape(escaped: &[u8]) -> Vec<u8> {
@@ -47,11 +48,11 @@ pub(crate) struct Rwkv {
 }
 
 impl Rwkv {
-    pub fn new(tokens: &[TokenData]) -> Rwkv {
+    pub fn new(texts: &Texts) -> Rwkv {
         let mut trie = Rwkv { children: vec![Vec::new()], value: vec![None] };
-        for (id, t) in tokens.iter().enumerate() {
+        for (id, text) in texts.iter().enumerate() {
             let mut node = 0;
-            for b in unescape(&t.text) {
+            for b in unescape(text) {
                 node = match trie.children[node].binary_search_by_key(&b, |&(c, _)| c) {
                     Ok(i) => trie.children[node][i].1 as usize,
                     Err(i) => {

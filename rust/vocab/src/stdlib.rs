@@ -42,70 +42,87 @@ const BUCKET_COUNTS: &[usize] = &[
     712697, 1447153, 2938679, 5967347,
 ];
 
-const NIL: usize = usize::MAX;
+/// The most keys [`unordered_map_order`] handles (the last recorded bucket count).
+pub const MAX_MAP_KEYS: usize = BUCKET_COUNTS[BUCKET_COUNTS.len() - 1];
 
-/// The node list and buckets of a libstdc++ hashtable with unique keys.
-struct Table<'a> {
-    hashes: &'a [u64],
-    next: Vec<usize>,
-    /// Index of the node *before* the bucket's first node; `head` stands for before-begin.
-    buckets: Vec<usize>,
-    head: usize,
+const NIL: u32 = u32::MAX;
+
+/// `hash % count` of every hash, into `out`. A constant divisor is a multiplication instead
+/// of a division: the known bucket counts get one each.
+fn bucket_indices(hashes: &[u64], count: usize, out: &mut Vec<u32>) {
+    out.clear();
+    macro_rules! by_constant {
+        ($($c:literal)*) => {
+            match count {
+                $($c => out.extend(hashes.iter().map(|&h| (h % $c) as u32)),)*
+                _ => out.extend(hashes.iter().map(|&h| (h % count as u64) as u32)),
+            }
+        };
+    }
+    by_constant!(13 29 59 127 257 541 1109 2357 5087 10273 20753 42043 85229 172933 351061 712697 1447153 2938679 5967347);
 }
 
-impl Table<'_> {
-    /// The before-begin sentinel uses index `hashes.len()`.
-    fn before_begin(&self) -> usize { self.hashes.len() }
+/// The node list and buckets of a libstdc++ hashtable with unique keys.
+struct Table {
+    /// Bucket of each node (for the current bucket count; nodes not inserted yet may be missing).
+    bucket: Vec<u32>,
+    next: Vec<u32>,
+    /// Node *before* each bucket's first node; `before_begin` stands for the list head.
+    buckets: Vec<u32>,
+    head: u32,
+    before_begin: u32,
+}
 
-    fn bucket(&self, node: usize) -> usize { (self.hashes[node] % self.buckets.len() as u64) as usize }
-
-    fn next_of(&self, node: usize) -> usize {
-        if node == self.before_begin() { self.head } else { self.next[node] }
+impl Table {
+    fn next_of(&self, node: u32) -> u32 {
+        if node == self.before_begin { self.head } else { self.next[node as usize] }
     }
 
-    fn set_next(&mut self, node: usize, value: usize) {
-        if node == self.before_begin() { self.head = value } else { self.next[node] = value }
+    fn set_next(&mut self, node: u32, value: u32) {
+        if node == self.before_begin { self.head = value } else { self.next[node as usize] = value }
     }
 
     /// `_M_insert_bucket_begin`.
-    fn insert(&mut self, node: usize) {
-        let bkt = self.bucket(node);
+    fn insert(&mut self, node: u32) {
+        let bkt = self.bucket[node as usize] as usize;
         let before = self.buckets[bkt];
         if before != NIL {
             let after = self.next_of(before);
-            self.next[node] = after;
+            self.next[node as usize] = after;
             self.set_next(before, node);
         } else {
-            self.next[node] = self.head;
+            let old_head = self.head;
+            self.next[node as usize] = old_head;
             self.head = node;
-            if self.next[node] != NIL {
-                let b = self.bucket(self.next[node]);
+            if old_head != NIL {
+                let b = self.bucket[old_head as usize] as usize;
                 self.buckets[b] = node;
             }
-            self.buckets[bkt] = self.before_begin();
+            self.buckets[bkt] = self.before_begin;
         }
     }
 
-    /// `_M_rehash_aux` for unique keys.
+    /// `_M_rehash_aux` for unique keys, once `bucket` holds the new count's buckets.
     fn rehash(&mut self, count: usize) {
-        self.buckets = vec![NIL; count];
+        self.buckets.clear();
+        self.buckets.resize(count, NIL);
         let mut p = self.head;
         self.head = NIL;
         let mut bbegin_bkt = 0;
         while p != NIL {
-            let next = self.next[p];
-            let bkt = self.bucket(p);
+            let next = self.next[p as usize];
+            let bkt = self.bucket[p as usize] as usize;
             if self.buckets[bkt] == NIL {
-                self.next[p] = self.head;
+                self.next[p as usize] = self.head;
                 self.head = p;
-                self.buckets[bkt] = self.before_begin();
-                if self.next[p] != NIL {
+                self.buckets[bkt] = self.before_begin;
+                if self.next[p as usize] != NIL {
                     self.buckets[bbegin_bkt] = p;
                 }
                 bbegin_bkt = bkt;
             } else {
                 let before = self.buckets[bkt];
-                self.next[p] = self.next_of(before);
+                self.next[p as usize] = self.next_of(before);
                 self.set_next(before, p);
             }
             p = next;
@@ -114,29 +131,33 @@ impl Table<'_> {
 }
 
 /// Iteration order of an `unordered_map<std::string, int>` into which `keys` were inserted in
-/// order (all distinct), as indices into `keys`. `None` beyond the recorded bucket counts.
-pub fn unordered_map_order<K: AsRef<[u8]>>(keys: &[K]) -> Option<Vec<usize>> {
-    let n = keys.len();
-    if n > *BUCKET_COUNTS.last()? {
+/// order (all distinct), as indices into `keys`. `None` beyond [`MAX_MAP_KEYS`].
+pub fn unordered_map_order<'a>(keys: impl IntoIterator<Item = &'a [u8]>) -> Option<Vec<u32>> {
+    let hashes: Vec<u64> = keys.into_iter().map(hash_string).collect();
+    let n = hashes.len();
+    if n > MAX_MAP_KEYS {
         return None;
     }
-    let hashes: Vec<u64> = keys.iter().map(|k| hash_string(k.as_ref())).collect();
-    let mut table = Table { hashes: &hashes, next: vec![NIL; n], buckets: vec![NIL; 1], head: NIL };
-    let mut level = None::<usize>;
-    for node in 0..n {
-        let capacity = level.map_or(0, |l| BUCKET_COUNTS[l]);
-        if node + 1 > capacity {
-            let l = level.map_or(0, |l| l + 1);
-            level = Some(l);
-            table.rehash(BUCKET_COUNTS[l]);
+    let mut table = Table { bucket: Vec::with_capacity(n), next: vec![NIL; n], buckets: Vec::new(), head: NIL, before_begin: n as u32 };
+    let mut inserted = 0;
+    // the map rehashes when one more element would exceed the bucket count
+    for &count in BUCKET_COUNTS {
+        if inserted == n {
+            break;
         }
-        table.insert(node);
+        let until = n.min(count);
+        bucket_indices(&hashes[..until], count, &mut table.bucket);
+        table.rehash(count);
+        for node in inserted..until {
+            table.insert(node as u32);
+        }
+        inserted = until;
     }
     let mut order = Vec::with_capacity(n);
     let mut p = table.head;
     while p != NIL {
         order.push(p);
-        p = table.next[p];
+        p = table.next[p as usize];
     }
     Some(order)
 }

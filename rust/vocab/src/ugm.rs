@@ -7,6 +7,7 @@ use ferrollama_gguf::{Array, GgufFile, Value};
 use crate::attr::TokenAttr;
 use crate::partition::Fragment;
 use crate::unicode;
+use crate::texts::Texts;
 use crate::{spm, Token, TokenData, Vocab, VocabError};
 
 fn invalid(msg: &str) -> VocabError { VocabError::Invalid(msg.into()) }
@@ -136,19 +137,19 @@ fn read_charsmap(f: &GgufFile) -> Result<Charsmap, VocabError> {
 }
 
 impl Ugm {
-    pub fn new(f: &GgufFile, tokens: &[TokenData]) -> Result<Ugm, VocabError> {
+    pub fn new(f: &GgufFile, tokens: &[TokenData], texts: &Texts) -> Result<Ugm, VocabError> {
         let charsmap = read_charsmap(f)?;
         let (mut user_defined, mut matcher) = (Trie::new(), Trie::new());
         let mut min_score = f32::MAX;
-        for (id, t) in tokens.iter().enumerate() {
+        for (id, (t, text)) in tokens.iter().zip(texts.iter()).enumerate() {
             if t.attr.intersects(TokenAttr::NORMAL) {
                 min_score = min_score.min(t.score);
             }
             if t.attr.intersects(TokenAttr::NORMAL.with(TokenAttr::USER_DEFINED).with(TokenAttr::UNUSED)) {
-                matcher.insert(&t.text, id as Token);
+                matcher.insert(text, id as Token);
             }
             if t.attr.intersects(TokenAttr::USER_DEFINED) {
-                user_defined.insert(&t.text, 0);
+                user_defined.insert(text, 0);
             }
         }
         Ok(Ugm { charsmap, user_defined, tokens: matcher, unknown_score: (min_score - 10.0) as f64 })

@@ -200,42 +200,79 @@ pub fn is_han(cpt: u32) -> bool {
 }
 
 /// Bytes GPT-2's byte-level encoding maps to the code point of the same value.
-#[inline]
-fn byte_is_printable(b: u8) -> bool {
+const fn byte_is_printable(b: u8) -> bool {
     matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF)
 }
 
+/// GPT-2's `bytes_to_unicode` as a table: printable bytes stand for themselves, the others
+/// for 256, 257, ... in byte order.
+const CPT_OF_BYTE: [u16; 256] = {
+    let mut map = [0u16; 256];
+    let (mut b, mut n) = (0usize, 0u16);
+    while b < 256 {
+        map[b] = if byte_is_printable(b as u8) {
+            b as u16
+        } else {
+            n += 1;
+            255 + n
+        };
+        b += 1;
+    }
+    map
+};
+
+/// Number of code points the byte map uses (all below 256 + 68).
+const MAPPED_CPTS: usize = 324;
+
+/// The inverse of [`CPT_OF_BYTE`]; `u16::MAX` for code points outside the map.
+const BYTE_OF_CPT: [u16; MAPPED_CPTS] = {
+    let mut map = [u16::MAX; MAPPED_CPTS];
+    let mut b = 0;
+    while b < 256 {
+        map[CPT_OF_BYTE[b] as usize] = b as u16;
+        b += 1;
+    }
+    map
+};
+
 /// GPT-2's `bytes_to_unicode`: the code point standing for a raw byte.
-pub fn byte_to_cpt(byte: u8) -> u32 {
-    static MAP: OnceLock<[u32; 256]> = OnceLock::new();
-    MAP.get_or_init(|| {
-        let mut map = [0u32; 256];
-        let mut n = 0;
-        for b in 0..=255u8 {
-            map[b as usize] = if byte_is_printable(b) {
-                b as u32
-            } else {
-                n += 1;
-                255 + n
-            };
-        }
-        map
-    })[byte as usize]
-}
+#[inline]
+pub fn byte_to_cpt(byte: u8) -> u32 { CPT_OF_BYTE[byte as usize] as u32 }
 
 /// Inverse of [`byte_to_cpt`] (`unicode_utf8_to_byte`); `None` for code points outside the map.
 #[inline]
 pub fn cpt_to_byte(cpt: u32) -> Option<u8> {
-    // the map's code points are all below 256 + 68
-    static MAP: OnceLock<[u16; 324]> = OnceLock::new();
-    let map = MAP.get_or_init(|| {
-        let mut map = [u16::MAX; 324];
-        for b in 0..=255u8 {
-            map[byte_to_cpt(b) as usize] = b as u16;
+    BYTE_OF_CPT.get(cpt as usize).copied().filter(|&b| b != u16::MAX).map(|b| b as u8)
+}
+
+/// Appends the raw bytes a byte-level encoded text stands for and returns true, if every
+/// character of it is in the byte map; otherwise returns false with `out` as it was. The
+/// map's code points are all below U+0144, so only 1- and 2-byte UTF-8 sequences qualify.
+pub fn append_byte_decoded(text: &[u8], out: &mut Vec<u8>) -> bool {
+    let len_before = out.len();
+    let mut i = 0;
+    while i < text.len() {
+        let b = text[i];
+        let cpt = if b < 0x80 {
+            i += 1;
+            b as u32
+        } else if b & 0xE0 == 0xC0 && b >= 0xC2 && text.get(i + 1).is_some_and(|&c| c & 0xC0 == 0x80) {
+            let c = ((b as u32 & 0x1F) << 6) | (text[i + 1] as u32 & 0x3F);
+            i += 2;
+            c
+        } else {
+            out.truncate(len_before);
+            return false;
+        };
+        match cpt_to_byte(cpt) {
+            Some(byte) => out.push(byte),
+            None => {
+                out.truncate(len_before);
+                return false;
+            }
         }
-        map
-    });
-    map.get(cpt as usize).copied().filter(|&b| b != u16::MAX).map(|b| b as u8)
+    }
+    true
 }
 
 /// Appends the UTF-8 of the byte-level code point of `byte` (`unicode_byte_to_utf8`).
@@ -296,6 +333,24 @@ mod tests {
             assert_eq!(cpt_to_byte(byte_to_cpt(b)), Some(b));
         }
         assert_eq!(cpt_to_byte(0x20), None);
+    }
+
+    #[test]
+    fn byte_level_decoding() {
+        let mut out = b"x".to_vec();
+        let mut encoded = Vec::new();
+        for b in 0..=255u8 {
+            push_byte_encoded(b, &mut encoded);
+        }
+        assert!(append_byte_decoded(&encoded, &mut out));
+        assert_eq!(out[0], b'x');
+        assert_eq!(&out[1..], (0..=255u8).collect::<Vec<_>>().as_slice());
+        for bad in [" ".as_bytes(), "a b".as_bytes(), "\u{2581}".as_bytes(), b"\xC4", b"\xC0\x80", "Ġ\u{144}".as_bytes()] {
+            assert!(!append_byte_decoded(bad, &mut out), "{bad:?}");
+            assert_eq!(out.len(), 257);
+        }
+        assert!(append_byte_decoded("Ġa".as_bytes(), &mut out));
+        assert_eq!(&out[257..], b" a");
     }
 
     #[test]

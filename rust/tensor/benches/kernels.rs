@@ -3,9 +3,9 @@
 //! 896x4864 (ffn_up/gate: 4864 rows of 896) and 4864x896 (ffn_down: 896 rows of 4864)
 //! shapes, with 1 and 2 threads.
 //!
-//! gemv (1 token) reports bytes of weights streamed per second; gemm (64 tokens) reports
-//! elements per second as 2 * rows * cols * tokens operations, i.e. the "elem/s" figure
-//! is OPS.
+//! gemv (1 token) reports bytes of weights streamed per second; gemm8 (8 tokens: a decode
+//! step of 8 sequences) and gemm64 (64 tokens: a prompt) report elements per second as
+//! 2 * rows * cols * tokens operations, i.e. the "elem/s" figure is OPS.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,11 +44,11 @@ fn bench(c: &mut Criterion) {
         for &(rows, cols) in shapes {
             let m = matrix(ty, rows, cols);
             let weight_bytes = (m.row_bytes() * rows) as u64;
-            for n_tokens in [1usize, 64] {
+            for n_tokens in [1usize, 8, 64] {
                 let x: Vec<f32> = (0..n_tokens * cols).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
                 let mut out = vec![0f32; n_tokens * rows];
                 let mut scratch = MatmulScratch::default();
-                let kind = if n_tokens == 1 { "gemv" } else { "gemm64" };
+                let kind = if n_tokens == 1 { "gemv".to_string() } else { format!("gemm{n_tokens}") };
                 let mut g = c.benchmark_group(format!("{kind}/{ty}/{cols}x{rows}"));
                 g.throughput(if n_tokens == 1 { Throughput::Bytes(weight_bytes) } else { Throughput::Elements((2 * rows * cols * n_tokens) as u64) });
                 g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2)).sample_size(20);

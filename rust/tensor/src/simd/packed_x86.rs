@@ -24,11 +24,11 @@ unsafe fn at(a: &KernelArgs, base: *const u8, b: usize, i: usize) -> *const u8 {
 /// The kernels for `kind`, with their token tile.
 pub fn kernels(kind: PackKind) -> KindKernels {
     match kind {
-        PackKind::Q8_0 => KindKernels { tile: 2, tiled: legacy_lanes::<0, 2>, single: legacy_lanes::<0, 1>, many: None },
+        PackKind::Q8_0 => KindKernels { tile: 2, tiled: legacy_lanes::<0, 2>, single: legacy_lanes::<0, 1>, many: Some(q8_0_many) },
         PackKind::Q5_0 => KindKernels { tile: 2, tiled: legacy_lanes::<1, 2>, single: legacy_lanes::<1, 1>, many: Some(q5_0_many) },
         PackKind::Q4_0 => KindKernels { tile: 4, tiled: legacy_block::<0, 4>, single: legacy_block::<0, 1>, many: None },
         PackKind::Iq4Nl => KindKernels { tile: 4, tiled: legacy_block::<1, 4>, single: legacy_block::<1, 1>, many: None },
-        PackKind::Q4K => KindKernels { tile: 4, tiled: q4_k::<4>, single: q4_k::<1>, many: None },
+        PackKind::Q4K => KindKernels { tile: 4, tiled: q4_k::<4, false>, single: q4_k::<1, false>, many: Some(q4_k_many) },
         PackKind::Q6K => KindKernels { tile: 2, tiled: q6_k::<2>, single: q6_k::<1>, many: Some(q6_k_many) },
     }
 }
@@ -179,6 +179,55 @@ unsafe fn legacy_lanes<const KIND: u8, const T: usize>(a: &KernelArgs, g: usize,
     }
 }
 
+/// Asks for block b's share of group g + 1's cache lines to be brought into L2, for kernels
+/// that run many tokens over group g: their arithmetic issues few loads, so the hardware
+/// prefetchers do not run ahead, and without this each group's weights arrive from memory
+/// only when its first pass asks for them (measured on a matrix 36 MB large: Q5_0 over 8
+/// tokens 38 % faster). Spread over the blocks, so that the requests do not queue up at
+/// once. A prefetch never faults: the lines after the last group are harmless.
+#[inline(always)]
+unsafe fn prefetch_next_group(a: &KernelArgs, g: usize, b: usize) {
+    let next = a.w.wrapping_add((g + 1) * a.group_bytes);
+    let lines = a.group_bytes / 64;
+    for i in b * lines / a.nb..(b + 1) * lines / a.nb {
+        _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(i * 64) as *const i8);
+    }
+}
+
+/// Lane weights read straight from group g that also fetch group g + 1 ahead (the first
+/// pass over a group in a many-token product).
+struct AheadOf<'a, W> {
+    w: W,
+    a: &'a KernelArgs,
+    g: usize,
+}
+
+impl<W: LaneWeights> LaneWeights for AheadOf<'_, W> {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> *const u8 {
+        prefetch_next_group(self.a, self.g, b);
+        self.w.scales(b)
+    }
+    #[inline(always)]
+    unsafe fn lane(&self, b: usize, l: usize) -> __m512i { self.w.lane(b, l) }
+}
+
+/// Q8_0 over tokens t0..t1 (at least two): token pairs straight from the packed group, the
+/// first pair also fetching the next group.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
+unsafe fn q8_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    lanes::<_, 2>(&AheadOf { w: PackedQ8 { a, base }, a, g }, a, g, t0);
+    let mut t = t0 + 2;
+    while t + 2 <= t1 {
+        lanes::<_, 2>(&PackedQ8 { a, base }, a, g, t);
+        t += 2;
+    }
+    if t < t1 {
+        lanes::<_, 1>(&PackedQ8 { a, base }, a, g, t);
+    }
+}
+
 thread_local! {
     /// Per-thread buffer for decoded groups.
     static EXPANDED: std::cell::RefCell<Vec<__m512i>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -199,6 +248,7 @@ unsafe fn q5_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
         let d = buf.as_mut_ptr() as *mut u8;
         let w = d.add((a.nb * 32).div_ceil(64) * 64);
         for b in 0..a.nb {
+            prefetch_next_group(a, g, b);
             std::ptr::copy_nonoverlapping(src.scales(b), d.add(b * 32), 32);
             for l in 0..8 {
                 _mm512_storeu_si512(w.add(b * 512 + l * 64) as *mut __m512i, src.lane(b, l));
@@ -245,12 +295,16 @@ unsafe fn legacy_block<const KIND: u8, const T: usize>(a: &KernelArgs, g: usize,
 }
 
 /// Q4_K: one accumulator for the scaled sums and one for the mins (llama.cpp's repack).
+/// AHEAD: also fetch the next group (see `prefetch_next_group`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
-unsafe fn q4_k<const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
+unsafe fn q4_k<const T: usize, const AHEAD: bool>(a: &KernelArgs, g: usize, t0: usize) {
     let base = a.w.add(g * a.group_bytes);
     let mut acc = [_mm512_setzero_ps(); T];
     let mut acc_min = [_mm512_setzero_ps(); T];
     for b in 0..a.nb {
+        if AHEAD {
+            prefetch_next_group(a, g, b);
+        }
         let (dp, mp, sp, np, qp) = (at(a, base, b, 0), at(a, base, b, 1), at(a, base, b, 2), at(a, base, b, 3), at(a, base, b, 4));
         let mut isum = [_mm512_setzero_si512(); T];
         for p in 0..4 {
@@ -288,6 +342,22 @@ unsafe fn q4_k<const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
     }
     for t in 0..T {
         store(a, g, t0 + t, _mm512_sub_ps(acc[t], acc_min[t]));
+    }
+}
+
+/// Q4_K over tokens t0..t1 (at least four): tiles of four, the first also fetching the next
+/// group.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
+unsafe fn q4_k_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    q4_k::<4, true>(a, g, t0);
+    let mut t = t0 + 4;
+    while t + 4 <= t1 {
+        q4_k::<4, false>(a, g, t);
+        t += 4;
+    }
+    while t < t1 {
+        q4_k::<1, false>(a, g, t);
+        t += 1;
     }
 }
 
@@ -461,6 +531,7 @@ unsafe fn q6_k_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
         }
         let p = buf.as_mut_ptr() as *mut u8;
         for b in 0..a.nb {
+            prefetch_next_group(a, g, b);
             let e = p.add(b * Q6_EXPANDED);
             std::ptr::copy_nonoverlapping(src.d(b), e, 32);
             std::ptr::copy_nonoverlapping(src.scales(b), e.add(32), 256);

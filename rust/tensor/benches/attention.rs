@@ -6,10 +6,12 @@
 //! - decode: one token, the query heads of one KV head, n_kv cells, the cache row holding
 //!   every KV head (so a head's rows are strided, as in the engine's cache);
 //! - batch: eight tokens of a prompt block (tinyBLAS order, rows converted once).
+//!
+//! A closing table sets each rate beside the machine's read bandwidth (see `peak`).
 
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use ferrollama_tensor::attn::{attend, AttnScratch, DotOrder, Heads};
 use ferrollama_tensor::util::f32_to_f16;
 use ferrollama_tensor::GgmlType;
@@ -36,7 +38,10 @@ fn f16_bytes(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-fn bench(c: &mut Criterion) {
+mod peak;
+use peak::{Bound, Peak, Report};
+
+fn bench(c: &mut Criterion, report: &mut Report) {
     for sh in &SHAPES {
         for (kind, n_kv, n_t) in [("decode", 4096usize, 1usize), ("decode", 512, 1), ("batch8", 512, 8)] {
             let row = sh.n_head_kv * sh.head_dim;
@@ -64,9 +69,16 @@ fn bench(c: &mut Criterion) {
             g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2)).sample_size(30);
             g.bench_with_input(BenchmarkId::new("heads", sh.group), &(), |b, _| b.iter(|| attend(&h, &mut out, &mut s)));
             g.finish();
+            let name = format!("attn/{}/{kind}/{n_kv}/heads/{}", sh.name, sh.group);
+            report.time(&name, 1, Bound::Memory, (2 * n_kv * sh.head_dim * 2) as f64, || attend(&h, &mut out, &mut s));
         }
     }
 }
 
-criterion_group!(benches, bench);
-criterion_main!(benches);
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    let mut report = Report::from_args();
+    bench(&mut c, &mut report);
+    c.final_summary();
+    report.print(&Peak::measure());
+}

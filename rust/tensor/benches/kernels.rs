@@ -6,11 +6,13 @@
 //! gemv (1 token) reports bytes of weights streamed per second; gemm8 (8 tokens: a decode
 //! step of 8 sequences) and gemm64 (64 tokens: a prompt) report elements per second as
 //! 2 * rows * cols * tokens operations, i.e. the "elem/s" figure is OPS.
+//!
+//! A closing table sets each rate beside the machine's peak (see `peak`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use ferrollama_tensor::{matmul, traits, GgmlType, MatmulScratch, QMatrix, Threads, WeightBytes};
 
 fn matrix(ty: GgmlType, rows: usize, cols: usize) -> QMatrix {
@@ -30,7 +32,13 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize) -> QMatrix {
     QMatrix::new(ty, rows, cols, WeightBytes::Owned(Arc::new(bytes))).expect("valid matrix")
 }
 
-fn bench(c: &mut Criterion) {
+mod peak;
+use peak::{Bound, Peak, Report};
+
+/// Bytes of weights a case cycles through: twice this machine's 32 MiB L3.
+const COLD_BYTES: usize = 64 << 20;
+
+fn bench(c: &mut Criterion, report: &mut Report) {
     let pools = [Threads::new(1), Threads::new(2)];
     let cases = [
         (GgmlType::Q4_K, &[(896usize, 4864usize)][..]),
@@ -42,8 +50,16 @@ fn bench(c: &mut Criterion) {
     ];
     for (ty, shapes) in cases {
         for &(rows, cols) in shapes {
-            let m = matrix(ty, rows, cols);
-            let weight_bytes = (m.row_bytes() * rows) as u64;
+            // Copies enough to exceed the last-level cache, used in turn: a model's
+            // matrices reach a product from memory, not from a cache a previous call warmed.
+            let one = matrix(ty, rows, cols);
+            let weight_bytes = (one.row_bytes() * rows) as u64;
+            let copies: Vec<QMatrix> = (0..(COLD_BYTES / weight_bytes as usize).max(1)).map(|_| matrix(ty, rows, cols)).collect();
+            let mut turn = 0usize;
+            let mut next = move || {
+                turn = (turn + 1) % copies.len();
+                copies[turn].clone()
+            };
             for n_tokens in [1usize, 8, 64] {
                 let x: Vec<f32> = (0..n_tokens * cols).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
                 let mut out = vec![0f32; n_tokens * rows];
@@ -54,14 +70,28 @@ fn bench(c: &mut Criterion) {
                 g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2)).sample_size(20);
                 for pool in &pools {
                     g.bench_with_input(BenchmarkId::new("threads", pool.n_threads()), &n_tokens, |b, &n| {
-                        b.iter(|| matmul(&m, &x, n, &mut out, &mut scratch, pool))
+                        b.iter(|| matmul(&next(), &x, n, &mut out, &mut scratch, pool))
                     });
                 }
                 g.finish();
+                let (bound, amount) = match (n_tokens, ty) {
+                    (1, _) => (Bound::Memory, weight_bytes as f64),
+                    (_, GgmlType::F16 | GgmlType::F32) => (Bound::F32, (2 * rows * cols * n_tokens) as f64),
+                    _ => (Bound::Int8, (2 * rows * cols * n_tokens) as f64),
+                };
+                for pool in &pools {
+                    let name = format!("{kind}/{ty}/{cols}x{rows}/threads/{}", pool.n_threads());
+                    report.time(&name, pool.n_threads(), bound, amount, || matmul(&next(), &x, n_tokens, &mut out, &mut scratch, pool));
+                }
             }
         }
     }
 }
 
-criterion_group!(benches, bench);
-criterion_main!(benches);
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    let mut report = Report::from_args();
+    bench(&mut c, &mut report);
+    c.final_summary();
+    report.print(&Peak::measure());
+}

@@ -61,7 +61,7 @@ def test_progress_bar_on_a_terminal_only():
     try:
         out = read_until(fd, r"pp16 \|")
         assert "bench:" in out and "run" in out
-        assert wait(pid) == 0
+        assert wait(pid, fd) == 0
     finally:
         import os
 

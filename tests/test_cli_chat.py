@@ -96,7 +96,7 @@ def test_chat_through_a_terminal_with_ctrl_c():
         os.write(fd, b"\x03")                                      # Ctrl-C stops the answer, not the program
         read_until(fd, r"\n> $")
         os.write(fd, b"\x03")                                      # at the prompt, Ctrl-C quits
-        assert wait(pid) == 130
+        assert wait(pid, fd) == 130
     finally:
         os.close(fd)
 

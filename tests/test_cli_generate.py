@@ -218,15 +218,21 @@ def read_until(fd: int, pattern: str, timeout: float = 60.0) -> str:
     raise AssertionError(f"{pattern!r} not seen in {out[-500:]!r}")
 
 
-def wait(pid: int, timeout: float = 60.0) -> int:
-    end = time.time() + timeout
+def wait(pid: int, fd: int, timeout: float = 60.0) -> int:
+    """The exit code; meanwhile reads the terminal, so that the process never blocks writing
+    to it, and shows what it printed if it does not exit."""
+    out, end = b"", time.time() + timeout
     while time.time() < end:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
+        if select.select([fd], [], [], 0.05)[0]:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:
+                pass
     os.kill(pid, 9)
-    raise AssertionError("the process did not exit")
+    raise AssertionError(f"the process did not exit; it printed {out[-1000:]!r}")
 
 
 def test_interactive_mode_through_a_terminal():
@@ -238,7 +244,7 @@ def test_interactive_mode_through_a_terminal():
         read_until(fd, r"(?s)BOT:.*USER: $")      # the suffix, more tokens, the prefix again
         os.write(fd, b"\x04")                     # Ctrl-D: end of input
         read_until(fd, r"EOF by user")
-        assert wait(pid) == 0
+        assert wait(pid, fd) == 0
     finally:
         os.close(fd)
 
@@ -252,7 +258,7 @@ def test_ctrl_c_in_interactive_mode_returns_control():
         os.write(fd, b"\x03")                     # Ctrl-C while generating: back to the user
         read_until(fd, r"USER> $")
         os.write(fd, b"\x04")
-        assert wait(pid) == 0
+        assert wait(pid, fd) == 0
     finally:
         os.close(fd)
 

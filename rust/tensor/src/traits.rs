@@ -40,7 +40,8 @@ pub struct TypeTraits {
     pub vec_dot: VecDot,
     /// The same over four activation rows, where a kernel exists.
     pub vec_dot_x4: Option<VecDotX4>,
-    /// ggml's generic dot product (the specification).
+    /// The portable dot product (the specification): ggml's x86 AVX2 `ggml_vec_dot_*`
+    /// arithmetic for the quantized types (see `scalar::lanes`), plain loops for the floats.
     pub vec_dot_scalar: VecDot,
     /// The instruction set `vec_dot` and `from_f32` were chosen for.
     pub isa: Isa,
@@ -54,7 +55,7 @@ impl TypeTraits {
 }
 
 /// The scalar description of one type: (type, to_f32, runtime from_f32, reference
-/// from_f32, vec_dot_type, generic vec_dot).
+/// from_f32, vec_dot_type, portable vec_dot).
 type Row = (GgmlType, ToF32, Option<FromF32>, Option<FromF32>, GgmlType, VecDot);
 
 fn scalar_rows() -> Vec<Row> {

@@ -1,11 +1,111 @@
-//! (b) every dot product equals a float64 dot of the dequantized weight and the dequantized
-//! activation within a rounding bound; (c) quantize -> dequantize round trips stay within
-//! each type's error bound.
+//! (a) every dot product is llama.cpp's x86 `ggml_vec_dot_*` bit for bit, at every
+//! instruction-set level (fixtures from tests/gen_dot_fixtures.py); (b) every dot product
+//! equals a float64 dot of the dequantized weight and the dequantized activation within a
+//! rounding bound; (c) quantize -> dequantize round trips stay within each type's error bound.
 
 mod common;
 
 use common::*;
-use ferrollama_tensor::GgmlType;
+use ferrollama_tensor::traits::{build_table, TypeTraits};
+use ferrollama_tensor::{GgmlType, Isa};
+
+/// One section of tests/data/quants/vec_dot.fix: rows of one type against activations, with
+/// ggml's quantized activations and ggml's dot products.
+struct DotSection {
+    ty: GgmlType,
+    n: usize,
+    seeds: Vec<usize>,
+    rows: Vec<Vec<u8>>,
+    acts: Vec<Vec<u8>>,
+    /// result[r * acts.len() + a]
+    results: Vec<f32>,
+}
+
+fn read_dot_fixture() -> Vec<DotSection> {
+    let path = format!("{DATA}/quants/vec_dot.fix");
+    let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(&b[..4], b"FVDX");
+    let mut off = 4;
+    let u32_at = |off: &mut usize| {
+        let v = u32::from_le_bytes(b[*off..*off + 4].try_into().unwrap()) as usize;
+        *off += 4;
+        v
+    };
+    let count = u32_at(&mut off);
+    let mut sections = Vec::new();
+    for _ in 0..count {
+        let ty = GgmlType::from_id(u32_at(&mut off) as u32).expect("known type");
+        let (n, n_rows, n_acts) = (u32_at(&mut off), u32_at(&mut off), u32_at(&mut off));
+        let seeds: Vec<usize> = (0..n_acts).map(|_| u32_at(&mut off)).collect();
+        let (wb, xb) = (tr(ty).row_bytes(n), tr(tr(ty).vec_dot_type).row_bytes(n));
+        let mut take = |len: usize| {
+            let v = b[off..off + len].to_vec();
+            off += len;
+            v
+        };
+        let rows = (0..n_rows).map(|_| take(wb)).collect();
+        let acts = (0..n_acts).map(|_| take(xb)).collect();
+        let results = take(4 * n_rows * n_acts).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        sections.push(DotSection { ty, n, seeds, rows, acts, results });
+    }
+    sections
+}
+
+/// The activation formula of gen_dot_fixtures.py (exact in f32).
+fn fixture_activation(n: usize, seed: usize) -> Vec<f32> {
+    let scale = [1.0f32, 0.0625, 3.0][seed % 3];
+    (0..n)
+        .map(|i| {
+            let v = ((i * 7919 + seed * 104729 + 17) % 2001) as f32 - 1000.0;
+            let x = v / 250.0 * scale;
+            if (i + seed) % 37 == 0 { x * 4.0 } else { x }
+        })
+        .collect()
+}
+
+fn entry(table: &[TypeTraits], ty: GgmlType) -> &TypeTraits {
+    table.iter().find(|t| t.ty == ty).expect("type in table")
+}
+
+#[test]
+fn activation_quantizers_give_ggml_x86_bytes() {
+    for s in read_dot_fixture() {
+        let act = tr(s.ty).vec_dot_type;
+        for (seed, want) in s.seeds.iter().zip(&s.acts) {
+            assert_eq!(&quantize(act, &fixture_activation(s.n, *seed)), want, "{act} seed {seed}");
+        }
+    }
+}
+
+#[test]
+fn dot_products_are_ggml_x86_bit_for_bit() {
+    let levels: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|l| l.available()).collect();
+    let sections = read_dot_fixture();
+    assert_eq!(sections.len(), 24, "two sections for each of the 12 quantized types");
+    for isa in levels {
+        let table = build_table(isa);
+        for s in &sections {
+            let e = entry(&table, s.ty);
+            let na = s.acts.len();
+            for (r, row) in s.rows.iter().enumerate() {
+                for (a, act) in s.acts.iter().enumerate() {
+                    let (got, want) = ((e.vec_dot)(s.n, row, act), s.results[r * na + a]);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{} {isa:?} n={} row {r} act {a}: {got} vs ggml {want}", s.ty, s.n);
+                }
+                if let Some(x4) = e.vec_dot_x4 {
+                    let order = [0, 1, 2, 0].map(|a| a % na);
+                    let stride = s.acts[0].len();
+                    let xs: Vec<u8> = order.iter().flat_map(|&a| s.acts[a].iter().copied()).collect();
+                    let mut out = [0f32; 4];
+                    x4(s.n, row, &xs, stride, &mut out);
+                    for (t, &a) in order.iter().enumerate() {
+                        assert_eq!(out[t].to_bits(), s.results[r * na + a].to_bits(), "{} {isa:?} four-token kernel, row {r} token {t}", s.ty);
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// f64 dot of the dequantized operands, and the magnitude sum(|x|) * max(|w|) the float
 /// rounding of a kernel is measured against.

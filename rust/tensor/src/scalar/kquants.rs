@@ -1,7 +1,10 @@
 //! The 256-element super-block types: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K and IQ4_XS.
-//! Dequantizers follow ggml-quants.c; dot products follow ggml-cpu/quants.c's `_generic`
-//! functions including their float summation order (eight partial sums for most types).
+//! Dequantizers follow ggml-quants.c; dot products follow the AVX2 `ggml_vec_dot_*_q8_K` of
+//! ggml-cpu/arch/x86/quants.c (what llama.cpp runs on x86) including their float summation
+//! order: exact integer sums per super-block in eight lanes (see [`super::lanes`]), one FMA
+//! per lane and super-block, `hsum_float_8` at the end.
 
+use super::lanes::{fma_lanes, hsum_float_4, hsum_float_8};
 use super::legacy::KVALUES_IQ4NL;
 use crate::util::{nearest_int, rd_f16, rd_f32, rd_i16, rd_u32};
 
@@ -33,14 +36,25 @@ fn q8k_bsum(b: &[u8], j: usize) -> i32 {
     rd_i16(b, 4 + QK_K + 2 * j) as i32
 }
 
-/// Per-lane integer sums of ggml's generic k-quant dots: lane l gathers the products at
-/// positions p with p % 8 == l, each weighted by its group's scale.
-fn lane_sums(a: &[i8; QK_K], q8: &[u8], scale_of: impl Fn(usize) -> i32) -> [i32; 8] {
-    let mut aux32 = [0i32; 8];
-    for (p, (&ai, &yi)) in a.iter().zip(q8).enumerate() {
-        aux32[p % 8] += scale_of(p) * (ai as i32 * yi as i8 as i32);
+/// The i32 lanes of ggml's AVX2 k-quant dots: the weights are loaded 32 at a time in
+/// element order, so element p lands in lane (p % 32) / 4, its product with the activation
+/// weighted by the scale of its 16-element group (`scales16`, each 32-element sub-block's
+/// scale given twice).
+fn x86_lanes(a: &[i8; QK_K], q8: &[u8], scales16: &[i32; 16]) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for (g, (a32, q32)) in a.chunks_exact(32).zip(q8.chunks_exact(32)).enumerate() {
+        for (k, (a4, q4)) in a32.chunks_exact(4).zip(q32.chunks_exact(4)).enumerate() {
+            let dot: i32 = a4.iter().zip(q4).map(|(&w, &y)| w as i32 * y as i8 as i32).sum();
+            lanes[k] += scales16[2 * g + k / 4] * dot;
+        }
     }
-    aux32
+    lanes
+}
+
+/// The lanes of `_mm256_madd_epi16(v16, bsums)` over the 16 group sums of a Q8_K block:
+/// lane k = v[2k] * bsum[2k] + v[2k + 1] * bsum[2k + 1].
+fn bsum_lanes(by: &[u8], v: impl Fn(usize) -> i32) -> [i32; 8] {
+    std::array::from_fn(|k| v(2 * k) * q8k_bsum(by, 2 * k) + v(2 * k + 1) * q8k_bsum(by, 2 * k + 1))
 }
 
 // ---------------------------------------------------------------- Q2_K
@@ -70,32 +84,33 @@ pub fn dequantize_q2_k(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-pub fn vec_dot_q2_k_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (bw, by) in pairs(w, x, Q2_K_BYTES, n) {
-        let sc = &bw[0..16];
-        let q8 = q8k_qs(by);
-        let summs: i32 = (0..16).map(|j| q8k_bsum(by, j) * (sc[j] >> 4) as i32).sum();
-        let yd = rd_f32(by, 0);
-        let dall = yd * rd_f16(bw, 80);
-        let dmin = yd * rd_f16(bw, 82);
-        let mut isum = 0i32;
-        let mut is = 0;
-        for half in 0..2 {
-            let q2 = &bw[16 + 32 * half..16 + 32 * half + 32];
-            for (k, shift) in [0, 2, 4, 6].into_iter().enumerate() {
-                let q8 = &q8[128 * half + 32 * k..];
-                for part in 0..2 {
-                    let d = (sc[is] & 0x0f) as i32;
-                    is += 1;
-                    let isuml: i32 = (16 * part..16 * part + 16).map(|l| q8[l] as i8 as i32 * ((q2[l] >> shift) & 3) as i32).sum();
-                    isum += d * isuml;
-                }
+/// The 256 2-bit values of a Q2_K block, in element order.
+fn q2_k_values(b: &[u8]) -> [i8; QK_K] {
+    let mut a = [0i8; QK_K];
+    for half in 0..2 {
+        let q2 = &b[16 + 32 * half..48 + 32 * half];
+        for (g, shift) in [0, 2, 4, 6].into_iter().enumerate() {
+            for (l, &q) in q2.iter().enumerate() {
+                a[128 * half + 32 * g + l] = ((q >> shift) & 3) as i8;
             }
         }
-        sumf += dall * isum as f32 - dmin * summs as f32;
     }
-    sumf
+    a
+}
+
+/// ggml_vec_dot_q2_K_q8_K on AVX2: per super-block, first the mins, `acc = fma(-d_x * dmin,
+/// madd(mins, bsums), acc)`, then the scaled quants, `acc = fma(d_x * d, lanes, acc)`.
+pub fn vec_dot_q2_k_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, by) in pairs(w, x, Q2_K_BYTES, n) {
+        let sc = &bw[0..16];
+        let yd = rd_f32(by, 0);
+        let mins = bsum_lanes(by, |j| (sc[j] >> 4) as i32);
+        fma_lanes(&mut acc, -yd * rd_f16(bw, 82), &mins);
+        let lanes = x86_lanes(&q2_k_values(bw), q8k_qs(by), &std::array::from_fn(|j| (sc[j] & 0x0f) as i32));
+        fma_lanes(&mut acc, yd * rd_f16(bw, 80), &lanes);
+    }
+    hsum_float_8(&acc)
 }
 
 // ---------------------------------------------------------------- Q3_K
@@ -152,22 +167,15 @@ pub fn dequantize_q3_k(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// ggml_vec_dot_q3_K_q8_K on AVX2: `acc = fma(d_x * d, lanes, acc)` per super-block.
 pub fn vec_dot_q3_k_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let mut sums = [0.0f32; 8];
+    let mut acc = [0.0f32; 8];
     for (bw, by) in pairs(w, x, Q3_K_BYTES, n) {
         let scales = q3_k_scales(&bw[96..108]);
-        let a = q3_k_values(bw);
-        let aux32 = lane_sums(&a, q8k_qs(by), |p| scales[p / 16] as i32 - 32);
-        let d = rd_f16(bw, 108) * rd_f32(by, 0);
-        for l in 0..8 {
-            sums[l] += d * aux32[l] as f32;
-        }
+        let lanes = x86_lanes(&q3_k_values(bw), q8k_qs(by), &scales.map(|s| s as i32 - 32));
+        fma_lanes(&mut acc, rd_f32(by, 0) * rd_f16(bw, 108), &lanes);
     }
-    let mut sumf = 0.0f32;
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+    hsum_float_8(&acc)
 }
 
 // ---------------------------------------------------------------- Q4_K / Q5_K scales
@@ -182,31 +190,18 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Sum over the 16-element groups of bsums * min, as the generic Q4_K/Q5_K dots.
-fn min_correction(by: &[u8], scales: &[u8]) -> i32 {
-    (0..16).map(|j| q8k_bsum(by, j) * scale_min_k4(j / 2, scales).1 as i32).sum()
+/// The 4 lanes of ggml's Q4_K min product, `_mm_madd_epi16(mins, hadd(bsums))`: lane k =
+/// min[2k] * bsum32[2k] + min[2k + 1] * bsum32[2k + 1], bsum32[j] the activation sum over
+/// sub-block j (two 16-element group sums).
+fn q4_k_min_lanes(by: &[u8], scales: &[u8]) -> [i32; 4] {
+    let term = |j: usize| scale_min_k4(j, scales).1 as i32 * (q8k_bsum(by, 2 * j) + q8k_bsum(by, 2 * j + 1));
+    std::array::from_fn(|k| term(2 * k) + term(2 * k + 1))
 }
 
-fn kx_dot(n: usize, w: &[u8], x: &[u8], bytes: usize, values: impl Fn(&[u8]) -> [i8; QK_K]) -> f32 {
-    let mut sums = [0.0f32; 8];
-    let mut sumf = 0.0f32;
-    for (bw, by) in pairs(w, x, bytes, n) {
-        let scales = &bw[4..16];
-        let a = values(bw);
-        let sumi = min_correction(by, scales);
-        let aux32 = lane_sums(&a, q8k_qs(by), |p| scale_min_k4(p / 32, scales).0 as i32);
-        let yd = rd_f32(by, 0);
-        let d = rd_f16(bw, 0) * yd;
-        for l in 0..8 {
-            sums[l] += d * aux32[l] as f32;
-        }
-        let dmin = rd_f16(bw, 2) * yd;
-        sumf -= dmin * sumi as f32;
-    }
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+/// The scaled-quant lanes of a Q4_K or Q5_K super-block (`values` its 256 unsigned levels).
+fn kx_lanes(bw: &[u8], by: &[u8], values: impl Fn(&[u8]) -> [i8; QK_K]) -> [i32; 8] {
+    let scales = &bw[4..16];
+    x86_lanes(&values(bw), q8k_qs(by), &std::array::from_fn(|j| scale_min_k4(j / 2, scales).0 as i32))
 }
 
 // ---------------------------------------------------------------- Q4_K
@@ -243,8 +238,21 @@ pub fn dequantize_q4_k(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// ggml_vec_dot_q4_K_q8_K on AVX2: the scaled quants in eight lanes, `acc = fma(d_x * d,
+/// lanes, acc)`; the mins in a 4-lane accumulator, `acc_m = fma(-d_x * dmin, min lanes,
+/// acc_m)`; the result `hsum_float_8(acc)` plus acc_m reduced.
 pub fn vec_dot_q4_k_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    kx_dot(n, w, x, Q4_K_BYTES, q4_k_values)
+    let mut acc = [0.0f32; 8];
+    let mut acc_m = [0.0f32; 4];
+    for (bw, by) in pairs(w, x, Q4_K_BYTES, n) {
+        let yd = rd_f32(by, 0);
+        let dmin = -yd * rd_f16(bw, 2);
+        for (a, m) in acc_m.iter_mut().zip(q4_k_min_lanes(by, &bw[4..16])) {
+            *a = dmin.mul_add(m as f32, *a);
+        }
+        fma_lanes(&mut acc, yd * rd_f16(bw, 0), &kx_lanes(bw, by, q4_k_values));
+    }
+    hsum_float_8(&acc) + hsum_float_4(&acc_m)
 }
 
 // ---------------------------------------------------------------- Q5_K
@@ -280,8 +288,19 @@ pub fn dequantize_q5_k(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// ggml_vec_dot_q5_K_q8_K on AVX2: the scaled quants as Q4_K; the mins as one integer per
+/// super-block, `summs = fma(-d_x * dmin, float(sum), summs)` (GCC contracts ggml's
+/// `summs += dmin * sum`), added after the reduction.
 pub fn vec_dot_q5_k_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    kx_dot(n, w, x, Q5_K_BYTES, q5_k_values)
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (bw, by) in pairs(w, x, Q5_K_BYTES, n) {
+        let yd = rd_f32(by, 0);
+        let mins: i32 = q4_k_min_lanes(by, &bw[4..16]).iter().sum();
+        summs = (-yd * rd_f16(bw, 2)).mul_add(mins as f32, summs);
+        fma_lanes(&mut acc, yd * rd_f16(bw, 0), &kx_lanes(bw, by, q5_k_values));
+    }
+    hsum_float_8(&acc) + summs
 }
 
 // ---------------------------------------------------------------- Q6_K
@@ -313,21 +332,21 @@ pub fn dequantize_q6_k(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// ggml_vec_dot_q6_K_q8_K on AVX2: the unsigned 6-bit levels against the activations in the
+/// usual lanes, minus 32 * madd(bsums, scales) (whose lane k covers sub-blocks 2k and 2k + 1,
+/// not the same elements), then `acc = fma(d_x * d, lanes, acc)`.
 pub fn vec_dot_q6_k_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let mut sums = [0.0f32; 8];
+    let mut acc = [0.0f32; 8];
     for (bw, by) in pairs(w, x, Q6_K_BYTES, n) {
-        let a = q6_k_values(bw);
-        let aux32 = lane_sums(&a, q8k_qs(by), |p| bw[192 + p / 16] as i8 as i32);
-        let d = rd_f16(bw, 208) * rd_f32(by, 0);
-        for l in 0..8 {
-            sums[l] += d * aux32[l] as f32;
+        let scale = |j: usize| bw[192 + j] as i8 as i32;
+        let unsigned = q6_k_values(bw).map(|v| v + 32);
+        let mut lanes = x86_lanes(&unsigned, q8k_qs(by), &std::array::from_fn(scale));
+        for (l, s) in lanes.iter_mut().zip(bsum_lanes(by, scale)) {
+            *l -= s << 5;
         }
+        fma_lanes(&mut acc, rd_f32(by, 0) * rd_f16(bw, 208), &lanes);
     }
-    let mut sumf = 0.0f32;
-    for s in sums {
-        sumf += s;
-    }
-    sumf
+    hsum_float_8(&acc)
 }
 
 // ---------------------------------------------------------------- Q8_K
@@ -392,22 +411,20 @@ pub fn dequantize_iq4_xs(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// ggml_vec_dot_iq4_xs_q8_K on AVX2: the scaled levels in the usual lanes, `acc = fma(d *
+/// d_x, lanes, acc)` per super-block.
 pub fn vec_dot_iq4_xs_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
+    let mut acc = [0.0f32; 8];
     for (bw, by) in pairs(w, x, IQ4_XS_BYTES, n) {
-        let d4d8 = rd_f16(bw, 0) * rd_f32(by, 0);
-        let q8 = q8k_qs(by);
-        for ib in 0..8 {
-            let dl = d4d8 * iq4_xs_scale(bw, ib) as f32;
-            let qs = &bw[8 + 16 * ib..24 + 16 * ib];
-            let y = &q8[32 * ib..32 * ib + 32];
-            let (mut s1, mut s2) = (0i32, 0i32);
-            for j in 0..16 {
-                s1 += y[j] as i8 as i32 * KVALUES_IQ4NL[(qs[j] & 0x0f) as usize] as i32;
-                s2 += y[j + 16] as i8 as i32 * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as i32;
+        let mut values = [0i8; QK_K];
+        for (ib, v) in values.chunks_exact_mut(32).enumerate() {
+            for (j, &q) in bw[8 + 16 * ib..24 + 16 * ib].iter().enumerate() {
+                v[j] = KVALUES_IQ4NL[(q & 0x0f) as usize];
+                v[j + 16] = KVALUES_IQ4NL[(q >> 4) as usize];
             }
-            sumf += dl * (s1 + s2) as f32;
         }
+        let lanes = x86_lanes(&values, q8k_qs(by), &std::array::from_fn(|j| iq4_xs_scale(bw, j / 2)));
+        fma_lanes(&mut acc, rd_f16(bw, 0) * rd_f32(by, 0), &lanes);
     }
-    sumf
+    hsum_float_8(&acc)
 }

@@ -1,7 +1,9 @@
 //! The 32-element block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and IQ4_NL.
-//! Dequantizers and `_ref` quantizers follow ggml-quants.c, dot products follow
-//! ggml-cpu/quants.c's `_generic` functions, float operation for float operation.
+//! Dequantizers and `_ref` quantizers follow ggml-quants.c; dot products follow the AVX2
+//! `ggml_vec_dot_*` of ggml-cpu/arch/x86/quants.c (what llama.cpp runs on x86), float
+//! operation for float operation, through the lane emulation of [`super::lanes`].
 
+use super::lanes::{add_lanes, fma_lanes, hsum_float_8};
 use crate::util::{rd_f16, rd_u32, roundf, wr_f16};
 
 pub const QK: usize = 32;
@@ -50,6 +52,57 @@ fn inverse_or_zero(d: f32) -> f32 {
     if d != 0.0 { 1.0 / d } else { 0.0 }
 }
 
+/// The eight i32 lanes of one 32-element block product (`mul_sum_i8_pairs_float` and
+/// friends): lane k sums the products of elements 4k..4k+3 of the weights `w` and the
+/// activation's 32 quants `q`.
+#[inline(always)]
+fn block_lanes(w: &[i8; QK], q: &[u8]) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for (l, (w4, q4)) in lanes.iter_mut().zip(w.chunks_exact(4).zip(q.chunks_exact(4))) {
+        *l = w4.iter().zip(q4).map(|(&a, &b)| a as i32 * b as i8 as i32).sum();
+    }
+    lanes
+}
+
+/// The 32 nibbles of the 16 bytes at `qs` as levels: low nibbles are elements 0..15, high
+/// nibbles 16..31, each mapped through `level`.
+#[inline(always)]
+fn nibbles(qs: &[u8], level: impl Fn(u8) -> i8) -> [i8; QK] {
+    let mut v = [0i8; QK];
+    for j in 0..16 {
+        v[j] = level(qs[j] & 0x0f);
+        v[j + 16] = level(qs[j] >> 4);
+    }
+    v
+}
+
+/// The dot products whose block scale is the product of the two f16 `d`s (at byte 0 of
+/// either block) and that have no other float term: ggml's AVX2 Q8_0, Q4_0 and Q5_0 dots,
+/// `acc = fma(d_w * d_x, lanes, acc)` per block, then `hsum_float_8`. `values` decodes a
+/// weight block.
+fn lanes_dot32(n: usize, w: &[u8], x: &[u8], wbytes: usize, values: impl Fn(&[u8]) -> [i8; QK]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (bw, bx) in w.chunks_exact(wbytes).zip(x.chunks_exact(Q8_0_BYTES)).take(n / QK) {
+        let lanes = block_lanes(&values(bw), &bx[2..]);
+        fma_lanes(&mut acc, rd_f16(bw, 0) * rd_f16(bx, 0), &lanes);
+    }
+    hsum_float_8(&acc)
+}
+
+/// The Q4_1 and Q5_1 dots (ggml_vec_dot_q4_1_q8_1, ggml_vec_dot_q5_1_q8_1 on AVX2): the
+/// lanes as `lanes_dot32`, and the min terms m_w * s_x in one float, `summs = fma(m, s,
+/// summs)` (GCC contracts ggml's `summs += m * s`), added after the reduction.
+fn lanes_dot32_min(n: usize, w: &[u8], x: &[u8], wbytes: usize, values: impl Fn(&[u8]) -> [i8; QK]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (bw, bx) in w.chunks_exact(wbytes).zip(x.chunks_exact(Q8_1_BYTES)).take(n / QK) {
+        summs = rd_f16(bw, 2).mul_add(rd_f16(bx, 2), summs);
+        let lanes = block_lanes(&values(bw), &bx[4..]);
+        fma_lanes(&mut acc, rd_f16(bw, 0) * rd_f16(bx, 0), &lanes);
+    }
+    hsum_float_8(&acc) + summs
+}
+
 // ---------------------------------------------------------------- Q4_0
 
 pub fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
@@ -78,17 +131,7 @@ pub fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
 }
 
 pub fn vec_dot_q4_0_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (bw, bx) in w.chunks_exact(Q4_0_BYTES).zip(x.chunks_exact(Q8_0_BYTES)).take(n / QK) {
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            let v0 = (bw[2 + j] & 0x0f) as i32 - 8;
-            let v1 = (bw[2 + j] >> 4) as i32 - 8;
-            sumi += v0 * bx[2 + j] as i8 as i32 + v1 * bx[18 + j] as i8 as i32;
-        }
-        sumf += sumi as f32 * rd_f16(bw, 0) * rd_f16(bx, 0);
-    }
-    sumf
+    lanes_dot32(n, w, x, Q4_0_BYTES, |b| nibbles(&b[2..18], |q| q as i8 - 8))
 }
 
 // ---------------------------------------------------------------- Q4_1
@@ -121,15 +164,7 @@ pub fn quantize_q4_1(src: &[f32], dst: &mut [u8]) {
 }
 
 pub fn vec_dot_q4_1_q8_1(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (bw, bx) in w.chunks_exact(Q4_1_BYTES).zip(x.chunks_exact(Q8_1_BYTES)).take(n / QK) {
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            sumi += (bw[4 + j] & 0x0f) as i32 * bx[4 + j] as i8 as i32 + (bw[4 + j] >> 4) as i32 * bx[20 + j] as i8 as i32;
-        }
-        sumf += (rd_f16(bw, 0) * rd_f16(bx, 0)) * sumi as f32 + rd_f16(bw, 2) * rd_f16(bx, 2);
-    }
-    sumf
+    lanes_dot32_min(n, w, x, Q4_1_BYTES, |b| nibbles(&b[4..20], |q| q as i8))
 }
 
 // ---------------------------------------------------------------- Q5_0
@@ -175,20 +210,18 @@ pub fn quantize_q5_0(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-pub fn vec_dot_q5_0_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (bw, bx) in w.chunks_exact(Q5_0_BYTES).zip(x.chunks_exact(Q8_0_BYTES)).take(n / QK) {
-        let qh = rd_u32(bw, 2);
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            let (h0, h1) = q5_high_bits(qh, j);
-            let x0 = ((bw[6 + j] & 0x0f) | h0) as i32 - 16;
-            let x1 = ((bw[6 + j] >> 4) | h1) as i32 - 16;
-            sumi += x0 * bx[2 + j] as i8 as i32 + x1 * bx[18 + j] as i8 as i32;
-        }
-        sumf += (rd_f16(bw, 0) * rd_f16(bx, 0)) * sumi as f32;
+/// The 32 five-bit values of a Q5 block (nibbles at `qs`, fifth bits in `qh`), minus `offset`.
+#[inline(always)]
+fn q5_values(qh: u32, qs: &[u8], offset: i8) -> [i8; QK] {
+    let mut v = nibbles(qs, |q| q as i8);
+    for (j, x) in v.iter_mut().enumerate() {
+        *x = (*x | (((qh >> j) & 1) << 4) as i8) - offset;
     }
-    sumf
+    v
+}
+
+pub fn vec_dot_q5_0_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    lanes_dot32(n, w, x, Q5_0_BYTES, |b| q5_values(rd_u32(b, 2), &b[6..22], 16))
 }
 
 // ---------------------------------------------------------------- Q5_1
@@ -220,19 +253,7 @@ pub fn quantize_q5_1(src: &[f32], dst: &mut [u8]) {
 }
 
 pub fn vec_dot_q5_1_q8_1(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (bw, bx) in w.chunks_exact(Q5_1_BYTES).zip(x.chunks_exact(Q8_1_BYTES)).take(n / QK) {
-        let qh = rd_u32(bw, 4);
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            let (h0, h1) = q5_high_bits(qh, j);
-            let x0 = ((bw[8 + j] & 0x0f) | h0) as i32;
-            let x1 = ((bw[8 + j] >> 4) | h1) as i32;
-            sumi += x0 * bx[4 + j] as i8 as i32 + x1 * bx[20 + j] as i8 as i32;
-        }
-        sumf += (rd_f16(bw, 0) * rd_f16(bx, 0)) * sumi as f32 + rd_f16(bw, 2) * rd_f16(bx, 2);
-    }
-    sumf
+    lanes_dot32_min(n, w, x, Q5_1_BYTES, |b| q5_values(rd_u32(b, 4), &b[8..24], 0))
 }
 
 // ---------------------------------------------------------------- Q8_0
@@ -277,15 +298,7 @@ pub fn quantize_q8_0_act(src: &[f32], dst: &mut [u8]) {
 }
 
 pub fn vec_dot_q8_0_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (bw, bx) in w.chunks_exact(Q8_0_BYTES).zip(x.chunks_exact(Q8_0_BYTES)).take(n / QK) {
-        let mut sumi = 0i32;
-        for j in 0..QK {
-            sumi += bw[2 + j] as i8 as i32 * bx[2 + j] as i8 as i32;
-        }
-        sumf += sumi as f32 * (rd_f16(bw, 0) * rd_f16(bx, 0));
-    }
-    sumf
+    lanes_dot32(n, w, x, Q8_0_BYTES, |b| std::array::from_fn(|j| b[2 + j] as i8))
 }
 
 // ---------------------------------------------------------------- Q8_1
@@ -346,16 +359,23 @@ pub fn dequantize_iq4_nl(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// ggml_vec_dot_iq4_nl_q8_0 on AVX2: blocks in pairs, the even ones into one accumulator and
+/// the odd ones into another, summed lane-wise before `hsum_float_8`; an odd last block is
+/// added afterwards as `sumf + d * sumi` (two roundings: GCC does not contract it there).
 pub fn vec_dot_iq4_nl_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let mut sumf = 0.0f32;
-    for (bw, bx) in w.chunks_exact(IQ4_NL_BYTES).zip(x.chunks_exact(Q8_0_BYTES)).take(n / QK) {
-        let d = rd_f16(bx, 0) * rd_f16(bw, 0);
-        let (mut s1, mut s2) = (0i32, 0i32);
-        for j in 0..16 {
-            s1 += bx[2 + j] as i8 as i32 * KVALUES_IQ4NL[(bw[2 + j] & 0x0f) as usize] as i32;
-            s2 += bx[18 + j] as i8 as i32 * KVALUES_IQ4NL[(bw[2 + j] >> 4) as usize] as i32;
-        }
-        sumf += d * (s1 + s2) as f32;
+    let nb = n / QK;
+    let values = |b: &[u8]| nibbles(&b[2..18], |q| KVALUES_IQ4NL[q as usize]);
+    let mut acc = [[0.0f32; 8]; 2];
+    let pairs = w.chunks_exact(IQ4_NL_BYTES).zip(x.chunks_exact(Q8_0_BYTES)).take(nb / 2 * 2);
+    for (i, (bw, bx)) in pairs.enumerate() {
+        let lanes = block_lanes(&values(bw), &bx[2..]);
+        fma_lanes(&mut acc[i % 2], rd_f16(bx, 0) * rd_f16(bw, 0), &lanes);
+    }
+    let mut sumf = hsum_float_8(&add_lanes(&acc[0], &acc[1]));
+    if nb % 2 == 1 {
+        let (bw, bx) = (&w[(nb - 1) * IQ4_NL_BYTES..], &x[(nb - 1) * Q8_0_BYTES..]);
+        let sumi: i32 = block_lanes(&values(bw), &bx[2..]).iter().sum();
+        sumf += rd_f16(bx, 0) * rd_f16(bw, 0) * sumi as f32;
     }
     sumf
 }

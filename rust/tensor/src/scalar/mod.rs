@@ -3,5 +3,6 @@
 pub mod float;
 pub mod kquantize;
 pub mod kquants;
+pub mod lanes;
 pub mod legacy;
 pub mod repacked;

@@ -78,7 +78,13 @@ macro_rules! level {
             block_dot!(q4_0, q4_0_x4, k::q4_0, 32, 18, 34);
             block_dot!(q5_0, q5_0_x4, k::q5_0, 32, 22, 34);
             block_dot!(iq4_nl, iq4_nl_x4, k::iq4_nl, 32, 18, 34);
+            block_dot!(q4_1, q4_1_x4, k::q4_1, 32, 20, 36);
+            block_dot!(q5_1, q5_1_x4, k::q5_1, 32, 24, 36);
+            block_dot!(q2_k, q2_k_x4, k::q2_k, 256, 84, 292);
+            block_dot!(q3_k, q3_k_x4, k::q3_k, 256, 110, 292);
             block_dot!(q4_k, q4_k_x4, k::q4_k, 256, 144, 292);
+            block_dot!(q5_k, q5_k_x4, k::q5_k, 256, 176, 292);
+            block_dot!(iq4_xs, iq4_xs_x4, k::iq4_xs, 256, 136, 292);
             block_dot!(q6_k, q6_k_x4, k::q6_k, 256, 210, 292);
             float_dot!(f16, k::f16, 2);
             float_dot!(f32, k::f32, 4);
@@ -92,7 +98,13 @@ macro_rules! level {
                     GgmlType::Q4_0 => both(q4_0, q4_0_x4),
                     GgmlType::Q5_0 => both(q5_0, q5_0_x4),
                     GgmlType::IQ4_NL => both(iq4_nl, iq4_nl_x4),
+                    GgmlType::Q4_1 => both(q4_1, q4_1_x4),
+                    GgmlType::Q5_1 => both(q5_1, q5_1_x4),
+                    GgmlType::Q2_K => both(q2_k, q2_k_x4),
+                    GgmlType::Q3_K => both(q3_k, q3_k_x4),
                     GgmlType::Q4_K => both(q4_k, q4_k_x4),
+                    GgmlType::Q5_K => both(q5_k, q5_k_x4),
+                    GgmlType::IQ4_XS => both(iq4_xs, iq4_xs_x4),
                     GgmlType::Q6_K => both(q6_k, q6_k_x4),
                     GgmlType::Q8_K => SimdKernels { from_f32: Some(quantize_q8_k), ..SimdKernels::default() },
                     GgmlType::F16 => SimdKernels { vec_dot: Some(f16), ..SimdKernels::default() },

@@ -28,6 +28,15 @@ unsafe fn f16x4(p: *const u8) -> __m128 {
     _mm_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(p as *const u16) as i16))
 }
 
+/// One f16 as f32 through F16C (the software conversion branches on the exponent).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_1(p: *const u8) -> f32 {
+    _mm_cvtss_f32(f16x4(p))
+}
+
+/// ggml's hsum_float_8: upper half onto lower half, then lanes 2-3 onto 0-1, then lane 1
+/// onto lane 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn hsum_ps(x: __m256) -> f32 {
@@ -57,6 +66,41 @@ unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
     let tmp = _mm_loadu_si128(p as *const __m128i);
     let both = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
     _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+}
+
+/// The sum of the eight i32 lanes (integer: any order gives the same value).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_epi32(x: __m256i) -> i32 {
+    hsum_epi32x4(_mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_epi32x4(r: __m128i) -> i32 {
+    let r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
+    _mm_cvtsi128_si32(_mm_add_epi32(r, _mm_shuffle_epi32(r, 0b01)))
+}
+
+/// The f32 scale of a Q8_K block broadcast to 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8k_d(bx: *const u8) -> __m256 {
+    _mm256_set1_ps(std::ptr::read_unaligned(bx as *const f32))
+}
+
+/// -a, exactly (the sign flipped: -(a * b) == (-a) * b under round-to-nearest).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn neg_ps(a: __m256) -> __m256 {
+    _mm256_xor_ps(a, _mm256_set1_ps(-0.0))
+}
+
+/// A 16-element sub-block scale per 128-bit half: `lo` for bytes 0..15, `hi` for 16..31.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_halves(lo: i16, hi: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
 }
 
 /// 32 bits to 32 bytes of 0xFF (bit set) or 0x00.
@@ -226,9 +270,79 @@ macro_rules! x86_kernels {
             dot_blocks32::<2, T>(nb, w, 22, x, out)
         }
 
+        /// IQ4_NL x Q8_0 as ggml_vec_dot_iq4_nl_q8_0 (AVX2): blocks in pairs, the even ones into
+        /// one accumulator and the odd ones into another, added lane-wise before hsum_float_8; an
+        /// odd last block is added as `sumf + d * sumi` (two roundings: GCC does not fuse it).
         #[target_feature(enable = $features)]
         pub unsafe fn iq4_nl<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            dot_blocks32::<3, T>(nb, w, 18, x, out)
+            let mut acc = [[_mm256_setzero_ps(); T]; 2];
+            let mut i = 0;
+            while i + 1 < nb {
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    let bw = w.add((i + k) * 18);
+                    let q = decode32::<3>(bw);
+                    let dw = f16x8(bw);
+                    for t in 0..T {
+                        let bx = x[t].add((i + k) * 34);
+                        let s = dot_i8_signed!(q, loadu(bx.add(2)));
+                        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(f16x8(bx), dw), _mm256_cvtepi32_ps(s), acc[t]);
+                    }
+                }
+                i += 2;
+            }
+            for t in 0..T {
+                out[t] = hsum_ps(_mm256_add_ps(acc[0][t], acc[1][t]));
+            }
+            if i < nb {
+                let bw = w.add(i * 18);
+                let q = decode32::<3>(bw);
+                for t in 0..T {
+                    let bx = x[t].add(i * 34);
+                    let sumi = hsum_epi32(dot_i8_signed!(q, loadu(bx.add(2))));
+                    out[t] += f16_1(bx) * f16_1(bw) * sumi as f32;
+                }
+            }
+        }
+
+        /// Q4_1 and Q5_1 x Q8_1 as ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q5_1_q8_1 (AVX2): the
+        /// unsigned levels against the activations in eight lanes, `acc = fma(d_w * d_x, lanes,
+        /// acc)`; the min terms in one float, `summs = fma(m_w, s_x, summs)` (GCC contracts
+        /// ggml's `summs += m * s`), added after hsum_float_8.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn dot_blocks32_min<const Q5: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let wbytes = if Q5 { 24 } else { 20 };
+            let mut acc = [_mm256_setzero_ps(); T];
+            let mut summs = [0.0f32; T];
+            for i in 0..nb {
+                let bw = w.add(i * wbytes);
+                let q = if Q5 {
+                    let fifth = _mm256_and_si256(bytes_from_bits_32(bw.add(4)), _mm256_set1_epi8(0x10));
+                    _mm256_or_si256(bytes_from_nibbles_32(bw.add(8)), fifth)
+                } else {
+                    bytes_from_nibbles_32(bw.add(4))
+                };
+                let (dw, mw) = (f16x8(bw), f16_1(bw.add(2)));
+                for t in 0..T {
+                    let bx = x[t].add(i * 36);
+                    summs[t] = mw.mul_add(f16_1(bx.add(2)), summs[t]);
+                    let s = dot_u8i8(q, loadu(bx.add(4)));
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, f16x8(bx)), _mm256_cvtepi32_ps(s), acc[t]);
+                }
+            }
+            for t in 0..T {
+                out[t] = hsum_ps(acc[t]) + summs[t];
+            }
+        }
+
+        #[target_feature(enable = $features)]
+        pub unsafe fn q4_1<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            dot_blocks32_min::<false, T>(nb, w, x, out)
+        }
+
+        #[target_feature(enable = $features)]
+        pub unsafe fn q5_1<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            dot_blocks32_min::<true, T>(nb, w, x, out)
         }
 
         /// Q4_K x Q8_K.
@@ -325,6 +439,183 @@ macro_rules! x86_kernels {
                 }
                 for t in 0..T {
                     let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*(x[t].add(i * 292) as *const f32)));
+                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                }
+            }
+            for t in 0..T {
+                out[t] = hsum_ps(acc[t]);
+            }
+        }
+
+        /// The four 2-bit planes of 32 bytes (shifts 0, 2, 4, 6): elements 32g..32g+31 of a
+        /// 128-element half of a Q2_K or Q3_K block.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn planes2(bits: __m256i) -> [__m256i; 4] {
+            let m3 = _mm256_set1_epi8(3);
+            [
+                _mm256_and_si256(bits, m3),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(bits), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<6>(bits), m3),
+            ]
+        }
+
+        /// Q2_K x Q8_K as ggml_vec_dot_q2_K_q8_K (AVX2): per super-block first the mins,
+        /// `acc = fma(-d_x * dmin, madd(mins, bsums), acc)`, then the scaled quants in eight
+        /// lanes (lane k: bytes 4k..4k+3 of each 32-element group), `acc = fma(d_x * d, lanes,
+        /// acc)`; hsum_float_8 at the end.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q2_k<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [_mm256_setzero_ps(); T];
+            for i in 0..nb {
+                let bw = w.add(i * 84);
+                let (dw, dminw) = (f16x8(bw.add(80)), f16x8(bw.add(82)));
+                let packed = _mm_loadu_si128(bw as *const __m128i);
+                let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), _mm_set1_epi8(0x0f)));
+                for t in 0..T {
+                    let bx = x[t].add(i * 292);
+                    let prod = _mm256_madd_epi16(mins, loadu(bx.add(260)));
+                    acc[t] = _mm256_fmadd_ps(neg_ps(_mm256_mul_ps(q8k_d(bx), dminw)), _mm256_cvtepi32_ps(prod), acc[t]);
+                }
+                let mut sumi = [_mm256_setzero_si256(); T];
+                for j in 0..2 {
+                    let q2 = planes2(loadu(bw.add(16 + 32 * j)));
+                    for g in 0..4 {
+                        let s = 8 * j + 2 * g;
+                        let sc = scale_halves((*bw.add(s) & 0x0f) as i16, (*bw.add(s + 1) & 0x0f) as i16);
+                        for t in 0..T {
+                            let q8 = loadu(x[t].add(i * 292 + 4 + 128 * j + 32 * g));
+                            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q2[g], q8)));
+                        }
+                    }
+                }
+                for t in 0..T {
+                    let d = _mm256_mul_ps(q8k_d(x[t].add(i * 292)), dw);
+                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                }
+            }
+            for t in 0..T {
+                out[t] = hsum_ps(acc[t]);
+            }
+        }
+
+        /// Q3_K x Q8_K as ggml_vec_dot_q3_K_q8_K (AVX2): low bits and the subtracted 4 (where
+        /// the high bit is clear) multiplied separately (two maddubs, then a subtraction), the
+        /// scales applied per 16-element half, `acc = fma(d_x * d, lanes, acc)`.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q3_k<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [_mm256_setzero_ps(); T];
+            let (zero, four) = (_mm256_setzero_si256(), _mm256_set1_epi8(4));
+            for i in 0..nb {
+                let bw = w.add(i * 110);
+                let dw = f16x8(bw.add(108));
+                let scales = crate::scalar::kquants::q3_k_scales(std::slice::from_raw_parts(bw.add(96), 12));
+                let hbits = loadu(bw);
+                let mut sumi = [_mm256_setzero_si256(); T];
+                for j in 0..2 {
+                    let lo = planes2(loadu(bw.add(32 + 32 * j)));
+                    for g in 0..4 {
+                        let bit = _mm256_set1_epi8((1u8 << (4 * j + g)) as i8);
+                        let hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), zero), four);
+                        let s = 8 * j + 2 * g;
+                        let sc = scale_halves(scales[s] as i16 - 32, scales[s + 1] as i16 - 32);
+                        for t in 0..T {
+                            let q8 = loadu(x[t].add(i * 292 + 4 + 128 * j + 32 * g));
+                            let p = _mm256_sub_epi16(_mm256_maddubs_epi16(lo[g], q8), _mm256_maddubs_epi16(hi, q8));
+                            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(sc, p));
+                        }
+                    }
+                }
+                for t in 0..T {
+                    let d = _mm256_mul_ps(q8k_d(x[t].add(i * 292)), dw);
+                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                }
+            }
+            for t in 0..T {
+                out[t] = hsum_ps(acc[t]);
+            }
+        }
+
+        /// Q5_K x Q8_K as ggml_vec_dot_q5_K_q8_K (AVX2): the scaled 5-bit levels in eight lanes,
+        /// `acc = fma(d_x * d, lanes, acc)`; the mins as one integer per super-block, `summs =
+        /// fma(-d_x * dmin, float(sum), summs)` (GCC contracts ggml's `summs += dmin * sum`),
+        /// added after hsum_float_8.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q5_k<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [_mm256_setzero_ps(); T];
+            let mut summs = [0.0f32; T];
+            let (m4, sixteen) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(16));
+            for i in 0..nb {
+                let bw = w.add(i * 176);
+                let (dw, dminw) = (f16x8(bw), f16_1(bw.add(2)));
+                let mut sc = [0u8; 8];
+                let mut mn = [0u8; 8];
+                let packed = std::slice::from_raw_parts(bw.add(4), 12);
+                for j in 0..8 {
+                    (sc[j], mn[j]) = crate::scalar::kquants::scale_min_k4(j, packed);
+                }
+                let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+                for t in 0..T {
+                    let bx = x[t].add(i * 292);
+                    let bsums = loadu(bx.add(260));
+                    let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+                    let prod = _mm_madd_epi16(mins, q8s);
+                    let sum = hsum_epi32x4(prod);
+                    let dmin = -(std::ptr::read_unaligned(bx as *const f32) * dminw);
+                    summs[t] = dmin.mul_add(sum as f32, summs[t]);
+                }
+                let hbits = loadu(bw.add(16));
+                let mut sumi = [_mm256_setzero_si256(); T];
+                for j in 0..4 {
+                    let q5bits = loadu(bw.add(48 + 32 * j));
+                    let (bit_l, bit_h) = (_mm256_set1_epi8((1u8 << (2 * j)) as i8), _mm256_set1_epi8((2u8 << (2 * j)) as i8));
+                    let fifth = |bit: __m256i| _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), bit), sixteen);
+                    let q5l = _mm256_or_si256(_mm256_and_si256(q5bits, m4), fifth(bit_l));
+                    let q5h = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q5bits), m4), fifth(bit_h));
+                    let (sl, sh) = (_mm256_set1_epi16(sc[2 * j] as i16), _mm256_set1_epi16(sc[2 * j + 1] as i16));
+                    for t in 0..T {
+                        let q8 = x[t].add(i * 292 + 4 + 64 * j);
+                        let pl = _mm256_madd_epi16(sl, _mm256_maddubs_epi16(q5l, loadu(q8)));
+                        let ph = _mm256_madd_epi16(sh, _mm256_maddubs_epi16(q5h, loadu(q8.add(32))));
+                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(pl, ph));
+                    }
+                }
+                for t in 0..T {
+                    let d = _mm256_mul_ps(q8k_d(x[t].add(i * 292)), dw);
+                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                }
+            }
+            for t in 0..T {
+                out[t] = hsum_ps(acc[t]) + summs[t];
+            }
+        }
+
+        /// IQ4_XS x Q8_K as ggml_vec_dot_iq4_xs_q8_K (AVX2): the levels looked up 32 at a time,
+        /// signed products summed in i16 pairs, times the 32-element scale into eight lanes,
+        /// `acc = fma(d * d_x, lanes, acc)` per super-block.
+        #[target_feature(enable = $features)]
+        pub unsafe fn iq4_xs<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [_mm256_setzero_ps(); T];
+            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::scalar::legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+            for i in 0..nb {
+                let bw = w.add(i * 136);
+                let dw = f16x8(bw);
+                let scales_h = std::ptr::read_unaligned(bw.add(2) as *const u16) as i32;
+                let mut sumi = [_mm256_setzero_si256(); T];
+                for ib in 0..8 {
+                    let q = _mm256_shuffle_epi8(table, bytes_from_nibbles_32(bw.add(8 + 16 * ib)));
+                    let ls = ((*bw.add(4 + ib / 2) >> (4 * (ib % 2))) & 0x0f) as i32 | (((scales_h >> (2 * ib)) & 3) << 4);
+                    let sc = _mm256_set1_epi16((ls - 32) as i16);
+                    let aq = _mm256_sign_epi8(q, q);
+                    for t in 0..T {
+                        let q8 = loadu(x[t].add(i * 292 + 4 + 32 * ib));
+                        let p16 = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(q8, q));
+                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p16, sc));
+                    }
+                }
+                for t in 0..T {
+                    let d = _mm256_mul_ps(dw, q8k_d(x[t].add(i * 292)));
                     acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
                 }
             }

@@ -1,0 +1,126 @@
+"""Writes tests/data/quants/vec_dot.fix: llama.cpp's own x86 dot products, for the tensor
+crate's test that the kernels reproduce them bit for bit (tests/vec_dot.rs).
+
+The numbers come from ggml's CPU backend as llama-cpp-python 0.3.36 builds it on an AVX-512
+machine (the build that recorded tests/data/scenarios): `ggml_vec_dot_*` and the activation
+quantizers `quantize_row_q8_0/_q8_1/_q8_K`, called through ctypes in its libggml-cpu.so.
+Weight rows are real rows of the tiny models plus random blocks (every code value, random
+scales); activations are a formula both sides compute exactly (`activation` below).
+
+File format (little-endian): b"FVDX", u32 section count, then per section: u32 ggml type
+id, u32 n (elements per row), u32 row count R, u32 activation count A, u32 activation seeds
+(A), R weight rows (ggml bytes), A activation rows (ggml's quantized bytes), R x A f32
+results (row-major: result[r * A + a]).
+
+Run with a Python that has llama-cpp-python 0.3.36 and gguf, from the repository root:
+PYTHONPATH=.venv/lib/python3.11/site-packages /work/bench-venv/bin/python rust/tensor/tests/gen_dot_fixtures.py
+"""
+
+import ctypes
+import struct
+from pathlib import Path
+
+import numpy as np
+import gguf
+import llama_cpp
+
+ROOT = Path(__file__).resolve().parents[3]
+MODELS = ROOT / "tests" / "data" / "models"
+OUT = ROOT / "tests" / "data" / "quants" / "vec_dot.fix"
+
+LIB = Path(llama_cpp.__file__).parent / "lib"
+ctypes.CDLL(str(LIB / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+CPU = ctypes.CDLL(str(LIB / "libggml-cpu.so"))
+CPU.ggml_cpu_init()
+
+# name, ggml type id, vec_dot function, activation type, block elements, block bytes,
+# byte offsets of the f16 scales (overwritten with sane values in random blocks)
+TYPES = [
+    ("q8_0", 8, "ggml_vec_dot_q8_0_q8_0", "q8_0", 32, 34, [0]),
+    ("q4_0", 2, "ggml_vec_dot_q4_0_q8_0", "q8_0", 32, 18, [0]),
+    ("q4_1", 3, "ggml_vec_dot_q4_1_q8_1", "q8_1", 32, 20, [0, 2]),
+    ("q5_0", 6, "ggml_vec_dot_q5_0_q8_0", "q8_0", 32, 22, [0]),
+    ("q5_1", 7, "ggml_vec_dot_q5_1_q8_1", "q8_1", 32, 24, [0, 2]),
+    ("iq4_nl", 20, "ggml_vec_dot_iq4_nl_q8_0", "q8_0", 32, 18, [0]),
+    ("q2_k", 10, "ggml_vec_dot_q2_K_q8_K", "q8_K", 256, 84, [80, 82]),
+    ("q3_k", 11, "ggml_vec_dot_q3_K_q8_K", "q8_K", 256, 110, [108]),
+    ("q4_k", 12, "ggml_vec_dot_q4_K_q8_K", "q8_K", 256, 144, [0, 2]),
+    ("q5_k", 13, "ggml_vec_dot_q5_K_q8_K", "q8_K", 256, 176, [0, 2]),
+    ("q6_k", 14, "ggml_vec_dot_q6_K_q8_K", "q8_K", 256, 210, [208]),
+    ("iq4_xs", 23, "ggml_vec_dot_iq4_xs_q8_K", "q8_K", 256, 136, [0]),
+]
+ACT_BYTES = {"q8_0": (32, 34), "q8_1": (32, 36), "q8_K": (256, 292)}
+SEEDS = [0, 1, 2]
+
+
+def activation(n: int, seed: int) -> np.ndarray:
+    """Exact in f32 on both sides: integers, one division by 250, one power-of-two-ish
+    scale, every 37th value four times larger."""
+    i = np.arange(n, dtype=np.int64)
+    v = ((i * 7919 + seed * 104729 + 17) % 2001).astype(np.float32) - np.float32(1000)
+    x = v / np.float32(250) * np.float32([1.0, 0.0625, 3.0][seed % 3])
+    return np.where((i + seed) % 37 == 0, x * np.float32(4), x).astype(np.float32)
+
+
+def quantize(act: str, x: np.ndarray) -> bytes:
+    qk, size = ACT_BYTES[act]
+    out = ctypes.create_string_buffer(len(x) // qk * size)
+    fn = getattr(CPU, f"quantize_row_{act}")
+    fn(x.ctypes.data_as(ctypes.c_void_p), out, ctypes.c_int64(len(x)))
+    return out.raw
+
+
+def vec_dot(fn_name: str, n: int, w: bytes, xq: bytes) -> float:
+    s = ctypes.c_float()
+    fn = getattr(CPU, fn_name)
+    fn(ctypes.c_int(n), ctypes.byref(s), ctypes.c_size_t(0), ctypes.c_char_p(w), ctypes.c_size_t(0),
+       ctypes.c_char_p(xq), ctypes.c_size_t(0), ctypes.c_int(1))
+    return s.value
+
+
+def model_rows(name: str, tensor: str, rows: list[int], nbytes: int) -> list[bytes]:
+    reader = gguf.GGUFReader(MODELS / f"tiny-llama-{name}.gguf")
+    t = next(t for t in reader.tensors if t.name == tensor)
+    data = np.array(t.data)
+    return [data[r].tobytes()[:nbytes] for r in rows]
+
+
+def random_rows(rng: np.random.Generator, count: int, blocks: int, size: int, scale_offs: list[int]) -> list[bytes]:
+    rows = []
+    for _ in range(count):
+        b = rng.integers(0, 256, size=(blocks, size), dtype=np.uint8)
+        for o in scale_offs:
+            # |scale| between about 2^-7 and 2^1, either sign
+            h = (0x2000 + rng.integers(0, 0x2400, size=blocks)) | (rng.integers(0, 2, size=blocks) << 15)
+            b[:, o] = h & 0xFF
+            b[:, o + 1] = h >> 8
+        rows.append(b.tobytes())
+    return rows
+
+
+def section(ty: tuple, n: int, rows: list[bytes]) -> bytes:
+    name, tid, fn_name, act, _, _, _ = ty
+    acts = [quantize(act, activation(n, s)) for s in SEEDS]
+    results = [vec_dot(fn_name, n, w, xq) for w in rows for xq in acts]
+    head = struct.pack("<IIII", tid, n, len(rows), len(acts)) + struct.pack(f"<{len(SEEDS)}I", *SEEDS)
+    return head + b"".join(rows) + b"".join(acts) + struct.pack(f"<{len(results)}f", *results)
+
+
+def main() -> None:
+    rng = np.random.default_rng(20240611)
+    sections = []
+    for ty in TYPES:
+        name, _, _, _, qk, size, offs = ty
+        # 256 elements from a 256-column matrix; then an odd number of 32-element blocks
+        # (IQ4_NL's pairing leaves one) or two super-blocks, from the 512-column ffn_down.
+        for tensor, n, picks in [("blk.0.attn_q.weight", 256, [0, 1, 2, 77, 200, 255]),
+                                 ("blk.1.ffn_down.weight", 288 if qk == 32 else 512, [3, 100, 255])]:
+            nb = n // qk
+            rows = model_rows(name, tensor, picks, nb * size) + random_rows(rng, 4, nb, size, offs)
+            sections.append(section(ty, n, rows))
+    OUT.write_bytes(b"FVDX" + struct.pack("<I", len(sections)) + b"".join(sections))
+    print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(sections)} sections)")
+
+
+if __name__ == "__main__":
+    main()

@@ -9,9 +9,9 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::hash::{fast_map, FastMap};
+use crate::hash::FastMap;
 use crate::partition::Fragment;
-use crate::texts::{Inserted, TextTable};
+use crate::texts::{Inserted, TextTable, Texts};
 use crate::pretok::{PreKind, PreTokenizer, Words};
 use crate::unicode;
 use crate::{spm, Token, Vocab, VocabError};
@@ -31,20 +31,64 @@ pub(crate) struct Bpe {
     /// Number of tokens: keys below it are token ids.
     n_tokens: u32,
     /// Every token, keyed by the bytes BPE symbols hold (decoded when byte-level encoded;
-    /// unindexed when not decodable), and every other string that is a side of a merge,
-    /// numbered from `n_tokens` on.
+    /// unindexed when not decodable), and every other string a merge makes, numbered from
+    /// `n_tokens` on.
     keys: TextTable,
     /// Key of each single-byte symbol.
     byte_keys: [u32; 256],
-    /// (left key, right key) -> merge rank.
-    ranks: FastMap<u64, u32>,
+    ranks: Ranks,
     /// Tokens whose text is exactly one byte (the byte-level fallback looks these up).
     single_byte: [Option<Token>; 256],
     /// `<0xXX>` tokens (the fallback of SPM-style BPE).
     hex_byte: [Option<Token>; 256],
 }
 
-fn pair_key(left: u32, right: u32) -> u64 { ((left as u64) << 32) | right as u64 }
+/// The rank of each merge, found by what it makes: the key of the merged string and the
+/// length of its left side. That pair names the two sides exactly (they are the merged
+/// string cut at that length), so this is llama.cpp's (left, right) -> rank map; but it is
+/// built without looking the sides up, and mostly without looking up anything (see
+/// [`merge_ranks`]).
+#[derive(Debug, Default)]
+struct Ranks {
+    /// Per key: (left length, rank) of the first merge making that key; left length 0 (no
+    /// side is empty) where no merge makes it.
+    first: Vec<(u32, u32)>,
+    /// Merges making an already made key with another cut (the pair of which is again keyed
+    /// by the key and the left length), for vocabularies that have them.
+    other_cuts: FastMap<u64, u32>,
+}
+
+impl Ranks {
+    fn cut_key(key: u32, left_len: u32) -> u64 { ((key as u64) << 32) | left_len as u64 }
+
+    /// Records a merge; where the same two sides were merged before, the first rank stays.
+    fn add(&mut self, key: u32, left_len: u32, rank: u32) {
+        let k = key as usize;
+        if k >= self.first.len() {
+            self.first.resize(k + 1, (0, 0));
+        }
+        match self.first[k] {
+            (0, _) => self.first[k] = (left_len, rank),
+            (len, _) if len == left_len => {}
+            _ => {
+                self.other_cuts.entry(Self::cut_key(key, left_len)).or_insert(rank);
+            }
+        }
+    }
+
+    /// Rank of merging a symbol of `left_len` bytes with the next one into the string of `key`.
+    #[inline]
+    fn get(&self, key: u32, left_len: usize) -> Option<u32> {
+        let &(len, rank) = self.first.get(key as usize)?;
+        if len as usize == left_len {
+            Some(rank)
+        } else if len == 0 || self.other_cuts.is_empty() {
+            None
+        } else {
+            self.other_cuts.get(&Self::cut_key(key, left_len as u32)).copied()
+        }
+    }
+}
 
 /// `text` as BPE symbols hold it, appended to `out`: decoded from the byte-level encoding when
 /// `byte_encode` (false, with `out` unchanged, for a text that is not such an encoding: it
@@ -58,51 +102,58 @@ fn append_key(text: &[u8], byte_encode: bool, out: &mut Vec<u8>) -> bool {
     }
 }
 
-/// The key of every token, under its id. Decoding is one to one, so keys are as distinct
-/// as the texts.
+/// The key of every token, under its id (undecodable ones hold their place unindexed).
 fn token_keys(texts: &TextTable, byte_encode: bool) -> Result<TextTable, VocabError> {
     let token_texts = texts.texts();
-    // room for the merge-only strings too (a few per cent at most in known vocabularies)
-    let mut keys = TextTable::with_capacity(token_texts.len() + token_texts.len() / 16, 0);
-    for text in token_texts.iter() {
-        match keys.insert_with(|out| append_key(text, byte_encode, out))? {
-            Some(Inserted::New(_)) => {}
-            // not decodable (or, which cannot be, a repeated key): hold the id's place
-            None | Some(Inserted::Existing(_)) => {
-                keys.push_unindexed(b"")?;
-            }
+    let mut keys = Texts::with_capacity(token_texts.len(), token_texts.total_len());
+    let mut decodable = vec![true; token_texts.len()];
+    for (id, text) in token_texts.iter().enumerate() {
+        if keys.push_with(|out| append_key(text, byte_encode, out))?.is_none() {
+            keys.push(b"")?;
+            decodable[id] = false;
         }
     }
-    Ok(keys)
+    // decoding is one to one, so the keys are as distinct as the texts
+    TextTable::build(keys, |id| decodable[id as usize])
+        .map_err(|(a, b)| VocabError::Invalid(format!("tokens {a} and {b} have the same bytes")))
 }
 
-/// (left key, right key) -> rank of each merge ("left right", in rank order), the first
-/// rank where a pair repeats. Sides that are not tokens get keys from `n_tokens` on.
-fn merge_ranks(keys: &mut TextTable, merges: &[Vec<u8>], byte_encode: bool) -> Result<FastMap<u64, u32>, VocabError> {
-    let mut ranks = fast_map(merges.len());
-    // the two sides, decoded into reused buffers
-    let (mut left, mut right) = (Vec::new(), Vec::new());
+/// The ranks of the merges ("left right", in rank order). Strings merges make that are not
+/// tokens get keys from `n_tokens` on.
+///
+/// A merge usually makes the token after the one the previous merge made (BPE training adds
+/// a token per merge, and vocabularies list them in that order): that token is tried first,
+/// comparing its bytes, and only a miss costs a lookup (a cache miss per merge otherwise).
+fn merge_ranks(keys: &mut TextTable, merges: &[Vec<u8>], byte_encode: bool) -> Result<Ranks, VocabError> {
+    let mut ranks = Ranks { first: vec![(0, 0); keys.len()], other_cuts: FastMap::default() };
+    let mut merged = Vec::new();
+    let mut guess = 0;
     for (rank, merge) in merges.iter().enumerate() {
         // split at the first space after position 0; no space: never applicable
         let Some(p) = merge.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else { continue };
-        left.clear();
-        right.clear();
-        if !append_key(&merge[..p], byte_encode, &mut left) || !append_key(&merge[p + 1..], byte_encode, &mut right) || left.is_empty() || right.is_empty() {
-            continue;
+        merged.clear();
+        let left_ok = append_key(&merge[..p], byte_encode, &mut merged);
+        let left_len = merged.len();
+        if !left_ok || left_len == 0 || !append_key(&merge[p + 1..], byte_encode, &mut merged) || merged.len() == left_len {
+            continue; // a side never produced from text, or empty: never applicable
         }
-        let pair = pair_key(key_or_insert(keys, &left)?, key_or_insert(keys, &right)?);
-        ranks.entry(pair).or_insert(rank as u32);
+        let key = if (guess as usize) < keys.len() && keys.get(guess) == merged.as_slice() {
+            guess // (unindexed keys are empty: never equal)
+        } else {
+            key_or_insert(keys, &merged)?
+        };
+        ranks.add(key, left_len as u32, rank as u32);
+        guess = key + 1;
     }
     Ok(ranks)
 }
 
-/// The key of `side`, added if new. Most sides are tokens: a lookup finds them without
-/// copying.
-fn key_or_insert(keys: &mut TextTable, side: &[u8]) -> Result<u32, VocabError> {
-    if let Some(key) = keys.find(side) {
+/// The key of `text`, added if new.
+fn key_or_insert(keys: &mut TextTable, text: &[u8]) -> Result<u32, VocabError> {
+    if let Some(key) = keys.find(text) {
         return Ok(key);
     }
-    match keys.insert(side)? {
+    match keys.insert(text)? {
         Inserted::New(key) | Inserted::Existing(key) => Ok(key),
     }
 }
@@ -212,7 +263,7 @@ impl Bpe {
                 offset += len;
             }
             for i in 1..m.symbols.len() as isize {
-                self.add_bigram(m, i - 1, i);
+                self.add_bigram(word, m, i - 1, i);
             }
             self.merge(word, m);
         }
@@ -231,21 +282,24 @@ impl Bpe {
     /// The token whose (decoded) text is `bytes`.
     fn token_of(&self, bytes: &[u8]) -> Option<Token> { self.keys.find(bytes).filter(|&k| k < self.n_tokens) }
 
-    fn add_bigram(&self, m: &mut Merger, left: isize, right: isize) {
+    /// Queues the merge of symbols `left` and `right` if there is one.
+    fn add_bigram(&self, word: &[u8], m: &mut Merger, left: isize, right: isize) {
         if left < 0 || right < 0 {
             return;
         }
         let (l, r) = (m.symbols[left as usize], m.symbols[right as usize]);
-        if l.key == NONE || r.key == NONE {
+        let size = l.len + r.len;
+        let key = self.key_of(&word[l.start..l.start + size]);
+        if key == NONE {
             return;
         }
-        if let Some(&rank) = self.ranks.get(&pair_key(l.key, r.key)) {
-            m.queue.push(Reverse((rank, left as usize, right as usize, l.len + r.len)));
+        if let Some(rank) = self.ranks.get(key, l.len) {
+            m.queue.push(Reverse((rank, left as usize, right as usize, size, key)));
         }
     }
 
     fn merge(&self, word: &[u8], m: &mut Merger) {
-        while let Some(Reverse((_, left, right, size))) = m.queue.pop() {
+        while let Some(Reverse((_, left, right, size, key))) = m.queue.pop() {
             let (l, r) = (m.symbols[left], m.symbols[right]);
             if l.len == 0 || r.len == 0 || l.len + r.len != size {
                 continue; // outdated: a side was merged since
@@ -253,15 +307,14 @@ impl Bpe {
             let merged = &mut m.symbols[left];
             merged.len += r.len;
             merged.next = r.next;
-            merged.key = NONE;
-            let (start, len, prev, next) = (merged.start, merged.len, merged.prev, merged.next);
-            m.symbols[left].key = self.key_of(&word[start..start + len]);
+            merged.key = key;
+            let (prev, next) = (merged.prev, merged.next);
             m.symbols[right].len = 0;
             if next >= 0 {
                 m.symbols[next as usize].prev = left as isize;
             }
-            self.add_bigram(m, prev, left as isize);
-            self.add_bigram(m, left as isize, next);
+            self.add_bigram(word, m, prev, left as isize);
+            self.add_bigram(word, m, left as isize, next);
         }
     }
 
@@ -368,7 +421,7 @@ struct Sym {
     len: usize,
     prev: isize,
     next: isize,
-    /// Key of the symbol's bytes: a token id, a merge-only string's number, or NONE.
+    /// Key of the symbol's bytes: a token id, the number of a string merges make, or NONE.
     key: u32,
 }
 
@@ -387,5 +440,7 @@ struct Scratch {
 #[derive(Default)]
 struct Merger {
     symbols: Vec<Sym>,
-    queue: BinaryHeap<Reverse<(u32, usize, usize, usize)>>,
+    /// Candidate merges: (rank, left symbol, right symbol, merged length, merged key), the
+    /// lowest rank first, then the leftmost (the last two follow from the first three).
+    queue: BinaryHeap<Reverse<(u32, usize, usize, usize, u32)>>,
 }

@@ -19,20 +19,33 @@ impl FxHasher {
     }
 }
 
+/// The last 1 to 7 bytes of a string as one word, without a variable-length copy (a call to
+/// `memcpy` per hash otherwise): overlapping loads from both ends, which together see every
+/// byte. Strings of one length give distinct words; the callers mix the length in.
+#[inline]
+fn tail_word(rest: &[u8]) -> u64 {
+    let n = rest.len();
+    match n {
+        0 => 0,
+        1..=3 => rest[0] as u64 | (rest[n / 2] as u64) << 8 | (rest[n - 1] as u64) << 16,
+        _ => {
+            let head = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+            let tail = u32::from_le_bytes([rest[n - 4], rest[n - 3], rest[n - 2], rest[n - 1]]);
+            head as u64 | (tail as u64) << 32
+        }
+    }
+}
+
 impl Hasher for FxHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
         let mut chunks = bytes.chunks_exact(8);
         for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
+            self.add(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
         }
         let rest = chunks.remainder();
         if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 59));
+            self.add(tail_word(rest) ^ ((rest.len() as u64) << 59));
         }
     }
     #[inline]
@@ -57,12 +70,14 @@ pub fn fast_map<K, V>(n: usize) -> FastMap<K, V> {
     FastMap::with_capacity_and_hasher(n, BuildHasherDefault::default())
 }
 
-/// A 64-bit hash of a byte string for [`IdIndex`]: FxHash's word loop, then MurmurHash3's
-/// finalizer so that both halves are well mixed (the low half picks the slot, the high half
+/// A 64-bit hash of a byte string for [`IdIndex`]: FxHash's word loop and the length, then
+/// MurmurHash3's finalizer so that both halves are well mixed (the low half picks the slot, the high half
 /// is the tag).
+#[inline]
 pub fn hash_bytes(bytes: &[u8]) -> u64 {
     let mut hasher = FxHasher::default();
     hasher.write(bytes);
+    hasher.write_usize(bytes.len());
     let mut h = hasher.hash;
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -78,7 +93,7 @@ pub fn hash_bytes(bytes: &[u8]) -> u64 {
 /// Each slot holds the high half of the key's hash (a tag that rules out almost every wrong
 /// candidate without reading its key) and the id; linear probing from a slot picked by the
 /// low half, at most 2/3 full.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct IdIndex {
     slots: Vec<u64>,
     len: usize,
@@ -93,6 +108,10 @@ pub enum Probe {
     Found(u32),
     /// The free slot where the key would go.
     Vacant(usize),
+}
+
+impl Default for IdIndex {
+    fn default() -> Self { IdIndex::with_capacity(0) }
 }
 
 impl IdIndex {
@@ -134,6 +153,11 @@ impl IdIndex {
         }
     }
 
+    /// Starts fetching the slot where probing for `hash` begins into the cache, so that a
+    /// later [`IdIndex::find_or_slot`] for it does not wait for memory.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) { prefetch(&self.slots[self.home(hash)]) }
+
     /// Whether one more id fits without passing the maximum load.
     pub fn has_room(&self) -> bool { (self.len + 1) * 3 <= self.slots.len() * 2 }
 
@@ -164,4 +188,19 @@ impl IdIndex {
         }
         grown
     }
+}
+
+/// Asks the CPU to bring the cache line holding `value` closer (a hint; nothing elsewhere
+/// than on x86-64). Lets a loop overlap the memory waits of its next iterations.
+#[inline(always)]
+fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing architecturally and cannot fault; the address is a
+    // valid reference anyway.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(value as *const T as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }

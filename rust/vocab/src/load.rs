@@ -3,7 +3,7 @@
 use ferrollama_gguf::{Array, GgufFile, Value};
 
 use crate::attr::TokenAttr;
-use crate::texts::{Inserted, TextTable, Texts};
+use crate::texts::{TextTable, Texts};
 use crate::pretok::{self, PreKind};
 use crate::{bpe, detok, partition, plamo2, rwkv, stdlib, ugm};
 use crate::{Model, Options, SpecialTokens, Token, TokenData, Vocab, VocabError, VocabType};
@@ -181,14 +181,22 @@ fn read_tokens(f: &GgufFile) -> Result<(Vec<TokenData>, TextTable), VocabError> 
 /// The token texts by id and by text (llama.cpp's `id_to_token[].text` and `token_to_id`).
 fn index_texts(texts: &[Vec<u8>]) -> Result<TextTable, VocabError> {
     let total_len = texts.iter().map(|t| t.len()).sum();
-    let mut table = TextTable::with_capacity(texts.len(), total_len);
-    for (i, text) in texts.iter().enumerate() {
-        let inserted = if text.is_empty() { table.insert(format!("[EMPTY_{i}]").as_bytes())? } else { table.insert(text)? };
-        if let Inserted::Existing(prev) = inserted {
-            return Err(invalid(format!("duplicate token in vocabulary: '{}' has ids {prev} and {i}", String::from_utf8_lossy(table.get(prev)))));
+    let empty_text = |id: usize| format!("[EMPTY_{id}]");
+    let mut all = Texts::with_capacity(texts.len(), total_len);
+    for (id, text) in texts.iter().enumerate() {
+        if text.is_empty() {
+            all.push(empty_text(id).as_bytes())?;
+        } else {
+            all.push(text)?;
         }
     }
-    Ok(table)
+    TextTable::build(all, |_| true).map_err(|(first, second)| {
+        let text = match &texts[first as usize] {
+            t if t.is_empty() => empty_text(first as usize),
+            t => String::from_utf8_lossy(t).into_owned(),
+        };
+        invalid(format!("duplicate token in vocabulary: '{text}' has ids {first} and {second}"))
+    })
 }
 
 /// hybriddna: k-mer texts carry a marker (U+E000) in the lookup table that the token texts
@@ -424,16 +432,12 @@ fn ids_with_text(v: &Vocab, list: &[&str]) -> Vec<Token> {
     }
 }
 
-/// Which of `candidates` llama.cpp meets first when it scans `token_to_id`, whose order is
-/// libstdc++'s hash order (`order`, computed on first need: only a slot with several
-/// candidates needs it).
-fn first_in_map_order(v: &Vocab, candidates: &[Token], order: &mut Option<Vec<u32>>) -> Option<Token> {
-    if candidates.len() <= 1 {
-        return candidates.first().copied();
-    }
+/// Which of `candidates` llama.cpp meets first when it scans `token_to_id`, in libstdc++'s
+/// hash order.
+fn first_in_map_order(v: &Vocab, candidates: &[Token]) -> Option<Token> {
+    let texts = v.token_texts();
     // detect_by_text checked the vocabulary's size against the orders known
-    let order = order.get_or_insert_with(|| stdlib::unordered_map_order(v.token_texts().iter()).unwrap_or_default());
-    order.iter().copied().find(|id| candidates.contains(id))
+    stdlib::first_in_map_order(texts.len(), |id| texts.get(id), candidates)
 }
 
 /// The loader's text-based detection: EOT/EOM/FIM ids, unused tokens, the EOG set and the
@@ -444,7 +448,6 @@ fn detect_by_text(v: &mut Vocab) -> Result<(), VocabError> {
         return Err(invalid("vocabulary too large"));
     }
     let control = TokenAttr::CONTROL;
-    let mut order = None;
     let slots = [
         (Slot::Eot, EOT_TEXTS), (Slot::Eom, EOM_TEXTS), (Slot::FimPre, FIM_PRE_TEXTS),
         (Slot::FimSuf, FIM_SUF_TEXTS), (Slot::FimMid, FIM_MID_TEXTS), (Slot::FimPad, FIM_PAD_TEXTS),
@@ -454,7 +457,7 @@ fn detect_by_text(v: &mut Vocab) -> Result<(), VocabError> {
         if slot(&mut v.special, which).is_some() {
             continue;
         }
-        if let Some(id) = first_in_map_order(v, &ids_with_text(v, texts), &mut order) {
+        if let Some(id) = first_in_map_order(v, &ids_with_text(v, texts)) {
             *slot(&mut v.special, which) = Some(id);
             let t = &mut v.tokens[id as usize];
             t.attr = t.attr.with(control);

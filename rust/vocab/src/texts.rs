@@ -81,9 +81,37 @@ pub(crate) enum Inserted {
 }
 
 impl TextTable {
-    /// An empty table with room for `n` texts of `total_len` bytes together.
-    pub fn with_capacity(n: usize, total_len: usize) -> TextTable {
-        TextTable { texts: Texts::with_capacity(n, total_len), index: IdIndex::with_capacity(n) }
+    /// A table of `texts` under their positions as ids, all indexed except those `indexed`
+    /// rejects. `Err((earlier, id))` for the first text, in id order, equal to an earlier one.
+    pub fn build(texts: Texts, indexed: impl Fn(u32) -> bool) -> Result<TextTable, (u32, u32)> {
+        // The slots are read at random, a cache miss each once the index is larger than the
+        // cache: the slots of the next AHEAD texts are fetched while this one is put in.
+        const AHEAD: usize = 8;
+        let n = texts.len();
+        let mut index = IdIndex::with_capacity(n);
+        let mut hashes_ahead = [0u64; AHEAD];
+        let hash_ahead = |id: usize, index: &IdIndex| {
+            let hash = hash_bytes(texts.get(id));
+            index.prefetch(hash);
+            hash
+        };
+        for id in 0..n.min(AHEAD) {
+            hashes_ahead[id] = hash_ahead(id, &index);
+        }
+        for (id, text) in texts.iter().enumerate() {
+            let hash = hashes_ahead[id % AHEAD];
+            if id + AHEAD < n {
+                hashes_ahead[id % AHEAD] = hash_ahead(id + AHEAD, &index);
+            }
+            if !indexed(id as u32) {
+                continue;
+            }
+            match index.find_or_slot(hash, |other| texts.get(other as usize) == text) {
+                Probe::Found(earlier) => return Err((earlier, id as u32)),
+                Probe::Vacant(slot) => index.fill(slot, hash, id as u32),
+            }
+        }
+        Ok(TextTable { texts, index })
     }
 
     /// Number of texts (indexed or not).
@@ -132,9 +160,6 @@ impl TextTable {
             }
         }
     }
-
-    /// Adds a text under the next id without indexing it ([`TextTable::find`] will not see it).
-    pub fn push_unindexed(&mut self, text: &[u8]) -> Result<u32, VocabError> { self.texts.push(text) }
 }
 
 #[cfg(test)]
@@ -156,24 +181,53 @@ mod tests {
 
     #[test]
     fn table_finds_every_text_and_rejects_duplicates() {
-        // start small so that the index grows several times
-        let mut table = TextTable::with_capacity(1, 0);
+        // start empty so that the index grows several times
+        let mut table = TextTable::default();
+        assert_eq!(table.find(b"w"), None);
         let words: Vec<Vec<u8>> = (0..5000u32).map(|i| format!("w{}", i * 7919 % 10007).into_bytes()).collect();
         for (i, w) in words.iter().enumerate() {
             assert_eq!(table.insert(w).unwrap(), Inserted::New(i as u32));
         }
-        let hidden = table.push_unindexed(b"hidden").unwrap();
         assert_eq!(table.insert(&words[17]).unwrap(), Inserted::Existing(17));
-        assert_eq!(table.len(), words.len() + 1);
+        assert_eq!(table.len(), words.len());
         for (i, w) in words.iter().enumerate() {
             assert_eq!(table.find(w), Some(i as u32));
             assert_eq!(table.get(i as u32), w.as_slice());
         }
-        assert_eq!(table.get(hidden), b"hidden");
-        assert_eq!(table.find(b"hidden"), None);
         assert_eq!(table.find(b"w"), None);
         assert_eq!(table.find(b""), None);
-        assert_eq!(table.insert(b"").unwrap(), Inserted::New(hidden + 1));
-        assert_eq!(table.find(b""), Some(hidden + 1));
+        assert_eq!(table.insert(b"").unwrap(), Inserted::New(5000));
+        assert_eq!(table.find(b""), Some(5000));
+    }
+
+    #[test]
+    fn built_table_matches_one_by_one() {
+        let mut texts = Texts::with_capacity(0, 0);
+        for i in 0..20000u32 {
+            texts.push(format!("t{}", i * 7919 % 20011).as_bytes()).unwrap();
+        }
+        let skipped = |id: u32| id % 1000 == 3;
+        let mut table = TextTable::build(texts.clone(), |id| !skipped(id)).unwrap();
+        for (id, text) in texts.iter().enumerate() {
+            let expected = if skipped(id as u32) { None } else { Some(id as u32) };
+            assert_eq!(table.find(text), expected);
+        }
+        assert_eq!(table.find(b"t"), None);
+        // the table grows after being built
+        let extra = table.insert(b"extra").unwrap();
+        assert_eq!(extra, Inserted::New(20000));
+        assert_eq!(table.find(b"extra"), Some(20000));
+        assert_eq!(table.insert(b"t0").unwrap(), Inserted::Existing(0));
+    }
+
+    #[test]
+    fn built_table_reports_the_first_repeat() {
+        let mut texts = Texts::with_capacity(0, 0);
+        for s in ["a", "b", "c", "b", "a", "c", "c"] {
+            texts.push(s.as_bytes()).unwrap();
+        }
+        assert_eq!(TextTable::build(texts.clone(), |_| true).unwrap_err(), (1, 3));
+        // a repeat of an unindexed text is none
+        assert_eq!(TextTable::build(texts, |id| id != 1).unwrap_err(), (0, 4));
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::dispatch::{active_isa, Isa};
-use crate::scalar::{float, kquantize as kq, kquants as k, legacy as l};
+use crate::scalar::{float, kquantize as kq, kquants as k, legacy as l, tiled};
 use crate::GgmlType;
 
 /// Converts `n` elements (a whole number of blocks) from a type's bytes to f32.
@@ -43,6 +43,15 @@ pub struct TypeTraits {
     /// The portable dot product (the specification): ggml's x86 AVX2 `ggml_vec_dot_*`
     /// arithmetic for the quantized types (see `scalar::lanes`), plain loops for the floats.
     pub vec_dot_scalar: VecDot,
+    /// For Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS: each output of llama.cpp's tiled k-quant
+    /// matrix product, which it runs instead of `vec_dot` on x86 for products with 8 or more
+    /// activation rows and a matrix it did not repack (`scalar::tiled`). Same integers as
+    /// `vec_dot`, one float accumulator instead of eight lanes.
+    pub vec_dot_tiled: Option<VecDot>,
+    /// The same over four activation rows, where a kernel exists.
+    pub vec_dot_tiled_x4: Option<VecDotX4>,
+    /// The portable `vec_dot_tiled` (the specification).
+    pub vec_dot_tiled_scalar: Option<VecDot>,
     /// The instruction set `vec_dot` and `from_f32` were chosen for.
     pub isa: Isa,
 }
@@ -81,6 +90,20 @@ fn scalar_rows() -> Vec<Row> {
     ]
 }
 
+/// The portable per-output arithmetic of llama.cpp's tiled k-quant product, for its types.
+fn scalar_tiled(ty: GgmlType) -> Option<VecDot> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q2_K => tiled::vec_dot_q2_k_q8_k,
+        T::Q3_K => tiled::vec_dot_q3_k_q8_k,
+        T::Q4_K => tiled::vec_dot_q4_k_q8_k,
+        T::Q5_K => tiled::vec_dot_q5_k_q8_k,
+        T::Q6_K => tiled::vec_dot_q6_k_q8_k,
+        T::IQ4_XS => tiled::vec_dot_iq4_xs_q8_k,
+        _ => return None,
+    })
+}
+
 /// Q8_1 and Q8_K are activation types only; ggml has no dot product of two of them. This
 /// one (integer sums per block, scaled by both d) lets the table stay total.
 fn q8_1_self_dot(n: usize, w: &[u8], x: &[u8]) -> f32 {
@@ -107,6 +130,7 @@ pub fn build_table(isa: Isa) -> Vec<TypeTraits> {
         .into_iter()
         .map(|(ty, to_f32, from_f32, from_f32_ref, vec_dot_type, vec_dot_scalar)| {
             let simd = crate::simd::kernels_for(ty, isa);
+            let tiled_scalar = scalar_tiled(ty);
             TypeTraits {
                 ty,
                 block_size: ty.block_size(),
@@ -118,6 +142,9 @@ pub fn build_table(isa: Isa) -> Vec<TypeTraits> {
                 vec_dot: simd.vec_dot.unwrap_or(vec_dot_scalar),
                 vec_dot_x4: simd.vec_dot_x4,
                 vec_dot_scalar,
+                vec_dot_tiled: simd.vec_dot_tiled.or(tiled_scalar),
+                vec_dot_tiled_x4: simd.vec_dot_tiled_x4,
+                vec_dot_tiled_scalar: tiled_scalar,
                 isa,
             }
         })

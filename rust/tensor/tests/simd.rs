@@ -142,6 +142,33 @@ fn quantized_results_equal_the_scalar_kernel_bit_for_bit() {
 }
 
 #[test]
+fn tiled_kernels_equal_the_scalar_specification_bit_for_bit() {
+    let mut rng = Rng::new(16);
+    for (isa, table) in levels() {
+        let tiled: Vec<&TypeTraits> = table.iter().filter(|e| e.vec_dot_tiled_scalar.is_some()).collect();
+        assert_eq!(tiled.len(), 6, "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS");
+        for e in tiled {
+            let (simd, scalar) = (e.vec_dot_tiled.unwrap(), e.vec_dot_tiled_scalar.unwrap());
+            assert_ne!(simd as usize, scalar as usize, "{} {isa:?} has a SIMD tiled kernel", e.ty);
+            for n in [256, 4096, 4864] {
+                for scale in [0.02f32, 2.0, 300.0] {
+                    let w = random_weights(e.ty, n, &mut rng);
+                    let xs: Vec<u8> = (0..4).flat_map(|_| quantize(e.vec_dot_type, &rng.vec(n, scale))).collect();
+                    let stride = xs.len() / 4;
+                    let mut out = [0f32; 4];
+                    (e.vec_dot_tiled_x4.unwrap())(n, &w, &xs, stride, &mut out);
+                    for (t, x) in xs.chunks_exact(stride).enumerate() {
+                        let want = scalar(n, &w, x);
+                        assert_eq!(simd(n, &w, x).to_bits(), want.to_bits(), "{} {isa:?} n={n} scale {scale}", e.ty);
+                        assert_eq!(out[t].to_bits(), want.to_bits(), "{} {isa:?} four-token, token {t}", e.ty);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn float_results_agree_with_scalar() {
     let mut rng = Rng::new(12);
     for (isa, table) in levels() {

@@ -1,5 +1,6 @@
 //! (a) every dot product is llama.cpp's x86 `ggml_vec_dot_*` bit for bit, at every
-//! instruction-set level (fixtures from tests/gen_dot_fixtures.py); (b) every dot product
+//! instruction-set level, and the tiled k-quant dots are its tiled matrix product's outputs
+//! (fixtures from tests/gen_dot_fixtures.py); (b) every dot product
 //! equals a float64 dot of the dequantized weight and the dequantized activation within a
 //! rounding bound; (c) quantize -> dequantize round trips stay within each type's error bound.
 
@@ -22,9 +23,18 @@ struct DotSection {
 }
 
 fn read_dot_fixture() -> Vec<DotSection> {
-    let path = format!("{DATA}/quants/vec_dot.fix");
+    read_sections("vec_dot.fix", b"FVDX")
+}
+
+/// tests/data/quants/tiled.fix: ggml_mul_mat of k-quant rows with 8 activation rows.
+fn read_tiled_fixture() -> Vec<DotSection> {
+    read_sections("tiled.fix", b"FTLX")
+}
+
+fn read_sections(file: &str, magic: &[u8; 4]) -> Vec<DotSection> {
+    let path = format!("{DATA}/quants/{file}");
     let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    assert_eq!(&b[..4], b"FVDX");
+    assert_eq!(&b[..4], magic);
     let mut off = 4;
     let u32_at = |off: &mut usize| {
         let v = u32::from_le_bytes(b[*off..*off + 4].try_into().unwrap()) as usize;
@@ -69,7 +79,7 @@ fn entry(table: &[TypeTraits], ty: GgmlType) -> &TypeTraits {
 
 #[test]
 fn activation_quantizers_give_ggml_x86_bytes() {
-    for s in read_dot_fixture() {
+    for s in read_dot_fixture().into_iter().chain(read_tiled_fixture()) {
         let act = tr(s.ty).vec_dot_type;
         for (seed, want) in s.seeds.iter().zip(&s.acts) {
             assert_eq!(&quantize(act, &fixture_activation(s.n, *seed)), want, "{act} seed {seed}");
@@ -207,4 +217,41 @@ fn q8_0_activation_quantizer_is_x86_ggml() {
     assert_eq!(q[2..5], [127u8, 0, (-2i8) as u8]);
     let r = quantize_ref(GgmlType::Q8_0, &x);
     assert_eq!(r[2..5], [127u8, 1, (-2i8) as u8]);
+}
+
+#[test]
+fn tiled_dot_products_are_ggml_tiled_matmul_bit_for_bit() {
+    let levels: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|l| l.available()).collect();
+    let sections = read_tiled_fixture();
+    assert_eq!(sections.len(), 6, "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS");
+    for isa in levels {
+        let table = build_table(isa);
+        for s in &sections {
+            let e = entry(&table, s.ty);
+            let na = s.acts.len();
+            let tiled = e.vec_dot_tiled.expect("a tiled kernel");
+            assert_eq!(e.vec_dot_tiled_x4.is_some(), isa != Isa::Scalar, "{} {isa:?}: four-token tiled kernel with SIMD", s.ty);
+            let mut vec_dot_differs = 0;
+            for (r, row) in s.rows.iter().enumerate() {
+                for (a, act) in s.acts.iter().enumerate() {
+                    let (got, want) = (tiled(s.n, row, act), s.results[r * na + a]);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{} {isa:?} row {r} act {a}: {got} vs ggml {want}", s.ty);
+                    vec_dot_differs += ((e.vec_dot)(s.n, row, act).to_bits() != want.to_bits()) as usize;
+                }
+                if let Some(x4) = e.vec_dot_tiled_x4 {
+                    let stride = s.acts[0].len();
+                    for a0 in (0..na).step_by(4) {
+                        let xs: Vec<u8> = s.acts[a0..a0 + 4].concat();
+                        let mut out = [0f32; 4];
+                        x4(s.n, row, &xs, stride, &mut out);
+                        for t in 0..4 {
+                            assert_eq!(out[t].to_bits(), s.results[r * na + a0 + t].to_bits(), "{} {isa:?} four-token tiled, row {r} token {}", s.ty, a0 + t);
+                        }
+                    }
+                }
+            }
+            // The fixture does hold the tiled order: the vec_dot order rounds differently.
+            assert!(vec_dot_differs > 0, "{}: vec_dot reproduces the tiled results too", s.ty);
+        }
+    }
 }

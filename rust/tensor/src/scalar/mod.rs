@@ -6,3 +6,4 @@ pub mod kquants;
 pub mod lanes;
 pub mod legacy;
 pub mod repacked;
+pub mod tiled;

@@ -18,6 +18,8 @@ pub mod packed_x86;
 pub struct SimdKernels {
     pub vec_dot: Option<VecDot>,
     pub vec_dot_x4: Option<VecDotX4>,
+    pub vec_dot_tiled: Option<VecDot>,
+    pub vec_dot_tiled_x4: Option<VecDotX4>,
     pub from_f32: Option<FromF32>,
 }
 
@@ -85,6 +87,12 @@ macro_rules! level {
             block_dot!(q4_k, q4_k_x4, k::q4_k, 256, 144, 292);
             block_dot!(q5_k, q5_k_x4, k::q5_k, 256, 176, 292);
             block_dot!(iq4_xs, iq4_xs_x4, k::iq4_xs, 256, 136, 292);
+            block_dot!(q2_k_tiled, q2_k_tiled_x4, k::q2_k_tiled, 256, 84, 292);
+            block_dot!(q3_k_tiled, q3_k_tiled_x4, k::q3_k_tiled, 256, 110, 292);
+            block_dot!(q4_k_tiled, q4_k_tiled_x4, k::q4_k_tiled, 256, 144, 292);
+            block_dot!(q5_k_tiled, q5_k_tiled_x4, k::q5_k_tiled, 256, 176, 292);
+            block_dot!(q6_k_tiled, q6_k_tiled_x4, k::q6_k_tiled, 256, 210, 292);
+            block_dot!(iq4_xs_tiled, iq4_xs_tiled_x4, k::iq4_xs_tiled, 256, 136, 292);
             block_dot!(q6_k, q6_k_x4, k::q6_k, 256, 210, 292);
             float_dot!(f16, k::f16, 2);
             float_dot!(f32, k::f32, 4);
@@ -92,7 +100,12 @@ macro_rules! level {
             quantizer!(quantize_q8_k, k::quantize_q8_k, 256, 292);
 
             pub fn kernels(ty: GgmlType) -> SimdKernels {
-                let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), from_f32: None };
+                let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), ..SimdKernels::default() };
+                let kq = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4, t: crate::traits::VecDot, t4: crate::traits::VecDotX4| SimdKernels {
+                    vec_dot_tiled: Some(t),
+                    vec_dot_tiled_x4: Some(t4),
+                    ..both(d, d4)
+                };
                 match ty {
                     GgmlType::Q8_0 => SimdKernels { from_f32: Some(quantize_q8_0), ..both(q8_0, q8_0_x4) },
                     GgmlType::Q4_0 => both(q4_0, q4_0_x4),
@@ -100,12 +113,12 @@ macro_rules! level {
                     GgmlType::IQ4_NL => both(iq4_nl, iq4_nl_x4),
                     GgmlType::Q4_1 => both(q4_1, q4_1_x4),
                     GgmlType::Q5_1 => both(q5_1, q5_1_x4),
-                    GgmlType::Q2_K => both(q2_k, q2_k_x4),
-                    GgmlType::Q3_K => both(q3_k, q3_k_x4),
-                    GgmlType::Q4_K => both(q4_k, q4_k_x4),
-                    GgmlType::Q5_K => both(q5_k, q5_k_x4),
-                    GgmlType::IQ4_XS => both(iq4_xs, iq4_xs_x4),
-                    GgmlType::Q6_K => both(q6_k, q6_k_x4),
+                    GgmlType::Q2_K => kq(q2_k, q2_k_x4, q2_k_tiled, q2_k_tiled_x4),
+                    GgmlType::Q3_K => kq(q3_k, q3_k_x4, q3_k_tiled, q3_k_tiled_x4),
+                    GgmlType::Q4_K => kq(q4_k, q4_k_x4, q4_k_tiled, q4_k_tiled_x4),
+                    GgmlType::Q5_K => kq(q5_k, q5_k_x4, q5_k_tiled, q5_k_tiled_x4),
+                    GgmlType::Q6_K => kq(q6_k, q6_k_x4, q6_k_tiled, q6_k_tiled_x4),
+                    GgmlType::IQ4_XS => kq(iq4_xs, iq4_xs_x4, iq4_xs_tiled, iq4_xs_tiled_x4),
                     GgmlType::Q8_K => SimdKernels { from_f32: Some(quantize_q8_k), ..SimdKernels::default() },
                     GgmlType::F16 => SimdKernels { vec_dot: Some(f16), ..SimdKernels::default() },
                     GgmlType::F32 => SimdKernels { vec_dot: Some(f32), ..SimdKernels::default() },

@@ -82,18 +82,11 @@ unsafe fn hsum_epi32x4(r: __m128i) -> i32 {
     _mm_cvtsi128_si32(_mm_add_epi32(r, _mm_shuffle_epi32(r, 0b01)))
 }
 
-/// The f32 scale of a Q8_K block broadcast to 8 lanes.
+/// The f32 scale of a Q8_K block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8k_d(bx: *const u8) -> __m256 {
-    _mm256_set1_ps(std::ptr::read_unaligned(bx as *const f32))
-}
-
-/// -a, exactly (the sign flipped: -(a * b) == (-a) * b under round-to-nearest).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn neg_ps(a: __m256) -> __m256 {
-    _mm256_xor_ps(a, _mm256_set1_ps(-0.0))
+unsafe fn q8k_d(bx: *const u8) -> f32 {
+    std::ptr::read_unaligned(bx as *const f32)
 }
 
 /// A 16-element sub-block scale per 128-bit half: `lo` for bytes 0..15, `hi` for 16..31.
@@ -201,6 +194,18 @@ unsafe fn quantize_block_q8_k(x: *const f32, y: *mut u8) {
     std::ptr::write_unaligned(y as *mut f32, 1.0 / iscale);
 }
 
+/// The eight 6-bit scales and mins of a Q4_K or Q5_K block, as bytes. Plain scalar code,
+/// inlined into each kernel (a call per super-block costs as much as the block's products).
+#[inline(always)]
+unsafe fn scales_mins_k4(bw: *const u8) -> ([u8; 8], [u8; 8]) {
+    let packed = std::slice::from_raw_parts(bw.add(4), 12);
+    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+    for j in 0..8 {
+        (sc[j], mn[j]) = crate::scalar::kquants::scale_min_k4(j, packed);
+    }
+    (sc, mn)
+}
+
 /// Signed-by-signed i8 products summed in fours into i32 lanes, through the unsigned-by-
 /// signed `dot_u8i8` of the level: |x| * (y with x's sign). Exact while y != -128.
 macro_rules! dot_i8_signed {
@@ -208,6 +213,20 @@ macro_rules! dot_i8_signed {
         let (x, y) = ($x, $y);
         dot_u8i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
     }};
+}
+
+/// For each k-quant kernel `imp`, the public `name` (vec_dot order) and `tiled` entry points.
+macro_rules! k_orders {
+    ($features:literal, $($name:ident $tiled:ident $imp:ident),*) => {$(
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            $imp::<false, T>(nb, w, x, out)
+        }
+        #[target_feature(enable = $features)]
+        pub unsafe fn $tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            $imp::<true, T>(nb, w, x, out)
+        }
+    )*};
 }
 
 macro_rules! x86_kernels {
@@ -345,39 +364,100 @@ macro_rules! x86_kernels {
             dot_blocks32_min::<true, T>(nb, w, x, out)
         }
 
-        /// Q4_K x Q8_K.
+        /// The mins of one k-quant super-block for one token, as the type folds them in,
+        /// with the weight's dmin in every lane.
+        #[derive(Clone, Copy)]
+        enum Mins {
+            /// Q3_K, Q6_K, IQ4_XS.
+            None,
+            /// Q2_K: madd(mins, bsums) in eight lanes, into the main lanes before the quants.
+            Lanes(__m256i, __m256),
+            /// Q4_K: four lanes with their own accumulator.
+            Lanes4(__m128i, __m256),
+            /// Q5_K: one integer into a scalar.
+            Total(i32, __m256),
+        }
+
+        /// The float side of a k-quant dot for one token (the integers are the same either
+        /// way): `ggml_vec_dot_*_q8_K`'s eight lanes plus the type's min accumulator, or the
+        /// one accumulator of llama.cpp's tiled matrix product (see `scalar::tiled`).
+        #[derive(Clone, Copy)]
+        struct KAcc {
+            lanes: __m256,
+            mins4: __m128,
+            summs: f32,
+            one: f32,
+        }
+
+        #[inline]
         #[target_feature(enable = $features)]
-        pub unsafe fn q4_k<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            let mut acc = [_mm256_setzero_ps(); T];
-            let mut acc_m = [_mm_setzero_ps(); T];
+        unsafe fn kacc_new() -> KAcc {
+            KAcc { lanes: _mm256_setzero_ps(), mins4: _mm_setzero_ps(), summs: 0.0, one: 0.0 }
+        }
+
+        /// Adds one super-block: `bx` the activation block (its f32 scale d_x first), `dw` the
+        /// weight's d in every lane, `sumi` the lanes of scaled quants. vec_dot: `lanes =
+        /// fma(d_x * d, sumi, lanes)`, the mins first as the type does (scaled by -d_x * dmin);
+        /// tiled: `r = float(isum) * d`, `r = fma(-dmin, float(imin), r)`, `one = fma(r, d_x,
+        /// one)`. The scales stay vectors until needed: a scalar f16 conversion merges into a
+        /// live register and chains each block on the previous one.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn kacc_add<const TILED: bool>(a: &mut KAcc, bx: *const u8, dw: __m256, sumi: __m256i, mins: Mins) {
+            if TILED {
+                let mut r = hsum_epi32(sumi) as f32 * _mm256_cvtss_f32(dw);
+                let imin = match mins {
+                    Mins::None => None,
+                    Mins::Lanes(p, dmin) => Some((hsum_epi32(p), dmin)),
+                    Mins::Lanes4(p, dmin) => Some((hsum_epi32x4(p), dmin)),
+                    Mins::Total(sum, dmin) => Some((sum, dmin)),
+                };
+                if let Some((imin, dmin)) = imin {
+                    r = (-_mm256_cvtss_f32(dmin)).mul_add(imin as f32, r);
+                }
+                a.one = r.mul_add(q8k_d(bx), a.one);
+                return;
+            }
+            let yd = _mm256_broadcast_ss(&*(bx as *const f32));
+            // -(d_x * dmin) == (-d_x) * dmin, ggml's `-y[i].d * dmin`.
+            let neg_dmin = |dmin: __m256| _mm256_xor_ps(_mm256_mul_ps(yd, dmin), _mm256_set1_ps(-0.0));
+            match mins {
+                Mins::None => {}
+                Mins::Lanes(p, dmin) => a.lanes = _mm256_fmadd_ps(neg_dmin(dmin), _mm256_cvtepi32_ps(p), a.lanes),
+                Mins::Lanes4(p, dmin) => a.mins4 = _mm_fmadd_ps(_mm256_castps256_ps128(neg_dmin(dmin)), _mm_cvtepi32_ps(p), a.mins4),
+                Mins::Total(sum, dmin) => a.summs = _mm256_cvtss_f32(neg_dmin(dmin)).mul_add(sum as f32, a.summs),
+            }
+            a.lanes = _mm256_fmadd_ps(_mm256_mul_ps(yd, dw), _mm256_cvtepi32_ps(sumi), a.lanes);
+        }
+
+        /// madd(mins, hadd(bsums)) of ggml's Q4_K and Q5_K kernels: lane k = min[2k] *
+        /// bsum32[2k] + min[2k + 1] * bsum32[2k + 1] (bsum32: the activation's sum over a
+        /// 32-element sub-block).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn min_lanes_k4(mins: __m128i, bx: *const u8) -> __m128i {
+            let bsums = loadu(bx.add(260));
+            let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+            _mm_madd_epi16(mins, q8s)
+        }
+
+        /// Q4_K x Q8_K as ggml_vec_dot_q4_K_q8_K (AVX2), or in the tiled order.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn q4_k_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [kacc_new(); T];
             let m4 = _mm256_set1_epi8(0x0f);
             for i in 0..nb {
                 let bw = w.add(i * 144);
-                let (dw, dminw) = (f16x8(bw), f16x4(bw.add(2)));
-                let mut sc = [0u8; 8];
-                let mut mn = [0u8; 8];
-                let packed = std::slice::from_raw_parts(bw.add(4), 12);
-                for j in 0..8 {
-                    let (s, m) = crate::scalar::kquants::scale_min_k4(j, packed);
-                    sc[j] = s;
-                    mn[j] = m;
-                }
+                let (sc, mn) = scales_mins_k4(bw);
                 let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
                 let mut sumi = [_mm256_setzero_si256(); T];
-                for t in 0..T {
-                    let bx = x[t].add(i * 292);
-                    let bsums = loadu(bx.add(260));
-                    let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-                    let prod = _mm_madd_epi16(mins, q8s);
-                    let dmin = _mm_xor_ps(_mm_mul_ps(_mm_broadcast_ss(&*(bx as *const f32)), dminw), _mm_set1_ps(-0.0));
-                    acc_m[t] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(prod), acc_m[t]);
-                }
                 for j in 0..4 {
                     let scale_l = _mm256_set1_epi16(sc[2 * j] as i16);
                     let scale_h = _mm256_set1_epi16(sc[2 * j + 1] as i16);
                     let q4bits = loadu(bw.add(16 + 32 * j));
                     let q4l = _mm256_and_si256(q4bits, m4);
-                    let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+                    let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits), m4);
                     for t in 0..T {
                         let q8 = x[t].add(i * 292 + 4 + 64 * j);
                         let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, loadu(q8)));
@@ -385,51 +465,51 @@ macro_rules! x86_kernels {
                         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(pl, ph));
                     }
                 }
+                let (dw, dmin) = (f16x8(bw), f16x8(bw.add(2)));
                 for t in 0..T {
-                    let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*(x[t].add(i * 292) as *const f32)));
-                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    let bx = x[t].add(i * 292);
+                    kacc_add::<TILED>(&mut acc[t], bx, dw, sumi[t], Mins::Lanes4(min_lanes_k4(mins, bx), dmin));
                 }
             }
             for t in 0..T {
-                out[t] = hsum_ps(acc[t]) + hsum_ps128(acc_m[t]);
+                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) + hsum_ps128(acc[t].mins4) };
             }
         }
 
-        /// Q6_K x Q8_K: unsigned 6-bit levels against the activations, minus 32 * sum(y)
-        /// per 16-group (from the activation's bsums), each times the group's scale.
+        /// Q6_K x Q8_K as ggml_vec_dot_q6_K_q8_K (AVX2), or in the tiled order: unsigned 6-bit
+        /// levels against the activations, minus 32 * madd(scales, bsums) (whose lane k covers
+        /// 16-element groups 2k and 2k + 1).
+        #[inline]
         #[target_feature(enable = $features)]
-        pub unsafe fn q6_k<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            let mut acc = [_mm256_setzero_ps(); T];
+        unsafe fn q6_k_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [kacc_new(); T];
             let m4 = _mm256_set1_epi8(0x0f);
             let m2 = _mm256_set1_epi8(0x03);
             for i in 0..nb {
                 let bw = w.add(i * 210);
-                let dw = f16x8(bw.add(208));
                 let scales = bw.add(192) as *const i8;
                 let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(scales as *const __m128i));
                 let mut sumi = [_mm256_setzero_si256(); T];
                 for t in 0..T {
                     let bsums = loadu(x[t].add(i * 292 + 260));
-                    sumi[t] = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
+                    sumi[t] = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bsums)));
                 }
                 for h in 0..2 {
                     let ql0 = loadu(bw.add(64 * h));
                     let ql1 = loadu(bw.add(64 * h + 32));
                     let qh = loadu(bw.add(128 + 32 * h));
-                    let h0 = _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4);
-                    let h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4);
-                    let h4 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4);
-                    let h6 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4);
+                    let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2));
+                    let h2 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2));
+                    let h4 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m2));
+                    let h6 = _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m2));
                     let q = [
                         _mm256_or_si256(_mm256_and_si256(ql0, m4), h0),
                         _mm256_or_si256(_mm256_and_si256(ql1, m4), h2),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), h4),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), h6),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), h4),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), h6),
                     ];
                     for g in 0..4 {
-                        let s0 = *scales.add(8 * h + 2 * g) as i16;
-                        let s1 = *scales.add(8 * h + 2 * g + 1) as i16;
-                        let sc = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+                        let sc = scale_halves(*scales.add(8 * h + 2 * g) as i16, *scales.add(8 * h + 2 * g + 1) as i16);
                         for t in 0..T {
                             let q8 = loadu(x[t].add(i * 292 + 4 + 128 * h + 32 * g));
                             let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q[g], q8));
@@ -437,13 +517,13 @@ macro_rules! x86_kernels {
                         }
                     }
                 }
+                let dw = f16x8(bw.add(208));
                 for t in 0..T {
-                    let d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*(x[t].add(i * 292) as *const f32)));
-                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    kacc_add::<TILED>(&mut acc[t], x[t].add(i * 292), dw, sumi[t], Mins::None);
                 }
             }
             for t in 0..T {
-                out[t] = hsum_ps(acc[t]);
+                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
             }
         }
 
@@ -461,23 +541,17 @@ macro_rules! x86_kernels {
             ]
         }
 
-        /// Q2_K x Q8_K as ggml_vec_dot_q2_K_q8_K (AVX2): per super-block first the mins,
-        /// `acc = fma(-d_x * dmin, madd(mins, bsums), acc)`, then the scaled quants in eight
-        /// lanes (lane k: bytes 4k..4k+3 of each 32-element group), `acc = fma(d_x * d, lanes,
-        /// acc)`; hsum_float_8 at the end.
+        /// Q2_K x Q8_K as ggml_vec_dot_q2_K_q8_K (AVX2), or in the tiled order: the mins as
+        /// madd(mins, bsums) lanes (vec_dot: into the lanes first, scaled by -d_x * dmin), then
+        /// the scaled quants in eight lanes (lane k: bytes 4k..4k+3 of each 32-element group).
+        #[inline]
         #[target_feature(enable = $features)]
-        pub unsafe fn q2_k<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            let mut acc = [_mm256_setzero_ps(); T];
+        unsafe fn q2_k_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [kacc_new(); T];
             for i in 0..nb {
                 let bw = w.add(i * 84);
-                let (dw, dminw) = (f16x8(bw.add(80)), f16x8(bw.add(82)));
                 let packed = _mm_loadu_si128(bw as *const __m128i);
                 let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), _mm_set1_epi8(0x0f)));
-                for t in 0..T {
-                    let bx = x[t].add(i * 292);
-                    let prod = _mm256_madd_epi16(mins, loadu(bx.add(260)));
-                    acc[t] = _mm256_fmadd_ps(neg_ps(_mm256_mul_ps(q8k_d(bx), dminw)), _mm256_cvtepi32_ps(prod), acc[t]);
-                }
                 let mut sumi = [_mm256_setzero_si256(); T];
                 for j in 0..2 {
                     let q2 = planes2(loadu(bw.add(16 + 32 * j)));
@@ -490,26 +564,28 @@ macro_rules! x86_kernels {
                         }
                     }
                 }
+                let (dw, dmin) = (f16x8(bw.add(80)), f16x8(bw.add(82)));
                 for t in 0..T {
-                    let d = _mm256_mul_ps(q8k_d(x[t].add(i * 292)), dw);
-                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    let bx = x[t].add(i * 292);
+                    let prod = _mm256_madd_epi16(mins, loadu(bx.add(260)));
+                    kacc_add::<TILED>(&mut acc[t], bx, dw, sumi[t], Mins::Lanes(prod, dmin));
                 }
             }
             for t in 0..T {
-                out[t] = hsum_ps(acc[t]);
+                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
             }
         }
 
-        /// Q3_K x Q8_K as ggml_vec_dot_q3_K_q8_K (AVX2): low bits and the subtracted 4 (where
-        /// the high bit is clear) multiplied separately (two maddubs, then a subtraction), the
-        /// scales applied per 16-element half, `acc = fma(d_x * d, lanes, acc)`.
+        /// Q3_K x Q8_K as ggml_vec_dot_q3_K_q8_K (AVX2), or in the tiled order: low bits and
+        /// the subtracted 4 (where the high bit is clear) multiplied separately (two maddubs,
+        /// then a subtraction), the scales applied per 16-element half.
+        #[inline]
         #[target_feature(enable = $features)]
-        pub unsafe fn q3_k<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            let mut acc = [_mm256_setzero_ps(); T];
+        unsafe fn q3_k_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [kacc_new(); T];
             let (zero, four) = (_mm256_setzero_si256(), _mm256_set1_epi8(4));
             for i in 0..nb {
                 let bw = w.add(i * 110);
-                let dw = f16x8(bw.add(108));
                 let scales = crate::scalar::kquants::q3_k_scales(std::slice::from_raw_parts(bw.add(96), 12));
                 let hbits = loadu(bw);
                 let mut sumi = [_mm256_setzero_si256(); T];
@@ -527,44 +603,29 @@ macro_rules! x86_kernels {
                         }
                     }
                 }
+                let dw = f16x8(bw.add(108));
                 for t in 0..T {
-                    let d = _mm256_mul_ps(q8k_d(x[t].add(i * 292)), dw);
-                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    kacc_add::<TILED>(&mut acc[t], x[t].add(i * 292), dw, sumi[t], Mins::None);
                 }
             }
             for t in 0..T {
-                out[t] = hsum_ps(acc[t]);
+                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
             }
         }
 
-        /// Q5_K x Q8_K as ggml_vec_dot_q5_K_q8_K (AVX2): the scaled 5-bit levels in eight lanes,
-        /// `acc = fma(d_x * d, lanes, acc)`; the mins as one integer per super-block, `summs =
-        /// fma(-d_x * dmin, float(sum), summs)` (GCC contracts ggml's `summs += dmin * sum`),
-        /// added after hsum_float_8.
+        /// Q5_K x Q8_K as ggml_vec_dot_q5_K_q8_K (AVX2), or in the tiled order: the scaled
+        /// 5-bit levels in eight lanes; the mins as one integer per super-block (vec_dot:
+        /// `summs = fma(-d_x * dmin, float(sum), summs)`, GCC's contraction of ggml's `summs +=
+        /// dmin * sum`, added after hsum_float_8).
+        #[inline]
         #[target_feature(enable = $features)]
-        pub unsafe fn q5_k<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            let mut acc = [_mm256_setzero_ps(); T];
-            let mut summs = [0.0f32; T];
+        unsafe fn q5_k_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [kacc_new(); T];
             let (m4, sixteen) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(16));
             for i in 0..nb {
                 let bw = w.add(i * 176);
-                let (dw, dminw) = (f16x8(bw), f16_1(bw.add(2)));
-                let mut sc = [0u8; 8];
-                let mut mn = [0u8; 8];
-                let packed = std::slice::from_raw_parts(bw.add(4), 12);
-                for j in 0..8 {
-                    (sc[j], mn[j]) = crate::scalar::kquants::scale_min_k4(j, packed);
-                }
+                let (sc, mn) = scales_mins_k4(bw);
                 let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
-                for t in 0..T {
-                    let bx = x[t].add(i * 292);
-                    let bsums = loadu(bx.add(260));
-                    let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-                    let prod = _mm_madd_epi16(mins, q8s);
-                    let sum = hsum_epi32x4(prod);
-                    let dmin = -(std::ptr::read_unaligned(bx as *const f32) * dminw);
-                    summs[t] = dmin.mul_add(sum as f32, summs[t]);
-                }
                 let hbits = loadu(bw.add(16));
                 let mut sumi = [_mm256_setzero_si256(); T];
                 for j in 0..4 {
@@ -581,26 +642,28 @@ macro_rules! x86_kernels {
                         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(pl, ph));
                     }
                 }
+                let (dw, dmin) = (f16x8(bw), f16x8(bw.add(2)));
                 for t in 0..T {
-                    let d = _mm256_mul_ps(q8k_d(x[t].add(i * 292)), dw);
-                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    let bx = x[t].add(i * 292);
+                    let imin = hsum_epi32x4(min_lanes_k4(mins, bx));
+                    kacc_add::<TILED>(&mut acc[t], bx, dw, sumi[t], Mins::Total(imin, dmin));
                 }
             }
             for t in 0..T {
-                out[t] = hsum_ps(acc[t]) + summs[t];
+                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) + acc[t].summs };
             }
         }
 
-        /// IQ4_XS x Q8_K as ggml_vec_dot_iq4_xs_q8_K (AVX2): the levels looked up 32 at a time,
-        /// signed products summed in i16 pairs, times the 32-element scale into eight lanes,
-        /// `acc = fma(d * d_x, lanes, acc)` per super-block.
+        /// IQ4_XS x Q8_K as ggml_vec_dot_iq4_xs_q8_K (AVX2), or in the tiled order: the levels
+        /// looked up 32 at a time, signed products summed in i16 pairs, times the 32-element
+        /// scale into eight lanes.
+        #[inline]
         #[target_feature(enable = $features)]
-        pub unsafe fn iq4_xs<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            let mut acc = [_mm256_setzero_ps(); T];
+        unsafe fn iq4_xs_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [kacc_new(); T];
             let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::scalar::legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i));
             for i in 0..nb {
                 let bw = w.add(i * 136);
-                let dw = f16x8(bw);
                 let scales_h = std::ptr::read_unaligned(bw.add(2) as *const u16) as i32;
                 let mut sumi = [_mm256_setzero_si256(); T];
                 for ib in 0..8 {
@@ -614,15 +677,25 @@ macro_rules! x86_kernels {
                         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p16, sc));
                     }
                 }
+                let dw = f16x8(bw);
                 for t in 0..T {
-                    let d = _mm256_mul_ps(dw, q8k_d(x[t].add(i * 292)));
-                    acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    kacc_add::<TILED>(&mut acc[t], x[t].add(i * 292), dw, sumi[t], Mins::None);
                 }
             }
             for t in 0..T {
-                out[t] = hsum_ps(acc[t]);
+                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
             }
         }
+
+        // The k-quant kernels in `ggml_vec_dot_*_q8_K`'s order (`NAME`) and in the order of
+        // llama.cpp's tiled matrix product (`NAME_tiled`).
+        k_orders!($features,
+            q2_k q2_k_tiled q2_k_impl,
+            q3_k q3_k_tiled q3_k_impl,
+            q4_k q4_k_tiled q4_k_impl,
+            q5_k q5_k_tiled q5_k_impl,
+            q6_k q6_k_tiled q6_k_impl,
+            iq4_xs iq4_xs_tiled iq4_xs_impl);
 
         /// Q8_0 activation quantizer (ggml x86 semantics), `nb` blocks.
         #[target_feature(enable = $features)]

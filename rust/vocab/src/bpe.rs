@@ -30,9 +30,10 @@ pub(crate) struct Bpe {
     session: Session,
     /// Number of tokens: keys below it are token ids.
     n_tokens: u32,
-    /// Every token, keyed by the bytes BPE symbols hold (decoded when byte-level encoded;
-    /// unindexed when not decodable), and every other string a merge makes, numbered from
-    /// `n_tokens` on.
+    /// Every token, keyed by the bytes BPE symbols hold (its text, decoded when byte-level
+    /// encoded: then unindexed and empty when not decodable), and every other string a merge
+    /// makes, numbered from `n_tokens` on. Byte-level vocabularies find their tokens by text
+    /// through these keys ([`Bpe::find_token`]).
     keys: TextTable,
     /// Key of each single-byte symbol.
     byte_keys: [u32; 256],
@@ -102,20 +103,18 @@ fn append_key(text: &[u8], byte_encode: bool, out: &mut Vec<u8>) -> bool {
     }
 }
 
-/// The key of every token, under its id (undecodable ones hold their place unindexed).
-fn token_keys(texts: &TextTable, byte_encode: bool) -> Result<TextTable, VocabError> {
-    let token_texts = texts.texts();
-    let mut keys = Texts::with_capacity(token_texts.len(), token_texts.total_len());
-    let mut decodable = vec![true; token_texts.len()];
-    for (id, text) in token_texts.iter().enumerate() {
-        if keys.push_with(|out| append_key(text, byte_encode, out))?.is_none() {
-            keys.push(b"")?;
-            decodable[id] = false;
+/// The byte-level decoding of every text, in order (an empty text where one does not decode),
+/// and which ones decode. Decoding is one to one: the decoded texts are as distinct as the texts.
+pub(crate) fn decode_texts(texts: &Texts) -> Result<(Texts, Vec<bool>), VocabError> {
+    let mut decoded = Texts::with_capacity(texts.len(), texts.total_len());
+    let mut decodes = vec![true; texts.len()];
+    for (id, text) in texts.iter().enumerate() {
+        if decoded.push_with(|out| unicode::append_byte_decoded(text, out))?.is_none() {
+            decoded.push(b"")?;
+            decodes[id] = false;
         }
     }
-    // decoding is one to one, so the keys are as distinct as the texts
-    TextTable::build(keys, |id| decodable[id as usize])
-        .map_err(|(a, b)| VocabError::Invalid(format!("tokens {a} and {b} have the same bytes")))
+    Ok((decoded, decodes))
 }
 
 /// The ranks of the merges ("left right", in rank order). Strings merges make that are not
@@ -123,29 +122,51 @@ fn token_keys(texts: &TextTable, byte_encode: bool) -> Result<TextTable, VocabEr
 ///
 /// A merge usually makes the token after the one the previous merge made (BPE training adds
 /// a token per merge, and vocabularies list them in that order): that token is tried first,
-/// comparing its bytes, and only a miss costs a lookup (a cache miss per merge otherwise).
-fn merge_ranks(keys: &mut TextTable, merges: &[Vec<u8>], byte_encode: bool) -> Result<Ranks, VocabError> {
+/// on the texts as written, and only a miss costs decoding the sides and a lookup (a cache
+/// miss per merge otherwise).
+fn merge_ranks(texts: &TextTable, keys: &mut TextTable, merges: &[Vec<u8>], byte_encode: bool) -> Result<Ranks, VocabError> {
     let mut ranks = Ranks { first: vec![(0, 0); keys.len()], other_cuts: FastMap::default() };
     let mut merged = Vec::new();
     let mut guess = 0;
     for (rank, merge) in merges.iter().enumerate() {
         // split at the first space after position 0; no space: never applicable
         let Some(p) = merge.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else { continue };
-        merged.clear();
-        let left_ok = append_key(&merge[..p], byte_encode, &mut merged);
-        let left_len = merged.len();
-        if !left_ok || left_len == 0 || !append_key(&merge[p + 1..], byte_encode, &mut merged) || merged.len() == left_len {
-            continue; // a side never produced from text, or empty: never applicable
-        }
-        let key = if (guess as usize) < keys.len() && keys.get(guess) == merged.as_slice() {
-            guess // (unindexed keys are empty: never equal)
-        } else {
-            key_or_insert(keys, &merged)?
+        let (left, right) = (&merge[..p], &merge[p + 1..]);
+        let (key, left_len) = match merge_makes(texts, keys, guess, left, right, byte_encode) {
+            Some(left_len) => (guess, left_len),
+            None => {
+                merged.clear();
+                let left_ok = append_key(left, byte_encode, &mut merged);
+                let left_len = merged.len();
+                if !left_ok || left_len == 0 || !append_key(right, byte_encode, &mut merged) || merged.len() == left_len {
+                    continue; // a side never produced from text, or empty: never applicable
+                }
+                (key_or_insert(keys, &merged)?, left_len)
+            }
         };
         ranks.add(key, left_len as u32, rank as u32);
         guess = key + 1;
     }
     Ok(ranks)
+}
+
+/// Whether token `id` is what merging `left` and `right` (as the merges write them) makes,
+/// and then the length of the left side as a key. So it is when the token's text is the two
+/// sides end to end, cut between two characters, and the token has a key (its text decodes):
+/// the sides then decode too, into the parts of that key.
+fn merge_makes(texts: &TextTable, keys: &TextTable, id: u32, left: &[u8], right: &[u8], byte_encode: bool) -> Option<usize> {
+    if id as usize >= texts.len() || right.is_empty() {
+        return None;
+    }
+    let text = texts.get(id);
+    let joined = text.len() == left.len() + right.len() && text.starts_with(left) && text.ends_with(right);
+    // a continuation byte first would be the end of the left side's last character
+    let between_characters = !unicode::is_continuation(right[0]);
+    if !joined || !between_characters || keys.get(id).is_empty() {
+        return None;
+    }
+    // decoding turns each character into one byte
+    Some(if byte_encode { left.iter().filter(|&&b| !unicode::is_continuation(b)).count() } else { left.len() })
 }
 
 /// The key of `text`, added if new.
@@ -159,26 +180,49 @@ fn key_or_insert(keys: &mut TextTable, text: &[u8]) -> Result<u32, VocabError> {
 }
 
 impl Bpe {
-    pub fn new(model: &str, kind: PreKind, texts: &TextTable, merges: &[Vec<u8>]) -> Result<Bpe, VocabError> {
+    /// The tables of a vocabulary whose texts are `texts`, with `keys` as [`Bpe::keys`] holds
+    /// them: the texts decoded ([`decode_texts`]) for a byte-level vocabulary, else the texts.
+    pub fn new(model: &str, kind: PreKind, texts: &TextTable, mut keys: TextTable, merges: &[Vec<u8>]) -> Result<Bpe, VocabError> {
         let pre = PreTokenizer::new(kind)
             .map_err(|e| VocabError::Invalid(format!("pre-tokenizer regex {:?}: {}", e.regex, e.reason)))?;
         let byte_encode = pre.byte_encode();
         let n_tokens = texts.len() as u32;
-        let mut keys = token_keys(texts, byte_encode)?;
-        let ranks = merge_ranks(&mut keys, merges, byte_encode)?;
+        let ranks = merge_ranks(texts, &mut keys, merges, byte_encode)?;
         let byte_keys = std::array::from_fn(|b| keys.find(&[b as u8]).unwrap_or(NONE));
-        let mut single_byte = [None; 256];
-        let mut hex_byte = [None; 256];
-        for b in 0..=255u8 {
-            single_byte[b as usize] = texts.find(&[b]);
-            hex_byte[b as usize] = texts.find(format!("<0x{b:02X}>").as_bytes());
-        }
         let session = match model {
             "hybriddna" => Session::HybridDna,
             "whitespace" => Session::Whitespace,
             _ => Session::Plain,
         };
-        Ok(Bpe { kind, pre, session, n_tokens, keys, byte_keys, ranks, single_byte, hex_byte })
+        let mut bpe = Bpe { kind, pre, session, n_tokens, keys, byte_keys, ranks, single_byte: [None; 256], hex_byte: [None; 256] };
+        for b in 0..=255u8 {
+            bpe.single_byte[b as usize] = bpe.find_token(&[b], texts);
+            bpe.hex_byte[b as usize] = bpe.find_token(format!("<0x{b:02X}>").as_bytes(), texts);
+        }
+        Ok(bpe)
+    }
+
+    /// The token whose text is `text`. A byte-level vocabulary indexes only the `texts` that do
+    /// not decode; the others are found by their keys.
+    pub fn find_token(&self, text: &[u8], texts: &TextTable) -> Option<Token> {
+        if !self.pre.byte_encode() {
+            return texts.find(text);
+        }
+        let mut key = Vec::with_capacity(text.len());
+        if unicode::append_byte_decoded(text, &mut key) {
+            self.token_of(&key)
+        } else {
+            texts.find(text)
+        }
+    }
+
+    /// The bytes a token stands for when the vocabulary is byte-level encoded and the token's
+    /// text is such an encoding (its key).
+    pub fn byte_decoded(&self, id: Token) -> Option<&[u8]> {
+        if !self.pre.byte_encode() || id >= self.n_tokens {
+            return None;
+        }
+        Some(self.keys.get(id)).filter(|key| !key.is_empty()) // undecodable tokens' keys are empty
     }
 
     /// The BPE branch of `llama_vocab::impl::tokenize`.
@@ -294,12 +338,12 @@ impl Bpe {
             return;
         }
         if let Some(rank) = self.ranks.get(key, l.len) {
-            m.queue.push(Reverse((rank, left as usize, right as usize, size, key)));
+            m.queue.push(Reverse(Candidate { rank, left: left as usize, right: right as usize, size, key }));
         }
     }
 
     fn merge(&self, word: &[u8], m: &mut Merger) {
-        while let Some(Reverse((_, left, right, size, key))) = m.queue.pop() {
+        while let Some(Reverse(Candidate { left, right, size, key, .. })) = m.queue.pop() {
             let (l, r) = (m.symbols[left], m.symbols[right]);
             if l.len == 0 || r.len == 0 || l.len + r.len != size {
                 continue; // outdated: a side was merged since
@@ -436,11 +480,23 @@ struct Scratch {
     cached: Vec<Token>,
 }
 
+/// A merge of two adjacent symbols, ordered by rank, then position (the fields after follow
+/// from those).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Candidate {
+    rank: u32,
+    left: usize,
+    right: usize,
+    /// Length of the merged symbol (a side merged since makes the candidate outdated).
+    size: usize,
+    /// Key of the merged symbol's bytes.
+    key: u32,
+}
+
 /// Scratch space reused across pre-tokens.
 #[derive(Default)]
 struct Merger {
     symbols: Vec<Sym>,
-    /// Candidate merges: (rank, left symbol, right symbol, merged length, merged key), the
-    /// lowest rank first, then the leftmost (the last two follow from the first three).
-    queue: BinaryHeap<Reverse<(u32, usize, usize, usize, u32)>>,
+    /// Candidate merges, the lowest rank first, then the leftmost.
+    queue: BinaryHeap<Reverse<Candidate>>,
 }

@@ -1,18 +1,15 @@
-//! Token to text: the per-token pieces llama.cpp caches (`token_to_piece(id, special=true)`),
-//! `llama_detokenize` with its space clean-up, and a streaming decoder.
+//! Token to text: the per-token pieces (`token_to_piece`), `llama_detokenize` with its space
+//! clean-up, and a streaming decoder.
+//!
+//! llama.cpp renders every piece when it loads a vocabulary and keeps them; here a piece is
+//! rendered when asked for (a copy, or a short rewrite of the token text: about as fast as
+//! copying it from a cache, and nothing to build or hold). Loading still renders the few
+//! pieces that can fail, so that the same vocabularies fail to load ([`check_pieces`]).
 
 use std::ops::Deref;
 
 use crate::attr::TokenAttr;
-use crate::{plamo2, rwkv, spm, unicode, Token, VocabType, Vocab, VocabError};
-
-/// All pieces, concatenated.
-#[derive(Debug, Default)]
-pub(crate) struct Pieces {
-    bytes: Vec<u8>,
-    /// End of each token's piece in `bytes`.
-    ends: Vec<u32>,
-}
+use crate::{plamo2, rwkv, spm, unicode, Model, Token, VocabType, Vocab, VocabError};
 
 /// `strtol(text.substr(3, 2), NULL, 16)` cast to a byte, as `token_to_byte` does.
 fn token_to_byte(text: &[u8]) -> Option<u8> {
@@ -73,7 +70,16 @@ fn unescape_whitespace(text: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// The piece of one token with `special = true` (the cache llama.cpp builds at load).
+/// The bytes a byte-level BPE token stands for, as its BPE key holds them (None when not
+/// byte-level, or not decodable).
+fn byte_decoded(v: &Vocab, id: usize) -> Option<&[u8]> {
+    match &v.model {
+        Model::Bpe(bpe) => bpe.byte_decoded(id as Token),
+        _ => None,
+    }
+}
+
+/// Appends the piece of one token with `special = true` (what llama.cpp caches at load).
 fn render(v: &Vocab, id: usize, out: &mut Vec<u8>) -> Result<(), VocabError> {
     let t = v.tokens[id];
     let text = v.text(id as Token);
@@ -98,6 +104,8 @@ fn render(v: &Vocab, id: usize, out: &mut Vec<u8>) -> Result<(), VocabError> {
         VocabType::Bpe if t.attr.intersects(TokenAttr::NORMAL) => {
             if v.opts.escape_whitespaces {
                 unescape_whitespace(text, out);
+            } else if let Some(bytes) = byte_decoded(v, id) {
+                out.extend_from_slice(bytes);
             } else {
                 decode_byte_level(text, out)?;
             }
@@ -109,38 +117,43 @@ fn render(v: &Vocab, id: usize, out: &mut Vec<u8>) -> Result<(), VocabError> {
     Ok(())
 }
 
-impl Pieces {
-    /// Renders every token.
-    pub fn build(v: &Vocab) -> Result<Pieces, VocabError> {
-        // pieces are about as long as the texts
-        let mut pieces = Pieces { bytes: Vec::with_capacity(v.token_texts().total_len()), ends: Vec::with_capacity(v.tokens.len()) };
-        for id in 0..v.tokens.len() {
-            render(v, id, &mut pieces.bytes)?;
-            let end = u32::try_from(pieces.bytes.len()).map_err(|_| VocabError::Invalid("token pieces longer than 4 GiB together".into()))?;
-            pieces.ends.push(end);
-        }
-        pieces.bytes.shrink_to_fit();
-        Ok(pieces)
-    }
-
-    fn get(&self, id: usize) -> &[u8] {
-        let start = if id == 0 { 0 } else { self.ends[id - 1] as usize };
-        &self.bytes[start..self.ends[id] as usize]
-    }
+/// Whether rendering a token's piece can fail: byte tokens (malformed, or in a WPM
+/// vocabulary) and byte-level BPE texts outside the byte map (with a code point beyond
+/// U+10FFFF).
+fn may_fail(v: &Vocab, id: usize) -> bool {
+    let attr = v.tokens[id].attr;
+    let byte_level_text = v.vocab_type == VocabType::Bpe && attr.intersects(TokenAttr::NORMAL) && !v.opts.escape_whitespaces;
+    attr.intersects(TokenAttr::BYTE) || (byte_level_text && byte_decoded(v, id).is_none())
 }
 
-/// `token_to_piece(token, lstrip, special)`: control and unknown tokens are empty unless
-/// `special`; `lstrip` removes one leading space.
-pub(crate) fn piece(v: &Vocab, t: Token, special: bool, lstrip: bool) -> &[u8] {
+/// Renders, once the attributes are final, the pieces that can fail: llama.cpp fails to
+/// load a vocabulary with such a token when it caches the pieces.
+pub(crate) fn check_pieces(v: &Vocab) -> Result<(), VocabError> {
+    let mut piece = Vec::new();
+    for id in (0..v.tokens.len()).filter(|&id| may_fail(v, id)) {
+        piece.clear();
+        render(v, id, &mut piece)?;
+    }
+    Ok(())
+}
+
+/// Appends `token_to_piece(token, lstrip, special)`: control and unknown tokens are empty
+/// unless `special`; `lstrip` removes one leading space.
+pub(crate) fn append_piece(v: &Vocab, t: Token, special: bool, lstrip: bool, out: &mut Vec<u8>) {
     let id = t as usize;
     if id >= v.tokens.len() {
-        return &[];
+        return;
     }
     if !special && v.tokens[id].attr.intersects(TokenAttr::UNKNOWN.with(TokenAttr::CONTROL)) {
-        return &[];
+        return;
     }
-    let p = v.pieces.get(id);
-    if lstrip { p.strip_prefix(b" ").unwrap_or(p) } else { p }
+    let start = out.len();
+    let rendered = render(v, id, out);
+    // check_pieces rendered every piece that can fail when the vocabulary was loaded
+    debug_assert!(rendered.is_ok());
+    if lstrip && out.get(start) == Some(&b' ') {
+        out.remove(start);
+    }
 }
 
 /// `llama_detokenize`.
@@ -156,7 +169,7 @@ pub(crate) fn detokenize(v: &Vocab, tokens: &[Token], remove_special: bool, unpa
     }
     let mut text = Vec::with_capacity(tokens.len() * 4);
     for &t in tokens {
-        text.extend_from_slice(piece(v, t, unparse_special, remove_space));
+        append_piece(v, t, unparse_special, remove_space, &mut text);
         remove_space = false;
     }
     if v.opts.clean_spaces {
@@ -263,7 +276,7 @@ impl<V: Deref<Target = Vocab>> StreamDecoder<V> {
 
     /// Adds a token; returns the characters it completes.
     pub fn push(&mut self, token: Token) -> String {
-        self.pending.extend_from_slice(piece(&self.vocab, token, self.special, false));
+        append_piece(&self.vocab, token, self.special, false, &mut self.pending);
         let keep = incomplete_tail(&self.pending);
         let ready: Vec<u8> = self.pending.drain(..self.pending.len() - keep).collect();
         String::from_utf8_lossy(&ready).into_owned()

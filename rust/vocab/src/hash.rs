@@ -124,7 +124,7 @@ impl IdIndex {
     pub fn len(&self) -> usize { self.len }
 
     /// The slot probing starts at (the low half of the hash scaled to the slot count).
-    fn home(&self, hash: u64) -> usize { ((hash & 0xffff_ffff) * self.slots.len() as u64 >> 32) as usize }
+    fn home(&self, hash: u64) -> usize { (((hash & 0xffff_ffff) * self.slots.len() as u64) >> 32) as usize }
 
     /// The id whose key `is_key` accepts, among those stored under `hash`; else the free slot
     /// where it belongs.

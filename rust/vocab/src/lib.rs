@@ -137,7 +137,9 @@ pub struct Vocab {
     pub(crate) pre_name: String,
     pub(crate) vocab_type: VocabType,
     pub(crate) tokens: Vec<TokenData>,
-    /// Token texts by id, findable by text as in llama.cpp's `token_to_id`.
+    /// Token texts by id, findable by text as in llama.cpp's `token_to_id`: all indexed, but
+    /// for byte-level BPE only those that do not decode, the others being found by their BPE
+    /// keys. Look texts up with [`Vocab::text_to_token`].
     pub(crate) texts: texts::TextTable,
     /// Token texts changed after `texts` was indexed (hybriddna drops a marker from its
     /// k-mers, but looks them up with it); None when they are those of `texts`.
@@ -151,8 +153,6 @@ pub struct Vocab {
     pub(crate) special_cache: Vec<Token>,
     /// Which special texts occur in a text (a prefilter for the partition).
     pub(crate) special_index: partition::SpecialIndex,
-    /// `token_to_piece(id, special = true)` of every token.
-    pub(crate) pieces: detok::Pieces,
     pub(crate) suppress: Vec<Token>,
     pub(crate) model: Model,
 }
@@ -211,7 +211,9 @@ impl Vocab {
     /// The text a token stands for (`llama_token_to_piece` with lstrip 0). Control and
     /// unknown tokens render only when `special`; out-of-range ids give an empty piece.
     pub fn token_to_piece(&self, t: Token, special: bool) -> Vec<u8> {
-        detok::piece(self, t, special, false).to_vec()
+        let mut piece = Vec::new();
+        detok::append_piece(self, t, special, false, &mut piece);
+        piece
     }
 
     /// Concatenated pieces with llama.cpp's `llama_detokenize` rules: the SPM leading space
@@ -236,7 +238,10 @@ impl Vocab {
     }
     /// Id of a vocabulary text, if it is one.
     pub fn text_to_token(&self, text: &[u8]) -> Option<Token> {
-        self.texts.find(text)
+        match &self.model {
+            Model::Bpe(bpe) => bpe.find_token(text, &self.texts),
+            _ => self.texts.find(text),
+        }
     }
 
     /// Beginning of sequence.

@@ -145,8 +145,9 @@ fn default_options(vocab_type: VocabType, pre: Option<&pretok::PreEntry>) -> Opt
     o
 }
 
-/// The tokens' scores and attributes, and their texts (empty ones named "[EMPTY_<id>]").
-fn read_tokens(f: &GgufFile) -> Result<(Vec<TokenData>, TextTable), VocabError> {
+/// The tokens' scores and attributes, and their texts (empty ones named "[EMPTY_<id>]") with
+/// their index ([`index_texts`]).
+fn read_tokens(f: &GgufFile, byte_level: bool) -> Result<(Vec<TokenData>, IndexedTexts), VocabError> {
     let list = get_array(f, KEY_TOKENS)?.ok_or_else(|| invalid("cannot find tokenizer vocab in model file"))?;
     let texts = list.as_strs().ok_or_else(|| invalid(format!("invalid gguf type for {KEY_TOKENS}")))?;
     let n = texts.len();
@@ -175,11 +176,21 @@ fn read_tokens(f: &GgufFile) -> Result<(Vec<TokenData>, TextTable), VocabError> 
             attr: types.map_or(TokenAttr::NORMAL, |t| TokenAttr::from_token_type(t[i] as i64)),
         })
         .collect();
-    Ok((tokens, index_texts(texts)?))
+    Ok((tokens, index_texts(texts, byte_level)?))
+}
+
+/// Token texts, each findable by its text.
+struct IndexedTexts {
+    texts: TextTable,
+    /// Byte-level BPE: the texts decoded, indexed where they decode (the BPE keys); `texts`
+    /// then indexes only those that do not. None: `texts` indexes every text.
+    decoded: Option<TextTable>,
 }
 
 /// The token texts by id and by text (llama.cpp's `id_to_token[].text` and `token_to_id`).
-fn index_texts(texts: &[Vec<u8>]) -> Result<TextTable, VocabError> {
+/// A byte-level BPE vocabulary has its texts indexed decoded (its BPE keys, needed anyway),
+/// and only those that do not decode as they are: one index holds each token, not two.
+fn index_texts(texts: &[Vec<u8>], byte_level: bool) -> Result<IndexedTexts, VocabError> {
     let total_len = texts.iter().map(|t| t.len()).sum();
     let empty_text = |id: usize| format!("[EMPTY_{id}]");
     let mut all = Texts::with_capacity(texts.len(), total_len);
@@ -190,23 +201,37 @@ fn index_texts(texts: &[Vec<u8>]) -> Result<TextTable, VocabError> {
             all.push(text)?;
         }
     }
-    TextTable::build(all, |_| true).map_err(|(first, second)| {
+    let duplicate = |(first, second): (u32, u32)| {
         let text = match &texts[first as usize] {
             t if t.is_empty() => empty_text(first as usize),
             t => String::from_utf8_lossy(t).into_owned(),
         };
         invalid(format!("duplicate token in vocabulary: '{text}' has ids {first} and {second}"))
-    })
+    };
+    if !byte_level {
+        let texts = TextTable::build(all, |_| true).map_err(duplicate)?;
+        return Ok(IndexedTexts { texts, decoded: None });
+    }
+    let (decoded, decodes) = bpe::decode_texts(&all)?;
+    let texts = TextTable::build(all, |id| !decodes[id as usize]);
+    let decoded = TextTable::build(decoded, |id| decodes[id as usize]);
+    match (texts, decoded) {
+        (Ok(texts), Ok(decoded)) => Ok(IndexedTexts { texts, decoded: Some(decoded) }),
+        // the first repeat in id order, as one index of all texts would find it
+        (Err(a), Err(b)) => Err(duplicate(if a.1 < b.1 { a } else { b })),
+        (Err(repeat), _) | (_, Err(repeat)) => Err(duplicate(repeat)),
+    }
 }
 
 /// hybriddna: k-mer texts carry a marker (U+E000) in the lookup table that the token texts
 /// lose, so the k-mers detokenize to bare DNA. The token texts with the markers dropped, if
 /// the vocabulary has k-mers (after "<oov>").
-fn strip_dna_markers(table: &TextTable) -> Result<Option<Texts>, VocabError> {
+fn strip_dna_markers(v: &Vocab) -> Result<Option<Texts>, VocabError> {
     const MARKER: &[u8] = "\u{E000}".as_bytes();
-    let Some(oov) = table.find(b"<oov>") else { return Ok(None) };
-    let mut stripped = Texts::with_capacity(table.len(), 0);
-    for (id, text) in table.texts().iter().enumerate() {
+    let Some(oov) = v.text_to_token(b"<oov>") else { return Ok(None) };
+    let texts = v.texts.texts();
+    let mut stripped = Texts::with_capacity(texts.len(), texts.total_len());
+    for (id, text) in texts.iter().enumerate() {
         let is_kmer = id > oov as usize && text.len() > MARKER.len() && text.ends_with(MARKER);
         stripped.push(if is_kmer { &text[..text.len() - MARKER.len()] } else { text })?;
     }
@@ -266,22 +291,23 @@ pub fn load_timed(f: &GgufFile, phases: Option<&mut Phases>) -> Result<Vocab, Vo
 
     let merges: &[Vec<u8>] = if choice.vocab_type == VocabType::Bpe { read_merges(f, choice.needs_merges)? } else { &[] };
     clock.done("options and merges");
-    let (tokens, texts) = read_tokens(f)?;
-    let changed_texts = if model_name == "hybriddna" { strip_dna_markers(&texts)? } else { None };
-    let token_texts = changed_texts.as_ref().unwrap_or(texts.texts());
-    let max_token_len = token_texts.iter().map(|t| t.len()).max().unwrap_or(0);
+    let kind = pre_entry.map_or(PreKind::Default, |e| e.kind);
+    let byte_level = choice.vocab_type == VocabType::Bpe && pretok::byte_encode(kind);
+    let (tokens, IndexedTexts { texts, decoded }) = read_tokens(f, byte_level)?;
     clock.done("tokens");
 
+    // (hybriddna's changed texts are made once the model finds tokens by text: only the BPE
+    // models below get the texts, which they take unchanged)
     let model = match choice.vocab_type {
         VocabType::Spm => Model::Spm,
         VocabType::Wpm => Model::Wpm,
         VocabType::Bpe => {
-            let kind = pre_entry.map_or(PreKind::Default, |e| e.kind);
-            Model::Bpe(Box::new(bpe::Bpe::new(&model_name, kind, &texts, merges)?))
+            let keys = decoded.unwrap_or_else(|| texts.clone());
+            Model::Bpe(Box::new(bpe::Bpe::new(&model_name, kind, &texts, keys, merges)?))
         }
-        VocabType::Ugm => Model::Ugm(Box::new(ugm::Ugm::new(f, &tokens, token_texts)?)),
-        VocabType::Rwkv => Model::Rwkv(rwkv::Rwkv::new(token_texts)),
-        VocabType::Plamo2 => Model::Plamo2(Box::new(plamo2::Plamo2::new(&tokens, token_texts, &texts)?)),
+        VocabType::Ugm => Model::Ugm(Box::new(ugm::Ugm::new(f, &tokens, texts.texts())?)),
+        VocabType::Rwkv => Model::Rwkv(rwkv::Rwkv::new(texts.texts())),
+        VocabType::Plamo2 => Model::Plamo2(Box::new(plamo2::Plamo2::new(&tokens, texts.texts(), &texts)?)),
     };
     clock.done("model tables");
 
@@ -291,17 +317,20 @@ pub fn load_timed(f: &GgufFile, phases: Option<&mut Phases>) -> Result<Vocab, Vo
         vocab_type: choice.vocab_type,
         tokens,
         texts,
-        changed_texts,
+        changed_texts: None,
         special,
         opts,
-        max_token_len,
+        max_token_len: 0,
         eog: Vec::new(),
         special_cache: Vec::new(),
         special_index: Default::default(),
-        pieces: detok::Pieces::default(),
         suppress: Vec::new(),
         model,
     };
+    if vocab.model_name == "hybriddna" {
+        vocab.changed_texts = strip_dna_markers(&vocab)?;
+    }
+    vocab.max_token_len = vocab.token_texts().iter().map(|t| t.len()).max().unwrap_or(0);
     vocab.special.nl = newline_token(&vocab)?;
     read_special_ids(f, &mut vocab)?;
     read_flags(f, &mut vocab)?;
@@ -311,7 +340,7 @@ pub fn load_timed(f: &GgufFile, phases: Option<&mut Phases>) -> Result<Vocab, Vo
     clock.done("detect by text");
     vocab.special_cache = special_cache(&vocab);
     clock.done("special cache");
-    vocab.pieces = detok::Pieces::build(&vocab)?;
+    detok::check_pieces(&vocab)?;
     clock.done("pieces");
     set_model_attrs(f, &mut vocab)?;
     partition::prepare(&mut vocab);
@@ -428,7 +457,7 @@ fn ids_with_text(v: &Vocab, list: &[&str]) -> Vec<Token> {
     match &v.changed_texts {
         // the index has the texts as they were before the change: look at every token
         Some(texts) => texts.iter().enumerate().filter(|(_, t)| is_one_of(t, list)).map(|(id, _)| id as Token).collect(),
-        None => list.iter().filter_map(|t| v.texts.find(t.as_bytes())).collect(),
+        None => list.iter().filter_map(|t| v.text_to_token(t.as_bytes())).collect(),
     }
 }
 
@@ -525,13 +554,13 @@ fn set_model_attrs(f: &GgufFile, v: &mut Vocab) -> Result<(), VocabError> {
     let arch = get_string(f, "general.architecture")?.unwrap_or_default();
     let any = |s: &str, subs: &[&str]| subs.iter().any(|x| s.contains(x));
     let set = |v: &mut Vocab, text: &str, attr: TokenAttr, on: bool| -> Result<(), VocabError> {
-        let id = v.texts.find(text.as_bytes()).ok_or_else(|| invalid(format!("token '{text}' not in vocabulary")))?;
+        let id = v.text_to_token(text.as_bytes()).ok_or_else(|| invalid(format!("token '{text}' not in vocabulary")))?;
         let t = &mut v.tokens[id as usize];
         t.attr = if on { t.attr.with(attr) } else { t.attr.without(attr) };
         Ok(())
     };
     if any(&pre, &["jina-v2-de", "jina-v2-es", "jina-v2-code"]) || any(&arch, &["nomic-bert-moe", "jina-bert-v3"]) {
-        if v.texts.find(b"<mask>").is_some() {
+        if v.text_to_token(b"<mask>").is_some() {
             set(v, "<mask>", TokenAttr::LSTRIP, true)?;
         }
     } else if any(&name, &["phi-3", "phi3"]) {
@@ -543,7 +572,7 @@ fn set_model_attrs(f: &GgufFile, v: &mut Vocab) -> Result<(), VocabError> {
         for text in ["<unk>", "<s>", "<|endoftext|>"] {
             set(v, text, TokenAttr::RSTRIP, false)?;
         }
-    } else if any(&name, &["modern-bert"]) && v.texts.find(b"[MASK]").is_some() {
+    } else if any(&name, &["modern-bert"]) && v.text_to_token(b"[MASK]").is_some() {
         set(v, "[MASK]", TokenAttr::LSTRIP, true)?;
     }
     Ok(())

@@ -88,15 +88,15 @@ impl TextTable {
         // cache: the slots of the next AHEAD texts are fetched while this one is put in.
         const AHEAD: usize = 8;
         let n = texts.len();
-        let mut index = IdIndex::with_capacity(n);
+        let mut index = IdIndex::with_capacity((0..n as u32).filter(|&id| indexed(id)).count());
         let mut hashes_ahead = [0u64; AHEAD];
         let hash_ahead = |id: usize, index: &IdIndex| {
             let hash = hash_bytes(texts.get(id));
             index.prefetch(hash);
             hash
         };
-        for id in 0..n.min(AHEAD) {
-            hashes_ahead[id] = hash_ahead(id, &index);
+        for (id, hash) in hashes_ahead.iter_mut().enumerate().take(n) {
+            *hash = hash_ahead(id, &index);
         }
         for (id, text) in texts.iter().enumerate() {
             let hash = hashes_ahead[id % AHEAD];

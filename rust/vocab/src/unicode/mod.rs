@@ -204,6 +204,10 @@ const fn byte_is_printable(b: u8) -> bool {
     matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF)
 }
 
+/// Whether a byte continues a UTF-8 sequence (0b10xxxxxx).
+#[inline]
+pub fn is_continuation(byte: u8) -> bool { byte & 0xC0 == 0x80 }
+
 /// GPT-2's `bytes_to_unicode` as a table: printable bytes stand for themselves, the others
 /// for 256, 257, ... in byte order.
 const CPT_OF_BYTE: [u16; 256] = {
@@ -250,8 +254,16 @@ pub fn cpt_to_byte(cpt: u32) -> Option<u8> {
 /// map's code points are all below U+0144, so only 1- and 2-byte UTF-8 sequences qualify.
 pub fn append_byte_decoded(text: &[u8], out: &mut Vec<u8>) -> bool {
     let len_before = out.len();
+    out.reserve(text.len());
     let mut i = 0;
     while i < text.len() {
+        // printable ASCII (one byte a character) stands for itself: copy runs of it
+        let run = text[i..].iter().take_while(|&&b| matches!(b, 0x21..=0x7E)).count();
+        if run > 0 {
+            out.extend_from_slice(&text[i..i + run]);
+            i += run;
+            continue;
+        }
         let b = text[i];
         let cpt = if b < 0x80 {
             i += 1;

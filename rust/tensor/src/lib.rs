@@ -18,7 +18,7 @@ pub mod traits;
 pub mod util;
 
 pub use ferrollama_gguf::GgmlType;
-pub use matmul::{matmul, MatmulScratch, PackJob, QMatrix, WeightBytes};
+pub use matmul::{matmul, MatmulScratch, PackJob, QMatrix, WeightBytes, TILED_TOKENS};
 pub use threads::Threads;
 pub use dispatch::Isa;
 pub use traits::{traits, TypeTraits};

@@ -43,6 +43,9 @@ pub struct QMatrix {
     /// The per-row dot product the product computes (see [`QMatrix::row_dot`]).
     row_dot: VecDot,
     row_dot_x4: Option<VecDotX4>,
+    /// The one it computes in products of `TILED_TOKENS` tokens or more, where llama.cpp
+    /// switches to its tiled k-quant product.
+    tiled_dot: Option<(VecDot, Option<VecDotX4>)>,
 }
 
 /// llama.cpp's repacking is on (FERROLLAMA_NO_REPACK=1 turns ours off, for comparisons).
@@ -67,6 +70,19 @@ fn llama_row_dot(t: &'static TypeTraits, rows: usize) -> (VecDot, Option<VecDotX
     }
 }
 
+/// Tokens from which llama.cpp's CPU backend multiplies the k-quant matrices it does not
+/// repack with its tiled product (`ggml-cpu/tiled`), whose one float accumulator per output
+/// rounds differently from `vec_dot`.
+pub const TILED_TOKENS: usize = 8;
+
+/// The tiled product's dot, for the types whose products llama.cpp computes that way on x86
+/// (Q2_K is repacked there, Q4_K and Q6_K are repacked here: their groups run `vec_dot`'s
+/// order, and their leftover rows must agree with the groups).
+fn llama_tiled_dot(t: &'static TypeTraits) -> Option<(VecDot, Option<VecDotX4>)> {
+    let tiled = matches!(t.ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS);
+    tiled.then_some(t.vec_dot_tiled.map(|d| (d, t.vec_dot_tiled_x4))).flatten()
+}
+
 impl QMatrix {
     pub fn new(ty: GgmlType, rows: usize, cols: usize, data: WeightBytes) -> Result<QMatrix, TensorError> {
         Self::with_layout(ty, rows, cols, data, repack_enabled())
@@ -86,7 +102,8 @@ impl QMatrix {
             )));
         }
         let (row_dot, row_dot_x4) = llama_row_dot(traits, rows);
-        let m = QMatrix { ty, rows, cols, traits, data, packed: Arc::new(OnceLock::new()), row_dot, row_dot_x4 };
+        let tiled_dot = llama_tiled_dot(traits);
+        let m = QMatrix { ty, rows, cols, traits, data, packed: Arc::new(OnceLock::new()), row_dot, row_dot_x4, tiled_dot };
         if repack {
             if let Some(job) = m.pack_job() {
                 job.run(usize::MAX);
@@ -113,6 +130,14 @@ impl QMatrix {
     /// The dot product of one weight row with one activation row (of the `vec_dot_type`)
     /// that the product computes for every output, bit for bit.
     pub fn row_dot(&self) -> VecDot { self.row_dot }
+    /// The dot product every output of an `n_tokens`-token product is computed with.
+    pub fn row_dot_for(&self, n_tokens: usize) -> VecDot { self.dots_for(n_tokens).0 }
+    fn dots_for(&self, n_tokens: usize) -> (VecDot, Option<VecDotX4>) {
+        match self.tiled_dot {
+            Some(tiled) if n_tokens >= TILED_TOKENS => tiled,
+            _ => (self.row_dot, self.row_dot_x4),
+        }
+    }
     /// True when the products use a repacked copy of every whole 16-row group.
     pub fn is_packed(&self) -> bool { self.packed.get().is_some_and(|(p, _)| p.ready_groups() == p.n_groups) }
     pub fn traits(&self) -> &'static TypeTraits { self.traits }
@@ -190,7 +215,8 @@ const ROW_CHUNK_BYTES: usize = 128 * 1024;
 ///
 /// Every output is computed by the same kernel call whatever the thread count and however
 /// the tokens are tiled (the four-token kernels are bit-identical to the one-token ones),
-/// so the result does not depend on `threads` or on `n_tokens`.
+/// so the result does not depend on `threads`; it depends on `n_tokens` only as llama.cpp's
+/// does (`QMatrix::row_dot_for`: Q3_K, Q5_K and IQ4_XS from `TILED_TOKENS` tokens).
 pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch: &mut MatmulScratch, threads: &Threads) {
     assert!(x.len() >= n_tokens * w.cols && out.len() >= n_tokens * w.rows, "matmul operands too short");
     if n_tokens == 0 || w.rows == 0 {
@@ -279,7 +305,8 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
     let (all, rb) = (w.data.bytes(), w.row_bytes());
     let row = |r: usize| &all[r * rb..(r + 1) * rb];
     let mut t0 = 0;
-    if let Some(x4) = w.row_dot_x4 {
+    let (row_dot, row_dot_x4) = w.dots_for(n_tokens);
+    if let Some(x4) = row_dot_x4 {
         let mut res = [0f32; 4];
         while t0 + TOKEN_TILE <= n_tokens {
             let xs = &act[t0 * xrow..(t0 + TOKEN_TILE) * xrow];
@@ -295,7 +322,7 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
     for tok in t0..n_tokens {
         let xs = &act[tok * xrow..(tok + 1) * xrow];
         for r in rows.clone() {
-            *out.0.add(tok * w.rows + r) = (w.row_dot)(w.cols, row(r), xs);
+            *out.0.add(tok * w.rows + r) = row_dot(w.cols, row(r), xs);
         }
     }
 }

@@ -1,13 +1,14 @@
 //! (d) The matrix product over any number of threads equals the single-thread result
-//! exactly, whatever the number of tokens, and each output is the matrix's row_dot of its
-//! row with the quantized activation row: the type's vec_dot, or for the types llama.cpp
-//! repacks (Q4_0, IQ4_NL, Q4_K with a multiple of 8 rows, on AVX2+) its repacked
-//! arithmetic; packed and plain rows of one matrix agree with it alike.
+//! exactly, whatever the number of tokens, and each output is the row dot llama.cpp uses
+//! of its row with the quantized activation row: the type's vec_dot, or for the types
+//! llama.cpp repacks (Q4_0, IQ4_NL, Q4_K with a multiple of 8 rows, on AVX2+) its repacked
+//! arithmetic, or from 8 tokens for Q3_K, Q5_K and IQ4_XS its tiled product's; packed and
+//! plain rows of one matrix agree with it alike.
 
 mod common;
 
 use common::*;
-use ferrollama_tensor::{matmul, GgmlType, MatmulScratch, QMatrix, Threads, WeightBytes};
+use ferrollama_tensor::{matmul, GgmlType, MatmulScratch, QMatrix, Threads, WeightBytes, TILED_TOKENS};
 use std::sync::Arc;
 
 fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> QMatrix {
@@ -38,18 +39,27 @@ fn threads_and_token_counts_do_not_change_a_single_bit() {
             let multi = product(&m, &x, n_tokens, pool);
             assert!(single.iter().zip(&multi).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} with {} threads", pool.n_threads());
         }
-        // Each token alone gives the same bits as inside the batch (the 4-token tiles agree
-        // with the 1-token kernel).
-        for t in [0, 5, 10] {
+        // Each token gives the same bits alone as inside a batch under TILED_TOKENS (the
+        // 4-token tiles agree with the 1-token kernel)...
+        let small = product(&m, &x, TILED_TOKENS - 1, &pools[1]);
+        for t in [0, 5, TILED_TOKENS - 2] {
             let alone = product(&m, &x[t * cols..(t + 1) * cols], 1, &pools[1]);
-            assert!(alone.iter().zip(&single[t * m.rows..(t + 1) * m.rows]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} token {t}");
+            assert!(alone.iter().zip(&small[t * m.rows..(t + 1) * m.rows]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} token {t}");
         }
-        // And each output is the matrix's row_dot of the row with the quantized activation.
+        // ...and each output is the row dot llama.cpp uses at that token count: `vec_dot`
+        // (or its repacked arithmetic) under TILED_TOKENS, the tiled product's from there on
+        // for Q3_K, Q5_K and IQ4_XS.
         let tr = tr(ty);
         let xq = quantize(tr.vec_dot_type, &x[3 * cols..4 * cols]);
+        let tiled = matches!(ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS);
+        let batch_dot = if tiled { tr.vec_dot_tiled.expect("tiled dot") } else { m.row_dot() };
+        assert_eq!(m.row_dot_for(1) as usize, m.row_dot() as usize, "{ty}");
+        assert_eq!(m.row_dot_for(n_tokens) as usize, batch_dot as usize, "{ty}");
         for r in [0, 33, 66] {
             let v = (m.row_dot())(cols, m.row(r), &xq);
-            assert_eq!(v.to_bits(), single[3 * m.rows + r].to_bits(), "{ty} row {r}");
+            assert_eq!(v.to_bits(), small[3 * m.rows + r].to_bits(), "{ty} row {r}, {} tokens", TILED_TOKENS - 1);
+            let v = batch_dot(cols, m.row(r), &xq);
+            assert_eq!(v.to_bits(), single[3 * m.rows + r].to_bits(), "{ty} row {r}, {n_tokens} tokens");
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Token texts kept in one buffer (one allocation for the whole vocabulary instead of one per
 //! token), and a table from text to id built over that buffer.
 
+use std::collections::VecDeque;
+
 use crate::hash::{hash_bytes, IdIndex, Probe};
 use crate::VocabError;
 
@@ -87,28 +89,21 @@ impl TextTable {
         // The slots are read at random, a cache miss each once the index is larger than the
         // cache: the slots of the next AHEAD texts are fetched while this one is put in.
         const AHEAD: usize = 8;
-        let n = texts.len();
-        let mut index = IdIndex::with_capacity((0..n as u32).filter(|&id| indexed(id)).count());
-        let mut hashes_ahead = [0u64; AHEAD];
-        let hash_ahead = |id: usize, index: &IdIndex| {
-            let hash = hash_bytes(texts.get(id));
-            index.prefetch(hash);
-            hash
-        };
-        for (id, hash) in hashes_ahead.iter_mut().enumerate().take(n) {
-            *hash = hash_ahead(id, &index);
-        }
-        for (id, text) in texts.iter().enumerate() {
-            let hash = hashes_ahead[id % AHEAD];
-            if id + AHEAD < n {
-                hashes_ahead[id % AHEAD] = hash_ahead(id + AHEAD, &index);
+        let ids = || (0..texts.len() as u32).filter(|&id| indexed(id));
+        let mut index = IdIndex::with_capacity(ids().count());
+        let mut upcoming = ids().map(|id| (id, hash_bytes(texts.get(id as usize))));
+        let mut ahead = VecDeque::with_capacity(AHEAD);
+        loop {
+            while ahead.len() < AHEAD {
+                let Some((id, hash)) = upcoming.next() else { break };
+                index.prefetch(hash);
+                ahead.push_back((id, hash));
             }
-            if !indexed(id as u32) {
-                continue;
-            }
+            let Some((id, hash)) = ahead.pop_front() else { break };
+            let text = texts.get(id as usize);
             match index.find_or_slot(hash, |other| texts.get(other as usize) == text) {
-                Probe::Found(earlier) => return Err((earlier, id as u32)),
-                Probe::Vacant(slot) => index.fill(slot, hash, id as u32),
+                Probe::Found(earlier) => return Err((earlier, id)),
+                Probe::Vacant(slot) => index.fill(slot, hash, id),
             }
         }
         Ok(TextTable { texts, index })

@@ -5,6 +5,8 @@ mod tables;
 
 use std::sync::OnceLock;
 
+use crate::hash::FastMap;
+
 /// One past the largest code point.
 pub const MAX_CODEPOINTS: u32 = 0x110000;
 
@@ -59,38 +61,75 @@ impl CptFlags {
     #[inline] pub fn category(self) -> u16 { self.0 & flag::MASK_CATEGORIES }
 }
 
-/// The per-code-point flag array llama.cpp builds at start-up (`unicode_cpt_flags_array`).
-fn flag_table() -> &'static [u16] {
-    static TABLE: OnceLock<Box<[u16]>> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        let mut table = vec![flag::UNDEFINED; MAX_CODEPOINTS as usize];
-        for pair in tables::RANGES_FLAGS.windows(2) {
-            let (start, flags) = pair[0];
-            let end = pair[1].0;
-            table[start as usize..end as usize].fill(flags);
+/// Code points per block of [`FlagTable`].
+const BLOCK: usize = 128;
+
+/// The per-code-point flags llama.cpp builds at start-up in one array
+/// (`unicode_cpt_flags_array`), here in blocks of [`BLOCK`] code points, each distinct block
+/// stored once: of the 8704 blocks about 500 differ (unassigned planes, long runs of one
+/// script), so the table takes ~140 KiB instead of 2.2 MiB.
+struct FlagTable {
+    /// Which of `blocks` holds the flags of each block of code points.
+    block_of: Box<[u16]>,
+    /// The distinct blocks, end to end.
+    blocks: Box<[u16]>,
+}
+
+fn flag_table() -> &'static FlagTable {
+    static TABLE: OnceLock<FlagTable> = OnceLock::new();
+    TABLE.get_or_init(build_flag_table)
+}
+
+/// The flags of every code point: its range's category flags (`RANGES_FLAGS`), with the
+/// marks llama.cpp adds to single code points: whitespace, and the *targets* of the case
+/// maps and of the NFD map.
+fn build_flag_table() -> FlagTable {
+    let mut marks: Vec<(u32, u16)> = Vec::new();
+    marks.extend(tables::WHITESPACE.iter().map(|&cpt| (cpt, flag::WHITESPACE)));
+    marks.extend(tables::LOWERCASE.iter().map(|&(_, lower)| (lower, flag::LOWERCASE)));
+    marks.extend(tables::UPPERCASE.iter().map(|&(_, upper)| (upper, flag::UPPERCASE)));
+    marks.extend(tables::NFD_RANGES.iter().map(|&(_, _, nfd)| (nfd, flag::NFD)));
+    marks.sort_unstable_by_key(|&(cpt, _)| cpt);
+    let mut marks = marks.into_iter().peekable();
+    // (first, end, flags) of each range, in order
+    let mut ranges = tables::RANGES_FLAGS.windows(2).map(|w| (w[0].0, w[1].0, w[0].1)).peekable();
+    let n_blocks = MAX_CODEPOINTS as usize / BLOCK;
+    let mut block_of = Vec::with_capacity(n_blocks);
+    let mut blocks = Vec::new();
+    let mut distinct: FastMap<[u16; BLOCK], u16> = FastMap::default();
+    let mut block = [flag::UNDEFINED; BLOCK];
+    for first in (0..MAX_CODEPOINTS).step_by(BLOCK) {
+        let end = first + BLOCK as u32;
+        let mut cpt = first;
+        while cpt < end {
+            while ranges.next_if(|&(_, range_end, _)| range_end <= cpt).is_some() {}
+            let (until, flags) = match ranges.peek() {
+                Some(&(start, range_end, flags)) if start <= cpt => (range_end.min(end), flags),
+                Some(&(start, _, _)) => (start.min(end), flag::UNDEFINED),
+                None => (end, flag::UNDEFINED),
+            };
+            block[(cpt - first) as usize..(until - first) as usize].fill(flags);
+            cpt = until;
         }
-        for &cpt in tables::WHITESPACE {
-            table[cpt as usize] |= flag::WHITESPACE;
+        while let Some((cpt, mark)) = marks.next_if(|&(cpt, _)| cpt < end) {
+            block[(cpt - first) as usize] |= mark;
         }
-        // llama.cpp marks the *targets* of the case maps and of the NFD map.
-        for &(_, lower) in tables::LOWERCASE {
-            table[lower as usize] |= flag::LOWERCASE;
-        }
-        for &(_, upper) in tables::UPPERCASE {
-            table[upper as usize] |= flag::UPPERCASE;
-        }
-        for &(_, _, nfd) in tables::NFD_RANGES {
-            table[nfd as usize] |= flag::NFD;
-        }
-        table.into_boxed_slice()
-    })
+        let next_id = distinct.len() as u16;
+        let id = *distinct.entry(block).or_insert_with(|| {
+            blocks.extend_from_slice(&block);
+            next_id
+        });
+        block_of.push(id);
+    }
+    FlagTable { block_of: block_of.into_boxed_slice(), blocks: blocks.into_boxed_slice() }
 }
 
 /// Flags of a code point (UNDEFINED beyond U+10FFFF), as `unicode_cpt_flags_from_cpt`.
 #[inline]
 pub fn flags(cpt: u32) -> CptFlags {
-    match flag_table().get(cpt as usize) {
-        Some(&f) => CptFlags(f),
+    let table = flag_table();
+    match table.block_of.get(cpt as usize / BLOCK) {
+        Some(&block) => CptFlags(table.blocks[block as usize * BLOCK + cpt as usize % BLOCK]),
         None => CptFlags(flag::UNDEFINED),
     }
 }
@@ -257,18 +296,11 @@ pub fn append_byte_decoded(text: &[u8], out: &mut Vec<u8>) -> bool {
     out.reserve(text.len());
     let mut i = 0;
     while i < text.len() {
-        // printable ASCII (one byte a character) stands for itself: copy runs of it
-        let run = text[i..].iter().take_while(|&&b| matches!(b, 0x21..=0x7E)).count();
-        if run > 0 {
-            out.extend_from_slice(&text[i..i + run]);
-            i += run;
-            continue;
-        }
         let b = text[i];
         let cpt = if b < 0x80 {
             i += 1;
             b as u32
-        } else if b & 0xE0 == 0xC0 && b >= 0xC2 && text.get(i + 1).is_some_and(|&c| c & 0xC0 == 0x80) {
+        } else if b & 0xE0 == 0xC0 && b >= 0xC2 && text.get(i + 1).is_some_and(|&c| is_continuation(c)) {
             let c = ((b as u32 & 0x1F) << 6) | (text[i + 1] as u32 & 0x3F);
             i += 2;
             c
@@ -345,6 +377,33 @@ mod tests {
             assert_eq!(cpt_to_byte(byte_to_cpt(b)), Some(b));
         }
         assert_eq!(cpt_to_byte(0x20), None);
+    }
+
+    #[test]
+    fn flag_blocks_are_the_flat_table() {
+        // the flat array, built as llama.cpp builds it
+        let mut flat = vec![flag::UNDEFINED; MAX_CODEPOINTS as usize];
+        for pair in tables::RANGES_FLAGS.windows(2) {
+            flat[pair[0].0 as usize..pair[1].0 as usize].fill(pair[0].1);
+        }
+        for &cpt in tables::WHITESPACE {
+            flat[cpt as usize] |= flag::WHITESPACE;
+        }
+        for &(_, lower) in tables::LOWERCASE {
+            flat[lower as usize] |= flag::LOWERCASE;
+        }
+        for &(_, upper) in tables::UPPERCASE {
+            flat[upper as usize] |= flag::UPPERCASE;
+        }
+        for &(_, _, nfd) in tables::NFD_RANGES {
+            flat[nfd as usize] |= flag::NFD;
+        }
+        for (cpt, &expected) in flat.iter().enumerate() {
+            assert_eq!(flags(cpt as u32).as_uint(), expected, "U+{cpt:04X}");
+        }
+        assert_eq!(flags(MAX_CODEPOINTS).as_uint(), flag::UNDEFINED);
+        assert_eq!(flags(u32::MAX).as_uint(), flag::UNDEFINED);
+        assert!(flag_table().blocks.len() < 200_000);
     }
 
     #[test]

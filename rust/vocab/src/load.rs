@@ -330,7 +330,7 @@ pub fn load_timed(f: &GgufFile, phases: Option<&mut Phases>) -> Result<Vocab, Vo
     if vocab.model_name == "hybriddna" {
         vocab.changed_texts = strip_dna_markers(&vocab)?;
     }
-    vocab.max_token_len = vocab.token_texts().iter().map(|t| t.len()).max().unwrap_or(0);
+    vocab.max_token_len = vocab.token_texts().longest();
     vocab.special.nl = newline_token(&vocab)?;
     read_special_ids(f, &mut vocab)?;
     read_flags(f, &mut vocab)?;

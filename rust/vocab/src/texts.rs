@@ -12,16 +12,21 @@ pub(crate) struct Texts {
     bytes: Vec<u8>,
     /// End of each text in `bytes`; a text starts where the previous one ends.
     ends: Vec<u32>,
+    /// Length of the longest text.
+    longest: usize,
 }
 
 impl Texts {
     /// An empty list with room for `n` texts of `total_len` bytes together.
     pub fn with_capacity(n: usize, total_len: usize) -> Texts {
-        Texts { bytes: Vec::with_capacity(total_len), ends: Vec::with_capacity(n) }
+        Texts { bytes: Vec::with_capacity(total_len), ends: Vec::with_capacity(n), longest: 0 }
     }
 
     /// Number of texts.
     pub fn len(&self) -> usize { self.ends.len() }
+
+    /// Length of the longest text (0 without texts).
+    pub fn longest(&self) -> usize { self.longest }
 
     /// Length of all texts together.
     pub fn total_len(&self) -> usize { self.bytes.len() }
@@ -56,6 +61,7 @@ impl Texts {
         }
         let end = u32::try_from(self.bytes.len()).map_err(|_| VocabError::Invalid("token texts longer than 4 GiB together".into()))?;
         self.ends.push(end);
+        self.longest = self.longest.max(self.bytes.len() - start);
         Ok(Some(self.ends.len() as u32 - 1))
     }
 
@@ -63,6 +69,7 @@ impl Texts {
     fn pop(&mut self) {
         self.ends.pop();
         self.bytes.truncate(self.ends.last().map_or(0, |&e| e as usize));
+        self.longest = self.iter().map(|t| t.len()).max().unwrap_or(0); // rare: a repeat
     }
 }
 
@@ -172,6 +179,7 @@ mod tests {
         assert_eq!(t.push_with(|b| { b.push(b'x'); false }).unwrap(), None);
         assert_eq!(t.len(), 5);
         assert_eq!(t.get(4), "\u{E000}".as_bytes());
+        assert_eq!(t.longest(), 5);
     }
 
     #[test]
@@ -185,6 +193,7 @@ mod tests {
         }
         assert_eq!(table.insert(&words[17]).unwrap(), Inserted::Existing(17));
         assert_eq!(table.len(), words.len());
+        assert_eq!(table.texts().longest(), words.iter().map(|w| w.len()).max().unwrap());
         for (i, w) in words.iter().enumerate() {
             assert_eq!(table.find(w), Some(i as u32));
             assert_eq!(table.get(i as u32), w.as_slice());

@@ -39,7 +39,7 @@ fn f16_bytes(n: usize, seed: u64) -> Vec<u8> {
 }
 
 mod peak;
-use peak::{Bound, Peak, Report};
+use peak::{Bound, Report};
 
 fn bench(c: &mut Criterion, report: &mut Report) {
     for sh in &SHAPES {
@@ -76,9 +76,5 @@ fn bench(c: &mut Criterion, report: &mut Report) {
 }
 
 fn main() {
-    let mut c = Criterion::default().configure_from_args();
-    let mut report = Report::from_args();
-    bench(&mut c, &mut report);
-    c.final_summary();
-    report.print(&Peak::measure());
+    peak::run(bench);
 }

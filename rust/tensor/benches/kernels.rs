@@ -33,7 +33,7 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize) -> QMatrix {
 }
 
 mod peak;
-use peak::{Bound, Peak, Report};
+use peak::{Bound, Report};
 
 /// Bytes of weights a case cycles through: twice this machine's 32 MiB L3.
 const COLD_BYTES: usize = 64 << 20;
@@ -89,9 +89,5 @@ fn bench(c: &mut Criterion, report: &mut Report) {
 }
 
 fn main() {
-    let mut c = Criterion::default().configure_from_args();
-    let mut report = Report::from_args();
-    bench(&mut c, &mut report);
-    c.final_summary();
-    report.print(&Peak::measure());
+    peak::run(bench);
 }

@@ -7,6 +7,18 @@
 
 use std::time::{Duration, Instant};
 
+use criterion::Criterion;
+
+/// A benchmark binary's main: criterion's cases (with its command-line options), then the
+/// peaks and the table of the cases `bench` timed into the report.
+pub fn run(bench: fn(&mut Criterion, &mut Report)) {
+    let mut c = Criterion::default().configure_from_args();
+    let mut report = Report::from_args();
+    bench(&mut c, &mut report);
+    c.final_summary();
+    report.print(&Peak::measure());
+}
+
 /// What bounds a kernel, and so which peak its rate is compared with (the attention
 /// benchmark uses only `Memory`).
 #[derive(Clone, Copy)]

@@ -1,5 +1,7 @@
-//! A small fast hasher for byte strings and integer keys (FxHash's multiply-rotate scheme).
-//! The maps it backs hold vocabulary data only; their iteration order is never observed.
+//! Hashing for the vocabulary's tables: a small fast hasher for byte strings and integer keys
+//! (FxHash's multiply-rotate scheme) behind `FastMap`, and [`IdIndex`], the open-addressing
+//! index of ids that finds token texts kept in one buffer. The maps hold vocabulary data
+//! only; their iteration order is never observed.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

@@ -404,31 +404,11 @@ mod tests {
         if n > MAX_MAP_KEYS {
             return None;
         }
-        let mut table = Table { bucket: Vec::with_capacity(n), next: vec![NIL; n], buckets: Vec::new(), head: NIL, before_begin: n as u32 };
-        let mut inserted = 0;
-        // the map rehashes when one more element would exceed the bucket count
-        for &count in BUCKET_COUNTS {
-            if inserted == n {
-                break;
-            }
-            let until = n.min(count);
-            bucket_indices(&hashes[..until], count, &mut table.bucket);
-            table.rehash(count);
-            for node in inserted..until {
-                table.insert(node as u32);
-            }
-            inserted = until;
-        }
-        let mut order = Vec::with_capacity(n);
-        let mut p = table.head;
-        while p != NIL {
-            order.push(p);
-            p = table.next[p as usize];
-        }
-        Some(order)
+        Some(order_by_links(&hashes))
     }
 
-    /// `unordered_map_order` by inserting the nodes one by one into linked lists.
+    /// `unordered_map_order` by inserting the nodes one by one into linked lists (the map
+    /// rehashes when one more element would exceed the bucket count).
     pub(super) fn order_by_links(hashes: &[u64]) -> Vec<u32> {
         let n = hashes.len();
         let mut table = Table { bucket: Vec::with_capacity(n), next: vec![NIL; n], buckets: Vec::new(), head: NIL, before_begin: n as u32 };

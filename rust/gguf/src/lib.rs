@@ -5,6 +5,7 @@
 //! must lie inside the file. Tensor data is never copied: `tensor_data` returns a view.
 
 mod reader;
+mod strings;
 mod types;
 mod value;
 
@@ -12,6 +13,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub use types::GgmlType;
+pub use strings::Strings;
 pub use value::{Array, Value};
 
 use reader::Reader;
@@ -108,7 +110,7 @@ impl GgufFile {
             .map_err(|message| GgufError { path: path.display().to_string(), message })?;
         let index = header.metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
         let tensor_index = header.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        Ok(GgufFile {
+        let file = GgufFile {
             path,
             storage,
             version: header.version,
@@ -118,7 +120,8 @@ impl GgufFile {
             tensor_index,
             alignment: header.alignment,
             data_offset: header.data_offset,
-        })
+        };
+        Ok(file)
     }
 
     pub fn path(&self) -> &Path { &self.path }

@@ -1,6 +1,7 @@
 //! A bounds-checked cursor over the file's bytes. Every length read from the file is
 //! checked against what is left before anything is allocated for it.
 
+use crate::strings::Strings;
 use crate::value::{tag, Array, Value};
 
 /// Why parsing stopped, without the file name (the caller adds it).
@@ -52,6 +53,29 @@ impl<'a> Reader<'a> {
     pub fn string(&mut self, what: &str) -> ParseResult<Vec<u8>> {
         let n = self.count(&format!("length of {what}"), 1)?;
         Ok(self.take(n, what)?.to_vec())
+    }
+
+    /// n strings into one buffer. Each length is checked against the rest of the file (as
+    /// `count` does) before the bytes are taken; the messages are only built on error.
+    fn strings(&mut self, n: usize, what: &str) -> ParseResult<Strings> {
+        let mut out = Strings::with_capacity(n, 0);
+        for i in 0..n {
+            let at = self.pos;
+            let len = match self.take(8, "") {
+                Ok(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
+                Err(_) => return Err(self.truncated_at(at, 8, &format!("length of string {i} of {what}"))),
+            };
+            if len > self.remaining() as u64 {
+                return Err(format!("length of string {i} of {what} at offset {at} is {len}, more than the rest of the file can hold"));
+            }
+            let bytes = self.take(len as usize, what)?;
+            out.push(bytes);
+        }
+        Ok(out)
+    }
+
+    fn truncated_at(&self, at: usize, n: usize, what: &str) -> String {
+        format!("truncated: {what} needs {n} bytes at offset {at} but the file has {} left", self.bytes.len() - at)
     }
 
     pub fn value(&mut self, type_id: u32, what: &str) -> ParseResult<Value> {
@@ -117,7 +141,7 @@ impl<'a> Reader<'a> {
             tag::F32 => fixed!(F32, f32, 4),
             tag::F64 => fixed!(F64, f64, 8),
             tag::BOOL => Array::Bool((0..n).map(|_| self.bool(what)).collect::<ParseResult<_>>()?),
-            tag::STRING => Array::Str((0..n).map(|_| self.string(what)).collect::<ParseResult<_>>()?),
+            tag::STRING => Array::Str(self.strings(n, what)?),
             tag::ARRAY => Array::Array(
                 (0..n).map(|_| self.array_value(what, depth + 1)).collect::<ParseResult<_>>()?,
             ),

@@ -90,7 +90,7 @@ fn reads_every_value_type() {
     assert_eq!(f.get("f64"), Some(&Value::F64(-2.25)));
     assert_eq!(f.get("bool"), Some(&Value::Bool(true)));
     assert_eq!(f.get_str("str"), Some("hello"));
-    assert_eq!(f.get_array("strs"), Some(&Array::Str(vec![b"a".to_vec(), b"\xff".to_vec()])));
+    assert_eq!(f.get_array("strs"), Some(&Array::Str([&b"a"[..], b"\xff"].into_iter().collect())));
     assert_eq!(f.get_array("nested"), Some(&Array::Array(vec![Array::U8(vec![1, 2]), Array::U8(vec![])])));
     let t = f.tensor("t").unwrap();
     assert_eq!((t.shape.clone(), t.ggml_type, t.nbytes), (vec![4, 2], GgmlType::F32, 32));

@@ -1,5 +1,7 @@
 //! Metadata values: the thirteen GGUF value types, arrays typed by their element type.
 
+use crate::strings::Strings;
+
 /// One metadata value. Strings are kept as bytes: GGUF does not promise valid UTF-8
 /// (tokenizer vocabularies sometimes hold broken sequences).
 #[derive(Debug, Clone, PartialEq)]
@@ -13,7 +15,7 @@ pub enum Value {
 pub enum Array {
     U8(Vec<u8>), I8(Vec<i8>), U16(Vec<u16>), I16(Vec<i16>), U32(Vec<u32>), I32(Vec<i32>),
     U64(Vec<u64>), I64(Vec<i64>), F32(Vec<f32>), F64(Vec<f64>), Bool(Vec<bool>),
-    Str(Vec<Vec<u8>>), Array(Vec<Array>),
+    Str(Strings), Array(Vec<Array>),
 }
 
 /// GGUF value type ids.
@@ -86,7 +88,7 @@ impl Array {
             Array::Array(_) => "ARRAY",
         }
     }
-    pub fn as_strs(&self) -> Option<&[Vec<u8>]> {
+    pub fn as_strs(&self) -> Option<&Strings> {
         match self { Array::Str(v) => Some(v), _ => None }
     }
     /// Numeric arrays widened to f32 (scores); None for strings and nested arrays.

@@ -9,6 +9,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use ferrollama_gguf::Strings;
+
 use crate::hash::FastMap;
 use crate::partition::Fragment;
 use crate::texts::{Inserted, TextTable, Texts};
@@ -124,7 +126,7 @@ pub(crate) fn decode_texts(texts: &Texts) -> Result<(Texts, Vec<bool>), VocabErr
 /// a token per merge, and vocabularies list them in that order): that token is tried first,
 /// on the texts as written, and only a miss costs decoding the sides and a lookup (a cache
 /// miss per merge otherwise).
-fn merge_ranks(texts: &TextTable, keys: &mut TextTable, merges: &[Vec<u8>], byte_encode: bool) -> Result<Ranks, VocabError> {
+fn merge_ranks(texts: &TextTable, keys: &mut TextTable, merges: &Strings, byte_encode: bool) -> Result<Ranks, VocabError> {
     let mut ranks = Ranks { first: vec![(0, 0); keys.len()], other_cuts: FastMap::default() };
     let mut merged = Vec::new();
     let mut guess = 0;
@@ -182,7 +184,7 @@ fn key_or_insert(keys: &mut TextTable, text: &[u8]) -> Result<u32, VocabError> {
 impl Bpe {
     /// The tables of a vocabulary whose texts are `texts`, with `keys` as [`Bpe::keys`] holds
     /// them: the texts decoded ([`decode_texts`]) for a byte-level vocabulary, else the texts.
-    pub fn new(model: &str, kind: PreKind, texts: &TextTable, mut keys: TextTable, merges: &[Vec<u8>]) -> Result<Bpe, VocabError> {
+    pub fn new(model: &str, kind: PreKind, texts: &TextTable, mut keys: TextTable, merges: &Strings) -> Result<Bpe, VocabError> {
         let pre = PreTokenizer::new(kind)
             .map_err(|e| VocabError::Invalid(format!("pre-tokenizer regex {:?}: {}", e.regex, e.reason)))?;
         let byte_encode = pre.byte_encode();

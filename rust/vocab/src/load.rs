@@ -1,6 +1,6 @@
 //! Loading a vocabulary from GGUF metadata, step by step as `llama_vocab::impl::load`.
 
-use ferrollama_gguf::{Array, GgufFile, Value};
+use ferrollama_gguf::{Array, GgufFile, Strings, Value};
 
 use crate::attr::TokenAttr;
 use crate::texts::{TextTable, Texts};
@@ -190,8 +190,8 @@ struct IndexedTexts {
 /// The token texts by id and by text (llama.cpp's `id_to_token[].text` and `token_to_id`).
 /// A byte-level BPE vocabulary has its texts indexed decoded (its BPE keys, needed anyway),
 /// and only those that do not decode as they are: one index holds each token, not two.
-fn index_texts(texts: &[Vec<u8>], byte_level: bool) -> Result<IndexedTexts, VocabError> {
-    let total_len = texts.iter().map(|t| t.len()).sum();
+fn index_texts(texts: &Strings, byte_level: bool) -> Result<IndexedTexts, VocabError> {
+    let total_len = texts.total_len();
     let empty_text = |id: usize| format!("[EMPTY_{id}]");
     let mut all = Texts::with_capacity(texts.len(), total_len);
     for (id, text) in texts.iter().enumerate() {
@@ -289,7 +289,8 @@ pub fn load_timed(f: &GgufFile, phases: Option<&mut Phases>) -> Result<Vocab, Vo
         opts.remove_extra_whitespaces = v;
     }
 
-    let merges: &[Vec<u8>] = if choice.vocab_type == VocabType::Bpe { read_merges(f, choice.needs_merges)? } else { &[] };
+    let no_merges = Strings::default();
+    let merges = if choice.vocab_type == VocabType::Bpe { read_merges(f, choice.needs_merges)? } else { None }.unwrap_or(&no_merges);
     clock.done("options and merges");
     let kind = pre_entry.map_or(PreKind::Default, |e| e.kind);
     let byte_level = choice.vocab_type == VocabType::Bpe && pretok::byte_encode(kind);
@@ -348,12 +349,13 @@ pub fn load_timed(f: &GgufFile, phases: Option<&mut Phases>) -> Result<Vocab, Vo
     Ok(vocab)
 }
 
-/// The merges ("first second", in rank order).
-fn read_merges(f: &GgufFile, required: bool) -> Result<&[Vec<u8>], VocabError> {
+/// The merges ("first second", in rank order); None when the file has none and the model
+/// does not require them.
+fn read_merges(f: &GgufFile, required: bool) -> Result<Option<&Strings>, VocabError> {
     let Some(array) = get_array(f, KEY_MERGES)? else {
-        return if required { Err(invalid("cannot find tokenizer merges in model file")) } else { Ok(&[]) };
+        return if required { Err(invalid("cannot find tokenizer merges in model file")) } else { Ok(None) };
     };
-    array.as_strs().ok_or_else(|| invalid(format!("invalid gguf type for {KEY_MERGES}")))
+    array.as_strs().map(Some).ok_or_else(|| invalid(format!("invalid gguf type for {KEY_MERGES}")))
 }
 
 /// The newline token: SPM's byte token for '\n' (else PAD), WPM's PAD, the others'

@@ -22,7 +22,7 @@ fn set_texts(f: &mut GgufFile, texts: &[(usize, &[u8])]) {
     let slot = f.metadata.iter_mut().find(|(k, _)| k == "tokenizer.ggml.tokens").expect("tokens");
     let Value::Array(Array::Str(tokens)) = &mut slot.1 else { panic!("tokens are not strings") };
     for &(id, text) in texts {
-        tokens[id] = text.to_vec();
+        tokens.set(id, text);
     }
 }
 

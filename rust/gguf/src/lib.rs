@@ -121,6 +121,9 @@ impl GgufFile {
             alignment: header.alignment,
             data_offset: header.data_offset,
         };
+        // Everything before the tensor data was copied out by the parse: a vocabulary of
+        // 262 144 tokens makes that 6 MiB of the process's memory otherwise.
+        file.release(0, file.data_offset);
         Ok(file)
     }
 

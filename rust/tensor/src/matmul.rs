@@ -178,7 +178,10 @@ impl PackJob {
     /// Repacks on the calling thread, publishing the copy about `part_bytes` of source at a
     /// time: after each part, `on_part(range)` is told which bytes of the matrix's rows the
     /// products no longer read (the caller may drop their pages), and may return false to
-    /// stop there (the rest of the rows stay in place). True when every group was copied.
+    /// stop there (the rest of the rows stay in place). When every group is copied, waits
+    /// for the products still reading rows in place and tells `on_part` once more of every
+    /// group's bytes: those products may have touched pages of parts already dropped.
+    /// True when every group was copied.
     pub fn run_in_parts(self, part_bytes: usize, mut on_part: impl FnMut(Range<usize>) -> bool) -> bool {
         let Some(slot) = self.slot.upgrade() else { return false };
         let packed = Arc::new(Packed::allocate(self.kind, self.rows, self.cols));
@@ -194,6 +197,8 @@ impl PackJob {
                 return false;
             }
         }
+        packed.wait_for_in_place_readers();
+        on_part(0..packed.src_bytes(packed.n_groups));
         true
     }
 }
@@ -224,8 +229,12 @@ pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch:
     }
     let dot_traits = traits(w.traits.vec_dot_type).expect("vec_dot types are in the table");
     let mut first_plain_row = 0;
+    let packing = w.packed.get();
+    // While repacking runs, this product may read rows in place that the repacking thread
+    // is about to publish and drop: it tells the thread to wait for it (see `run_in_parts`).
+    let _reader = packing.filter(|(p, _)| p.ready_groups() < p.n_groups).map(|(p, _)| p.in_place_reader());
     // The groups whose copy is published (all, once repacking is done) run packed.
-    if let Some((p, kk)) = w.packed.get().filter(|(p, _)| p.ready_groups() > 0) {
+    if let Some((p, kk)) = packing.filter(|(p, _)| p.ready_groups() > 0) {
         let n_groups = p.ready_groups();
         packed::pack_activations(p.kind.act(), dot_traits, &x[..n_tokens * w.cols], w.cols, n_tokens, &mut scratch.packed, threads);
         packed::product(p, n_groups, kk, &scratch.packed, n_tokens, out.as_mut_ptr(), w.rows, threads);

@@ -260,6 +260,17 @@ pub struct Packed {
     ready: AtomicUsize,
     /// Held while groups are written, so that two fillers never write the same group.
     filling: Mutex<()>,
+    /// Products running that may read unpublished rows in place (see `InPlaceReader`).
+    in_place_readers: AtomicUsize,
+}
+
+/// A product that may read a matrix's rows in place (`Packed::in_place_reader`).
+pub struct InPlaceReader<'a>(&'a AtomicUsize);
+
+impl Drop for InPlaceReader<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn align64(n: usize) -> usize {
@@ -276,7 +287,7 @@ impl Packed {
         let n_groups = rows / GROUP;
         let row_bytes = nb * kind.row_block_bytes();
         let data = HugeBuf::zeroed(group_bytes * n_groups);
-        Packed { kind, n_groups, cols, nb, plane, chunk_bytes, group_bytes, row_bytes, data, ready: AtomicUsize::new(0), filling: Mutex::new(()) }
+        Packed { kind, n_groups, cols, nb, plane, chunk_bytes, group_bytes, row_bytes, data, ready: AtomicUsize::new(0), filling: Mutex::new(()), in_place_readers: AtomicUsize::new(0) }
     }
 
     /// Repacks the whole groups of `rows` rows of `cols` elements stored row-major in `src`,
@@ -293,6 +304,26 @@ impl Packed {
     /// Groups that products may read.
     pub fn ready_groups(&self) -> usize {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// Counts a product as a possible reader of the rows in place until the guard drops.
+    /// Taken before the product reads `ready_groups`: once every group is published and
+    /// no reader is counted, no product reads the source rows again.
+    pub fn in_place_reader(&self) -> InPlaceReader<'_> {
+        self.in_place_readers.fetch_add(1, Ordering::SeqCst);
+        // With the fence in `wait_for_in_place_readers`: either this product then sees every
+        // group published, or the waiting thread sees it counted.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        InPlaceReader(&self.in_place_readers)
+    }
+
+    /// Waits until no product counted by `in_place_reader` is running (each lasts one
+    /// product: milliseconds). Call it after publishing the last group.
+    pub fn wait_for_in_place_readers(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        while self.in_place_readers.load(Ordering::SeqCst) != 0 {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
 
     /// Bytes of the plain rows that the first `groups` groups hold.

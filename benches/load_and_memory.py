@@ -72,7 +72,10 @@ def child(engine_name: str, path: str, n_ctx: int, threads: int) -> dict:
         batch.fill_one(0, pos, 0, True)
         ctx.decode(batch)
     after = proc_status()
-    return {"engine": engine_name, "import_s": t_import, "load_to_first_decode_s": t_first,
+    # The KV cache's bytes (ferrollama reports them; llama.cpp's cache has the same cells).
+    kv = getattr(getattr(ctx, "ctx", None), "kv", None)
+    kv_mib = kv.nbytes / 2**20 if kv is not None else None
+    return {"engine": engine_name, "kv_mib": kv_mib, "import_s": t_import, "load_to_first_decode_s": t_first,
             "rss_after_import_mib": before.get("VmRSS"), "peak_rss_mib": after.get("VmHWM"),
             "peak_rss_first_decode_mib": first.get("VmHWM"),
             "rss_anon_mib": after.get("RssAnon"), "rss_file_mib": after.get("RssFile"),
@@ -112,22 +115,26 @@ def part_load(models, engines: list[str], args) -> tuple[str, list]:  # noqa: AN
                     continue
                 runs[e].append(res)
         raw.append({"model": short, "runs": runs, "errors": errors, "foreign_load_cores": foreign.cores()})
+        kv = [x["kv_mib"] for rs in runs.values() for x in rs if x.get("kv_mib") is not None]
+        # The goal's budget: peak RSS <= model file + KV cache + 15 %.
+        budget = f"{(Path(path).stat().st_size / 2**20 + kv[0]) * 1.15:.0f}" if kv else "?"
         for e in engines:
             if e in errors and not runs[e]:
-                rows.append([short, e, f"error: {errors[e][:80]}", "", "", "", ""])
+                rows.append([short, e, f"error: {errors[e][:80]}", "", "", "", "", ""])
                 continue
             r = runs[e]
             med = lambda k: statistics.median(x[k] for x in r)  # noqa: E731
             spread = lambda k: statistics.stdev(x[k] for x in r) if len(r) > 1 else 0.0  # noqa: E731
             rows.append([short, e,
                          f"{med('load_to_first_decode_s') * 1000:.0f} ± {spread('load_to_first_decode_s') * 1000:.0f}",
-                         f"{med('peak_rss_mib'):.0f}", f"{med('rss_anon_mib'):.0f}", f"{med('rss_file_mib'):.0f}",
+                         f"{med('peak_rss_mib'):.0f}", budget, f"{med('rss_anon_mib'):.0f}", f"{med('rss_file_mib'):.0f}",
                          f"{med('rss_after_import_mib'):.0f}"])
     table = B.markdown_table(
-        ["model", "engine", "load → first decode (ms)", "peak RSS (MiB)", "RssAnon (MiB)", "RssFile (MiB)",
+        ["model", "engine", "load → first decode (ms)", "peak RSS (MiB)", "budget (MiB)", "RssAnon (MiB)", "RssFile (MiB)",
          "RSS after import (MiB)"], rows)
     note = (f"n_ctx {args.n_ctx}, f16 cache, mmap, {args.threads} threads; median ± stdev of {args.reps} fresh "
-            "processes per engine (warm page cache). Peak RSS, RssAnon and RssFile are read after the weights' "
+            "processes per engine (warm page cache). Budget: the goal's model file + KV cache + 15 %. "
+            "Peak RSS, RssAnon and RssFile are read after the weights' "
             "repacking finished (ferrollama repacks on a thread after loading) and 8 more tokens were decoded. "
             "CPU used by other processes (cores): " + ", ".join(f"{r['model']} {r['foreign_load_cores']:.2f}" for r in raw))
     return table + "\n\n" + note, raw

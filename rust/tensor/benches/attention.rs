@@ -5,7 +5,10 @@
 //!
 //! - decode: one token, the query heads of one KV head, n_kv cells, the cache row holding
 //!   every KV head (so a head's rows are strided, as in the engine's cache);
-//! - batch: eight tokens of a prompt block (tinyBLAS order, rows converted once).
+//! - batch: eight tokens of a prompt block (tinyBLAS order, rows converted once);
+//! - seq8: two tokens of a decode step of eight sequences (the engine's task), each seeing
+//!   its own 192 of the 1536 cells: its 128 prompt cells, then every eighth cell, as a
+//!   batched decode interleaves them; the rate counts the cells each token sees.
 //!
 //! A closing table sets each rate beside the machine's read bandwidth (see `peak`).
 
@@ -43,14 +46,17 @@ use peak::{Bound, Report};
 
 fn bench(c: &mut Criterion, report: &mut Report) {
     for sh in &SHAPES {
-        for (kind, n_kv, n_t) in [("decode", 4096usize, 1usize), ("decode", 512, 1), ("batch8", 512, 8)] {
+        for (kind, n_kv, n_t) in [("decode", 4096usize, 1usize), ("decode", 512, 1), ("batch8", 512, 8), ("seq8", 1536, 2)] {
             let row = sh.n_head_kv * sh.head_dim;
             let (k, v) = (f16_bytes(n_kv * row, 1), f16_bytes(n_kv * row, 2));
             let q: Vec<f32> = (0..n_t * sh.group * sh.head_dim).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
-            // Causal over the last n_t positions.
-            let mask: Vec<f32> = (0..n_t * n_kv)
-                .map(|i| if i % n_kv > n_kv - n_t + i / n_kv { f32::NEG_INFINITY } else { 0.0 })
-                .collect();
+            // Causal over the last n_t positions, or each token its sequence's cells.
+            let seq8 = kind == "seq8";
+            let sees = |t: usize, j: usize| if seq8 { if j < 1024 { j / 128 == t } else { (j - 1024) % 8 == t } } else { j <= n_kv - n_t + t };
+            let mask: Vec<f32> = (0..n_t * n_kv).map(|i| if sees(i / n_kv, i % n_kv) { 0.0 } else { f32::NEG_INFINITY }).collect();
+            // Bytes of keys and values the tokens see.
+            let seen = (0..n_t).map(|t| (0..n_kv).filter(|&j| sees(t, j)).count()).max().unwrap_or(0) * if seq8 { n_t } else { 1 };
+            let bytes = (2 * seen * sh.head_dim * 2) as u64;
             let order = if n_t > 1 { DotOrder::TinyBlas } else { DotOrder::VecDot };
             let h = Heads {
                 k_type: GgmlType::F16, v_type: GgmlType::F16, k: &k, k_stride: 2 * row, k_offset: 0,
@@ -65,12 +71,12 @@ fn bench(c: &mut Criterion, report: &mut Report) {
             let mut out = vec![0f32; n_t * sh.group * sh.head_dim];
             let mut s = AttnScratch::default();
             let mut g = c.benchmark_group(format!("attn/{}/{kind}/{n_kv}", sh.name));
-            g.throughput(Throughput::Bytes((2 * n_kv * sh.head_dim * 2) as u64));
+            g.throughput(Throughput::Bytes(bytes));
             g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2)).sample_size(30);
             g.bench_with_input(BenchmarkId::new("heads", sh.group), &(), |b, _| b.iter(|| attend(&h, &mut out, &mut s)));
             g.finish();
             let name = format!("attn/{}/{kind}/{n_kv}/heads/{}", sh.name, sh.group);
-            report.time(&name, 1, Bound::Memory, (2 * n_kv * sh.head_dim * 2) as f64, || attend(&h, &mut out, &mut s));
+            report.time(&name, 1, Bound::Memory, bytes as f64, || attend(&h, &mut out, &mut s));
         }
     }
 }

@@ -115,6 +115,10 @@ pub struct AttnScratch {
     v: Vec<f32>,
     /// The cells visible to the current token, ascending.
     visible: Vec<u32>,
+    /// The same cells grouped by set (cell % sets), ascending within a set, for the sparse
+    /// weighted sum; set r's are by_set[set_start[r]..set_start[r + 1]].
+    by_set: Vec<u32>,
+    set_start: Vec<usize>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -419,11 +423,17 @@ mod x86 {
                 live[qi] = softmax(w.add(qi * n_kv), n_kv, h.v_type == GgmlType::F16);
             }
             // Weighted sums: each cached value read once for all heads.
-            let sums = Sums { sets, dv, n_kv, nq, p: w, end, acc };
-            if vr.f16 {
-                weighted_sums::<true>(&sums, vr, visible);
+            let cells = if sparse(visible.len(), end) {
+                group_by_set(visible, sets, &mut s.by_set, &mut s.set_start);
+                Cells::BySet(&s.by_set, &s.set_start)
             } else {
-                weighted_sums::<false>(&sums, vr, visible);
+                Cells::All
+            };
+            let sums = Sums { sets, dv, n_kv, nq, p: w, end, acc, cells };
+            if vr.f16 {
+                weighted_sums::<true>(&sums, vr);
+            } else {
+                weighted_sums::<false>(&sums, vr);
             }
             for qi in 0..nq {
                 let oq = o.add(qi * dv);
@@ -501,7 +511,7 @@ mod x86 {
     /// The weighted sums of one token's heads: probabilities p[qi * n_kv + j] for cells
     /// j < end, into acc[qi][set][dv] (lane r of a dot product over cells, set r, sums cells
     /// r, r + sets, ... in cell order).
-    struct Sums {
+    struct Sums<'a> {
         sets: usize,
         dv: usize,
         n_kv: usize,
@@ -509,16 +519,50 @@ mod x86 {
         p: *const f32,
         end: usize,
         acc: *mut f32,
+        cells: Cells<'a>,
+    }
+
+    /// The cells a set's sum walks.
+    #[derive(Clone, Copy)]
+    enum Cells<'a> {
+        /// Every cell below `end` (a masked one adds exact zeros: its probability is 0).
+        All,
+        /// Only the visible cells, grouped by set (few of them: other sequences' cells
+        /// interleaved); the same FMAs in the same order as `All` but for those zeros.
+        BySet(&'a [u32], &'a [usize]),
+    }
+
+    /// Whether a token's weighted sum walks only its visible cells (few of the cells below
+    /// its last) rather than every cell below `end`.
+    #[inline(always)]
+    fn sparse(n_visible: usize, end: usize) -> bool {
+        n_visible * 4 < end
+    }
+
+    /// `visible` (ascending) grouped by cell % sets, ascending within each set.
+    fn group_by_set(visible: &[u32], sets: usize, by_set: &mut Vec<u32>, set_start: &mut Vec<usize>) {
+        set_start.clear();
+        set_start.resize(sets + 1, 0);
+        for &j in visible {
+            set_start[j as usize % sets + 1] += 1;
+        }
+        for r in 0..sets {
+            set_start[r + 1] += set_start[r];
+        }
+        by_set.clear();
+        by_set.resize(visible.len(), 0);
+        let mut next = [0usize; 64];
+        next[..sets].copy_from_slice(&set_start[..sets]);
+        for &j in visible {
+            let r = j as usize % sets;
+            by_set[next[r]] = j;
+            next[r] += 1;
+        }
     }
 
     #[inline(always)]
-    unsafe fn weighted_sums<const F16: bool>(u: &Sums, vr: Rows, visible: &[u32]) {
+    unsafe fn weighted_sums<const F16: bool>(u: &Sums, vr: Rows) {
         let vr = Rows { f16: F16, ..vr };
-        if visible.len() * 4 < u.end {
-            // Few visible cells (other sequences' cells interleaved): walk only those.
-            sparse_pass(u, vr, visible);
-            return;
-        }
         // Heads in blocks of up to eight, each cached row read once per block: the blocks'
         // accumulators (heads x 16 NV floats) stay in registers.
         let mut h0 = 0;
@@ -586,15 +630,11 @@ mod x86 {
         let p = u.p.add(h0 * u.n_kv);
         for r in 0..u.sets {
             let mut a = [[_mm512_setzero_ps(); NV]; HB];
-            for j in (r..u.end.min(r + ahead)).step_by(u.sets) {
-                prefetch(vr.row(j).add(es * i), chunk_bytes);
-            }
-            let mut j = r;
-            while j < u.end {
+            // A macro, not a closure: the accumulators must stay in registers.
+            macro_rules! add {
+                ($j:expr) => {{
+                let j: usize = $j;
                 let v = vr.row(j);
-                if j + ahead < u.end {
-                    prefetch(vr.row(j + ahead).add(es * i), chunk_bytes);
-                }
                 let mut x = [_mm512_setzero_ps(); NV];
                 for c in 0..NV {
                     x[c] = vr.load16(v, i + 16 * c);
@@ -606,7 +646,27 @@ mod x86 {
                         a[h][c] = _mm512_fmadd_ps(x[c], pv, a[h][c]);
                     }
                 }
-                j += u.sets;
+                }};
+            }
+            match u.cells {
+                Cells::All => {
+                    for j in (r..u.end.min(r + ahead)).step_by(u.sets) {
+                        prefetch(vr.row(j).add(es * i), chunk_bytes);
+                    }
+                    let mut j = r;
+                    while j < u.end {
+                        if j + ahead < u.end {
+                            prefetch(vr.row(j + ahead).add(es * i), chunk_bytes);
+                        }
+                        add!(j);
+                        j += u.sets;
+                    }
+                }
+                Cells::BySet(by_set, start) => {
+                    for &j in &by_set[start[r]..start[r + 1]] {
+                        add!(j as usize);
+                    }
+                }
             }
             for h in 0..HB {
                 let base = u.acc.add(((h0 + h) * u.sets + r) * u.dv + i);
@@ -621,30 +681,6 @@ mod x86 {
     unsafe fn prefetch(p: *const u8, bytes: usize) {
         for off in (0..bytes).step_by(64) {
             _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8);
-        }
-    }
-
-    /// `sets_pass` over the visible cells only, in cell order, the sums in memory (the same
-    /// FMAs in the same order: a skipped cell's probability is 0).
-    #[inline(always)]
-    unsafe fn sparse_pass(u: &Sums, vr: Rows, visible: &[u32]) {
-        for k in (0..u.nq * u.sets * u.dv).step_by(16) {
-            _mm512_storeu_ps(u.acc.add(k), _mm512_setzero_ps());
-        }
-        for &j in visible {
-            let j = j as usize;
-            let v = vr.row(j);
-            for qi in 0..u.nq {
-                let pj = *u.p.add(qi * u.n_kv + j);
-                if pj == 0.0 {
-                    continue;
-                }
-                let pv = _mm512_set1_ps(pj);
-                let a = u.acc.add((qi * u.sets + j % u.sets) * u.dv);
-                for i in (0..u.dv).step_by(16) {
-                    _mm512_storeu_ps(a.add(i), _mm512_fmadd_ps(vr.load16(v, i), pv, _mm512_loadu_ps(a.add(i))));
-                }
-            }
         }
     }
 

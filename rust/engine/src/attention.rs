@@ -15,7 +15,7 @@
 
 use std::cell::RefCell;
 
-use ferrollama_tensor::{traits, GgmlType, Threads};
+use ferrollama_tensor::{traits, GgmlType, SendPtr, Threads};
 use half::f16;
 
 use crate::kvstore::KvStore;
@@ -61,7 +61,7 @@ thread_local! {
 /// task while it is in cache, and converts it once when enough queries share it).
 pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
     let hd_v = a.kv.head_dim_v;
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = SendPtr(out.as_mut_ptr());
     let (tokens_per_task, heads_per_task) = task_shape(a.n_tokens, a.n_head, a.n_head_kv, threads.n_threads());
     let n_blocks = a.n_tokens.div_ceil(tokens_per_task);
     let groups = a.n_head / heads_per_task;
@@ -114,7 +114,7 @@ const TOKENS_PER_TASK: usize = 16;
 /// `attn::attend` reproduces llama.cpp's non-flash arithmetic operation for operation: the
 /// orders of the dot products depend on whether the micro-batch has one token (ggml's
 /// vec_dot) or several (llamafile's tinyBLAS for F16 operands and for V·P).
-fn exact_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usize, out: &OutPtr, s: &mut Scratch) -> bool {
+fn exact_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usize, out: &SendPtr<f32>, s: &mut Scratch) -> bool {
     use ferrollama_tensor::attn::{attend_raw, DotOrder, Heads};
     if a.softcap != 0.0 || tokens.is_empty() {
         return false;
@@ -314,12 +314,6 @@ fn round(x: f32, as_f16: bool) -> f32 {
     if as_f16 { f16::from_f32(x).to_f32() } else { x }
 }
 
-struct OutPtr(*mut f32);
-impl OutPtr {
-    fn get(&self) -> *mut f32 { self.0 }
-}
-unsafe impl Sync for OutPtr {}
-unsafe impl Send for OutPtr {}
 
 #[cfg(test)]
 mod tests {

@@ -61,21 +61,18 @@ impl<'a> Reader<'a> {
         let mut out = Strings::with_capacity(n, 0);
         for i in 0..n {
             let at = self.pos;
-            let len = match self.take(8, "") {
-                Ok(b) => u64::from_le_bytes(b.try_into().expect("8 bytes")),
-                Err(_) => return Err(self.truncated_at(at, 8, &format!("length of string {i} of {what}"))),
-            };
+            let len_what = || format!("length of string {i} of {what}");
+            if self.remaining() < 8 {
+                self.u64(&len_what())?; // the truncation error
+            }
+            let len = self.u64("")?;
             if len > self.remaining() as u64 {
-                return Err(format!("length of string {i} of {what} at offset {at} is {len}, more than the rest of the file can hold"));
+                return Err(format!("{} at offset {at} is {len}, more than the rest of the file can hold", len_what()));
             }
             let bytes = self.take(len as usize, what)?;
             out.push(bytes);
         }
         Ok(out)
-    }
-
-    fn truncated_at(&self, at: usize, n: usize, what: &str) -> String {
-        format!("truncated: {what} needs {n} bytes at offset {at} but the file has {} left", self.bytes.len() - at)
     }
 
     pub fn value(&mut self, type_id: u32, what: &str) -> ParseResult<Value> {

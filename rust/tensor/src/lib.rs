@@ -19,7 +19,7 @@ pub mod util;
 
 pub use ferrollama_gguf::GgmlType;
 pub use matmul::{matmul, MatmulScratch, PackJob, QMatrix, WeightBytes, TILED_TOKENS};
-pub use threads::Threads;
+pub use threads::{SendPtr, Threads};
 pub use dispatch::Isa;
 pub use traits::{traits, TypeTraits};
 

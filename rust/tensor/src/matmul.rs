@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use crate::packed::{self, KindKernels, PackKind, Packed, PackedActs};
 use crate::traits::{VecDot, VecDotX4};
-use crate::{traits, GgmlType, TensorError, Threads, TypeTraits};
+use crate::{traits, GgmlType, SendPtr, TensorError, Threads, TypeTraits};
 
 /// The bytes of a weight matrix: a range of a shared buffer (the model file's map) or an
 /// owned buffer (a repacked layout, a test matrix).
@@ -310,7 +310,7 @@ fn rows_per_task(w: &QMatrix, rows: usize, n_tokens: usize, n_threads: usize) ->
 /// # Safety
 /// `out` must point to n_tokens * w.rows floats, and no other thread may write the
 /// entries of these rows.
-unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, rows: Range<usize>, out: &SendPtr) {
+unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, rows: Range<usize>, out: &SendPtr<f32>) {
     let (all, rb) = (w.data.bytes(), w.row_bytes());
     let row = |r: usize| &all[r * rb..(r + 1) * rb];
     let mut t0 = 0;
@@ -336,6 +336,3 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
     }
 }
 
-struct SendPtr(*mut f32);
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}

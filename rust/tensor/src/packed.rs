@@ -25,7 +25,7 @@ use crate::util::{f16_to_f32, rd_f32, rd_i16, rd_u32};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::{GgmlType, Threads, TypeTraits};
+use crate::{GgmlType, SendPtr, Threads, TypeTraits};
 
 /// Rows per group.
 pub const GROUP: usize = 16;
@@ -686,6 +686,3 @@ struct SendArgs(KernelArgs);
 unsafe impl Sync for SendArgs {}
 unsafe impl Send for SendArgs {}
 
-struct SendPtr<T>(*mut T);
-unsafe impl<T> Sync for SendPtr<T> {}
-unsafe impl<T> Send for SendPtr<T> {}

@@ -253,3 +253,17 @@ mod tests {
         assert_eq!(count.load(Ordering::Relaxed), 64);
     }
 }
+
+/// A pointer the tasks of one `Threads::run` write through, each to its own part (raw
+/// pointers are neither Send nor Sync; the caller vouches for the disjointness).
+pub struct SendPtr<T>(pub *mut T);
+
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so that closures capture the wrapper, not its field).
+    #[inline]
+    pub fn get(&self) -> *mut T { self.0 }
+}
+
+// SAFETY: the tasks write disjoint parts of what the pointer points at (see the callers).
+unsafe impl<T> Sync for SendPtr<T> {}
+unsafe impl<T> Send for SendPtr<T> {}

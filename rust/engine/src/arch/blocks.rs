@@ -2,7 +2,7 @@
 //! K/V in the cache, attention with its output projection, and a gated feed-forward network.
 //! Each architecture file composes them with its own norms and residuals.
 
-use ferrollama_tensor::{matmul, Threads};
+use ferrollama_tensor::{matmul, SendPtr, Threads};
 
 use crate::attention::{attention, AttnInput};
 use crate::graph::{UBatchView, Workspace};
@@ -84,7 +84,7 @@ fn elementwise_on_threads(act: fn(&mut [f32], &[f32]), x: &mut [f32], y: &[f32],
         act(x, y);
         return;
     }
-    let xs = SharedMut(x.as_mut_ptr());
+    let xs = SendPtr(x.as_mut_ptr());
     threads.run(n_chunks, |c| {
         let range = c * ELEMENTWISE_CHUNK..((c + 1) * ELEMENTWISE_CHUNK).min(y.len());
         // SAFETY: the chunks are disjoint ranges of x (x and y have the same length).
@@ -92,14 +92,3 @@ fn elementwise_on_threads(act: fn(&mut [f32], &[f32]), x: &mut [f32], y: &[f32],
         act(part, &y[range]);
     });
 }
-
-/// A pointer the tasks write disjoint ranges through.
-struct SharedMut(*mut f32);
-
-impl SharedMut {
-    fn get(&self) -> *mut f32 { self.0 }
-}
-
-// SAFETY: each task touches its own range (see the callers).
-unsafe impl Sync for SharedMut {}
-unsafe impl Send for SharedMut {}

@@ -43,8 +43,8 @@ pub struct QMatrix {
     /// The per-row dot product the product computes (see [`QMatrix::row_dot`]).
     row_dot: VecDot,
     row_dot_x4: Option<VecDotX4>,
-    /// The one it computes in products of `TILED_TOKENS` tokens or more, where llama.cpp
-    /// switches to its tiled k-quant product.
+    /// The one it computes in products of `TILED_TOKENS` tokens or more, where that differs
+    /// (`many_token_dot`).
     tiled_dot: Option<(VecDot, Option<VecDotX4>)>,
 }
 
@@ -72,14 +72,17 @@ fn llama_row_dot(t: &'static TypeTraits, rows: usize) -> (VecDot, Option<VecDotX
 
 /// Tokens from which llama.cpp's CPU backend multiplies the k-quant matrices it does not
 /// repack with its tiled product (`ggml-cpu/tiled`), whose one float accumulator per output
-/// rounds differently from `vec_dot`.
+/// rounds differently from `vec_dot`; and from which ferrollama computes Q8_0 and Q5_0
+/// products with one accumulator (`TypeTraits::vec_dot_tiled`).
 pub const TILED_TOKENS: usize = 8;
 
-/// The tiled product's dot, for the types whose products llama.cpp computes that way on x86
-/// (Q2_K is repacked there, Q4_K and Q6_K are repacked here: their groups run `vec_dot`'s
-/// order, and their leftover rows must agree with the groups).
-fn llama_tiled_dot(t: &'static TypeTraits) -> Option<(VecDot, Option<VecDotX4>)> {
-    let tiled = matches!(t.ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS);
+/// The dot of products of `TILED_TOKENS` tokens or more, where it is not the row dot:
+/// llama.cpp's tiled product's for Q3_K, Q5_K and IQ4_XS (Q2_K is repacked there, Q4_K and
+/// Q6_K are repacked here: their groups run `vec_dot`'s order, and their leftover rows must
+/// agree with the groups), ferrollama's one accumulator for Q8_0 and Q5_0 (its packed
+/// groups compute the same).
+fn many_token_dot(t: &'static TypeTraits) -> Option<(VecDot, Option<VecDotX4>)> {
+    let tiled = matches!(t.ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0);
     tiled.then_some(t.vec_dot_tiled.map(|d| (d, t.vec_dot_tiled_x4))).flatten()
 }
 
@@ -102,7 +105,7 @@ impl QMatrix {
             )));
         }
         let (row_dot, row_dot_x4) = llama_row_dot(traits, rows);
-        let tiled_dot = llama_tiled_dot(traits);
+        let tiled_dot = many_token_dot(traits);
         let m = QMatrix { ty, rows, cols, traits, data, packed: Arc::new(OnceLock::new()), row_dot, row_dot_x4, tiled_dot };
         if repack {
             if let Some(job) = m.pack_job() {
@@ -122,7 +125,7 @@ impl QMatrix {
     }
 
     fn pack_job(&self) -> Option<PackJob> {
-        let kind = PackKind::of(self.ty).filter(|k| self.rows >= packed::GROUP && (!k.one_accumulator() || self.rows % 8 == 0))?;
+        let kind = PackKind::of(self.ty).filter(|k| self.rows >= packed::GROUP && (!k.repacked_by_llama() || self.rows % 8 == 0))?;
         let kernels = packed::kernels(kind)?;
         Some(PackJob { slot: Arc::downgrade(&self.packed), data: self.data.clone(), kind, kernels, rows: self.rows, cols: self.cols })
     }
@@ -220,8 +223,9 @@ const ROW_CHUNK_BYTES: usize = 128 * 1024;
 ///
 /// Every output is computed by the same kernel call whatever the thread count and however
 /// the tokens are tiled (the four-token kernels are bit-identical to the one-token ones),
-/// so the result does not depend on `threads`; it depends on `n_tokens` only as llama.cpp's
-/// does (`QMatrix::row_dot_for`: Q3_K, Q5_K and IQ4_XS from `TILED_TOKENS` tokens).
+/// so the result does not depend on `threads`; it depends on `n_tokens` only where the dot
+/// changes at `TILED_TOKENS` (`QMatrix::row_dot_for`: Q3_K, Q5_K and IQ4_XS as in llama.cpp,
+/// Q8_0 and Q5_0).
 pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch: &mut MatmulScratch, threads: &Threads) {
     assert!(x.len() >= n_tokens * w.cols && out.len() >= n_tokens * w.rows, "matmul operands too short");
     if n_tokens == 0 || w.rows == 0 {

@@ -5,10 +5,19 @@
 //! matching layout (quants, f32 scales, and per-block integer corrections).
 //!
 //! Numerics: the kernels reproduce, bit for bit, the arithmetic llama.cpp uses for each type
-//! on an AVX-512 CPU:
+//! on an AVX-512 CPU, with one exception:
 //! - Q8_0, Q5_0 (ggml's `vec_dot` and llamafile's tinyBLAS): eight float partial sums per
 //!   output, lane l gathering the products of bytes 4l..4l+3 of every block, fused
-//!   multiply-added once per block with d_w * d_x, reduced in `hsum_float_8`'s order;
+//!   multiply-added once per block with d_w * d_x, reduced in `hsum_float_8`'s order.
+//!   The exception: in products of 8 tokens or more (`crate::TILED_TOKENS`, where
+//!   llama.cpp switches its k-quants to one accumulator) ferrollama computes these two
+//!   types with one accumulator per output, updated once per block with the block's exact
+//!   integer sum, as llama.cpp's repacked Q4_0 (`scalar::repacked::vec_dot_q8_0_q8_0_blocks`).
+//!   The eight lanes cost a conversion and an FMA per VPDPBUSD, which held these products
+//!   to a quarter of the VNNI peak and the 8-sequence decode step to 3.2x one sequence's
+//!   time. One accumulator rounds once per block from an exact sum (no less accurate) and
+//!   keeps the real models' divergence from llama.cpp where it was (see the closing notes
+//!   of issue 8); decoding one token stays bit for bit llama.cpp's;
 //! - Q6_K (ggml's `vec_dot_q6_K_q8_K`): the same eight lanes, once per super-block;
 //! - Q4_0, IQ4_NL, Q4_K (llama.cpp repacks these): one float accumulator per output, see
 //!   `scalar::repacked`.
@@ -44,7 +53,8 @@ pub enum PackKind {
 /// How a kind's activations are quantized and corrected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActKind {
-    /// Q8_0 blocks; per block and lane l: -offset * (sum of bytes 4l..4l+3) (8 i32).
+    /// Q8_0 blocks; per block and lane l: -offset * (sum of bytes 4l..4l+3), then their
+    /// total (9 i32).
     Q8Lanes { offset: i32 },
     /// Q8_0 blocks; per block: -offset * (sum of the 32 bytes) (1 i32).
     Q8Block { offset: i32 },
@@ -58,7 +68,8 @@ impl ActKind {
     /// i32 entries of `aux` per block.
     pub fn aux_per_block(self) -> usize {
         match self {
-            ActKind::Q8Lanes { .. } | ActKind::Q8KPairs => 8,
+            ActKind::Q8Lanes { .. } => 9,
+            ActKind::Q8KPairs => 8,
             ActKind::Q8Block { .. } => 1,
             ActKind::Q8KSums32 => 4,
         }
@@ -86,9 +97,9 @@ impl PackKind {
         })
     }
 
-    /// True for the kinds computed with llama.cpp's repacked arithmetic (one accumulator per
-    /// output), which llama.cpp uses only for matrices whose row count is a multiple of 8.
-    pub fn one_accumulator(self) -> bool {
+    /// True for the kinds computed with llama.cpp's repacked arithmetic, which llama.cpp uses
+    /// only for matrices whose row count is a multiple of 8 (others take `vec_dot`'s).
+    pub fn repacked_by_llama(self) -> bool {
         matches!(self, PackKind::Q4_0 | PackKind::Iq4Nl | PackKind::Q4K)
     }
 
@@ -530,13 +541,13 @@ fn unpack_row(act: ActKind, row: &[u8], qs: &mut [u8], d: &mut [f32], aux: &mut 
                 qs[b * QK..(b + 1) * QK].copy_from_slice(q);
                 d[b] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
                 let lane = |l: usize| -> i32 { q[4 * l..4 * l + 4].iter().map(|&v| v as i8 as i32).sum() };
-                if apb == 8 {
-                    for l in 0..8 {
-                        aux[b * 8 + l] = -offset * lane(l);
+                let aux = &mut aux[b * apb..(b + 1) * apb];
+                if apb == 9 {
+                    for (l, c) in aux[..8].iter_mut().enumerate() {
+                        *c = -offset * lane(l);
                     }
-                } else {
-                    aux[b] = -offset * (0..8).map(lane).sum::<i32>();
                 }
+                aux[apb - 1] = -offset * (0..8).map(lane).sum::<i32>();
             }
         }
         ActKind::Q8KPairs | ActKind::Q8KSums32 => {
@@ -597,8 +608,9 @@ pub struct KindKernels {
     pub many: Option<GroupManyKernel>,
 }
 
-/// Tokens from which a task decodes a group once rather than per token tile.
-const MANY_TOKENS: usize = 8;
+/// Tokens from which a product runs the kernels for many tokens (on every token chunk: for
+/// Q8_0 and Q5_0 they compute the one-accumulator arithmetic of `crate::TILED_TOKENS`).
+const MANY_TOKENS: usize = crate::TILED_TOKENS;
 
 /// The packed kernels of this CPU for a kind, if it has them (AVX-512 VNNI).
 pub fn kernels(kind: PackKind) -> Option<KindKernels> {
@@ -650,7 +662,7 @@ pub fn product(p: &Packed, n_groups: usize, kk: &KindKernels, acts: &PackedActs,
     // tasks. Larger runs left the threads unbalanced on matrices of few, wide groups.
     let by_size = (64 * 1024 / work_per_group).max(1);
     let by_count = (n_groups * n_tok_chunks).div_ceil(4 * n_threads).max(1);
-    let many = kk.many.is_some() && tok_chunk >= MANY_TOKENS;
+    let many = kk.many.is_some() && n_tokens >= MANY_TOKENS;
     let by_weights = (128 * 1024 / p.group_bytes.max(1)).max(1);
     let groups_per_task = if many { by_weights.min(by_count) } else { by_size.min(by_count) };
     let n_group_chunks = n_groups.div_ceil(groups_per_task);
@@ -665,7 +677,7 @@ pub fn product(p: &Packed, n_groups: usize, kk: &KindKernels, acts: &PackedActs,
             // SAFETY: every (group, token) output block is written by exactly one task; the
             // kernel reads the packed group g and token rows t..t+T, all in bounds.
             unsafe {
-                if let Some(many) = kk.many.filter(|_| t_end - t_start >= MANY_TOKENS) {
+                if let Some(many) = kk.many.filter(|_| n_tokens >= MANY_TOKENS) {
                     many(a, g, t_start, t_end);
                     continue;
                 }

@@ -47,6 +47,9 @@ pub struct TypeTraits {
     /// matrix product, which it runs instead of `vec_dot` on x86 for products with 8 or more
     /// activation rows and a matrix it did not repack (`scalar::tiled`). Same integers as
     /// `vec_dot`, one float accumulator instead of eight lanes.
+    /// For Q8_0 and Q5_0, ferrollama's products of 8 or more tokens (llama.cpp keeps
+    /// `vec_dot`'s lanes there): the same one accumulator, fed each block's exact integer sum
+    /// (`scalar::repacked`), which its packed kernels compute with a third of the operations.
     pub vec_dot_tiled: Option<VecDot>,
     /// The same over four activation rows, where a kernel exists.
     pub vec_dot_tiled_x4: Option<VecDotX4>,
@@ -90,10 +93,13 @@ fn scalar_rows() -> Vec<Row> {
     ]
 }
 
-/// The portable per-output arithmetic of llama.cpp's tiled k-quant product, for its types.
+/// The portable per-output arithmetic of llama.cpp's tiled k-quant product, for its types,
+/// and of ferrollama's many-token Q8_0 and Q5_0 products.
 fn scalar_tiled(ty: GgmlType) -> Option<VecDot> {
     use GgmlType as T;
     Some(match ty {
+        T::Q8_0 => crate::scalar::repacked::vec_dot_q8_0_q8_0_blocks,
+        T::Q5_0 => crate::scalar::repacked::vec_dot_q5_0_q8_0_blocks,
         T::Q2_K => tiled::vec_dot_q2_k_q8_k,
         T::Q3_K => tiled::vec_dot_q3_k_q8_k,
         T::Q4_K => tiled::vec_dot_q4_k_q8_k,

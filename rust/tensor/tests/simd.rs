@@ -146,7 +146,7 @@ fn tiled_kernels_equal_the_scalar_specification_bit_for_bit() {
     let mut rng = Rng::new(16);
     for (isa, table) in levels() {
         let tiled: Vec<&TypeTraits> = table.iter().filter(|e| e.vec_dot_tiled_scalar.is_some()).collect();
-        assert_eq!(tiled.len(), 6, "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS");
+        assert_eq!(tiled.len(), 8, "Q8_0, Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS");
         for e in tiled {
             let (simd, scalar) = (e.vec_dot_tiled.unwrap(), e.vec_dot_tiled_scalar.unwrap());
             assert_ne!(simd as usize, scalar as usize, "{} {isa:?} has a SIMD tiled kernel", e.ty);

@@ -8,10 +8,13 @@
 //!
 //! These are the specification of the packed kernels for those types and the per-row
 //! fallback where a matrix is not packed.
+//!
+//! ferrollama computes Q8_0 and Q5_0 products of 8 or more tokens with the same arithmetic
+//! (its own choice, see `crate::packed`): `vec_dot_q8_0_q8_0_blocks`, `..._q5_0_...`.
 
 use crate::scalar::kquants::{scale_min_k4, QK_K, Q4_K_BYTES, Q8_K_BYTES};
-use crate::scalar::legacy::{IQ4_NL_BYTES, KVALUES_IQ4NL, Q4_0_BYTES, Q8_0_BYTES, QK};
-use crate::util::{rd_f16, rd_f32, rd_i16};
+use crate::scalar::legacy::{IQ4_NL_BYTES, KVALUES_IQ4NL, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
+use crate::util::{rd_f16, rd_f32, rd_i16, rd_u32};
 
 /// One float accumulator over 32-element blocks: `value(b, j)` is weight j of block b.
 fn one_acc_dot32(n: usize, w: &[u8], x: &[u8], wbytes: usize, value: impl Fn(&[u8], usize) -> i32) -> f32 {
@@ -36,6 +39,20 @@ pub fn vec_dot_q4_0_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
 /// IQ4_NL x Q8_0 as llama.cpp's repacked kernels compute it.
 pub fn vec_dot_iq4_nl_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
     one_acc_dot32(n, w, x, IQ4_NL_BYTES, |b, j| KVALUES_IQ4NL[nibble(b, j)] as i32)
+}
+
+/// Q8_0 x Q8_0 with one accumulator (ferrollama's products of 8 or more tokens).
+pub fn vec_dot_q8_0_q8_0_blocks(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    one_acc_dot32(n, w, x, Q8_0_BYTES, |b, j| b[2 + j] as i8 as i32)
+}
+
+/// Q5_0 x Q8_0 with one accumulator (ferrollama's products of 8 or more tokens).
+pub fn vec_dot_q5_0_q8_0_blocks(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    one_acc_dot32(n, w, x, Q5_0_BYTES, |b, j| {
+        let high = ((rd_u32(b, 2) >> j) & 1) << 4;
+        let low = if j < 16 { b[6 + j] & 0x0f } else { b[6 + j - 16] >> 4 };
+        (low as u32 | high) as i32 - 16
+    })
 }
 
 /// Q4_K x Q8_K as llama.cpp's repacked kernels compute it: per super-block the exact

@@ -79,6 +79,8 @@ macro_rules! level {
             block_dot!(q8_0, q8_0_x4, k::q8_0, 32, 34, 34);
             block_dot!(q4_0, q4_0_x4, k::q4_0, 32, 18, 34);
             block_dot!(q5_0, q5_0_x4, k::q5_0, 32, 22, 34);
+            block_dot!(q8_0_tiled, q8_0_tiled_x4, k::q8_0_tiled, 32, 34, 34);
+            block_dot!(q5_0_tiled, q5_0_tiled_x4, k::q5_0_tiled, 32, 22, 34);
             block_dot!(iq4_nl, iq4_nl_x4, k::iq4_nl, 32, 18, 34);
             block_dot!(q4_1, q4_1_x4, k::q4_1, 32, 20, 36);
             block_dot!(q5_1, q5_1_x4, k::q5_1, 32, 24, 36);
@@ -107,9 +109,9 @@ macro_rules! level {
                     ..both(d, d4)
                 };
                 match ty {
-                    GgmlType::Q8_0 => SimdKernels { from_f32: Some(quantize_q8_0), ..both(q8_0, q8_0_x4) },
+                    GgmlType::Q8_0 => SimdKernels { from_f32: Some(quantize_q8_0), ..kq(q8_0, q8_0_x4, q8_0_tiled, q8_0_tiled_x4) },
                     GgmlType::Q4_0 => both(q4_0, q4_0_x4),
-                    GgmlType::Q5_0 => both(q5_0, q5_0_x4),
+                    GgmlType::Q5_0 => kq(q5_0, q5_0_x4, q5_0_tiled, q5_0_tiled_x4),
                     GgmlType::IQ4_NL => both(iq4_nl, iq4_nl_x4),
                     GgmlType::Q4_1 => both(q4_1, q4_1_x4),
                     GgmlType::Q5_1 => both(q5_1, q5_1_x4),

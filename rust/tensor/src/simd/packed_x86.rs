@@ -24,10 +24,10 @@ unsafe fn at(a: &KernelArgs, base: *const u8, b: usize, i: usize) -> *const u8 {
 /// The kernels for `kind`, with their token tile.
 pub fn kernels(kind: PackKind) -> KindKernels {
     match kind {
-        PackKind::Q8_0 => KindKernels { tile: 2, tiled: legacy_lanes::<0, 2>, single: legacy_lanes::<0, 1>, many: Some(q8_0_many) },
-        PackKind::Q5_0 => KindKernels { tile: 2, tiled: legacy_lanes::<1, 2>, single: legacy_lanes::<1, 1>, many: Some(q5_0_many) },
-        PackKind::Q4_0 => KindKernels { tile: 4, tiled: legacy_block::<0, 4>, single: legacy_block::<0, 1>, many: None },
-        PackKind::Iq4Nl => KindKernels { tile: 4, tiled: legacy_block::<1, 4>, single: legacy_block::<1, 1>, many: None },
+        PackKind::Q8_0 => KindKernels { tile: 2, tiled: legacy_lanes::<0, 2>, single: legacy_lanes::<0, 1>, many: Some(legacy_many::<0>) },
+        PackKind::Q5_0 => KindKernels { tile: 2, tiled: legacy_lanes::<1, 2>, single: legacy_lanes::<1, 1>, many: Some(legacy_many::<1>) },
+        PackKind::Q4_0 => KindKernels { tile: 4, tiled: legacy::<2, 4>, single: legacy::<2, 1>, many: Some(legacy_many::<2>) },
+        PackKind::Iq4Nl => KindKernels { tile: 4, tiled: legacy::<3, 4>, single: legacy::<3, 1>, many: Some(legacy_many::<3>) },
         PackKind::Q4K => KindKernels { tile: 4, tiled: q4_k::<4, false>, single: q4_k::<1, false>, many: Some(q4_k_many) },
         PackKind::Q6K => KindKernels { tile: 2, tiled: q6_k::<2>, single: q6_k::<1>, many: Some(q6_k_many) },
     }
@@ -101,6 +101,7 @@ trait LaneWeights {
 }
 
 /// A packed Q8_0 group (weights stored + 128).
+#[derive(Clone, Copy)]
 struct PackedQ8<'a> {
     a: &'a KernelArgs,
     base: *const u8,
@@ -114,6 +115,7 @@ impl LaneWeights for PackedQ8<'_> {
 }
 
 /// A packed Q5_0 group, decoded on the fly to q + 16 (0..31).
+#[derive(Clone, Copy)]
 struct PackedQ5<'a> {
     a: &'a KernelArgs,
     base: *const u8,
@@ -132,6 +134,7 @@ impl LaneWeights for PackedQ5<'_> {
 
 /// A group decoded once into a buffer (scales: nb x 32 bytes, weights: nb x 512 bytes), for
 /// products over many tokens: the decoding is then paid once per group, not per token pair.
+#[derive(Clone, Copy)]
 struct Expanded {
     d: *const u8,
     w: *const u8,
@@ -212,19 +215,58 @@ impl<W: LaneWeights> LaneWeights for AheadOf<'_, W> {
     unsafe fn lane(&self, b: usize, l: usize) -> __m512i { self.w.lane(b, l) }
 }
 
-/// Q8_0 over tokens t0..t1 (at least two): token pairs straight from the packed group, the
-/// first pair also fetching the next group.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
-unsafe fn q8_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
-    let base = a.w.add(g * a.group_bytes);
-    lanes::<_, 2>(&AheadOf { w: PackedQ8 { a, base }, a, g }, a, g, t0);
-    let mut t = t0 + 2;
-    while t + 2 <= t1 {
-        lanes::<_, 2>(&PackedQ8 { a, base }, a, g, t);
-        t += 2;
+/// One float accumulator per output, updated once per block with the block's exact integer
+/// sum: acc = fma(float(isum), d_w * d_x, acc) (`scalar::repacked`); the block's correction
+/// is the token's last aux entry. Under four tokens each sum runs as two VPDPBUSD chains
+/// (even and odd lanes, added at the block's end: integers, so the same sum), to hide the
+/// instruction's latency.
+#[inline(always)]
+unsafe fn block_sums<W: LaneWeights, const T: usize>(w: &W, a: &KernelArgs, g: usize, t0: usize) {
+    let split = T < 4;
+    let total = a.aux_per_block - 1;
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..a.nb {
+        let dw = scales16(w.scales(b));
+        let mut s = [[_mm512_setzero_si512(); 2]; T];
+        for t in 0..T {
+            s[t][0] = _mm512_set1_epi32(aux(a, t0 + t, b, total));
+        }
+        for l in 0..8 {
+            let wl = w.lane(b, l);
+            let c = if split { l & 1 } else { 0 };
+            for t in 0..T {
+                s[t][c] = _mm512_dpbusd_epi32(s[t][c], wl, act4(a, t0 + t, b * 32 + 4 * l));
+            }
+        }
+        for t in 0..T {
+            let isum = if split { _mm512_add_epi32(s[t][0], s[t][1]) } else { s[t][0] };
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, act_d(a, t0 + t, b)), acc[t]);
+        }
     }
-    if t < t1 {
-        lanes::<_, 1>(&PackedQ8 { a, base }, a, g, t);
+    for t in 0..T {
+        store(a, g, t0 + t, acc[t]);
+    }
+}
+
+/// `block_sums` over as many of tokens t..t1 as one pass takes (8, 4, 2 or 1); returns them.
+#[inline(always)]
+unsafe fn block_sums_pass<W: LaneWeights>(w: &W, a: &KernelArgs, g: usize, t: usize, t1: usize) -> usize {
+    match t1 - t {
+        n if n >= 8 => { block_sums::<_, 8>(w, a, g, t); 8 }
+        n if n >= 4 => { block_sums::<_, 4>(w, a, g, t); 4 }
+        n if n >= 2 => { block_sums::<_, 2>(w, a, g, t); 2 }
+        _ => { block_sums::<_, 1>(w, a, g, t); 1 }
+    }
+}
+
+/// `block_sums` over tokens t0..t1 (at least one), eight at a time: eight independent
+/// VPDPBUSD chains hide its latency, and each weight vector loaded serves eight tokens. The
+/// first pass reads `first` (which may fetch ahead), the others `w`.
+#[inline(always)]
+unsafe fn block_sums_many<F: LaneWeights, W: LaneWeights>(first: &F, w: &W, a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    let mut t = t0 + block_sums_pass(first, a, g, t0, t1);
+    while t < t1 {
+        t += block_sums_pass(w, a, g, t, t1);
     }
 }
 
@@ -233,12 +275,65 @@ thread_local! {
     static EXPANDED: std::cell::RefCell<Vec<__m512i>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Q5_0 over tokens t0..t1: the group is decoded once into a buffer, then the token pairs
-/// run the Q8_0 kernel over it (same integers, same float operations).
+/// A packed Q4_0 (KIND 0, weights stored + 8) or IQ4_NL (KIND 1, levels + 128 looked up)
+/// group.
+#[derive(Clone, Copy)]
+struct PackedQ4<'a, const KIND: u8> {
+    a: &'a KernelArgs,
+    base: *const u8,
+}
+
+impl<const KIND: u8> LaneWeights for PackedQ4<'_, KIND> {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize) -> *const u8 { at(self.a, self.base, b, 0) }
+    #[inline(always)]
+    unsafe fn lane(&self, b: usize, l: usize) -> __m512i {
+        let nib = nibbles(load(at(self.a, self.base, b, 1).add((l & 3) * 64)), l >= 4);
+        if KIND == 0 {
+            return nib;
+        }
+        // IQ4_NL levels + 128, as unsigned bytes, in each 128-bit lane.
+        let table = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15));
+        _mm512_shuffle_epi8(table, nib)
+    }
+}
+
+/// Binds `$w` to group g's weights of legacy kind `$kind` (0 Q8_0, 1 Q5_0, 2 Q4_0,
+/// 3 IQ4_NL) for `$body`.
+macro_rules! with_legacy_weights {
+    ($kind:expr, $a:expr, $g:expr, $w:ident => $body:expr) => {{
+        let (a, base) = ($a, $a.w.add($g * $a.group_bytes));
+        match $kind {
+            0 => { let $w = PackedQ8 { a, base }; $body }
+            1 => { let $w = PackedQ5 { a, base }; $body }
+            2 => { let $w = PackedQ4::<0> { a, base }; $body }
+            _ => { let $w = PackedQ4::<1> { a, base }; $body }
+        }
+    }};
+}
+
+/// Legacy kind KIND (see `with_legacy_weights`) over tokens t0..t0 + T with one
+/// accumulator (Q4_0 and IQ4_NL: llama.cpp's repacked arithmetic at every token count).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
-unsafe fn q5_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
-    let base = a.w.add(g * a.group_bytes);
-    let src = PackedQ5 { a, base };
+unsafe fn legacy<const KIND: u8, const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
+    with_legacy_weights!(KIND, a, g, w => block_sums::<_, T>(&w, a, g, t0))
+}
+
+/// Legacy kind KIND over tokens t0..t1 (products of 8 tokens or more, where Q8_0 and Q5_0
+/// too have one accumulator), in passes of eight tokens, the first also fetching the next
+/// group. Q5_0 over 16 tokens or more decodes the group once into a buffer and
+/// runs over that.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
+unsafe fn legacy_many<const KIND: u8>(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    if KIND == 1 && t1 - t0 >= 16 {
+        return q5_0_expanded(a, g, t0, t1);
+    }
+    with_legacy_weights!(KIND, a, g, w => block_sums_many(&AheadOf { w, a, g }, &w, a, g, t0, t1))
+}
+
+#[inline(always)]
+unsafe fn q5_0_expanded(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    let src = PackedQ5 { a, base: a.w.add(g * a.group_bytes) };
     EXPANDED.with(|buf| {
         let mut buf = buf.borrow_mut();
         let lines = a.nb * (32 + 512) / 64 + 1;
@@ -255,43 +350,8 @@ unsafe fn q5_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
             }
         }
         let e = Expanded { d, w };
-        let mut t = t0;
-        while t + 2 <= t1 {
-            lanes::<_, 2>(&e, a, g, t);
-            t += 2;
-        }
-        if t < t1 {
-            lanes::<_, 1>(&e, a, g, t);
-        }
+        block_sums_many(&e, &e, a, g, t0, t1);
     });
-}
-
-/// Q4_0 (KIND 0) and IQ4_NL (KIND 1): one accumulator per output (llama.cpp's repack).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
-unsafe fn legacy_block<const KIND: u8, const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
-    let base = a.w.add(g * a.group_bytes);
-    // IQ4_NL levels + 128, as unsigned bytes, in each 128-bit lane.
-    let table = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15));
-    let mut acc = [_mm512_setzero_ps(); T];
-    for b in 0..a.nb {
-        let (dp, qp) = (at(a, base, b, 0), at(a, base, b, 1));
-        let dw = scales16(dp);
-        let mut w = [_mm512_setzero_si512(); 8];
-        for l in 0..8 {
-            let nib = nibbles(load(qp.add((l & 3) * 64)), l >= 4);
-            w[l] = if KIND == 0 { nib } else { _mm512_shuffle_epi8(table, nib) };
-        }
-        for t in 0..T {
-            let mut s = _mm512_set1_epi32(aux(a, t0 + t, b, 0));
-            for l in 0..8 {
-                s = _mm512_dpbusd_epi32(s, w[l], act4(a, t0 + t, b * 32 + 4 * l));
-            }
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, act_d(a, t0 + t, b)), acc[t]);
-        }
-    }
-    for t in 0..T {
-        store(a, g, t0 + t, acc[t]);
-    }
 }
 
 /// Q4_K: one accumulator for the scaled sums and one for the mins (llama.cpp's repack).
@@ -345,12 +405,14 @@ unsafe fn q4_k<const T: usize, const AHEAD: bool>(a: &KernelArgs, g: usize, t0: 
     }
 }
 
-/// Q4_K over tokens t0..t1 (at least four): tiles of four, the first also fetching the next
-/// group.
+/// Q4_K over tokens t0..t1: tiles of four, the first also fetching the next group.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
 unsafe fn q4_k_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
-    q4_k::<4, true>(a, g, t0);
-    let mut t = t0 + 4;
+    let mut t = t0;
+    if t1 - t0 >= 4 {
+        q4_k::<4, true>(a, g, t0);
+        t += 4;
+    }
     while t + 4 <= t1 {
         q4_k::<4, false>(a, g, t);
         t += 4;

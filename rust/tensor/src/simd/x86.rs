@@ -289,6 +289,37 @@ macro_rules! x86_kernels {
             dot_blocks32::<2, T>(nb, w, 22, x, out)
         }
 
+        /// Legacy 32-element block dot with one accumulator: the block's exact integer sum,
+        /// then acc = fma(float(isum), d_w * d_x, acc) (`scalar::repacked::one_acc_dot32`).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn dot_blocks32_sums<const KIND: u8, const T: usize>(nb: usize, w: *const u8, wbytes: usize, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [0f32; T];
+            for i in 0..nb {
+                let bw = w.add(i * wbytes);
+                let q = decode32::<KIND>(bw);
+                let dw = f16_1(bw);
+                for t in 0..T {
+                    let bx = x[t].add(i * 34);
+                    let isum = hsum_epi32(dot_i8_signed!(q, loadu(bx.add(2))));
+                    acc[t] = (isum as f32).mul_add(dw * f16_1(bx), acc[t]);
+                }
+            }
+            *out = acc;
+        }
+
+        /// Q8_0 with one accumulator (ferrollama's products of 8 or more tokens).
+        #[target_feature(enable = $features)]
+        pub unsafe fn q8_0_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            dot_blocks32_sums::<0, T>(nb, w, 34, x, out)
+        }
+
+        /// Q5_0 with one accumulator (ferrollama's products of 8 or more tokens).
+        #[target_feature(enable = $features)]
+        pub unsafe fn q5_0_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            dot_blocks32_sums::<2, T>(nb, w, 22, x, out)
+        }
+
         /// IQ4_NL x Q8_0 as ggml_vec_dot_iq4_nl_q8_0 (AVX2): blocks in pairs, the even ones into
         /// one accumulator and the odd ones into another, added lane-wise before hsum_float_8; an
         /// odd last block is added as `sumf + d * sumi` (two roundings: GCC does not fuse it).

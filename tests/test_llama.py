@@ -200,6 +200,20 @@ def test_prompt_prefix_is_reused(qwen):
     assert qwen.ctx.perf["n_p_eval"] - before <= n_new + 1
 
 
+def test_a_repeated_prompt_continues_as_it_did(qwen):
+    """The same prompt again is not decoded again (not even its last token, which decoded alone
+    would round differently from the batch that decoded it first): the same text follows."""
+    qwen.reset()
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+    decoded = lambda: qwen.ctx.perf["n_p_eval"] + qwen.ctx.perf["n_eval"]
+    start = decoded()
+    first = qwen(prompt, max_tokens=12, temperature=0.0)["choices"][0]["text"]
+    n_first = decoded() - start
+    again = "".join(c["choices"][0]["text"] for c in qwen(prompt, max_tokens=12, temperature=0.0, stream=True))
+    assert again == first
+    assert decoded() - start - n_first == n_first - len(qwen.tokenize(prompt))   # only the generated tokens
+
+
 def test_logprobs(qwen):
     out = qwen("def is_prime(n):\n", max_tokens=5, temperature=0.0, logprobs=3)
     lp = out["choices"][0]["logprobs"]

@@ -392,6 +392,8 @@ class Llama:
         self._embed_ctx: Context | None = self.ctx if embedding else None
         #: tokens whose keys and values are in the cache (sequence 0, positions 0..n-1)
         self.input_ids: list[int] = []
+        #: the last prepared prompt's length and the logits it gave (see `_prepare`)
+        self._prompt_logits: tuple[int, np.ndarray] | None = None
         self._chat_template_source = chat_template
         self._chat_template = None
         self._add_bos: bool | None = None
@@ -424,6 +426,7 @@ class Llama:
         """Forgets the cached prompt."""
         self.ctx.kv.clear()
         self.input_ids = []
+        self._prompt_logits = None
 
     # --- evaluation ---
     def eval(self, tokens: Sequence[int]) -> None:
@@ -437,16 +440,29 @@ class Llama:
             self.ctx.decode(Batch.from_tokens(chunk, pos0=len(self.input_ids), seq_id=0, logits=last))
             self.input_ids.extend(chunk)
 
-    def _prepare(self, tokens: Sequence[int]) -> None:
-        """Makes the cache hold tokens, reusing the longest cached prefix; logits of the last."""
+    def _prepare(self, tokens: Sequence[int]) -> np.ndarray:
+        """Makes the cache hold tokens, reusing the longest cached prefix; returns the logits after
+        the last."""
         if not tokens:
             raise ValueError("the prompt is empty")
         if len(tokens) > self.n_ctx:
             raise ValueError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx}")
-        keep = min(common_prefix_len(self.input_ids, tokens), len(tokens) - 1)
+        common = common_prefix_len(self.input_ids, tokens)
+        saved = self._prompt_logits
+        if saved is not None and common == len(tokens) == saved[0]:
+            # The same prompt again, cached with the logits it gave: decoding its last token again
+            # alone would round differently from the batch that decoded it first (products over 8
+            # tokens or more sum differently, as in llama.cpp), and could continue differently.
+            self.ctx.kv.seq_rm(0, common, -1)
+            del self.input_ids[common:]
+            return saved[1].copy()
+        keep = min(common, len(tokens) - 1)
         self.ctx.kv.seq_rm(0, keep, -1)
         del self.input_ids[keep:]
         self.eval(tokens[keep:])
+        logits = self.ctx.logits(-1)
+        self._prompt_logits = (len(tokens), logits.copy())
+        return logits
 
     def _sampler(self, params: SamplingParams, seed: int | None) -> Sampler:
         return Sampler(self.model, replace(params, seed=self.seed if seed is None else seed))
@@ -470,16 +486,18 @@ class Llama:
             grammar=grammar or "")
         sampler = self._sampler(params, seed)
         if reset:
-            self._prepare(tokens)
+            logits = self._prepare(tokens)
         else:
             self.eval(tokens)
+            logits = self.ctx.logits(-1)
         for t in self.input_ids:
             sampler.accept(t, accept_grammar=False)
-        yield from self._sample_loop(sampler, None)
+        yield from self._sample_loop(sampler, None, logits)
 
-    def _sample_loop(self, sampler: Sampler, on_logits: Callable[[np.ndarray, int], None] | None) -> Iterator[int]:
+    def _sample_loop(self, sampler: Sampler, on_logits: Callable[[np.ndarray, int], None] | None,
+                     logits: np.ndarray) -> Iterator[int]:
+        """Samples from logits (those after the last cached token), then decodes each sampled token."""
         while True:
-            logits = self.ctx.logits(-1)
             token = sampler.sample_logits(logits)
             sampler.accept(token)
             if on_logits is not None:
@@ -488,6 +506,7 @@ class Llama:
             if len(self.input_ids) >= self.n_ctx:
                 return
             self.eval([token])
+            logits = self.ctx.logits(-1)
 
     # --- completion ---
     def create_completion(self, prompt: str | Sequence[int], suffix: str | None = None,
@@ -532,13 +551,13 @@ class Llama:
         limit = self.n_ctx - len(tokens) if max_tokens is None or max_tokens <= 0 else max_tokens
         scanner, lp = StopScanner(stops), _LogprobsCollector(self, logprobs)
         sampler = self._sampler(params, seed)
-        self._prepare(tokens)
+        logits = self._prepare(tokens)
         for t in tokens:
             sampler.accept(t, accept_grammar=False)
         if echo:
             yield _chunk(cid, created, model_name, self.detokenize(tokens).decode("utf-8", "replace"), None, None)
         finish, n_out = "length", 0
-        for token in self._sample_loop(sampler, lp.record if logprobs is not None else None):
+        for token in self._sample_loop(sampler, lp.record if logprobs is not None else None, logits):
             if self.model.is_eog(token):
                 finish = "stop"
                 break
@@ -636,6 +655,7 @@ class Llama:
     def load_state(self, state: LlamaState) -> None:
         self.ctx.state_set(state.llama_state)
         self.input_ids = list(state.input_ids)
+        self._prompt_logits = None
         self.seed = state.seed
 
 

@@ -331,7 +331,8 @@ unsafe fn legacy_many<const KIND: u8>(a: &KernelArgs, g: usize, t0: usize, t1: u
     with_legacy_weights!(KIND, a, g, w => block_sums_many(&AheadOf { w, a, g }, &w, a, g, t0, t1))
 }
 
-#[inline(always)]
+/// (A target_feature function, not inline(always): the closure inside inherits its features.)
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")]
 unsafe fn q5_0_expanded(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
     let src = PackedQ5 { a, base: a.w.add(g * a.group_bytes) };
     EXPANDED.with(|buf| {

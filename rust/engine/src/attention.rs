@@ -135,6 +135,7 @@ fn exact_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usi
         v: &layer.v,
         v_stride: kv.v_row_bytes(),
         v_offset: g * kv.type_v.row_bytes(hd_v),
+        v_cols: layer.v_cols,
         head_dim_k: hd_k,
         head_dim_v: hd_v,
         n_kv,

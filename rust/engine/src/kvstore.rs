@@ -1,7 +1,14 @@
 //! K and V storage of the cache: for each layer, one row per cell, in the cache type
 //! (f32, f16 or q8_0). Which cell holds what is the kv crate's business; this file only
 //! stores, reads, re-rotates (K-shift) and moves rows.
+//!
+//! K rows are in cell order. V rows are set-major (`attn::v_row`): the weighted sum adds
+//! cell j into accumulator set j % 64, and with this layout each set's walk over its cells
+//! reads consecutive rows instead of rows 64 cells apart.
 
+use std::ops::Range;
+
+use ferrollama_tensor::attn::{v_cols, v_row};
 use ferrollama_tensor::{traits, GgmlType, TypeTraits};
 
 use crate::error::{EngineError, Result};
@@ -20,6 +27,8 @@ pub fn parse_cache_type(name: &str) -> Result<GgmlType> {
 pub struct LayerKv {
     pub k: Vec<u8>,
     pub v: Vec<u8>,
+    /// Rows per V set: cell j's V row is row `v_row(j, v_cols)`.
+    pub v_cols: usize,
 }
 
 pub struct KvStore {
@@ -47,7 +56,10 @@ impl KvStore {
         }
         let (k_row, v_row) = (n_head_kv * head_dim_k, n_head_kv * head_dim_v);
         let layers = cells_per_layer.iter()
-            .map(|&n| LayerKv { k: vec![0; tk.row_bytes(k_row) * n], v: vec![0; tv.row_bytes(v_row) * n] })
+            .map(|&n| {
+                let v_cols = v_cols(n);
+                LayerKv { k: vec![0; tk.row_bytes(k_row) * n], v: vec![0; tv.row_bytes(v_row) * v_cols * ferrollama_tensor::attn::V_SETS], v_cols }
+            })
             .collect();
         Ok(KvStore { type_k: tk, type_v: tv, k_row, v_row, head_dim_k, head_dim_v, layers })
     }
@@ -58,11 +70,19 @@ impl KvStore {
 
     /// Stores one token's K and V rows (f32) into `cell` of `layer`.
     pub fn write(&mut self, layer: usize, cell: usize, k: &[f32], v: &[f32]) {
-        let (kb, vb) = (self.k_row_bytes(), self.v_row_bytes());
+        let kb = self.k_row_bytes();
         let (from_k, from_v) = (self.type_k.from_f32.expect("cache types quantize"), self.type_v.from_f32.expect("cache types quantize"));
+        let vr = self.v_bytes(&self.layers[layer], cell);
         let l = &mut self.layers[layer];
         from_k(k, &mut l.k[cell * kb..(cell + 1) * kb]);
-        from_v(v, &mut l.v[cell * vb..(cell + 1) * vb]);
+        from_v(v, &mut l.v[vr]);
+    }
+
+    /// Where the V row of `cell` is in `layer.v`.
+    pub fn v_bytes(&self, layer: &LayerKv, cell: usize) -> Range<usize> {
+        let vb = self.v_row_bytes();
+        let row = v_row(cell, layer.v_cols);
+        row * vb..(row + 1) * vb
     }
 
     /// The bytes of KV head `h` of the K row of `cell`.
@@ -73,7 +93,7 @@ impl KvStore {
     }
     pub fn v_head<'a>(&self, layer: &'a LayerKv, cell: usize, h: usize) -> &'a [u8] {
         let hb = self.type_v.row_bytes(self.head_dim_v);
-        let start = cell * self.v_row_bytes() + h * hb;
+        let start = self.v_bytes(layer, cell).start + h * hb;
         &layer.v[start..start + hb]
     }
 
@@ -101,11 +121,12 @@ impl KvStore {
 
     /// Copies the rows of cell `src` to cell `dst` in the given layers (defragmentation).
     pub fn move_cell(&mut self, src: usize, dst: usize, layers: &[usize]) {
-        let (kb, vb) = (self.k_row_bytes(), self.v_row_bytes());
+        let kb = self.k_row_bytes();
         for &il in layers {
+            let (v_src, v_dst) = (self.v_bytes(&self.layers[il], src), self.v_bytes(&self.layers[il], dst).start);
             let l = &mut self.layers[il];
             l.k.copy_within(src * kb..(src + 1) * kb, dst * kb);
-            l.v.copy_within(src * vb..(src + 1) * vb, dst * vb);
+            l.v.copy_within(v_src, v_dst);
         }
     }
 }

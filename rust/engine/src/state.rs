@@ -137,7 +137,7 @@ impl Context {
                     out.extend(&layer.k[c as usize * kb..(c as usize + 1) * kb]);
                 }
                 for &c in &meta.cells {
-                    out.extend(&layer.v[c as usize * vb..(c as usize + 1) * vb]);
+                    out.extend(&layer.v[self.store.v_bytes(layer, c as usize)]);
                 }
             }
         }
@@ -175,13 +175,13 @@ impl Context {
             cache.cells = cells;
             let mut rows = blob.rows;
             for &il in &cache.layers {
-                let layer = &mut self.store.layers[il];
                 for &c in &slots {
-                    layer.k[c as usize * kb..(c as usize + 1) * kb].copy_from_slice(&rows[..kb]);
+                    self.store.layers[il].k[c as usize * kb..(c as usize + 1) * kb].copy_from_slice(&rows[..kb]);
                     rows = &rows[kb..];
                 }
                 for &c in &slots {
-                    layer.v[c as usize * vb..(c as usize + 1) * vb].copy_from_slice(&rows[..vb]);
+                    let at = self.store.v_bytes(&self.store.layers[il], c as usize);
+                    self.store.layers[il].v[at].copy_from_slice(&rows[..vb]);
                     rows = &rows[vb..];
                 }
             }

@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use ferrollama_tensor::attn::{attend, AttnScratch, DotOrder, Heads};
+use ferrollama_tensor::attn::{attend, v_cols, AttnScratch, DotOrder, Heads};
 use ferrollama_tensor::util::f32_to_f16;
 use ferrollama_tensor::GgmlType;
 
@@ -60,7 +60,7 @@ fn bench(c: &mut Criterion, report: &mut Report) {
             let order = if n_t > 1 { DotOrder::TinyBlas } else { DotOrder::VecDot };
             let h = Heads {
                 k_type: GgmlType::F16, v_type: GgmlType::F16, k: &k, k_stride: 2 * row, k_offset: 0,
-                v: &v, v_stride: 2 * row, v_offset: 0, head_dim_k: sh.head_dim, head_dim_v: sh.head_dim,
+                v: &v, v_stride: 2 * row, v_offset: 0, v_cols: v_cols(n_kv), head_dim_k: sh.head_dim, head_dim_v: sh.head_dim,
                 n_kv, q: &q, q_stride: sh.group * sh.head_dim, n_q: sh.group, n_t, mask: &mask, mask_stride: n_kv,
                 out_stride: sh.group * sh.head_dim, scale: 0.125, order_kq: order, order_vp: order,
             };

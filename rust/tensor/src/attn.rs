@@ -19,6 +19,25 @@ use crate::dispatch::{active_isa, Isa};
 use crate::util::{f16_to_f32 as half_to_f32, f32_to_f16};
 use crate::GgmlType;
 
+/// The accumulator sets of the weighted sum over cells for one token (ggml_vec_dot_f16's
+/// 4 x 16 lanes): cell j goes to set j % V_SETS. The smaller tinyBLAS order's 16 sets are
+/// unions of these.
+pub const V_SETS: usize = 64;
+
+/// Rows per set for a cache of `cells` cells.
+pub fn v_cols(cells: usize) -> usize {
+    cells.div_ceil(V_SETS)
+}
+
+/// The row of cell j in a set-major V cache of `cols` rows per set: each set's cells are
+/// consecutive rows, so the weighted sum, which walks a set's cells in order, streams them
+/// (cells 64 apart in cell order are 16 KB apart in a 128-dimension cache: the walk would
+/// miss every cache level and alias in L1).
+#[inline(always)]
+pub fn v_row(cell: usize, cols: usize) -> usize {
+    (cell % V_SETS) * cols + cell / V_SETS
+}
+
 /// How a dot product's terms are summed (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DotOrder {
@@ -37,9 +56,12 @@ pub struct Heads<'a> {
     pub k: &'a [u8],
     pub k_stride: usize,
     pub k_offset: usize,
+    /// The layer's cached values, rows set-major: cell j's head starts at
+    /// v[v_row(j, v_cols) * v_stride + v_offset].
     pub v: &'a [u8],
     pub v_stride: usize,
     pub v_offset: usize,
+    pub v_cols: usize,
     pub head_dim_k: usize,
     pub head_dim_v: usize,
     pub n_kv: usize,
@@ -70,6 +92,7 @@ impl Heads<'_> {
             && dims_ok(self.head_dim_k)
             && dims_ok(self.head_dim_v)
             && self.n_kv % 64 == 0
+            && self.n_kv <= V_SETS * self.v_cols
             && self.n_q > 0
             && self.n_q <= MAX_HEADS
             && self.n_t > 0
@@ -86,7 +109,7 @@ impl Heads<'_> {
         let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
         let last = self.n_kv.saturating_sub(1);
         let k_end = last * self.k_stride + self.k_offset + self.head_dim_k * es(self.k_type);
-        let v_end = last * self.v_stride + self.v_offset + self.head_dim_v * es(self.v_type);
+        let v_end = (V_SETS * self.v_cols).saturating_sub(1) * self.v_stride + self.v_offset + self.head_dim_v * es(self.v_type);
         self.k.len() >= k_end && self.v.len() >= v_end
     }
 
@@ -108,6 +131,8 @@ pub const MAX_HEADS: usize = 64;
 #[derive(Default)]
 pub struct AttnScratch {
     q: Vec<f32>,
+    /// Probabilities of each head, set-major (`Sums::p`).
+    p: Vec<f32>,
     w: Vec<f32>,
     sets: Vec<f32>,
     /// The cached rows of the call as f32 (for an F16 cache whose rows several queries read).
@@ -242,7 +267,7 @@ fn round_f16(x: f32) -> f32 {
 pub fn attend_reference(h: &Heads, out: &mut [f32], _s: &mut AttnScratch) {
     let (dk, dv, n_kv) = (h.head_dim_k, h.head_dim_v, h.n_kv);
     let key = |j: usize| row_f32(h.k_type, &h.k[j * h.k_stride + h.k_offset..], dk);
-    let value = |j: usize| row_f32(h.v_type, &h.v[j * h.v_stride + h.v_offset..], dv);
+    let value = |j: usize| row_f32(h.v_type, &h.v[v_row(j, h.v_cols) * h.v_stride + h.v_offset..], dv);
     for (t, qi) in (0..h.n_t).flat_map(|t| (0..h.n_q).map(move |qi| (t, qi))) {
         let q0 = t * h.q_stride + qi * dk;
         let q: Vec<f32> = h.q[q0..q0 + dk].iter().map(|&v| if h.k_type == GgmlType::F16 { round_f16(v) } else { v }).collect();
@@ -283,7 +308,7 @@ pub fn attend_reference(h: &Heads, out: &mut [f32], _s: &mut AttnScratch) {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{grow, AttnScratch, DotOrder, Heads, MAX_HEADS, MAX_TOKENS};
+    use super::{grow, v_cols, v_row, AttnScratch, DotOrder, Heads, MAX_HEADS, MAX_TOKENS, V_SETS};
     use crate::GgmlType;
 
     /// Lane-wise GCC `_mm512_reduce_add_ps` of one vector, as a scalar.
@@ -334,15 +359,19 @@ mod x86 {
     #[derive(Clone, Copy)]
     struct Rows {
         p: *const u8,
-        /// Bytes from one cell's row to the next.
+        /// Bytes from one row to the next.
         stride: usize,
         f16: bool,
+        /// 0: rows in cell order (K); else set-major with this many rows per set (V).
+        cols: usize,
     }
 
     impl Rows {
+        /// The row of cell j.
         #[inline(always)]
         unsafe fn row(&self, j: usize) -> *const u8 {
-            self.p.add(j * self.stride)
+            let r = if self.cols == 0 { j } else { v_row(j, self.cols) };
+            self.p.add(r * self.stride)
         }
         /// Values i..i + 16 of a row (from `row`) as f32.
         #[inline(always)]
@@ -355,23 +384,21 @@ mod x86 {
         }
     }
 
-    /// The cached rows of cells 0..end: converted to f32 into `buf` when `convert` (and the
-    /// cache is F16), else read in place.
+    /// The cached rows of cells 0..end (`in_place`): converted to f32 into `buf` when
+    /// `convert` (and the cache is F16), in the same order of rows, else read in place.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn rows(ty: GgmlType, cache: &[u8], stride: usize, offset: usize, d: usize, end: usize, convert: bool, buf: &mut Vec<f32>) -> Rows {
-        let f16 = ty == GgmlType::F16;
-        let in_place = Rows { p: cache.as_ptr().add(offset), stride, f16 };
-        if !f16 || !convert {
+    unsafe fn rows(in_place: Rows, d: usize, end: usize, convert: bool, buf: &mut Vec<f32>) -> Rows {
+        if !in_place.f16 || !convert {
             return in_place;
         }
-        let b = grow(buf, end * d).as_mut_ptr();
+        let cols = if in_place.cols == 0 { 0 } else { v_cols(end) };
+        let converted = Rows { p: grow(buf, end.next_multiple_of(V_SETS) * d).as_mut_ptr() as *const u8, stride: 4 * d, f16: false, cols };
         for j in 0..end {
             for i in (0..d).step_by(16) {
-                _mm512_storeu_ps(b.add(j * d + i), in_place.load16(in_place.row(j), i));
+                _mm512_storeu_ps((converted.row(j) as *mut f32).add(i), in_place.load16(in_place.row(j), i));
             }
         }
-        Rows { p: b as *const u8, stride: 4 * d, f16: false }
+        converted
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
@@ -387,11 +414,15 @@ mod x86 {
         let end_any = ends[..nt].iter().copied().max().unwrap_or(0);
         // The rows of the cache, once for all tokens and heads of the task when they share them.
         let convert = nt * nq >= CONVERT_FROM_USES;
-        let kr = rows(h.k_type, h.k, h.k_stride, h.k_offset, dk, end_any, convert, &mut s.k);
-        let vr = rows(h.v_type, h.v, h.v_stride, h.v_offset, dv, end_any, convert, &mut s.v);
+        let f16 = |t: GgmlType| t == GgmlType::F16;
+        let k_in_place = Rows { p: h.k.as_ptr().add(h.k_offset), stride: h.k_stride, f16: f16(h.k_type), cols: 0 };
+        let v_in_place = Rows { p: h.v.as_ptr().add(h.v_offset), stride: h.v_stride, f16: f16(h.v_type), cols: h.v_cols };
+        let kr = rows(k_in_place, dk, end_any, convert, &mut s.k);
+        let vr = rows(v_in_place, dv, end_any, convert, &mut s.v);
         let sets = h.sets();
         let qbuf = grow(&mut s.q, nq * dk).as_mut_ptr();
         let w = grow(&mut s.w, nq * n_kv).as_mut_ptr();
+        let probs = grow(&mut s.p, nq * n_kv).as_mut_ptr();
         let acc = grow(&mut s.sets, nq * sets * dv).as_mut_ptr();
         for t in 0..nt {
             let m = mask(t);
@@ -418,18 +449,21 @@ mod x86 {
                 scores::<false>(h, kr, qbuf, m, visible, w);
             }
             let o = out.add(t * h.out_stride);
+            // A dense walk reads the probabilities set by set: they are stored set-major.
+            let is_sparse = sparse(visible.len(), end);
+            let layout = if is_sparse { None } else { Some(sets) };
             let mut live = [false; MAX_HEADS];
             for qi in 0..nq {
-                live[qi] = softmax(w.add(qi * n_kv), n_kv, h.v_type == GgmlType::F16);
+                live[qi] = softmax(w.add(qi * n_kv), n_kv, h.v_type == GgmlType::F16, layout, probs.add(qi * n_kv));
             }
             // Weighted sums: each cached value read once for all heads.
-            let cells = if sparse(visible.len(), end) {
+            let cells = if is_sparse {
                 group_by_set(visible, sets, &mut s.by_set, &mut s.set_start);
                 Cells::BySet(&s.by_set, &s.set_start)
             } else {
                 Cells::All
             };
-            let sums = Sums { sets, dv, n_kv, nq, p: w, end, acc, cells };
+            let sums = Sums { sets, dv, n_kv, nq, p: probs, end, acc, cells };
             if vr.f16 {
                 weighted_sums::<true>(&sums, vr);
             } else {
@@ -450,33 +484,65 @@ mod x86 {
 
     /// w[qi][j] = scale * K_j · q_qi + mask[j] for the visible cells j and every head qi (the
     /// others keep their -inf).
+    ///
+    /// Sixteen cells at a time: the sixteen dot products of a head are reduced together
+    /// (`fold_pair`, `reduce_halves`: the adds of sixteen `reduce16` trees, with shuffles that
+    /// serve several), leaving the scores in one vector for the scale and the mask. (Converting
+    /// an F16 block to f32 once for all heads measured no faster for Qwen's 64-dimension heads
+    /// and slower for Gemma's 256.)
     #[inline(always)]
     unsafe fn scores<const F16: bool>(h: &Heads, kr: Rows, q: *const f32, m: *const f32, visible: &[u32], w: *mut f32) {
-        let kr = Rows { f16: F16, ..kr };
-        let (dk, n_kv) = (h.head_dim_k, h.n_kv);
-        // Four cells at a time: four independent chains keep the FMA units busy.
-        let mut quads = visible.chunks_exact(4);
-        for c4 in quads.by_ref() {
-            let j = [c4[0] as usize, c4[1] as usize, c4[2] as usize, c4[3] as usize];
-            let rows = [kr.row(j[0]), kr.row(j[1]), kr.row(j[2]), kr.row(j[3])];
-            for qi in 0..h.n_q {
-                let sc = dot4(h.order_kq, kr, rows, q.add(qi * dk), dk);
-                for c in 0..4 {
-                    *w.add(qi * n_kv + j[c]) = sc[c] * h.scale + *m.add(j[c]);
-                }
-            }
+        // The common head sizes as constants: the dot products unroll completely.
+        match h.head_dim_k {
+            64 => scores_dk::<F16, 64>(h, kr, q, m, visible, w),
+            128 => scores_dk::<F16, 128>(h, kr, q, m, visible, w),
+            256 => scores_dk::<F16, 256>(h, kr, q, m, visible, w),
+            _ => scores_dk::<F16, 0>(h, kr, q, m, visible, w),
         }
-        for &j in quads.remainder() {
-            let j = j as usize;
+    }
+
+    /// `scores` for head size DK (0: h.head_dim_k).
+    #[inline(always)]
+    unsafe fn scores_dk<const F16: bool, const DK: usize>(h: &Heads, kr: Rows, q: *const f32, m: *const f32, visible: &[u32], w: *mut f32) {
+        let kr = Rows { f16: F16, ..kr };
+        let (dk, n_kv) = (if DK > 0 { DK } else { h.head_dim_k }, h.n_kv);
+        let scale = _mm512_set1_ps(h.scale);
+        for block in visible.chunks(16) {
+            let n = block.len();
+            // Cells of the block; a short last block repeats its last cell (scores not stored).
+            let cell = |c: usize| block[c.min(n - 1)] as usize;
+            let contiguous = n == 16 && block[15] - block[0] == 15;
+            let rows: [*const u8; 16] = std::array::from_fn(|c| kr.row(cell(c)));
             for qi in 0..h.n_q {
-                *w.add(qi * n_kv + j) = dot4(h.order_kq, kr, [kr.row(j); 4], q.add(qi * dk), dk)[0] * h.scale + *m.add(j);
+                let qh = q.add(qi * dk);
+                // Four rows at a time (independent chains for the FMA units), folded in pairs
+                // as they come: sixteen whole vectors would not fit the registers.
+                let mut halves = [_mm512_setzero_ps(); 8];
+                for p in 0..4 {
+                    let x = dot_lanes4(h.order_kq, kr, [rows[4 * p], rows[4 * p + 1], rows[4 * p + 2], rows[4 * p + 3]], qh, dk);
+                    halves[2 * p] = fold_pair(x[0], x[1]);
+                    halves[2 * p + 1] = fold_pair(x[2], x[3]);
+                }
+                let sc = _mm512_mul_ps(reduce_halves(&halves), scale);
+                let wq = w.add(qi * n_kv);
+                if contiguous {
+                    let j0 = block[0] as usize;
+                    _mm512_storeu_ps(wq.add(j0), _mm512_add_ps(sc, _mm512_loadu_ps(m.add(j0))));
+                } else {
+                    let mut lanes = [0f32; 16];
+                    _mm512_storeu_ps(lanes.as_mut_ptr(), sc);
+                    for (c, &j) in block.iter().enumerate() {
+                        *wq.add(j as usize) = lanes[c] + *m.add(j as usize);
+                    }
+                }
             }
         }
     }
 
-    /// The dot products of four cached rows with q, each in `order`.
+    /// The 16 lanes of the dot products of four cached rows with q in `order`, before
+    /// `reduce16` (vec_dot's four accumulators already added as (a0 + a2) + (a1 + a3)).
     #[inline(always)]
-    unsafe fn dot4(order: DotOrder, kr: Rows, k: [*const u8; 4], q: *const f32, n: usize) -> [f32; 4] {
+    unsafe fn dot_lanes4(order: DotOrder, kr: Rows, k: [*const u8; 4], q: *const f32, n: usize) -> [__m512; 4] {
         match order {
             DotOrder::TinyBlas => {
                 let mut acc = [_mm512_setzero_ps(); 4];
@@ -486,31 +552,59 @@ mod x86 {
                         acc[r] = _mm512_fmadd_ps(kr.load16(k[r], c), qc, acc[r]);
                     }
                 }
-                let mut out = [0f32; 4];
-                for r in 0..4 {
-                    out[r] = reduce16(acc[r]);
-                }
-                out
+                acc
             }
             DotOrder::VecDot => {
-                let mut out = [0f32; 4];
-                for r in 0..4 {
-                    let mut acc = [_mm512_setzero_ps(); 4];
-                    for c in (0..n).step_by(64) {
-                        for j in 0..4 {
-                            acc[j] = _mm512_fmadd_ps(kr.load16(k[r], c + 16 * j), _mm512_loadu_ps(q.add(c + 16 * j)), acc[j]);
+                let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+                for c in (0..n).step_by(64) {
+                    for j in 0..4 {
+                        let qc = _mm512_loadu_ps(q.add(c + 16 * j));
+                        for r in 0..4 {
+                            acc[r][j] = _mm512_fmadd_ps(kr.load16(k[r], c + 16 * j), qc, acc[r][j]);
                         }
                     }
-                    out[r] = reduce16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
                 }
-                out
+                acc.map(|a| _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3])))
             }
         }
     }
 
-    /// The weighted sums of one token's heads: probabilities p[qi * n_kv + j] for cells
-    /// j < end, into acc[qi][set][dv] (lane r of a dot product over cells, set r, sums cells
-    /// r, r + sets, ... in cell order).
+    /// Sixteen `reduce16` trees at once, bit for bit: lane c of
+    /// `reduce_halves([fold_pair(x0, x1), .., fold_pair(x14, x15)])` is reduce16(x[c]). Each
+    /// level adds the same pairs of partial sums as `reduce16` (upper and lower 256 bits, then
+    /// 128, then lanes 0,1 + 2,3, then 0 + 1), one shuffle pair serving two vectors.
+    ///
+    /// The first level: [a.lo256 + a.hi256, b.lo256 + b.hi256].
+    #[inline(always)]
+    unsafe fn fold_pair(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xEE>(a, b))
+    }
+
+    /// The other levels of `fold_pair`'s trees.
+    #[inline(always)]
+    unsafe fn reduce_halves(y: &[__m512; 8]) -> __m512 {
+        // Level 2: per 128-bit quarter, one vector's 8-lane sum folded to 4 (cells 4q..4q+4).
+        let mut z = [_mm512_setzero_ps(); 4];
+        for q in 0..4 {
+            let (a, b) = (y[2 * q], y[2 * q + 1]);
+            z[q] = _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(a, b), _mm512_shuffle_f32x4::<0xDD>(a, b));
+        }
+        // Level 3: lanes 0 + 2 and 1 + 3 of each quarter.
+        let mut v = [_mm512_setzero_ps(); 2];
+        for s in 0..2 {
+            let (a, b) = (z[2 * s], z[2 * s + 1]);
+            v[s] = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xEE>(a, b));
+        }
+        // Level 4: lane 0 + lane 1; lane 4k + m now holds vector 4m + k.
+        let r = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(v[0], v[1]), _mm512_shuffle_ps::<0xDD>(v[0], v[1]));
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r)
+    }
+
+    /// The weighted sums of one token's heads: probabilities of cells j < end, into
+    /// acc[qi][set][dv] (lane r of a dot product over cells, set r, sums cells r, r + sets,
+    /// ... in cell order). Head qi's probability of cell j is at p[qi * n_kv + j] for the
+    /// sparse walk, and set-major, as the V rows, at p[qi * n_kv + p_index(j, sets, n_kv)] for
+    /// the dense one, whose walk of a set then reads them in a row.
     struct Sums<'a> {
         sets: usize,
         dv: usize,
@@ -530,6 +624,15 @@ mod x86 {
         /// Only the visible cells, grouped by set (few of them: other sequences' cells
         /// interleaved); the same FMAs in the same order as `All` but for those zeros.
         BySet(&'a [u32], &'a [usize]),
+    }
+
+    /// Where cell j's probability is in a head's set-major row of n_kv (a multiple of sets).
+    /// (`sets` is 16 or 64: shifts and masks, not divisions.)
+    #[inline(always)]
+    fn p_index(j: usize, sets: usize, n_kv: usize) -> usize {
+        debug_assert!(sets.is_power_of_two());
+        let shift = sets.trailing_zeros();
+        (j & (sets - 1)) * (n_kv >> shift) + (j >> shift)
     }
 
     /// Whether a token's weighted sum walks only its visible cells (few of the cells below
@@ -564,7 +667,8 @@ mod x86 {
     unsafe fn weighted_sums<const F16: bool>(u: &Sums, vr: Rows) {
         let vr = Rows { f16: F16, ..vr };
         // Heads in blocks of up to eight, each cached row read once per block: the blocks'
-        // accumulators (heads x 16 NV floats) stay in registers.
+        // accumulators (heads x 16 NV floats) stay in registers. A set's rows are read for
+        // every slice of dimensions while they are in L1.
         let mut h0 = 0;
         while h0 < u.nq {
             let hb = (u.nq - h0).min(8);
@@ -572,8 +676,10 @@ mod x86 {
                 ($(($h:literal, $nv:literal)),*) => {
                     match (hb, lanes_per_pass(hb, u.dv)) {
                         $(($h, $nv) => {
-                            for i in (0..u.dv).step_by(16 * $nv) {
-                                sets_pass::<$h, $nv>(u, vr, h0, i);
+                            for r in 0..u.sets {
+                                for i in (0..u.dv).step_by(16 * $nv) {
+                                    set_pass::<$h, $nv>(u, vr, h0, i, r);
+                                }
                             }
                         })*
                         _ => unreachable!("lanes_per_pass returns one of these"),
@@ -617,23 +723,17 @@ mod x86 {
         }
     }
 
-    /// Dimensions i..i + 16 NV of every set of heads h0..h0 + HB: FMAs in cell order, the
+    /// Dimensions i..i + 16 NV of set r of heads h0..h0 + HB: FMAs in cell order, the
     /// accumulators in registers, each cached row chunk loaded (and converted) once for all
     /// HB heads.
     #[inline(always)]
-    unsafe fn sets_pass<const HB: usize, const NV: usize>(u: &Sums, vr: Rows, h0: usize, i: usize) {
-        // Rows a set's walk reaches a few steps from now: its cells are `sets` rows apart,
-        // a power-of-two stride the hardware prefetchers do not follow.
-        let ahead = 8 * u.sets;
-        let es = if vr.f16 { 2 } else { 4 };
-        let chunk_bytes = es * 16 * NV;
+    unsafe fn set_pass<const HB: usize, const NV: usize>(u: &Sums, vr: Rows, h0: usize, i: usize, r: usize) {
         let p = u.p.add(h0 * u.n_kv);
-        for r in 0..u.sets {
-            let mut a = [[_mm512_setzero_ps(); NV]; HB];
-            // A macro, not a closure: the accumulators must stay in registers.
-            macro_rules! add {
-                ($j:expr) => {{
-                let j: usize = $j;
+        let mut a = [[_mm512_setzero_ps(); NV]; HB];
+        // A macro, not a closure: the accumulators must stay in registers.
+        macro_rules! add {
+            ($j:expr, $pi:expr) => {{
+                let (j, pi): (usize, usize) = ($j, $pi);
                 let v = vr.row(j);
                 let mut x = [_mm512_setzero_ps(); NV];
                 for c in 0..NV {
@@ -641,46 +741,66 @@ mod x86 {
                 }
                 for h in 0..HB {
                     // A zero probability adds exact zeros: the FMA leaves the sum's bits.
-                    let pv = _mm512_set1_ps(*p.add(h * u.n_kv + j));
+                    let pv = _mm512_set1_ps(*p.add(h * u.n_kv + pi));
                     for c in 0..NV {
                         a[h][c] = _mm512_fmadd_ps(x[c], pv, a[h][c]);
                     }
                 }
-                }};
-            }
-            match u.cells {
-                Cells::All => {
-                    for j in (r..u.end.min(r + ahead)).step_by(u.sets) {
-                        prefetch(vr.row(j).add(es * i), chunk_bytes);
-                    }
-                    let mut j = r;
-                    while j < u.end {
-                        if j + ahead < u.end {
-                            prefetch(vr.row(j + ahead).add(es * i), chunk_bytes);
-                        }
-                        add!(j);
-                        j += u.sets;
-                    }
-                }
-                Cells::BySet(by_set, start) => {
-                    for &j in &by_set[start[r]..start[r + 1]] {
-                        add!(j as usize);
-                    }
+            }};
+        }
+        match u.cells {
+            Cells::All => {
+                let (mut j, mut pi) = (r, p_index(r, u.sets, u.n_kv));
+                while j < u.end {
+                    add!(j, pi);
+                    j += u.sets;
+                    pi += 1;
                 }
             }
-            for h in 0..HB {
-                let base = u.acc.add(((h0 + h) * u.sets + r) * u.dv + i);
-                for c in 0..NV {
-                    _mm512_storeu_ps(base.add(16 * c), a[h][c]);
+            Cells::BySet(by_set, start) => {
+                for &j in &by_set[start[r]..start[r + 1]] {
+                    add!(j as usize, j as usize);
                 }
+            }
+        }
+        for h in 0..HB {
+            let base = u.acc.add(((h0 + h) * u.sets + r) * u.dv + i);
+            for c in 0..NV {
+                _mm512_storeu_ps(base.add(16 * c), a[h][c]);
             }
         }
     }
 
+    /// x[i][j] becomes x[j][i].
     #[inline(always)]
-    unsafe fn prefetch(p: *const u8, bytes: usize) {
-        for off in (0..bytes).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8);
+    pub(super) unsafe fn transpose16(x: &mut [__m512; 16]) {
+        // Pairs of rows interleaved within 128-bit lanes, then pairs of pairs: u[4i + j]
+        // holds, in lane L, column 4L + j of rows 4i..4i + 4.
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
+        }
+        let (lo, hi) = (|a: __m512, b: __m512| _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))),
+                        |a: __m512, b: __m512| _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))));
+        let mut u = [_mm512_setzero_ps(); 16];
+        for i in 0..4 {
+            let b = 4 * i;
+            u[b] = lo(t[b], t[b + 2]);
+            u[b + 1] = hi(t[b], t[b + 2]);
+            u[b + 2] = lo(t[b + 1], t[b + 3]);
+            u[b + 3] = hi(t[b + 1], t[b + 3]);
+        }
+        // Lanes regrouped: column j, 4 + j, 8 + j, 12 + j from u[j], u[4 + j], u[8 + j], u[12 + j].
+        for j in 0..4 {
+            let v0 = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+            let v1 = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+            let v2 = _mm512_shuffle_f32x4::<0xDD>(u[j], u[4 + j]);
+            let v3 = _mm512_shuffle_f32x4::<0xDD>(u[8 + j], u[12 + j]);
+            x[j] = _mm512_shuffle_f32x4::<0x88>(v0, v1);
+            x[8 + j] = _mm512_shuffle_f32x4::<0xDD>(v0, v1);
+            x[4 + j] = _mm512_shuffle_f32x4::<0x88>(v2, v3);
+            x[12 + j] = _mm512_shuffle_f32x4::<0xDD>(v2, v3);
         }
     }
 
@@ -698,10 +818,11 @@ mod x86 {
         _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]))
     }
 
-    /// ggml_soft_max of one row in place (probabilities rounded to f16 when `as_f16`);
-    /// false (and zeros) when every cell is masked.
+    /// ggml_soft_max of the n scores in w (overwritten), probabilities (rounded to f16 when
+    /// `as_f16`) into p: at j, or at p_index(j, sets, n) for `Some(sets)`; false (and zeros)
+    /// when every cell is masked.
     #[inline(always)]
-    unsafe fn softmax(w: *mut f32, n: usize, as_f16: bool) -> bool {
+    unsafe fn softmax(w: *mut f32, n: usize, as_f16: bool, layout: Option<usize>, p: *mut f32) -> bool {
         let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
         for c in (0..n).step_by(16) {
             m = _mm512_max_ps(m, _mm512_loadu_ps(w.add(c)));
@@ -709,7 +830,7 @@ mod x86 {
         let max = _mm512_reduce_max_ps(m);
         if max == f32::NEG_INFINITY {
             for c in (0..n).step_by(16) {
-                _mm512_storeu_ps(w.add(c), _mm512_setzero_ps());
+                _mm512_storeu_ps(p.add(c), _mm512_setzero_ps());
             }
             return false;
         }
@@ -727,10 +848,36 @@ mod x86 {
             sum += reduce16(e) as f64;
         }
         let inv = _mm512_set1_ps((1.0 / sum) as f32);
-        for c in (0..n).step_by(16) {
-            let p = _mm512_mul_ps(_mm512_loadu_ps(w.add(c)), inv);
-            let p = if as_f16 { _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(p)) } else { p };
-            _mm512_storeu_ps(w.add(c), p);
+        let prob = |c: usize| {
+            let x = _mm512_mul_ps(_mm512_loadu_ps(w.add(c)), inv);
+            if as_f16 { _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) } else { x }
+        };
+        let Some(sets) = layout else {
+            for c in (0..n).step_by(16) {
+                _mm512_storeu_ps(p.add(c), prob(c));
+            }
+            return true;
+        };
+        // Set-major: cells c..c + 16 (c a multiple of 16, as sets is) are sets c % sets ..
+        // + 16 of step c / sets. Sixteen steps of sixteen sets are one 16 x 16 transpose.
+        let per_set = n / sets;
+        let whole = per_set / 16 * 16;
+        for k0 in (0..whole).step_by(16) {
+            for g in (0..sets).step_by(16) {
+                let mut x: [__m512; 16] = std::array::from_fn(|i| prob((k0 + i) * sets + g));
+                transpose16(&mut x);
+                for (r, xr) in x.iter().enumerate() {
+                    _mm512_storeu_ps(p.add((g + r) * per_set + k0), *xr);
+                }
+            }
+        }
+        let mut lanes = [0f32; 16];
+        for c in (whole * sets..n).step_by(16) {
+            _mm512_storeu_ps(lanes.as_mut_ptr(), prob(c));
+            let at = p.add(p_index(c, sets, n));
+            for (l, &v) in lanes.iter().enumerate() {
+                *at.add(l * per_set) = v;
+            }
         }
         true
     }
@@ -789,6 +936,30 @@ mod tests {
     }
 
     #[test]
+    fn transpose16_transposes() {
+        if active_isa() != Isa::Avx512 {
+            return;
+        }
+        #[target_feature(enable = "avx512f")]
+        unsafe fn run() {
+            use std::arch::x86_64::*;
+            let mut x: [__m512; 16] = std::array::from_fn(|i| {
+                let row: [f32; 16] = std::array::from_fn(|j| (16 * i + j) as f32);
+                _mm512_loadu_ps(row.as_ptr())
+            });
+            super::x86::transpose16(&mut x);
+            for (i, xi) in x.iter().enumerate() {
+                let mut row = [0f32; 16];
+                _mm512_storeu_ps(row.as_mut_ptr(), *xi);
+                let want: [f32; 16] = std::array::from_fn(|j| (16 * j + i) as f32);
+                assert_eq!(row, want, "row {i}");
+            }
+        }
+        // SAFETY: AVX-512 checked above.
+        unsafe { run() }
+    }
+
+    #[test]
     fn the_expf_port_is_close_to_libm_and_handles_the_limits() {
         for i in -2000..2000 {
             let x = i as f32 * 0.0437;
@@ -808,14 +979,16 @@ mod tests {
         }
         let mut rng = Lcg(3);
         for (kt, vt) in [(GgmlType::F16, GgmlType::F16), (GgmlType::F32, GgmlType::F32), (GgmlType::F16, GgmlType::F32)] {
-            for (dk, dv, n_kv, nq) in [(64, 64, 256, 7), (256, 256, 128, 4), (128, 64, 64, 1), (128, 128, 64, 2), (64, 64, 128, 5), (64, 128, 64, 9), (64, 256, 64, 1)] {
+            for (dk, dv, n_kv, nq) in [(64, 64, 1088, 7), (64, 64, 256, 7), (256, 256, 128, 4), (128, 64, 64, 1), (128, 128, 64, 2), (64, 64, 128, 5), (64, 128, 64, 9), (64, 256, 64, 1)] {
                 for ((okq, ovp), sparse) in [(DotOrder::VecDot, DotOrder::VecDot), (DotOrder::TinyBlas, DotOrder::TinyBlas)]
                     .into_iter()
                     .flat_map(|o| [(o, false), (o, true)])
                 {
                     let n_head_kv = 2;
                     let kvals: Vec<f32> = (0..n_kv * n_head_kv * dk).map(|_| rng.next()).collect();
-                    let vvals: Vec<f32> = (0..n_kv * n_head_kv * dv).map(|_| rng.next()).collect();
+                    // A cache with more cells than the call attends to (one more row per set).
+                    let v_cols = n_kv / V_SETS + 1;
+                    let vvals: Vec<f32> = (0..V_SETS * v_cols * n_head_kv * dv).map(|_| rng.next()).collect();
                     let (k, v) = (cache(kt, &kvals), cache(vt, &vvals));
                     let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
                     let nt = 3;
@@ -832,7 +1005,7 @@ mod tests {
                         .collect();
                     let h = Heads {
                         k_type: kt, v_type: vt, k: &k, k_stride: n_head_kv * dk * es(kt), k_offset: dk * es(kt),
-                        v: &v, v_stride: n_head_kv * dv * es(vt), v_offset: dv * es(vt), head_dim_k: dk, head_dim_v: dv,
+                        v: &v, v_stride: n_head_kv * dv * es(vt), v_offset: dv * es(vt), v_cols, head_dim_k: dk, head_dim_v: dv,
                         n_kv, q: &q, q_stride: nq * dk, n_q: nq, n_t: nt, mask: &mask, mask_stride: n_kv, out_stride: nq * dv,
                         scale: 0.125, order_kq: okq, order_vp: ovp,
                     };

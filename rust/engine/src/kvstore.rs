@@ -1,14 +1,21 @@
-//! K and V storage of the cache: for each layer, one row per cell, in the cache type
-//! (f32, f16 or q8_0). Which cell holds what is the kv crate's business; this file only
+//! K and V storage of the cache: for each layer, one row per cell and KV head, in the cache
+//! type (f32, f16 or q8_0). Which cell holds what is the kv crate's business; this file only
 //! stores, reads, re-rotates (K-shift) and moves rows.
 //!
-//! K rows are in cell order. V rows are set-major (`attn::v_row`): the weighted sum adds
-//! cell j into accumulator set j % 64, and with this layout each set's walk over its cells
-//! reads consecutive rows instead of rows 64 cells apart.
+//! Layout, chosen for the attention kernel, which reads one KV head's rows per task:
+//! - head-major: each KV head's rows are one block, so a task streams dense memory (rows of
+//!   all heads interleaved would have each thread read every other line, which the hardware
+//!   prefetchers follow poorly);
+//! - K rows in cell order; V rows set-major (`attn::v_row`): the weighted sum adds cell j
+//!   into accumulator set j % 64, and with this layout each set's walk over its cells reads
+//!   consecutive rows instead of rows 64 cells apart.
+//!
+//! A cell's whole row (every head, as llama.cpp stores it) is what the session files hold:
+//! `read_row` and `write_row` gather and scatter it.
 
 use std::ops::Range;
 
-use ferrollama_tensor::attn::{v_cols, v_row};
+use ferrollama_tensor::attn::{v_cols, v_row, V_SETS};
 use ferrollama_tensor::{traits, GgmlType, TypeTraits};
 
 use crate::error::{EngineError, Result};
@@ -27,13 +34,30 @@ pub fn parse_cache_type(name: &str) -> Result<GgmlType> {
 pub struct LayerKv {
     pub k: Vec<u8>,
     pub v: Vec<u8>,
-    /// Rows per V set: cell j's V row is row `v_row(j, v_cols)`.
+    /// Cells of the layer.
+    pub cells: usize,
+    /// Rows per V set: cell j's V row is row `v_row(j, v_cols)` of its head's block.
     pub v_cols: usize,
+}
+
+impl LayerKv {
+    /// Rows in each head's V block.
+    fn v_rows(&self) -> usize {
+        V_SETS * self.v_cols
+    }
+}
+
+/// K or V.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Part {
+    K,
+    V,
 }
 
 pub struct KvStore {
     pub type_k: &'static TypeTraits,
     pub type_v: &'static TypeTraits,
+    pub n_head_kv: usize,
     /// Elements per cell row: n_head_kv × head size.
     pub k_row: usize,
     pub v_row: usize,
@@ -56,77 +80,106 @@ impl KvStore {
         }
         let (k_row, v_row) = (n_head_kv * head_dim_k, n_head_kv * head_dim_v);
         let layers = cells_per_layer.iter()
-            .map(|&n| {
-                let v_cols = v_cols(n);
-                LayerKv { k: vec![0; tk.row_bytes(k_row) * n], v: vec![0; tv.row_bytes(v_row) * v_cols * ferrollama_tensor::attn::V_SETS], v_cols }
+            .map(|&cells| {
+                let v_cols = v_cols(cells);
+                LayerKv { k: vec![0; tk.row_bytes(k_row) * cells], v: vec![0; tv.row_bytes(v_row) * V_SETS * v_cols], cells, v_cols }
             })
             .collect();
-        Ok(KvStore { type_k: tk, type_v: tv, k_row, v_row, head_dim_k, head_dim_v, layers })
+        Ok(KvStore { type_k: tk, type_v: tv, n_head_kv, k_row, v_row, head_dim_k, head_dim_v, layers })
     }
 
+    /// Bytes of one cell's whole row (every KV head).
     pub fn k_row_bytes(&self) -> usize { self.type_k.row_bytes(self.k_row) }
     pub fn v_row_bytes(&self) -> usize { self.type_v.row_bytes(self.v_row) }
+    /// Bytes of one head's row.
+    pub fn k_head_bytes(&self) -> usize { self.type_k.row_bytes(self.head_dim_k) }
+    pub fn v_head_bytes(&self) -> usize { self.type_v.row_bytes(self.head_dim_v) }
     pub fn bytes(&self) -> usize { self.layers.iter().map(|l| l.k.len() + l.v.len()).sum() }
+
+    /// Where KV head h's block starts in `layer.k` / `layer.v`.
+    pub fn k_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.cells * self.k_head_bytes() }
+    pub fn v_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.v_rows() * self.v_head_bytes() }
+
+    /// Where head h of `cell`'s row is, in `layer.k` or `layer.v`.
+    pub fn at(&self, part: Part, layer: &LayerKv, cell: usize, h: usize) -> Range<usize> {
+        let (start, hb) = match part {
+            Part::K => (self.k_block(layer, h) + cell * self.k_head_bytes(), self.k_head_bytes()),
+            Part::V => (self.v_block(layer, h) + v_row(cell, layer.v_cols) * self.v_head_bytes(), self.v_head_bytes()),
+        };
+        start..start + hb
+    }
 
     /// Stores one token's K and V rows (f32) into `cell` of `layer`.
     pub fn write(&mut self, layer: usize, cell: usize, k: &[f32], v: &[f32]) {
-        let kb = self.k_row_bytes();
         let (from_k, from_v) = (self.type_k.from_f32.expect("cache types quantize"), self.type_v.from_f32.expect("cache types quantize"));
-        let vr = self.v_bytes(&self.layers[layer], cell);
-        let l = &mut self.layers[layer];
-        from_k(k, &mut l.k[cell * kb..(cell + 1) * kb]);
-        from_v(v, &mut l.v[vr]);
-    }
-
-    /// Where the V row of `cell` is in `layer.v`.
-    pub fn v_bytes(&self, layer: &LayerKv, cell: usize) -> Range<usize> {
-        let vb = self.v_row_bytes();
-        let row = v_row(cell, layer.v_cols);
-        row * vb..(row + 1) * vb
+        for h in 0..self.n_head_kv {
+            let (kr, vr) = (self.at(Part::K, &self.layers[layer], cell, h), self.at(Part::V, &self.layers[layer], cell, h));
+            let l = &mut self.layers[layer];
+            from_k(&k[h * self.head_dim_k..(h + 1) * self.head_dim_k], &mut l.k[kr]);
+            from_v(&v[h * self.head_dim_v..(h + 1) * self.head_dim_v], &mut l.v[vr]);
+        }
     }
 
     /// The bytes of KV head `h` of the K row of `cell`.
     pub fn k_head<'a>(&self, layer: &'a LayerKv, cell: usize, h: usize) -> &'a [u8] {
-        let hb = self.type_k.row_bytes(self.head_dim_k);
-        let start = cell * self.k_row_bytes() + h * hb;
-        &layer.k[start..start + hb]
+        &layer.k[self.at(Part::K, layer, cell, h)]
     }
     pub fn v_head<'a>(&self, layer: &'a LayerKv, cell: usize, h: usize) -> &'a [u8] {
-        let hb = self.type_v.row_bytes(self.head_dim_v);
-        let start = self.v_bytes(layer, cell).start + h * hb;
-        &layer.v[start..start + hb]
+        &layer.v[self.at(Part::V, layer, cell, h)]
+    }
+
+    /// Appends the whole K or V row of `cell` (every head, in head order) to `out`.
+    pub fn read_row(&self, part: Part, layer: usize, cell: usize, out: &mut Vec<u8>) {
+        let l = &self.layers[layer];
+        let data = if part == Part::K { &l.k } else { &l.v };
+        for h in 0..self.n_head_kv {
+            out.extend_from_slice(&data[self.at(part, l, cell, h)]);
+        }
+    }
+
+    /// Stores a whole K or V row of `cell` (as `read_row` gives it).
+    pub fn write_row(&mut self, part: Part, layer: usize, cell: usize, row: &[u8]) {
+        let hb = if part == Part::K { self.k_head_bytes() } else { self.v_head_bytes() };
+        for h in 0..self.n_head_kv {
+            let at = self.at(part, &self.layers[layer], cell, h);
+            let l = &mut self.layers[layer];
+            let data = if part == Part::K { &mut l.k } else { &mut l.v };
+            data[at].copy_from_slice(&row[h * hb..(h + 1) * hb]);
+        }
     }
 
     /// Re-rotates the keys of `cell` by `delta` positions in the given layers (the K-shift),
     /// with `rope_for_layer` giving each layer's RoPE parameters.
     pub fn shift_cell(&mut self, cell: usize, delta: i32, layers: &[usize], rope_for_layer: impl Fn(usize) -> RopeParams,
                       scratch: &mut Vec<f32>) {
-        let kb = self.k_row_bytes();
         let (to_f32, from_f32) = (self.type_k.to_f32, self.type_k.from_f32.expect("cache types quantize"));
         let mut cache = Vec::new();
-        scratch.resize(self.k_row, 0.0);
+        scratch.resize(self.head_dim_k, 0.0);
         for &il in layers {
-            let layer = &mut self.layers[il];
             let rope = rope_for_layer(il);
             cache.resize(rope.n_dims, 0.0);
             rope.fill_cache(delta as f32, &mut cache);
-            let row = &mut layer.k[cell * kb..(cell + 1) * kb];
-            to_f32(row, scratch);
-            for head in scratch.chunks_exact_mut(self.head_dim_k) {
-                rope_apply(head, &cache, &rope);
+            for h in 0..self.n_head_kv {
+                let at = self.at(Part::K, &self.layers[il], cell, h);
+                let row = &mut self.layers[il].k[at];
+                to_f32(row, scratch);
+                rope_apply(scratch, &cache, &rope);
+                from_f32(scratch, row);
             }
-            from_f32(scratch, row);
         }
     }
 
     /// Copies the rows of cell `src` to cell `dst` in the given layers (defragmentation).
     pub fn move_cell(&mut self, src: usize, dst: usize, layers: &[usize]) {
-        let kb = self.k_row_bytes();
         for &il in layers {
-            let (v_src, v_dst) = (self.v_bytes(&self.layers[il], src), self.v_bytes(&self.layers[il], dst).start);
-            let l = &mut self.layers[il];
-            l.k.copy_within(src * kb..(src + 1) * kb, dst * kb);
-            l.v.copy_within(v_src, v_dst);
+            for h in 0..self.n_head_kv {
+                let l = &self.layers[il];
+                let (ks, kd) = (self.at(Part::K, l, src, h), self.at(Part::K, l, dst, h).start);
+                let (vs, vd) = (self.at(Part::V, l, src, h), self.at(Part::V, l, dst, h).start);
+                let l = &mut self.layers[il];
+                l.k.copy_within(ks, kd);
+                l.v.copy_within(vs, vd);
+            }
         }
     }
 }

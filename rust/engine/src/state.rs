@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use crate::context::Context;
+use crate::kvstore::Part;
 use crate::error::{EngineError, Result};
 use crate::model::Model;
 
@@ -132,12 +133,10 @@ impl Context {
             let rows_len = cache.layers.len() * meta.cells.len() * (kb + vb);
             out.extend((rows_len as u64).to_le_bytes());
             for &il in &cache.layers {
-                let layer = &self.store.layers[il];
-                for &c in &meta.cells {
-                    out.extend(&layer.k[c as usize * kb..(c as usize + 1) * kb]);
-                }
-                for &c in &meta.cells {
-                    out.extend(&layer.v[self.store.v_bytes(layer, c as usize)]);
+                for part in [Part::K, Part::V] {
+                    for &c in &meta.cells {
+                        self.store.read_row(part, il, c as usize, out);
+                    }
                 }
             }
         }
@@ -175,14 +174,11 @@ impl Context {
             cache.cells = cells;
             let mut rows = blob.rows;
             for &il in &cache.layers {
-                for &c in &slots {
-                    self.store.layers[il].k[c as usize * kb..(c as usize + 1) * kb].copy_from_slice(&rows[..kb]);
-                    rows = &rows[kb..];
-                }
-                for &c in &slots {
-                    let at = self.store.v_bytes(&self.store.layers[il], c as usize);
-                    self.store.layers[il].v[at].copy_from_slice(&rows[..vb]);
-                    rows = &rows[vb..];
+                for (part, n) in [(Part::K, kb), (Part::V, vb)] {
+                    for &c in &slots {
+                        self.store.write_row(part, il, c as usize, &rows[..n]);
+                        rows = &rows[n..];
+                    }
                 }
             }
         }

@@ -3,8 +3,8 @@
 //! read per second (the cache is larger than L2 at 4096 cells: memory bandwidth is the
 //! ceiling of a decoded token).
 //!
-//! - decode: one token, the query heads of one KV head, n_kv cells, the cache row holding
-//!   every KV head (so a head's rows are strided, as in the engine's cache);
+//! - decode: one token, the query heads of one KV head, n_kv cells, in a cache laid out as
+//!   the engine's (each KV head's rows one block, V set-major; the last head's block is read);
 //! - batch: eight tokens of a prompt block (tinyBLAS order, rows converted once);
 //! - seq8: two tokens of a decode step of eight sequences (the engine's task), each seeing
 //!   its own 192 of the 1536 cells: its 128 prompt cells, then every eighth cell, as a
@@ -59,8 +59,8 @@ fn bench(c: &mut Criterion, report: &mut Report) {
             let bytes = (2 * seen * sh.head_dim * 2) as u64;
             let order = if n_t > 1 { DotOrder::TinyBlas } else { DotOrder::VecDot };
             let h = Heads {
-                k_type: GgmlType::F16, v_type: GgmlType::F16, k: &k, k_stride: 2 * row, k_offset: 0,
-                v: &v, v_stride: 2 * row, v_offset: 0, v_cols: v_cols(n_kv), head_dim_k: sh.head_dim, head_dim_v: sh.head_dim,
+                k_type: GgmlType::F16, v_type: GgmlType::F16, k: &k, k_stride: 2 * sh.head_dim, k_offset: 2 * (row - sh.head_dim) * n_kv,
+                v: &v, v_stride: 2 * sh.head_dim, v_offset: 2 * (row - sh.head_dim) * n_kv, v_cols: v_cols(n_kv), head_dim_k: sh.head_dim, head_dim_v: sh.head_dim,
                 n_kv, q: &q, q_stride: sh.group * sh.head_dim, n_q: sh.group, n_t, mask: &mask, mask_stride: n_kv,
                 out_stride: sh.group * sh.head_dim, scale: 0.125, order_kq: order, order_vp: order,
             };

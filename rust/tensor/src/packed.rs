@@ -540,14 +540,14 @@ fn unpack_row(act: ActKind, row: &[u8], qs: &mut [u8], d: &mut [f32], aux: &mut 
                 let q = &blk[2..34];
                 qs[b * QK..(b + 1) * QK].copy_from_slice(q);
                 d[b] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
-                let lane = |l: usize| -> i32 { q[4 * l..4 * l + 4].iter().map(|&v| v as i8 as i32).sum() };
+                let lanes: [i32; 8] = std::array::from_fn(|l| q[4 * l..4 * l + 4].iter().map(|&v| v as i8 as i32).sum());
                 let aux = &mut aux[b * apb..(b + 1) * apb];
                 if apb == 9 {
-                    for (l, c) in aux[..8].iter_mut().enumerate() {
-                        *c = -offset * lane(l);
+                    for (c, lane) in aux[..8].iter_mut().zip(lanes) {
+                        *c = -offset * lane;
                     }
                 }
-                aux[apb - 1] = -offset * (0..8).map(lane).sum::<i32>();
+                aux[apb - 1] = -offset * lanes.iter().sum::<i32>();
             }
         }
         ActKind::Q8KPairs | ActKind::Q8KSums32 => {

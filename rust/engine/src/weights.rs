@@ -58,6 +58,7 @@ impl Repacking {
         self.jobs.sort_by_key(|r| !r.name.starts_with("blk."));
         let stop = cancel.clone();
         let spawned = std::thread::Builder::new().name("ferrollama-repack".into()).spawn(move || {
+            ferrollama_tensor::threads::block_async_signals();
             for r in self.jobs {
                 if stop.load(Ordering::Acquire) {
                     break;

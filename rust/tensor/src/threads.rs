@@ -81,7 +81,10 @@ impl Threads {
                 let s = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("ferrollama-{i}"))
-                    .spawn(move || worker_loop(&s))
+                    .spawn(move || {
+                        block_async_signals();
+                        worker_loop(&s)
+                    })
                     .expect("spawning worker threads")
             })
             .collect();
@@ -120,6 +123,24 @@ impl Threads {
         if s.panicked.swap(false, Ordering::Relaxed) {
             panic!("a task panicked on a worker thread");
         }
+    }
+}
+
+/// Blocks, in the calling thread, the signals that are not about its own faults, so that
+/// the kernel hands them (Ctrl-C's SIGINT above all) to a thread that expects them. The
+/// library's threads call it first: a SIGINT delivered to one of them would not interrupt the
+/// main thread's blocking read, and Python, whose handler runs on the main thread, would
+/// only see it after the next line of input.
+pub fn block_async_signals() {
+    #[cfg(unix)]
+    // SAFETY: plain libc calls on a local, initialized signal set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for fault in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
+            libc::sigdelset(&mut set, fault);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 
@@ -251,6 +272,33 @@ mod tests {
             count.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(count.load(Ordering::Relaxed), 64);
+    }
+
+    /// Ctrl-C must reach the thread that waits for it (Python's main thread), not a worker.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn workers_leave_sigint_to_the_other_threads() {
+        let pool = Threads::new(3);
+        pool.run(16, |_| {}); // the workers have started
+        let blocked = |status: &str| -> Option<u64> {
+            let line = status.lines().find(|l| l.starts_with("SigBlk:"))?;
+            u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok()
+        };
+        let sigint_bit = 1u64 << (libc::SIGINT - 1);
+        let mut workers = 0;
+        for task in std::fs::read_dir("/proc/self/task").expect("procfs") {
+            let dir = task.expect("task entry").path();
+            let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if name.trim_end().starts_with("ferrollama-") {
+                let status = std::fs::read_to_string(dir.join("status")).expect("task status");
+                assert_ne!(blocked(&status).expect("SigBlk line") & sigint_bit, 0, "{name} does not block SIGINT");
+                workers += 1;
+            }
+        }
+        assert!(workers >= 2, "found {workers} worker threads");
+        // The calling thread keeps its mask.
+        let me = std::fs::read_to_string("/proc/thread-self/status").expect("own status");
+        assert_eq!(blocked(&me).expect("SigBlk line") & sigint_bit, 0);
     }
 }
 

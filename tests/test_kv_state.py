@@ -135,15 +135,26 @@ def test_broken_blobs_are_refused_and_leave_the_context(tiny_model: fl.Model, tm
         fresh.state_load(tmp_path / "missing.bin")
 
 
-def test_defrag_keeps_logits(tiny_model: fl.Model) -> None:
-    a, b = ctx_for(tiny_model, n_seq_max=2), ctx_for(tiny_model, n_seq_max=2)
+@pytest.mark.parametrize("cache_type", ["f16", "f32"])
+def test_defrag_moves_rows_unchanged(tiny_model: fl.Model, cache_type: str) -> None:
+    a, b = (ctx_for(tiny_model, n_seq_max=2, type_k=cache_type, type_v=cache_type) for _ in range(2))
     for ctx in (a, b):
         decode_run(ctx, [1, 2, 3, 4, 5, 6], seq=1)
         decode_run(ctx, [1, 7, 8, 9], seq=0)
         ctx.kv.seq_rm(1)
     b.kv.defrag()
+    assert [p for p, _ in a.kv.cells()[6:10]] == [0, 1, 2, 3]
     assert [p for p, _ in b.kv.cells()[:4]] == [0, 1, 2, 3]
-    assert np.allclose(decode_run(a, [10], pos0=4), decode_run(b, [10], pos0=4), atol=1e-5)
+    # The sequence's state holds each cell's K and V rows: moved, not recomputed, they are
+    # the same bytes.
+    assert a.seq_state_get(0) == b.seq_state_get(0)
+    # The next token reads them from other cells, so its sums run in other lanes (which cell
+    # goes to which accumulator depends on its index, as in llama.cpp). With an F32 cache
+    # that is all that differs (measured 1.2e-6). An F16 cache also rounds each probability
+    # to f16 after that sum, which flips some roundings (measured 4e-5 between the two
+    # layouts, each 1.1e-3 from exact float64): its rows are checked above, its logits not.
+    if cache_type == "f32":
+        assert np.allclose(decode_run(a, [10], pos0=4), decode_run(b, [10], pos0=4), atol=1e-5)
 
 
 def test_concurrent_use_is_refused(qwen_model: fl.Model) -> None:

@@ -58,14 +58,8 @@ fn repack_enabled() -> bool {
 /// type: on x86 with AVX2 it repacks Q4_0, IQ4_NL and Q4_K matrices whose row count is a
 /// multiple of 8, whose kernels round differently from `vec_dot` (`scalar::repacked`).
 fn llama_row_dot(t: &'static TypeTraits, rows: usize) -> (VecDot, Option<VecDotX4>) {
-    use crate::scalar::repacked as rp;
-    if t.isa < crate::Isa::Avx2 || rows % 8 != 0 {
-        return (t.vec_dot, t.vec_dot_x4);
-    }
-    match t.ty {
-        GgmlType::Q4_0 => (rp::vec_dot_q4_0_q8_0, None),
-        GgmlType::IQ4_NL => (rp::vec_dot_iq4_nl_q8_0, None),
-        GgmlType::Q4_K => (rp::vec_dot_q4_k_q8_k, None),
+    match t.vec_dot_repacked {
+        Some(dot) if t.isa >= crate::Isa::Avx2 && rows % 8 == 0 => (dot, t.vec_dot_repacked_x4),
         _ => (t.vec_dot, t.vec_dot_x4),
     }
 }

@@ -55,6 +55,14 @@ pub struct TypeTraits {
     pub vec_dot_tiled_x4: Option<VecDotX4>,
     /// The portable `vec_dot_tiled` (the specification).
     pub vec_dot_tiled_scalar: Option<VecDot>,
+    /// For Q4_0, IQ4_NL and Q4_K: each output of llama.cpp's repacked x86 kernels, which it
+    /// runs for matrices whose row count is a multiple of 8 (`scalar::repacked`). Same
+    /// integers as `vec_dot`, one float accumulator (two for Q4_K) instead of eight lanes.
+    pub vec_dot_repacked: Option<VecDot>,
+    /// The same over four activation rows, where a kernel exists.
+    pub vec_dot_repacked_x4: Option<VecDotX4>,
+    /// The portable `vec_dot_repacked` (the specification).
+    pub vec_dot_repacked_scalar: Option<VecDot>,
     /// The instruction set `vec_dot` and `from_f32` were chosen for.
     pub isa: Isa,
 }
@@ -110,6 +118,17 @@ fn scalar_tiled(ty: GgmlType) -> Option<VecDot> {
     })
 }
 
+/// The portable per-output arithmetic of llama.cpp's repacked kernels, for its types.
+fn scalar_repacked(ty: GgmlType) -> Option<VecDot> {
+    use crate::scalar::repacked as rp;
+    Some(match ty {
+        GgmlType::Q4_0 => rp::vec_dot_q4_0_q8_0,
+        GgmlType::IQ4_NL => rp::vec_dot_iq4_nl_q8_0,
+        GgmlType::Q4_K => rp::vec_dot_q4_k_q8_k,
+        _ => return None,
+    })
+}
+
 /// Q8_1 and Q8_K are activation types only; ggml has no dot product of two of them. This
 /// one (integer sums per block, scaled by both d) lets the table stay total.
 fn q8_1_self_dot(n: usize, w: &[u8], x: &[u8]) -> f32 {
@@ -151,6 +170,9 @@ pub fn build_table(isa: Isa) -> Vec<TypeTraits> {
                 vec_dot_tiled: simd.vec_dot_tiled.or(tiled_scalar),
                 vec_dot_tiled_x4: simd.vec_dot_tiled_x4,
                 vec_dot_tiled_scalar: tiled_scalar,
+                vec_dot_repacked: simd.vec_dot_repacked.or(scalar_repacked(ty)),
+                vec_dot_repacked_x4: simd.vec_dot_repacked_x4,
+                vec_dot_repacked_scalar: scalar_repacked(ty),
                 isa,
             }
         })

@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use ferrollama_tensor::traits::{build_table, TypeTraits};
+use ferrollama_tensor::traits::{build_table, TypeTraits, VecDot, VecDotX4};
 use ferrollama_tensor::{GgmlType, Isa};
 
 fn levels() -> Vec<(Isa, Vec<TypeTraits>)> {
@@ -141,31 +141,50 @@ fn quantized_results_equal_the_scalar_kernel_bit_for_bit() {
     }
 }
 
-#[test]
-fn tiled_kernels_equal_the_scalar_specification_bit_for_bit() {
+/// The kernels of one alternative order (`kernels` gives an entry's SIMD one-token and
+/// four-token kernels and its scalar specification, where the type has that order) against
+/// the specification, bit for bit, at every SIMD level.
+fn order_equals_its_specification(order: &str, types: &[GgmlType], kernels: fn(&TypeTraits) -> Option<(VecDot, Option<VecDotX4>, VecDot)>) {
     let mut rng = Rng::new(16);
     for (isa, table) in levels() {
-        let tiled: Vec<&TypeTraits> = table.iter().filter(|e| e.vec_dot_tiled_scalar.is_some()).collect();
-        assert_eq!(tiled.len(), 8, "Q8_0, Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS");
-        for e in tiled {
-            let (simd, scalar) = (e.vec_dot_tiled.unwrap(), e.vec_dot_tiled_scalar.unwrap());
-            assert_ne!(simd as usize, scalar as usize, "{} {isa:?} has a SIMD tiled kernel", e.ty);
+        let with: Vec<GgmlType> = table.iter().filter(|e| kernels(e).is_some()).map(|e| e.ty).collect();
+        assert_eq!(with, types, "the types with a {order} order");
+        for e in table.iter().filter(|e| kernels(e).is_some()) {
+            let (simd, simd_x4, scalar) = kernels(e).unwrap();
+            assert_ne!(simd as usize, scalar as usize, "{} {isa:?} has a SIMD {order} kernel", e.ty);
+            let simd_x4 = simd_x4.unwrap_or_else(|| panic!("{} {isa:?} has a four-token {order} kernel", e.ty));
             for n in [256, 4096, 4864] {
                 for scale in [0.02f32, 2.0, 300.0] {
                     let w = random_weights(e.ty, n, &mut rng);
                     let xs: Vec<u8> = (0..4).flat_map(|_| quantize(e.vec_dot_type, &rng.vec(n, scale))).collect();
                     let stride = xs.len() / 4;
                     let mut out = [0f32; 4];
-                    (e.vec_dot_tiled_x4.unwrap())(n, &w, &xs, stride, &mut out);
+                    simd_x4(n, &w, &xs, stride, &mut out);
                     for (t, x) in xs.chunks_exact(stride).enumerate() {
                         let want = scalar(n, &w, x);
-                        assert_eq!(simd(n, &w, x).to_bits(), want.to_bits(), "{} {isa:?} n={n} scale {scale}", e.ty);
-                        assert_eq!(out[t].to_bits(), want.to_bits(), "{} {isa:?} four-token, token {t}", e.ty);
+                        assert_eq!(simd(n, &w, x).to_bits(), want.to_bits(), "{} {order} {isa:?} n={n} scale {scale}", e.ty);
+                        assert_eq!(out[t].to_bits(), want.to_bits(), "{} {order} {isa:?} four-token, token {t}", e.ty);
                     }
                 }
             }
         }
     }
+}
+
+#[test]
+fn tiled_kernels_equal_the_scalar_specification_bit_for_bit() {
+    use GgmlType as T;
+    order_equals_its_specification("tiled", &[T::Q5_0, T::Q8_0, T::Q2_K, T::Q3_K, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ4_XS], |e| {
+        Some((e.vec_dot_tiled?, e.vec_dot_tiled_x4, e.vec_dot_tiled_scalar?))
+    });
+}
+
+#[test]
+fn repacked_kernels_equal_the_scalar_specification_bit_for_bit() {
+    use GgmlType as T;
+    order_equals_its_specification("repacked", &[T::Q4_0, T::Q4_K, T::IQ4_NL], |e| {
+        Some((e.vec_dot_repacked?, e.vec_dot_repacked_x4, e.vec_dot_repacked_scalar?))
+    });
 }
 
 #[test]

@@ -20,6 +20,8 @@ pub struct SimdKernels {
     pub vec_dot_x4: Option<VecDotX4>,
     pub vec_dot_tiled: Option<VecDot>,
     pub vec_dot_tiled_x4: Option<VecDotX4>,
+    pub vec_dot_repacked: Option<VecDot>,
+    pub vec_dot_repacked_x4: Option<VecDotX4>,
     pub from_f32: Option<FromF32>,
 }
 
@@ -96,6 +98,9 @@ macro_rules! level {
             block_dot!(q6_k_tiled, q6_k_tiled_x4, k::q6_k_tiled, 256, 210, 292);
             block_dot!(iq4_xs_tiled, iq4_xs_tiled_x4, k::iq4_xs_tiled, 256, 136, 292);
             block_dot!(q6_k, q6_k_x4, k::q6_k, 256, 210, 292);
+            block_dot!(q4_0_repacked, q4_0_repacked_x4, k::q4_0_repacked, 32, 18, 34);
+            block_dot!(iq4_nl_repacked, iq4_nl_repacked_x4, k::iq4_nl_repacked, 32, 18, 34);
+            block_dot!(q4_k_repacked, q4_k_repacked_x4, k::q4_k_repacked, 256, 144, 292);
             float_dot!(f16, k::f16, 2);
             float_dot!(f32, k::f32, 4);
             quantizer!(quantize_q8_0, k::quantize_q8_0, 32, 34);
@@ -108,16 +113,21 @@ macro_rules! level {
                     vec_dot_tiled_x4: Some(t4),
                     ..both(d, d4)
                 };
+                let rp = |k: SimdKernels, d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels {
+                    vec_dot_repacked: Some(d),
+                    vec_dot_repacked_x4: Some(d4),
+                    ..k
+                };
                 match ty {
                     GgmlType::Q8_0 => SimdKernels { from_f32: Some(quantize_q8_0), ..kq(q8_0, q8_0_x4, q8_0_tiled, q8_0_tiled_x4) },
-                    GgmlType::Q4_0 => both(q4_0, q4_0_x4),
+                    GgmlType::Q4_0 => rp(both(q4_0, q4_0_x4), q4_0_repacked, q4_0_repacked_x4),
                     GgmlType::Q5_0 => kq(q5_0, q5_0_x4, q5_0_tiled, q5_0_tiled_x4),
-                    GgmlType::IQ4_NL => both(iq4_nl, iq4_nl_x4),
+                    GgmlType::IQ4_NL => rp(both(iq4_nl, iq4_nl_x4), iq4_nl_repacked, iq4_nl_repacked_x4),
                     GgmlType::Q4_1 => both(q4_1, q4_1_x4),
                     GgmlType::Q5_1 => both(q5_1, q5_1_x4),
                     GgmlType::Q2_K => kq(q2_k, q2_k_x4, q2_k_tiled, q2_k_tiled_x4),
                     GgmlType::Q3_K => kq(q3_k, q3_k_x4, q3_k_tiled, q3_k_tiled_x4),
-                    GgmlType::Q4_K => kq(q4_k, q4_k_x4, q4_k_tiled, q4_k_tiled_x4),
+                    GgmlType::Q4_K => rp(kq(q4_k, q4_k_x4, q4_k_tiled, q4_k_tiled_x4), q4_k_repacked, q4_k_repacked_x4),
                     GgmlType::Q5_K => kq(q5_k, q5_k_x4, q5_k_tiled, q5_k_tiled_x4),
                     GgmlType::Q6_K => kq(q6_k, q6_k_x4, q6_k_tiled, q6_k_tiled_x4),
                     GgmlType::IQ4_XS => kq(iq4_xs, iq4_xs_x4, iq4_xs_tiled, iq4_xs_tiled_x4),

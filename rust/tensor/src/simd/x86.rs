@@ -215,16 +215,22 @@ macro_rules! dot_i8_signed {
     }};
 }
 
+/// The float steps of a k-quant kernel (`kacc_add`): ggml's `vec_dot`, llama.cpp's tiled
+/// matrix product, or its repacked kernels.
+const VEC_DOT: u8 = 0;
+const TILED: u8 = 1;
+const REPACKED: u8 = 2;
+
 /// For each k-quant kernel `imp`, the public `name` (vec_dot order) and `tiled` entry points.
 macro_rules! k_orders {
     ($features:literal, $($name:ident $tiled:ident $imp:ident),*) => {$(
         #[target_feature(enable = $features)]
         pub unsafe fn $name<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            $imp::<false, T>(nb, w, x, out)
+            $imp::<VEC_DOT, T>(nb, w, x, out)
         }
         #[target_feature(enable = $features)]
         pub unsafe fn $tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            $imp::<true, T>(nb, w, x, out)
+            $imp::<TILED, T>(nb, w, x, out)
         }
     )*};
 }
@@ -312,6 +318,24 @@ macro_rules! x86_kernels {
         #[target_feature(enable = $features)]
         pub unsafe fn q8_0_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
             dot_blocks32_sums::<0, T>(nb, w, 34, x, out)
+        }
+
+        /// Q4_0 as llama.cpp's repacked kernels compute it (`scalar::repacked`).
+        #[target_feature(enable = $features)]
+        pub unsafe fn q4_0_repacked<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            dot_blocks32_sums::<1, T>(nb, w, 18, x, out)
+        }
+
+        /// IQ4_NL as llama.cpp's repacked kernels compute it (`scalar::repacked`).
+        #[target_feature(enable = $features)]
+        pub unsafe fn iq4_nl_repacked<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            dot_blocks32_sums::<3, T>(nb, w, 18, x, out)
+        }
+
+        /// Q4_K as llama.cpp's repacked kernels compute it (`scalar::repacked`).
+        #[target_feature(enable = $features)]
+        pub unsafe fn q4_k_repacked<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            q4_k_impl::<REPACKED, T>(nb, w, x, out)
         }
 
         /// Q5_0 with one accumulator (ferrollama's products of 8 or more tokens).
@@ -418,32 +442,44 @@ macro_rules! x86_kernels {
             mins4: __m128,
             summs: f32,
             one: f32,
+            /// The mins' accumulator of the repacked order.
+            one_min: f32,
         }
 
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn kacc_new() -> KAcc {
-            KAcc { lanes: _mm256_setzero_ps(), mins4: _mm_setzero_ps(), summs: 0.0, one: 0.0 }
+            KAcc { lanes: _mm256_setzero_ps(), mins4: _mm_setzero_ps(), summs: 0.0, one: 0.0, one_min: 0.0 }
         }
 
         /// Adds one super-block: `bx` the activation block (its f32 scale d_x first), `dw` the
         /// weight's d in every lane, `sumi` the lanes of scaled quants. vec_dot: `lanes =
         /// fma(d_x * d, sumi, lanes)`, the mins first as the type does (scaled by -d_x * dmin);
         /// tiled: `r = float(isum) * d`, `r = fma(-dmin, float(imin), r)`, `one = fma(r, d_x,
-        /// one)`. The scales stay vectors until needed: a scalar f16 conversion merges into a
+        /// one)`; repacked (llama.cpp's repacked Q4_K, `scalar::repacked`): `one = fma(float(isum),
+        /// d * d_x, one)`, `one_min = fma(float(imin), dmin * d_x, one_min)`, the output their
+        /// difference. The scales stay vectors until needed: a scalar f16 conversion merges into a
         /// live register and chains each block on the previous one.
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn kacc_add<const TILED: bool>(a: &mut KAcc, bx: *const u8, dw: __m256, sumi: __m256i, mins: Mins) {
-            if TILED {
+        unsafe fn kacc_add<const MODE: u8>(a: &mut KAcc, bx: *const u8, dw: __m256, sumi: __m256i, mins: Mins) {
+            let imin = || match mins {
+                Mins::None => None,
+                Mins::Lanes(p, dmin) => Some((hsum_epi32(p), dmin)),
+                Mins::Lanes4(p, dmin) => Some((hsum_epi32x4(p), dmin)),
+                Mins::Total(sum, dmin) => Some((sum, dmin)),
+            };
+            if MODE == REPACKED {
+                let dx = q8k_d(bx);
+                a.one = (hsum_epi32(sumi) as f32).mul_add(_mm256_cvtss_f32(dw) * dx, a.one);
+                if let Some((imin, dmin)) = imin() {
+                    a.one_min = (imin as f32).mul_add(_mm256_cvtss_f32(dmin) * dx, a.one_min);
+                }
+                return;
+            }
+            if MODE == TILED {
                 let mut r = hsum_epi32(sumi) as f32 * _mm256_cvtss_f32(dw);
-                let imin = match mins {
-                    Mins::None => None,
-                    Mins::Lanes(p, dmin) => Some((hsum_epi32(p), dmin)),
-                    Mins::Lanes4(p, dmin) => Some((hsum_epi32x4(p), dmin)),
-                    Mins::Total(sum, dmin) => Some((sum, dmin)),
-                };
-                if let Some((imin, dmin)) = imin {
+                if let Some((imin, dmin)) = imin() {
                     r = (-_mm256_cvtss_f32(dmin)).mul_add(imin as f32, r);
                 }
                 a.one = r.mul_add(q8k_d(bx), a.one);
@@ -475,7 +511,7 @@ macro_rules! x86_kernels {
         /// Q4_K x Q8_K as ggml_vec_dot_q4_K_q8_K (AVX2), or in the tiled order.
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn q4_k_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+        unsafe fn q4_k_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
             let mut acc = [kacc_new(); T];
             let m4 = _mm256_set1_epi8(0x0f);
             for i in 0..nb {
@@ -499,11 +535,15 @@ macro_rules! x86_kernels {
                 let (dw, dmin) = (f16x8(bw), f16x8(bw.add(2)));
                 for t in 0..T {
                     let bx = x[t].add(i * 292);
-                    kacc_add::<TILED>(&mut acc[t], bx, dw, sumi[t], Mins::Lanes4(min_lanes_k4(mins, bx), dmin));
+                    kacc_add::<MODE>(&mut acc[t], bx, dw, sumi[t], Mins::Lanes4(min_lanes_k4(mins, bx), dmin));
                 }
             }
             for t in 0..T {
-                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) + hsum_ps128(acc[t].mins4) };
+                out[t] = match MODE {
+                    TILED => acc[t].one,
+                    REPACKED => acc[t].one - acc[t].one_min,
+                    _ => hsum_ps(acc[t].lanes) + hsum_ps128(acc[t].mins4),
+                };
             }
         }
 
@@ -512,7 +552,7 @@ macro_rules! x86_kernels {
         /// 16-element groups 2k and 2k + 1).
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn q6_k_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+        unsafe fn q6_k_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
             let mut acc = [kacc_new(); T];
             let m4 = _mm256_set1_epi8(0x0f);
             let m2 = _mm256_set1_epi8(0x03);
@@ -550,11 +590,11 @@ macro_rules! x86_kernels {
                 }
                 let dw = f16x8(bw.add(208));
                 for t in 0..T {
-                    kacc_add::<TILED>(&mut acc[t], x[t].add(i * 292), dw, sumi[t], Mins::None);
+                    kacc_add::<MODE>(&mut acc[t], x[t].add(i * 292), dw, sumi[t], Mins::None);
                 }
             }
             for t in 0..T {
-                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
+                out[t] = if MODE == TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
             }
         }
 
@@ -577,7 +617,7 @@ macro_rules! x86_kernels {
         /// the scaled quants in eight lanes (lane k: bytes 4k..4k+3 of each 32-element group).
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn q2_k_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+        unsafe fn q2_k_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
             let mut acc = [kacc_new(); T];
             for i in 0..nb {
                 let bw = w.add(i * 84);
@@ -599,11 +639,11 @@ macro_rules! x86_kernels {
                 for t in 0..T {
                     let bx = x[t].add(i * 292);
                     let prod = _mm256_madd_epi16(mins, loadu(bx.add(260)));
-                    kacc_add::<TILED>(&mut acc[t], bx, dw, sumi[t], Mins::Lanes(prod, dmin));
+                    kacc_add::<MODE>(&mut acc[t], bx, dw, sumi[t], Mins::Lanes(prod, dmin));
                 }
             }
             for t in 0..T {
-                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
+                out[t] = if MODE == TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
             }
         }
 
@@ -612,7 +652,7 @@ macro_rules! x86_kernels {
         /// then a subtraction), the scales applied per 16-element half.
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn q3_k_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+        unsafe fn q3_k_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
             let mut acc = [kacc_new(); T];
             let (zero, four) = (_mm256_setzero_si256(), _mm256_set1_epi8(4));
             for i in 0..nb {
@@ -636,11 +676,11 @@ macro_rules! x86_kernels {
                 }
                 let dw = f16x8(bw.add(108));
                 for t in 0..T {
-                    kacc_add::<TILED>(&mut acc[t], x[t].add(i * 292), dw, sumi[t], Mins::None);
+                    kacc_add::<MODE>(&mut acc[t], x[t].add(i * 292), dw, sumi[t], Mins::None);
                 }
             }
             for t in 0..T {
-                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
+                out[t] = if MODE == TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
             }
         }
 
@@ -650,7 +690,7 @@ macro_rules! x86_kernels {
         /// dmin * sum`, added after hsum_float_8).
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn q5_k_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+        unsafe fn q5_k_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
             let mut acc = [kacc_new(); T];
             let (m4, sixteen) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(16));
             for i in 0..nb {
@@ -677,11 +717,11 @@ macro_rules! x86_kernels {
                 for t in 0..T {
                     let bx = x[t].add(i * 292);
                     let imin = hsum_epi32x4(min_lanes_k4(mins, bx));
-                    kacc_add::<TILED>(&mut acc[t], bx, dw, sumi[t], Mins::Total(imin, dmin));
+                    kacc_add::<MODE>(&mut acc[t], bx, dw, sumi[t], Mins::Total(imin, dmin));
                 }
             }
             for t in 0..T {
-                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) + acc[t].summs };
+                out[t] = if MODE == TILED { acc[t].one } else { hsum_ps(acc[t].lanes) + acc[t].summs };
             }
         }
 
@@ -690,7 +730,7 @@ macro_rules! x86_kernels {
         /// scale into eight lanes.
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn iq4_xs_impl<const TILED: bool, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+        unsafe fn iq4_xs_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
             let mut acc = [kacc_new(); T];
             let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::scalar::legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i));
             for i in 0..nb {
@@ -710,11 +750,11 @@ macro_rules! x86_kernels {
                 }
                 let dw = f16x8(bw);
                 for t in 0..T {
-                    kacc_add::<TILED>(&mut acc[t], x[t].add(i * 292), dw, sumi[t], Mins::None);
+                    kacc_add::<MODE>(&mut acc[t], x[t].add(i * 292), dw, sumi[t], Mins::None);
                 }
             }
             for t in 0..T {
-                out[t] = if TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
+                out[t] = if MODE == TILED { acc[t].one } else { hsum_ps(acc[t].lanes) };
             }
         }
 

@@ -73,14 +73,10 @@ pub const TILED_TOKENS: usize = 8;
 /// The dot of products of `TILED_TOKENS` tokens or more, where it is not the row dot:
 /// llama.cpp's tiled product's for Q3_K, Q5_K and IQ4_XS (Q2_K is repacked there, Q4_K and
 /// Q6_K are repacked here: their groups run `vec_dot`'s order, and their leftover rows must
-/// agree with the groups), and on CPUs with packed kernels (AVX-512 VNNI) ferrollama's one
-/// accumulator for Q8_0 and Q5_0 (its packed groups compute the same, a third of the vector
-/// operations of eight lanes there). Elsewhere Q8_0 and Q5_0 keep `vec_dot`'s eight lanes,
-/// llama.cpp's arithmetic: on AVX2 the one accumulator costs a horizontal sum and a scalar
-/// FMA per block and token, which made Qwen's pp512 run at 0.6x llama.cpp's speed.
+/// agree with the groups), ferrollama's one accumulator for Q8_0 and Q5_0 (its packed
+/// groups compute the same).
 fn many_token_dot(t: &'static TypeTraits) -> Option<(VecDot, Option<VecDotX4>)> {
-    let one_accumulator = t.isa >= crate::Isa::Avx512 && matches!(t.ty, GgmlType::Q8_0 | GgmlType::Q5_0);
-    let tiled = one_accumulator || matches!(t.ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS);
+    let tiled = matches!(t.ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0);
     tiled.then_some(t.vec_dot_tiled.map(|d| (d, t.vec_dot_tiled_x4))).flatten()
 }
 

@@ -9,8 +9,7 @@
 //! - Q8_0, Q5_0 (ggml's `vec_dot` and llamafile's tinyBLAS): eight float partial sums per
 //!   output, lane l gathering the products of bytes 4l..4l+3 of every block, fused
 //!   multiply-added once per block with d_w * d_x, reduced in `hsum_float_8`'s order.
-//!   The exception, on the CPUs these kernels run on: in products of 8 tokens or more
-//!   (`crate::TILED_TOKENS`, where
+//!   The exception: in products of 8 tokens or more (`crate::TILED_TOKENS`, where
 //!   llama.cpp switches its k-quants to one accumulator) ferrollama computes these two
 //!   types with one accumulator per output, updated once per block with the block's exact
 //!   integer sum, as llama.cpp's repacked Q4_0 (`scalar::repacked::vec_dot_q8_0_q8_0_blocks`).

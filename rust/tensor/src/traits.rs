@@ -47,8 +47,8 @@ pub struct TypeTraits {
     /// matrix product, which it runs instead of `vec_dot` on x86 for products with 8 or more
     /// activation rows and a matrix it did not repack (`scalar::tiled`). Same integers as
     /// `vec_dot`, one float accumulator instead of eight lanes.
-    /// For Q8_0 and Q5_0, ferrollama's products of 8 or more tokens on AVX-512 VNNI CPUs
-    /// (llama.cpp keeps `vec_dot`'s lanes there, and so does ferrollama on other CPUs): the same one accumulator, fed each block's exact integer sum
+    /// For Q8_0 and Q5_0, ferrollama's products of 8 or more tokens (llama.cpp keeps
+    /// `vec_dot`'s lanes there): the same one accumulator, fed each block's exact integer sum
     /// (`scalar::repacked`), which its packed kernels compute with a third of the operations.
     pub vec_dot_tiled: Option<VecDot>,
     /// The same over four activation rows, where a kernel exists.

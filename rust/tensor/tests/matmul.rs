@@ -3,8 +3,7 @@
 //! of its row with the quantized activation row: the type's vec_dot, or for the types
 //! llama.cpp repacks (Q4_0, IQ4_NL, Q4_K with a multiple of 8 rows, on AVX2+) its repacked
 //! arithmetic, or from 8 tokens for Q3_K, Q5_K and IQ4_XS its tiled product's, and from 8
-//! tokens for Q8_0 and Q5_0 on AVX-512 VNNI ferrollama's one accumulator fed exact block
-//! sums (elsewhere their vec_dot); packed and
+//! tokens for Q8_0 and Q5_0 ferrollama's one accumulator fed exact block sums; packed and
 //! plain rows of one matrix agree with it alike.
 
 mod common;
@@ -50,12 +49,10 @@ fn threads_and_token_counts_do_not_change_a_single_bit() {
         }
         // ...and each output is the row dot llama.cpp uses at that token count: `vec_dot`
         // (or its repacked arithmetic) under TILED_TOKENS, the tiled product's from there on
-        // for Q3_K, Q5_K and IQ4_XS (and on AVX-512 VNNI ferrollama's one accumulator for Q8_0
-        // and Q5_0).
+        // for Q3_K, Q5_K and IQ4_XS (and ferrollama's one accumulator for Q8_0 and Q5_0).
         let tr = tr(ty);
         let xq = quantize(tr.vec_dot_type, &x[3 * cols..4 * cols]);
-        let one_accumulator = tr.isa >= ferrollama_tensor::Isa::Avx512 && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0);
-        let tiled = one_accumulator || matches!(ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS);
+        let tiled = matches!(ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0);
         let batch_dot = if tiled { tr.vec_dot_tiled.expect("tiled dot") } else { m.row_dot() };
         assert_eq!(m.row_dot_for(1) as usize, m.row_dot() as usize, "{ty}");
         assert_eq!(m.row_dot_for(n_tokens) as usize, batch_dot as usize, "{ty}");
@@ -93,8 +90,7 @@ fn shape_mismatches_are_errors() {
 }
 
 /// The repacked products of every packed type equal, bit for bit, the per-row dot products
-/// llama.cpp computes (for Q8_0 and Q5_0 from 8 tokens on AVX-512 VNNI, ferrollama's one
-/// accumulator): the
+/// llama.cpp computes (for Q8_0 and Q5_0 from 8 tokens, ferrollama's one accumulator): the
 /// 16-row groups (packed kernels: token tiles, single tokens, passes over many tokens) and
 /// the rows after the last whole group (plain kernels) alike, over 1 and 2 threads.
 #[test]
@@ -114,8 +110,8 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
             GgmlType::Q4_0 if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_q4_0_q8_0,
             GgmlType::IQ4_NL if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_iq4_nl_q8_0,
             GgmlType::Q4_K if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_q4_k_q8_k,
-            GgmlType::Q8_0 if n_tokens >= TILED_TOKENS && t.isa >= ferrollama_tensor::Isa::Avx512 => rp::vec_dot_q8_0_q8_0_blocks,
-            GgmlType::Q5_0 if n_tokens >= TILED_TOKENS && t.isa >= ferrollama_tensor::Isa::Avx512 => rp::vec_dot_q5_0_q8_0_blocks,
+            GgmlType::Q8_0 if n_tokens >= TILED_TOKENS => rp::vec_dot_q8_0_q8_0_blocks,
+            GgmlType::Q5_0 if n_tokens >= TILED_TOKENS => rp::vec_dot_q5_0_q8_0_blocks,
             _ => t.vec_dot,
         };
         // From 9 tokens the packed groups run passes of 8, 4, 2 and 1 tokens over token

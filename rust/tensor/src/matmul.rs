@@ -4,6 +4,7 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock, Weak};
 
 use crate::packed::{self, KindKernels, PackKind, Packed, PackedActs};
+use crate::simd::{SumsGemm, TileFactors};
 use crate::traits::{VecDot, VecDotX4};
 use crate::{traits, GgmlType, SendPtr, TensorError, Threads, TypeTraits};
 
@@ -46,6 +47,9 @@ pub struct QMatrix {
     /// The one it computes in products of `TILED_TOKENS` tokens or more, where that differs
     /// (`many_token_dot`).
     tiled_dot: Option<(VecDot, Option<VecDotX4>)>,
+    /// The two-row, four-token kernel of the one-accumulator dots, and the token count from
+    /// which the product computes them (see `sums_gemm`).
+    sums_gemm: Option<(SumsGemm, usize)>,
 }
 
 /// llama.cpp's repacking is on (FERROLLAMA_NO_REPACK=1 turns ours off, for comparisons).
@@ -54,13 +58,29 @@ fn repack_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("FERROLLAMA_NO_REPACK").map(|v| v != "1").unwrap_or(true))
 }
 
-/// The dot product llama.cpp's CPU backend uses for each row of a `rows`-row matrix of this
-/// type: on x86 with AVX2 it repacks Q4_0, IQ4_NL and Q4_K matrices whose row count is a
-/// multiple of 8, whose kernels round differently from `vec_dot` (`scalar::repacked`).
+/// True when llama.cpp's CPU backend repacks a `rows`-row matrix of this type: on x86 with
+/// AVX2 it repacks Q4_0, IQ4_NL and Q4_K matrices whose row count is a multiple of 8, whose
+/// kernels round differently from `vec_dot` (`scalar::repacked`).
+fn llama_repacks(t: &'static TypeTraits, rows: usize) -> bool {
+    t.vec_dot_repacked.is_some() && t.isa >= crate::Isa::Avx2 && rows % 8 == 0
+}
+
+/// The dot product llama.cpp's CPU backend uses for each row of such a matrix.
 fn llama_row_dot(t: &'static TypeTraits, rows: usize) -> (VecDot, Option<VecDotX4>) {
     match t.vec_dot_repacked {
-        Some(dot) if t.isa >= crate::Isa::Avx2 && rows % 8 == 0 => (dot, t.vec_dot_repacked_x4),
+        Some(dot) if llama_repacks(t, rows) => (dot, t.vec_dot_repacked_x4),
         _ => (t.vec_dot, t.vec_dot_x4),
+    }
+}
+
+/// The two-row kernel for the products whose dot is one accumulator fed exact block sums
+/// (`scalar::repacked`), with the token count from which they are: Q8_0 and Q5_0 from
+/// `TILED_TOKENS` (`many_token_dot`), Q4_0 and IQ4_NL where llama.cpp repacks them, always.
+fn sums_gemm(t: &'static TypeTraits, rows: usize) -> Option<(SumsGemm, usize)> {
+    let gemm = SumsGemm::for_type(t.ty, t.isa)?;
+    match t.ty {
+        GgmlType::Q8_0 | GgmlType::Q5_0 => many_token_dot(t).map(|_| (gemm, TILED_TOKENS)),
+        _ => llama_repacks(t, rows).then_some((gemm, 1)),
     }
 }
 
@@ -100,7 +120,8 @@ impl QMatrix {
         }
         let (row_dot, row_dot_x4) = llama_row_dot(traits, rows);
         let tiled_dot = many_token_dot(traits);
-        let m = QMatrix { ty, rows, cols, traits, data, packed: Arc::new(OnceLock::new()), row_dot, row_dot_x4, tiled_dot };
+        let sums_gemm = sums_gemm(traits, rows);
+        let m = QMatrix { ty, rows, cols, traits, data, packed: Arc::new(OnceLock::new()), row_dot, row_dot_x4, tiled_dot, sums_gemm };
         if repack {
             if let Some(job) = m.pack_job() {
                 job.run(usize::MAX);
@@ -303,6 +324,52 @@ fn rows_per_task(w: &QMatrix, rows: usize, n_tokens: usize, n_threads: usize) ->
     rows.max(1)
 }
 
+thread_local! {
+    static TILE_FACTORS: std::cell::RefCell<TileFactors> = std::cell::RefCell::new(TileFactors::default());
+}
+
+/// Rows `rows` of the product for the whole tiles of four tokens through the two-row kernel
+/// (an odd last row through the four-token dot, which gives the same bits); returns the
+/// first token it left.
+///
+/// # Safety
+/// As `rows_product`.
+unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tokens: usize, rows: Range<usize>, out: &SendPtr<f32>) -> usize {
+    let (all, rb) = (w.data.bytes(), w.row_bytes());
+    let (row_dot, row_dot_x4) = w.dots_for(n_tokens);
+    let mut t0 = 0;
+    TILE_FACTORS.with(|f| {
+        let f = &mut *f.borrow_mut();
+        let mut res = [[0f32; 4]; 2];
+        while t0 + TOKEN_TILE <= n_tokens {
+            let xs = &act[t0 * xrow..(t0 + TOKEN_TILE) * xrow];
+            gemm.factors(w.cols, xs, xrow, f);
+            let mut r = rows.start;
+            while r + 2 <= rows.end {
+                gemm.run(w.cols, &all[r * rb..(r + 2) * rb], xs, xrow, f, &mut res);
+                for (k, row) in res.iter().enumerate() {
+                    for (t, v) in row.iter().enumerate() {
+                        *out.0.add((t0 + t) * w.rows + r + k) = *v;
+                    }
+                }
+                r += 2;
+            }
+            if r < rows.end {
+                let wr = &all[r * rb..(r + 1) * rb];
+                match row_dot_x4 {
+                    Some(x4) => x4(w.cols, wr, xs, xrow, &mut res[0]),
+                    None => res[0] = std::array::from_fn(|t| row_dot(w.cols, wr, &xs[t * xrow..(t + 1) * xrow])),
+                }
+                for (t, v) in res[0].iter().enumerate() {
+                    *out.0.add((t0 + t) * w.rows + r) = *v;
+                }
+            }
+            t0 += TOKEN_TILE;
+        }
+    });
+    t0
+}
+
 /// Computes rows `rows` of the product for every token, writing through `out`.
 ///
 /// # Safety
@@ -311,8 +378,11 @@ fn rows_per_task(w: &QMatrix, rows: usize, n_tokens: usize, n_threads: usize) ->
 unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, rows: Range<usize>, out: &SendPtr<f32>) {
     let (all, rb) = (w.data.bytes(), w.row_bytes());
     let row = |r: usize| &all[r * rb..(r + 1) * rb];
-    let mut t0 = 0;
     let (row_dot, row_dot_x4) = w.dots_for(n_tokens);
+    let mut t0 = match w.sums_gemm {
+        Some((gemm, from)) if n_tokens >= from.max(TOKEN_TILE) => sums_tiles(w, gemm, act, xrow, n_tokens, rows.clone(), out),
+        _ => 0,
+    };
     if let Some(x4) = row_dot_x4 {
         let mut res = [0f32; 4];
         while t0 + TOKEN_TILE <= n_tokens {

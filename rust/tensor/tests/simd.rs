@@ -279,3 +279,39 @@ fn force_scalar_environment_variable_selects_the_scalar_kernels() {
         .expect("re-running the test binary");
     assert!(status.success(), "the forced-scalar run failed");
 }
+
+/// The two-row, four-token one-accumulator kernel equals the specification's dot of each
+/// row with each token bit for bit, for every type it serves.
+#[test]
+fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
+    use ferrollama_tensor::scalar::repacked as rp;
+    use ferrollama_tensor::simd::{SumsGemm, TileFactors};
+    let mut rng = Rng::new(31);
+    let spec: [(GgmlType, VecDot); 4] = [
+        (GgmlType::Q8_0, rp::vec_dot_q8_0_q8_0_blocks),
+        (GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0),
+        (GgmlType::Q5_0, rp::vec_dot_q5_0_q8_0_blocks),
+        (GgmlType::IQ4_NL, rp::vec_dot_iq4_nl_q8_0),
+    ];
+    for (isa, _) in levels() {
+        for &(ty, dot) in &spec {
+            let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
+            let mut f = TileFactors::default();
+            for n in [32, 896, 4864] {
+                for scale in [0.02f32, 2.0, 300.0] {
+                    let w: Vec<u8> = (0..2).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                    let xs: Vec<u8> = (0..4).flat_map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect();
+                    let stride = xs.len() / 4;
+                    let mut out = [[0f32; 4]; 2];
+                    gemm.factors(n, &xs, stride, &mut f);
+                    gemm.run(n, &w, &xs, stride, &f, &mut out);
+                    for (r, wr) in w.chunks_exact(w.len() / 2).enumerate() {
+                        for (t, x) in xs.chunks_exact(stride).enumerate() {
+                            assert_eq!(out[r][t].to_bits(), dot(n, wr, x).to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -160,3 +160,77 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
         _ => SimdKernels::default(),
     }
 }
+
+/// Two weight rows times four tokens with the one-accumulator arithmetic of
+/// `scalar::repacked` (Q8_0, Q4_0, Q5_0, IQ4_NL against Q8_0 activations), for CPUs whose
+/// many-token products have no packed kernels: the eight outputs' block sums are reduced
+/// together and accumulated by one vector FMA. Bit-identical to the one-output kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct SumsGemm {
+    kind: u8,
+    wbytes: usize,
+}
+
+/// What `SumsGemm::run` needs of a tile of four activation rows (see `sums_tile_factors`).
+#[derive(Default)]
+pub struct TileFactors {
+    d: Vec<f32>,
+    corr: Vec<i32>,
+}
+
+impl SumsGemm {
+    /// The kernel for `ty` at `isa`, if there is one (AVX2 and up).
+    pub fn for_type(ty: GgmlType, isa: Isa) -> Option<SumsGemm> {
+        if isa < Isa::Avx2 || !isa.available() {
+            return None;
+        }
+        let (kind, wbytes) = match ty {
+            GgmlType::Q8_0 => (0, 34),
+            GgmlType::Q4_0 => (1, 18),
+            GgmlType::Q5_0 => (2, 22),
+            GgmlType::IQ4_NL => (3, 18),
+            _ => return None,
+        };
+        cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes })
+    }
+
+    /// Prepares `f` for the four activation rows x[t * stride..] of n elements.
+    pub fn factors(&self, n: usize, x: &[u8], stride: usize, f: &mut TileFactors) {
+        let nb = n / 32;
+        assert!(stride >= nb * 34 && x.len() >= 3 * stride + nb * 34, "activation rows shorter than {n} elements");
+        f.d.resize(4 * nb, 0.0);
+        f.corr.resize(4 * nb, 0);
+        #[cfg(target_arch = "x86_64")]
+        {
+            let p = x.as_ptr();
+            let offset = x86::avx2::unsigned_offset(self.kind);
+            // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
+            unsafe { x86::avx2::sums_tile_factors(nb, [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], offset, f.d.as_mut_ptr(), f.corr.as_mut_ptr()) };
+        }
+    }
+
+    /// out[r][t] = row r of `w` (two consecutive rows of n elements) times activation row t
+    /// (x[t * stride..], as given to `factors`, which prepared `f`).
+    pub fn run(&self, n: usize, w: &[u8], x: &[u8], stride: usize, f: &TileFactors, out: &mut [[f32; 4]; 2]) {
+        let nb = n / 32;
+        assert!(w.len() >= 2 * nb * self.wbytes, "weight rows shorter than {n} elements");
+        assert!(stride >= nb * 34 && x.len() >= 3 * stride + nb * 34, "activation rows shorter than {n} elements");
+        assert!(f.d.len() >= 4 * nb && f.corr.len() >= 4 * nb, "tile factors of another size");
+        #[cfg(target_arch = "x86_64")]
+        {
+            use x86::avx2::sums_2x4;
+            let (w0, p) = (w.as_ptr(), x.as_ptr());
+            let (w, x) = ([w0, w0.wrapping_add(nb * self.wbytes)], [p, p.wrapping_add(stride), p.wrapping_add(2 * stride), p.wrapping_add(3 * stride)]);
+            let (d, c) = (f.d.as_ptr(), f.corr.as_ptr());
+            // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
+            unsafe {
+                match self.kind {
+                    0 => sums_2x4::<0>(nb, w, self.wbytes, x, d, c, out),
+                    1 => sums_2x4::<1>(nb, w, self.wbytes, x, d, c, out),
+                    2 => sums_2x4::<2>(nb, w, self.wbytes, x, d, c, out),
+                    _ => sums_2x4::<3>(nb, w, self.wbytes, x, d, c, out),
+                }
+            }
+        }
+    }
+}

@@ -798,6 +798,96 @@ pub mod avx2 {
 
     x86_kernels!("avx2,fma,f16c");
 
+    /// Weight kinds of `sums_2x4` that are decoded unsigned (the stored level, 0..15 or 0..31)
+    /// and corrected by `offset` times the activation's block sum; the others (Q8_0, IQ4_NL)
+    /// are signed and go through the sign trick.
+    pub const fn unsigned_offset(kind: u8) -> i32 {
+        match kind {
+            1 => 8,
+            2 => 16,
+            _ => 0,
+        }
+    }
+
+    /// A legacy block's levels as unsigned bytes: Q4_0 0..15, Q5_0 0..31.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode32_unsigned<const KIND: u8>(b: *const u8) -> __m256i {
+        if KIND == 1 {
+            return bytes_from_nibbles_32(b.add(2));
+        }
+        let high = _mm256_and_si256(bytes_from_bits_32(b.add(2)), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(bytes_from_nibbles_32(b.add(6)), high)
+    }
+
+    /// What `sums_2x4` needs of four Q8_0 activation rows, per block b: their d as f32 at
+    /// d[4b + t] and, for a kind with an unsigned offset, offset * (sum of the block's
+    /// quants) at corr[4b + t]. Computed once per tile of four tokens for all rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn sums_tile_factors(nb: usize, x: [*const u8; 4], offset: i32, d: *mut f32, corr: *mut i32) {
+        let ones = _mm256_set1_epi8(1);
+        for b in 0..nb {
+            for t in 0..4 {
+                let bx = x[t].add(b * 34);
+                *d.add(4 * b + t) = f16_1(bx);
+                *corr.add(4 * b + t) = if offset == 0 { 0 } else { offset * hsum_epi32(dot_u8i8(ones, loadu(bx.add(2)))) };
+            }
+        }
+    }
+
+    /// Eight i32 vectors to one vector of their eight lane totals, in order (integers: any
+    /// order of additions gives the same totals).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn totals8(p: &[__m256i; 8]) -> __m256i {
+        let h = [_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]), _mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7])];
+        // g0 lanes: p0..p3's sums over their low 128 bits, then over their high 128 bits.
+        let (g0, g1) = (_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
+        let fold = |g: __m256i| _mm_add_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256::<1>(g));
+        _mm256_set_m128i(fold(g1), fold(g0))
+    }
+
+    /// Two weight rows (w[0], w[1]) times four Q8_0 activation rows with one accumulator per
+    /// output, `scalar::repacked::one_acc_dot32`'s arithmetic bit for bit: per block the
+    /// exact integer sum isum, then acc = fma(float(isum), d_w * d_x, acc). The eight outputs'
+    /// sums of a block are reduced together (`totals8`) and their eight accumulators updated
+    /// by one vector FMA, lane r * 4 + t for row r and token t. `d`, `corr`: from
+    /// `sums_tile_factors` with `unsigned_offset(KIND)`. KIND as `decode32`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn sums_2x4<const KIND: u8>(nb: usize, w: [*const u8; 2], wbytes: usize, x: [*const u8; 4], d: *const f32, corr: *const i32, out: &mut [[f32; 4]; 2]) {
+        let mut acc = _mm256_setzero_ps();
+        for b in 0..nb {
+            let (b0, b1) = (w[0].add(b * wbytes), w[1].add(b * wbytes));
+            let xs: [__m256i; 4] = std::array::from_fn(|t| loadu(x[t].add(b * 34 + 2)));
+            let mut p = [_mm256_setzero_si256(); 8];
+            if unsigned_offset(KIND) != 0 {
+                let (q0, q1) = (decode32_unsigned::<KIND>(b0), decode32_unsigned::<KIND>(b1));
+                for t in 0..4 {
+                    p[t] = dot_u8i8(q0, xs[t]);
+                    p[4 + t] = dot_u8i8(q1, xs[t]);
+                }
+            } else {
+                let (q0, q1) = (decode32::<KIND>(b0), decode32::<KIND>(b1));
+                for t in 0..4 {
+                    p[t] = dot_i8_signed!(q0, xs[t]);
+                    p[4 + t] = dot_i8_signed!(q1, xs[t]);
+                }
+            }
+            let mut isum = totals8(&p);
+            if unsigned_offset(KIND) != 0 {
+                isum = _mm256_sub_epi32(isum, _mm256_broadcastsi128_si256(_mm_loadu_si128(corr.add(4 * b) as *const __m128i)));
+            }
+            let dw = _mm256_set_m128(_mm_set1_ps(f16_1(b1)), _mm_set1_ps(f16_1(b0)));
+            let dd = _mm256_mul_ps(dw, _mm256_broadcast_ps(&*(d.add(4 * b) as *const __m128)));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        for r in 0..2 {
+            out[r].copy_from_slice(&lanes[4 * r..4 * r + 4]);
+        }
+    }
+
     /// F16 dot: four 8-lane FMA accumulators, then the tail, each product exact in f32.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn f16(n: usize, w: *const u8, x: *const u8) -> f32 {

@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock, Weak};
 
 use crate::packed::{self, KindKernels, PackKind, Packed, PackedActs};
-use crate::simd::{SumsGemm, TileFactors};
+use crate::simd::{SumsGemm, TileFactors, SUMS_MAX_QUADS};
 use crate::traits::{VecDot, VecDotX4};
 use crate::{traits, GgmlType, SendPtr, TensorError, Threads, TypeTraits};
 
@@ -328,9 +328,9 @@ thread_local! {
     static TILE_FACTORS: std::cell::RefCell<TileFactors> = std::cell::RefCell::new(TileFactors::default());
 }
 
-/// Rows `rows` of the product for the whole tiles of four tokens through the two-row kernel
-/// (an odd last row through the four-token dot, which gives the same bits); returns the
-/// first token it left.
+/// Rows `rows` of the product for the whole quads of four tokens through the two-row kernel,
+/// eight tokens at a time while there are (an odd last row through the four-token dot, which
+/// gives the same bits); returns the first token it left.
 ///
 /// # Safety
 /// As `rows_product`.
@@ -340,31 +340,38 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
     let mut t0 = 0;
     TILE_FACTORS.with(|f| {
         let f = &mut *f.borrow_mut();
-        let mut res = [[0f32; 4]; 2];
+        let mut res = [[[0f32; 4]; 2]; SUMS_MAX_QUADS];
         while t0 + TOKEN_TILE <= n_tokens {
-            let xs = &act[t0 * xrow..(t0 + TOKEN_TILE) * xrow];
-            gemm.factors(w.cols, xs, xrow, f);
+            let quads = ((n_tokens - t0) / TOKEN_TILE).min(SUMS_MAX_QUADS);
+            let xs = &act[t0 * xrow..(t0 + quads * TOKEN_TILE) * xrow];
+            gemm.factors(w.cols, xs, xrow, quads, f);
             let mut r = rows.start;
             while r + 2 <= rows.end {
-                gemm.run(w.cols, &all[r * rb..(r + 2) * rb], xs, xrow, f, &mut res);
-                for (k, row) in res.iter().enumerate() {
-                    for (t, v) in row.iter().enumerate() {
-                        *out.0.add((t0 + t) * w.rows + r + k) = *v;
+                gemm.run(w.cols, &all[r * rb..(r + 2) * rb], xs, xrow, quads, f, &mut res);
+                for (q, quad) in res.iter().enumerate().take(quads) {
+                    for (k, row) in quad.iter().enumerate() {
+                        for (t, v) in row.iter().enumerate() {
+                            *out.0.add((t0 + 4 * q + t) * w.rows + r + k) = *v;
+                        }
                     }
                 }
                 r += 2;
             }
             if r < rows.end {
                 let wr = &all[r * rb..(r + 1) * rb];
-                match row_dot_x4 {
-                    Some(x4) => x4(w.cols, wr, xs, xrow, &mut res[0]),
-                    None => res[0] = std::array::from_fn(|t| row_dot(w.cols, wr, &xs[t * xrow..(t + 1) * xrow])),
-                }
-                for (t, v) in res[0].iter().enumerate() {
-                    *out.0.add((t0 + t) * w.rows + r) = *v;
+                for q in 0..quads {
+                    let xq = &xs[4 * q * xrow..];
+                    let mut four = [0f32; 4];
+                    match row_dot_x4 {
+                        Some(x4) => x4(w.cols, wr, xq, xrow, &mut four),
+                        None => four = std::array::from_fn(|t| row_dot(w.cols, wr, &xq[t * xrow..(t + 1) * xrow])),
+                    }
+                    for (t, v) in four.iter().enumerate() {
+                        *out.0.add((t0 + 4 * q + t) * w.rows + r) = *v;
+                    }
                 }
             }
-            t0 += TOKEN_TILE;
+            t0 += quads * TOKEN_TILE;
         }
     });
     t0

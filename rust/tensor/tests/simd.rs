@@ -280,8 +280,8 @@ fn force_scalar_environment_variable_selects_the_scalar_kernels() {
     assert!(status.success(), "the forced-scalar run failed");
 }
 
-/// The two-row, four-token one-accumulator kernel equals the specification's dot of each
-/// row with each token bit for bit, for every type it serves.
+/// The two-row one-accumulator kernel (one and two quads of four tokens) equals the
+/// specification's dot of each row with each token bit for bit, for every type it serves.
 #[test]
 fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
     use ferrollama_tensor::scalar::repacked as rp;
@@ -297,17 +297,18 @@ fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
         for &(ty, dot) in &spec {
             let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
             let mut f = TileFactors::default();
-            for n in [32, 896, 4864] {
+            for (n, quads) in [(32, 1), (896, 2), (4864, 1), (4864, 2)] {
                 for scale in [0.02f32, 2.0, 300.0] {
                     let w: Vec<u8> = (0..2).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
-                    let xs: Vec<u8> = (0..4).flat_map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect();
-                    let stride = xs.len() / 4;
-                    let mut out = [[0f32; 4]; 2];
-                    gemm.factors(n, &xs, stride, &mut f);
-                    gemm.run(n, &w, &xs, stride, &f, &mut out);
+                    let xs: Vec<u8> = (0..4 * quads).flat_map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect();
+                    let stride = xs.len() / (4 * quads);
+                    let mut out = [[[0f32; 4]; 2]; 2];
+                    gemm.factors(n, &xs, stride, quads, &mut f);
+                    gemm.run(n, &w, &xs, stride, quads, &f, &mut out);
                     for (r, wr) in w.chunks_exact(w.len() / 2).enumerate() {
                         for (t, x) in xs.chunks_exact(stride).enumerate() {
-                            assert_eq!(out[r][t].to_bits(), dot(n, wr, x).to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
+                            let got = out[t / 4][r][t % 4];
+                            assert_eq!(got.to_bits(), dot(n, wr, x).to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
                         }
                     }
                 }

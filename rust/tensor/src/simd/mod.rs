@@ -161,21 +161,25 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
     }
 }
 
-/// Two weight rows times four tokens with the one-accumulator arithmetic of
+/// Two weight rows times four or eight tokens with the one-accumulator arithmetic of
 /// `scalar::repacked` (Q8_0, Q4_0, Q5_0, IQ4_NL against Q8_0 activations), for CPUs whose
-/// many-token products have no packed kernels: the eight outputs' block sums are reduced
-/// together and accumulated by one vector FMA. Bit-identical to the one-output kernels.
+/// many-token products have no packed kernels: each quad of tokens' eight outputs' block
+/// sums are reduced together and accumulated by one vector FMA, and a block's weights are
+/// decoded once for all the tokens. Bit-identical to the one-output kernels.
 #[derive(Clone, Copy, Debug)]
 pub struct SumsGemm {
     kind: u8,
     wbytes: usize,
 }
 
-/// What `SumsGemm::run` needs of a tile of four activation rows (see `sums_tile_factors`).
+/// Quads of four tokens one `SumsGemm::run` covers at most.
+pub const SUMS_MAX_QUADS: usize = 2;
+
+/// What `SumsGemm::run` needs of each quad of activation rows (see `sums_tile_factors`).
 #[derive(Default)]
 pub struct TileFactors {
-    d: Vec<f32>,
-    corr: Vec<i32>,
+    d: [Vec<f32>; SUMS_MAX_QUADS],
+    corr: [Vec<i32>; SUMS_MAX_QUADS],
 }
 
 impl SumsGemm {
@@ -194,42 +198,62 @@ impl SumsGemm {
         cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes })
     }
 
-    /// Prepares `f` for the four activation rows x[t * stride..] of n elements.
-    pub fn factors(&self, n: usize, x: &[u8], stride: usize, f: &mut TileFactors) {
+    fn check_acts(n: usize, x: &[u8], stride: usize, quads: usize) {
         let nb = n / 32;
-        assert!(stride >= nb * 34 && x.len() >= 3 * stride + nb * 34, "activation rows shorter than {n} elements");
-        f.d.resize(4 * nb, 0.0);
-        f.corr.resize(4 * nb, 0);
-        #[cfg(target_arch = "x86_64")]
-        {
-            let p = x.as_ptr();
-            let offset = x86::avx2::unsigned_offset(self.kind);
-            // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
-            unsafe { x86::avx2::sums_tile_factors(nb, [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], offset, f.d.as_mut_ptr(), f.corr.as_mut_ptr()) };
+        assert!((1..=SUMS_MAX_QUADS).contains(&quads), "1 or 2 quads of tokens");
+        assert!(stride >= nb * 34 && x.len() >= (4 * quads - 1) * stride + nb * 34, "activation rows shorter than {n} elements");
+    }
+
+    /// Prepares `f` for the 4 * quads activation rows x[t * stride..] of n elements.
+    pub fn factors(&self, n: usize, x: &[u8], stride: usize, quads: usize, f: &mut TileFactors) {
+        Self::check_acts(n, x, stride, quads);
+        let nb = n / 32;
+        for q in 0..quads {
+            f.d[q].resize(4 * nb, 0.0);
+            f.corr[q].resize(4 * nb, 0);
+            #[cfg(target_arch = "x86_64")]
+            {
+                let p = x[4 * q * stride..].as_ptr();
+                let offset = x86::avx2::unsigned_offset(self.kind);
+                // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
+                unsafe { x86::avx2::sums_tile_factors(nb, [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], offset, f.d[q].as_mut_ptr(), f.corr[q].as_mut_ptr()) };
+            }
         }
     }
 
-    /// out[r][t] = row r of `w` (two consecutive rows of n elements) times activation row t
-    /// (x[t * stride..], as given to `factors`, which prepared `f`).
-    pub fn run(&self, n: usize, w: &[u8], x: &[u8], stride: usize, f: &TileFactors, out: &mut [[f32; 4]; 2]) {
+    /// out[q][r][t] = row r of `w` (two consecutive rows of n elements) times activation row
+    /// 4 q + t (x[(4 q + t) * stride..], as given to `factors`, which prepared `f`).
+    pub fn run(&self, n: usize, w: &[u8], x: &[u8], stride: usize, quads: usize, f: &TileFactors, out: &mut [[[f32; 4]; 2]; SUMS_MAX_QUADS]) {
+        Self::check_acts(n, x, stride, quads);
         let nb = n / 32;
         assert!(w.len() >= 2 * nb * self.wbytes, "weight rows shorter than {n} elements");
-        assert!(stride >= nb * 34 && x.len() >= 3 * stride + nb * 34, "activation rows shorter than {n} elements");
-        assert!(f.d.len() >= 4 * nb && f.corr.len() >= 4 * nb, "tile factors of another size");
+        assert!((0..quads).all(|q| f.d[q].len() >= 4 * nb && f.corr[q].len() >= 4 * nb), "tile factors of another size");
         #[cfg(target_arch = "x86_64")]
         {
-            use x86::avx2::sums_2x4;
-            let (w0, p) = (w.as_ptr(), x.as_ptr());
-            let (w, x) = ([w0, w0.wrapping_add(nb * self.wbytes)], [p, p.wrapping_add(stride), p.wrapping_add(2 * stride), p.wrapping_add(3 * stride)]);
-            let (d, c) = (f.d.as_ptr(), f.corr.as_ptr());
-            // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
-            unsafe {
-                match self.kind {
-                    0 => sums_2x4::<0>(nb, w, self.wbytes, x, d, c, out),
-                    1 => sums_2x4::<1>(nb, w, self.wbytes, x, d, c, out),
-                    2 => sums_2x4::<2>(nb, w, self.wbytes, x, d, c, out),
-                    _ => sums_2x4::<3>(nb, w, self.wbytes, x, d, c, out),
-                }
+            use x86::avx2::sums_2xq;
+            let w0 = w.as_ptr();
+            let w = [w0, w0.wrapping_add(nb * self.wbytes)];
+            let rows = |q: usize| std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * q + t) * stride));
+            let (d, c) = (|q: usize| f.d[q].as_ptr(), |q: usize| f.corr[q].as_ptr());
+            macro_rules! call {
+                ($kind:literal) => {
+                    // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
+                    unsafe {
+                        if quads == 2 {
+                            sums_2xq::<$kind, 2>(nb, w, self.wbytes, [rows(0), rows(1)], [d(0), d(1)], [c(0), c(1)], out)
+                        } else {
+                            let mut one = [out[0]];
+                            sums_2xq::<$kind, 1>(nb, w, self.wbytes, [rows(0)], [d(0)], [c(0)], &mut one);
+                            out[0] = one[0];
+                        }
+                    }
+                };
+            }
+            match self.kind {
+                0 => call!(0),
+                1 => call!(1),
+                2 => call!(2),
+                _ => call!(3),
             }
         }
     }

@@ -798,7 +798,7 @@ pub mod avx2 {
 
     x86_kernels!("avx2,fma,f16c");
 
-    /// Weight kinds of `sums_2x4` that are decoded unsigned (the stored level, 0..15 or 0..31)
+    /// Weight kinds of `sums_2xq` that are decoded unsigned (the stored level, 0..15 or 0..31)
     /// and corrected by `offset` times the activation's block sum; the others (Q8_0, IQ4_NL)
     /// are signed and go through the sign trick.
     pub const fn unsigned_offset(kind: u8) -> i32 {
@@ -820,7 +820,7 @@ pub mod avx2 {
         _mm256_or_si256(bytes_from_nibbles_32(b.add(6)), high)
     }
 
-    /// What `sums_2x4` needs of four Q8_0 activation rows, per block b: their d as f32 at
+    /// What `sums_2xq` needs of four Q8_0 activation rows, per block b: their d as f32 at
     /// d[4b + t] and, for a kind with an unsigned offset, offset * (sum of the block's
     /// quants) at corr[4b + t]. Computed once per tile of four tokens for all rows.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -847,44 +847,48 @@ pub mod avx2 {
         _mm256_set_m128i(fold(g1), fold(g0))
     }
 
-    /// Two weight rows (w[0], w[1]) times four Q8_0 activation rows with one accumulator per
-    /// output, `scalar::repacked::one_acc_dot32`'s arithmetic bit for bit: per block the
-    /// exact integer sum isum, then acc = fma(float(isum), d_w * d_x, acc). The eight outputs'
-    /// sums of a block are reduced together (`totals8`) and their eight accumulators updated
-    /// by one vector FMA, lane r * 4 + t for row r and token t. `d`, `corr`: from
-    /// `sums_tile_factors` with `unsigned_offset(KIND)`. KIND as `decode32`.
+    /// Two weight rows (w[0], w[1]) times 4 * Q Q8_0 activation rows with one accumulator
+    /// per output, `scalar::repacked::one_acc_dot32`'s arithmetic bit for bit: per block the
+    /// exact integer sum isum, then acc = fma(float(isum), d_w * d_x, acc). Each quad of four
+    /// tokens' eight outputs' sums of a block are reduced together (`totals8`) and their
+    /// eight accumulators updated by one vector FMA, lane r * 4 + t for row r and token t of
+    /// the quad; a block's weights are decoded once for all 4 * Q tokens. `d`, `corr`: from
+    /// `sums_tile_factors` (one call per quad, d[q], corr[q]) with `unsigned_offset(KIND)`.
+    /// KIND as `decode32`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn sums_2x4<const KIND: u8>(nb: usize, w: [*const u8; 2], wbytes: usize, x: [*const u8; 4], d: *const f32, corr: *const i32, out: &mut [[f32; 4]; 2]) {
-        let mut acc = _mm256_setzero_ps();
+    pub unsafe fn sums_2xq<const KIND: u8, const Q: usize>(
+        nb: usize, w: [*const u8; 2], wbytes: usize, x: [[*const u8; 4]; Q], d: [*const f32; Q], corr: [*const i32; Q], out: &mut [[[f32; 4]; 2]; Q],
+    ) {
+        let mut acc = [_mm256_setzero_ps(); Q];
         for b in 0..nb {
             let (b0, b1) = (w[0].add(b * wbytes), w[1].add(b * wbytes));
-            let xs: [__m256i; 4] = std::array::from_fn(|t| loadu(x[t].add(b * 34 + 2)));
-            let mut p = [_mm256_setzero_si256(); 8];
-            if unsigned_offset(KIND) != 0 {
-                let (q0, q1) = (decode32_unsigned::<KIND>(b0), decode32_unsigned::<KIND>(b1));
-                for t in 0..4 {
-                    p[t] = dot_u8i8(q0, xs[t]);
-                    p[4 + t] = dot_u8i8(q1, xs[t]);
-                }
+            let unsigned = unsigned_offset(KIND) != 0;
+            let (q0, q1) = if unsigned {
+                (decode32_unsigned::<KIND>(b0), decode32_unsigned::<KIND>(b1))
             } else {
-                let (q0, q1) = (decode32::<KIND>(b0), decode32::<KIND>(b1));
-                for t in 0..4 {
-                    p[t] = dot_i8_signed!(q0, xs[t]);
-                    p[4 + t] = dot_i8_signed!(q1, xs[t]);
-                }
-            }
-            let mut isum = totals8(&p);
-            if unsigned_offset(KIND) != 0 {
-                isum = _mm256_sub_epi32(isum, _mm256_broadcastsi128_si256(_mm_loadu_si128(corr.add(4 * b) as *const __m128i)));
-            }
+                (decode32::<KIND>(b0), decode32::<KIND>(b1))
+            };
             let dw = _mm256_set_m128(_mm_set1_ps(f16_1(b1)), _mm_set1_ps(f16_1(b0)));
-            let dd = _mm256_mul_ps(dw, _mm256_broadcast_ps(&*(d.add(4 * b) as *const __m128)));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+            for q in 0..Q {
+                let mut p = [_mm256_setzero_si256(); 8];
+                for t in 0..4 {
+                    let xt = loadu(x[q][t].add(b * 34 + 2));
+                    (p[t], p[4 + t]) = if unsigned { (dot_u8i8(q0, xt), dot_u8i8(q1, xt)) } else { (dot_i8_signed!(q0, xt), dot_i8_signed!(q1, xt)) };
+                }
+                let mut isum = totals8(&p);
+                if unsigned {
+                    isum = _mm256_sub_epi32(isum, _mm256_broadcastsi128_si256(_mm_loadu_si128(corr[q].add(4 * b) as *const __m128i)));
+                }
+                let dd = _mm256_mul_ps(dw, _mm256_broadcast_ps(&*(d[q].add(4 * b) as *const __m128)));
+                acc[q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[q]);
+            }
         }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        for r in 0..2 {
-            out[r].copy_from_slice(&lanes[4 * r..4 * r + 4]);
+        for q in 0..Q {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[q]);
+            for r in 0..2 {
+                out[q][r].copy_from_slice(&lanes[4 * r..4 * r + 4]);
+            }
         }
     }
 

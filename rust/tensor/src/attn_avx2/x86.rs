@@ -305,6 +305,13 @@ impl Group<'_, '_> {
             }
             for s0 in (0..cells).step_by(BLOCK) {
                 let s1 = (s0 + BLOCK).min(cells);
+                // The next block's rows, while this one is summed: the walk is latency bound
+                // otherwise (each pass over the dimensions reads a sixteen-byte piece per row).
+                if s1 < cells {
+                    self.prefetch(r, s1..(s1 + BLOCK).min(cells));
+                } else if r + 1 < lim.min(STEP) {
+                    self.prefetch(r + 1, 0..BLOCK.min((lim - r - 1).div_ceil(STEP)));
+                }
                 for dc in (0..dv).step_by(8) {
                     let mut acc = [_mm256_setzero_ps(); N];
                     if s0 > 0 {
@@ -323,6 +330,20 @@ impl Group<'_, '_> {
                         _mm256_storeu_ps(set.add(k * dv + dc), *a);
                     }
                 }
+            }
+        }
+    }
+
+    /// Prefetches the value rows of cells r + 32 s for s in `steps`.
+    #[inline(always)]
+    unsafe fn prefetch(&self, r: usize, steps: std::ops::Range<usize>) {
+        let h = self.h;
+        let row_bytes = h.head_dim_v * if h.v_type == GgmlType::F16 { 2 } else { 4 };
+        let vbase = h.v.as_ptr().add(h.v_offset);
+        for st in steps {
+            let row = vbase.add(v_row(r + STEP * st, h.v_cols) * h.v_stride);
+            for b in (0..row_bytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(row.add(b) as *const i8);
             }
         }
     }

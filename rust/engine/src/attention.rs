@@ -11,10 +11,15 @@
 //! llama.cpp's operations in llama.cpp's order (vec_dot or tinyBLAS summation depending on the
 //! micro-batch size, ggml_v_expf, the chunked f64 softmax sum): with it the Q4_0, IQ4_NL,
 //! IQ4_XS, Q5_0, Q6_K and Q8_0 tiny models match the F32-cache records to the last printed
-//! digit, and Q4_0, IQ4_XS, Q3_K and Q8_0 the F16-cache records too.
+//! digit, and Q4_0, IQ4_XS, Q3_K and Q8_0 the F16-cache records too. On AVX2 machines it runs
+//! `ferrollama_tensor::attn_avx2`, llama.cpp's arithmetic on an AVX2 CPU for one token (its
+//! ggml_vec_dot order for every token of a batch too), and elsewhere that kernel's scalar
+//! specification, which gives the same bits.
 
 use std::cell::RefCell;
 
+use ferrollama_tensor::attn::{DotOrder, Heads};
+use ferrollama_tensor::attn_avx2;
 use ferrollama_tensor::{traits, GgmlType, SendPtr, Threads};
 use half::f16;
 
@@ -41,6 +46,9 @@ pub struct AttnInput<'a> {
 struct Scratch {
     /// The buffers of the exact AVX-512 kernel.
     exact: ferrollama_tensor::attn::AttnScratch,
+    /// The buffers of the AVX2 kernel and of its scalar specification.
+    avx2: attn_avx2::Avx2Scratch,
+    spec: attn_avx2::SpecScratch,
     /// Queries of the task's heads in the K type's dot type, and as f32.
     q_bytes: Vec<u8>,
     q_f32: Vec<f32>,
@@ -72,7 +80,7 @@ pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
         let row_len = a.n_head * hd_v;
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
-            if !online && exact_heads(a, tokens.clone(), h0, heads_per_task, &out_ptr, s) {
+            if !online && (exact_heads(a, tokens.clone(), h0, heads_per_task, &out_ptr, s) || avx2_heads(a, tokens.clone(), h0, heads_per_task, &out_ptr, s)) {
                 return;
             }
             for t in tokens {
@@ -82,7 +90,7 @@ pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
                     for (i, d) in dst.chunks_exact_mut(hd_v).enumerate() {
                         one_head_online(a, t, h0 + i, d, &mut s.q_bytes, &mut s.vbuf);
                     }
-                } else {
+                } else if !spec_heads(a, t, h0, heads_per_task, dst, s) {
                     heads_portable(a, t, h0, heads_per_task, dst, s);
                 }
             }
@@ -115,18 +123,65 @@ const TOKENS_PER_TASK: usize = 16;
 /// orders of the dot products depend on whether the micro-batch has one token (ggml's
 /// vec_dot) or several (llamafile's tinyBLAS for F16 operands and for V·P).
 fn exact_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usize, out: &SendPtr<f32>, s: &mut Scratch) -> bool {
-    use ferrollama_tensor::attn::{attend_raw, DotOrder, Heads};
+    use ferrollama_tensor::attn::attend_raw;
     if a.softcap != 0.0 || tokens.is_empty() {
         return false;
     }
+    let batch = a.n_tokens >= 2;
+    let k_f16 = a.kv.type_k.ty == GgmlType::F16;
+    // F32 queries stay non-contiguous in llama.cpp's graph, so K·Q with an F32 cache
+    // never reaches tinyBLAS; V·P does for either type.
+    let order_kq = if k_f16 && batch { DotOrder::TinyBlas } else { DotOrder::VecDot };
+    let order_vp = if batch { DotOrder::TinyBlas } else { DotOrder::VecDot };
+    let h = task_heads(a, tokens.clone(), h0, nh, order_kq, order_vp);
+    if !h.supported() {
+        return false;
+    }
+    // SAFETY: the task owns heads h0..h0 + nh of these tokens' rows of `out`.
+    unsafe { attend_raw(&h, out.get().add((tokens.start * a.n_head + h0) * a.kv.head_dim_v), &mut s.exact) };
+    true
+}
+
+/// The same on an AVX2 machine through `attn_avx2` (llama.cpp's arithmetic on such a CPU for
+/// one token: ggml_vec_dot's AVX2 order, also for the tokens of a batch); false when it does
+/// not apply here. Elsewhere `spec_heads` computes the same numbers one at a time.
+fn avx2_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usize, out: &SendPtr<f32>, s: &mut Scratch) -> bool {
+    if a.softcap != 0.0 || tokens.is_empty() {
+        return false;
+    }
+    let h = task_heads(a, tokens.clone(), h0, nh, DotOrder::VecDot, DotOrder::VecDot);
+    if !attn_avx2::supported(&h) {
+        return false;
+    }
+    // SAFETY: the task owns heads h0..h0 + nh of these tokens' rows of `out`.
+    unsafe { attn_avx2::attend_raw(&h, out.get().add((tokens.start * a.n_head + h0) * a.kv.head_dim_v), &mut s.avx2) };
+    true
+}
+
+/// `attn_avx2`'s specification for the heads h0..h0 + nh of token t (dst: their outputs);
+/// false when its shape does not apply.
+fn spec_heads(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) -> bool {
+    if a.softcap != 0.0 {
+        return false;
+    }
+    let h = task_heads(a, t..t + 1, h0, nh, DotOrder::VecDot, DotOrder::VecDot);
+    if !attn_avx2::shape_ok(&h) {
+        return false;
+    }
+    for (i, d) in dst.chunks_exact_mut(a.kv.head_dim_v).enumerate() {
+        attn_avx2::query_spec(&h, 0, i, d, &mut s.spec);
+    }
+    true
+}
+
+/// The task of query heads h0..h0 + nh (one KV head's) of `tokens`, as the kernels take it.
+fn task_heads<'a>(a: &AttnInput<'a>, tokens: std::ops::Range<usize>, h0: usize, nh: usize, order_kq: DotOrder, order_vp: DotOrder) -> Heads<'a> {
     let kv = a.kv;
     let (hd_k, hd_v, n_kv) = (kv.head_dim_k, kv.head_dim_v, a.n_kv);
     let g = h0 / (a.n_head / a.n_head_kv);
     let layer = &kv.layers[a.layer];
-    let batch = a.n_tokens >= 2;
-    let k_f16 = kv.type_k.ty == GgmlType::F16;
     let t0 = tokens.start;
-    let h = Heads {
+    Heads {
         k_type: kv.type_k.ty,
         v_type: kv.type_v.ty,
         k: &layer.k,
@@ -147,22 +202,14 @@ fn exact_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usi
         mask_stride: n_kv,
         out_stride: a.n_head * hd_v,
         scale: a.scale,
-        // F32 queries stay non-contiguous in llama.cpp's graph, so K·Q with an F32 cache
-        // never reaches tinyBLAS; V·P does for either type.
-        order_kq: if k_f16 && batch { DotOrder::TinyBlas } else { DotOrder::VecDot },
-        order_vp: if batch { DotOrder::TinyBlas } else { DotOrder::VecDot },
-    };
-    if !h.supported() {
-        return false;
+        order_kq,
+        order_vp,
     }
-    // SAFETY: the task owns heads h0..h0 + nh of these tokens' rows of `out`.
-    unsafe { attend_raw(&h, out.get().add((t0 * a.n_head + h0) * hd_v), &mut s.exact) };
-    true
 }
 
 /// ggml_soft_max then V·P (llama.cpp without flash attention, the path its records took for
 /// f32 and f16 caches) for query heads h0..h0 + nh of token t, which share one KV head, where
-/// the exact kernel does not apply: each dot product from the type table's `vec_dot`, the
+/// neither kernel nor the specification applies (soft-capped scores, odd head sizes): each dot product from the type table's `vec_dot`, the
 /// softmax sum in f64, the weighted sum in cell order.
 fn heads_portable(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) {
     let kv = a.kv;

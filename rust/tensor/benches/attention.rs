@@ -10,12 +10,15 @@
 //!   its own 192 of the 1536 cells: its 128 prompt cells, then every eighth cell, as a
 //!   batched decode interleaves them; the rate counts the cells each token sees.
 //!
+//! On a CPU without AVX-512 the AVX2 kernel (`attn_avx2`) runs instead.
+//!
 //! A closing table sets each rate beside the machine's read bandwidth (see `peak`).
 
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ferrollama_tensor::attn::{attend, v_cols, AttnScratch, DotOrder, Heads};
+use ferrollama_tensor::attn_avx2;
 use ferrollama_tensor::util::f32_to_f16;
 use ferrollama_tensor::GgmlType;
 
@@ -64,19 +67,30 @@ fn bench(c: &mut Criterion, report: &mut Report) {
                 n_kv, q: &q, q_stride: sh.group * sh.head_dim, n_q: sh.group, n_t, mask: &mask, mask_stride: n_kv,
                 out_stride: sh.group * sh.head_dim, scale: 0.125, order_kq: order, order_vp: order,
             };
-            if !h.supported() {
-                eprintln!("attention bench: no AVX-512 on this CPU, the kernel does not run");
+            // Without AVX-512, the AVX2 kernel (ggml_vec_dot's order for every token).
+            let h = if h.supported() { h } else { Heads { order_kq: DotOrder::VecDot, order_vp: DotOrder::VecDot, ..h } };
+            let avx2 = !h.supported();
+            if avx2 && !attn_avx2::supported(&h) {
+                eprintln!("attention bench: neither AVX-512 nor AVX2 on this CPU");
                 return;
             }
             let mut out = vec![0f32; n_t * sh.group * sh.head_dim];
-            let mut s = AttnScratch::default();
+            let (mut s, mut s2) = (AttnScratch::default(), attn_avx2::Avx2Scratch::default());
+            let mut attend = |h: &Heads, out: &mut [f32]| {
+                if avx2 {
+                    // SAFETY: `out` holds every output of the call.
+                    unsafe { attn_avx2::attend_raw(h, out.as_mut_ptr(), &mut s2) }
+                } else {
+                    attend(h, out, &mut s)
+                }
+            };
             let mut g = c.benchmark_group(format!("attn/{}/{kind}/{n_kv}", sh.name));
             g.throughput(Throughput::Bytes(bytes));
             g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2)).sample_size(30);
-            g.bench_with_input(BenchmarkId::new("heads", sh.group), &(), |b, _| b.iter(|| attend(&h, &mut out, &mut s)));
+            g.bench_with_input(BenchmarkId::new("heads", sh.group), &(), |b, _| b.iter(|| attend(&h, &mut out)));
             g.finish();
             let name = format!("attn/{}/{kind}/{n_kv}/heads/{}", sh.name, sh.group);
-            report.time(&name, 1, Bound::Memory, bytes as f64, || attend(&h, &mut out, &mut s));
+            report.time(&name, 1, Bound::Memory, bytes as f64, || attend(&h, &mut out));
         }
     }
 }

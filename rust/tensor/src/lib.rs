@@ -8,6 +8,7 @@
 //! reduced-precision dot products exactly as ggml's `vec_dot` does.
 
 pub mod attn;
+pub mod attn_avx2;
 pub mod dispatch;
 pub mod matmul;
 pub mod packed;

@@ -1,0 +1,394 @@
+//! The AVX2 kernel of `attend_raw`: the arithmetic of `query_spec`, vectorized.
+//!
+//! Scores: the keys are read eight cells at a time (converted to f32 once for every query of
+//! the call), and each query's eight dot products are reduced together by one transpose-like
+//! tree (the same adds as eight GGML_F32x8_REDUCE). Weighted sums: eight lanes are eight output
+//! dimensions; each of the 32 lanes of ggml's accumulators (cells j with the same j % 32) is a
+//! chain of multiply-adds walked in cell order, for up to eight queries at once (each value
+//! row read once per group of queries), its rows two sequential streams of the set-major cache.
+
+use std::arch::x86_64::*;
+
+use super::{grow, Avx2Scratch, MAX_HEADS, MAX_TOKENS, STEP};
+use crate::attn::{v_row, Heads};
+use crate::GgmlType;
+
+/// Queries whose weighted sums are accumulated together (their accumulators stay in registers).
+const GROUP: usize = 8;
+
+/// Cells of one lane walked per pass over the output dimensions (their rows stay in L1).
+const BLOCK: usize = 32;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut Avx2Scratch) {
+    let (dk, n_kv, nq, nt) = (h.head_dim_k, h.n_kv, h.n_q, h.n_t);
+    // One past the last cell visible to each token, and to any.
+    let mut ends = [0usize; MAX_TOKENS];
+    for (t, e) in ends.iter_mut().enumerate().take(nt) {
+        let m = &h.mask[t * h.mask_stride..t * h.mask_stride + n_kv];
+        *e = m.iter().rposition(|&v| v != f32::NEG_INFINITY).map_or(0, |j| j + 1);
+    }
+    let end_any = ends[..nt].iter().copied().max().unwrap_or(0);
+    let q = grow(&mut s.q, nt * nq * dk);
+    queries(h, q);
+    let w = grow(&mut s.w, nt * nq * n_kv);
+    let kbuf = grow(&mut s.k, 8 * dk);
+    scores(h, q, end_any, w, kbuf);
+    // The queries with a visible cell, grouped by GROUP; the others output zeros.
+    let mut live = [0u16; MAX_TOKENS * MAX_HEADS];
+    let mut n_live = 0;
+    for qq in 0..nt * nq {
+        let t = qq / nq;
+        let o = out.add(t * h.out_stride + (qq % nq) * h.head_dim_v);
+        if softmax(w.add(qq * n_kv), n_kv, ends[t], end_any, h.v_type == GgmlType::F16) {
+            live[n_live] = qq as u16;
+            n_live += 1;
+        } else {
+            std::ptr::write_bytes(o, 0, h.head_dim_v);
+        }
+    }
+    for g in live[..n_live].chunks(GROUP) {
+        let walk_end = g.iter().map(|&qq| ends[qq as usize / nq]).max().unwrap_or(0);
+        let sets = grow(&mut s.sets, STEP * g.len() * h.head_dim_v);
+        let u = Group { h, w, queries: g, walk_end, sets, out };
+        match g.len() {
+            1 => u.run::<1>(),
+            2 => u.run::<2>(),
+            3 => u.run::<3>(),
+            4 => u.run::<4>(),
+            5 => u.run::<5>(),
+            6 => u.run::<6>(),
+            7 => u.run::<7>(),
+            _ => u.run::<8>(),
+        }
+    }
+}
+
+/// Each query (token-major, then head) into `q`, rounded to f16 for an F16 K cache.
+#[inline(always)]
+unsafe fn queries(h: &Heads, q: *mut f32) {
+    let dk = h.head_dim_k;
+    for t in 0..h.n_t {
+        for i in 0..h.n_q {
+            let src = h.q.as_ptr().add(t * h.q_stride + i * dk);
+            let dst = q.add((t * h.n_q + i) * dk);
+            for d in (0..dk).step_by(8) {
+                let x = _mm256_loadu_ps(src.add(d));
+                let x = if h.k_type == GgmlType::F16 { round_f16(x) } else { x };
+                _mm256_storeu_ps(dst.add(d), x);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn round_f16(x: __m256) -> __m256 {
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+}
+
+/// Eight values of a cached row (f16 or f32) from element i, as f32.
+#[inline(always)]
+unsafe fn load8<const F16: bool>(row: *const u8, i: usize) -> __m256 {
+    if F16 {
+        _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i))
+    } else {
+        _mm256_loadu_ps((row as *const f32).add(i))
+    }
+}
+
+/// w[qq][j] = scale * K_j · q_qq + mask[j] for cells j of the blocks of eight below
+/// `end_any` (later cells are never read): each key converted once for all queries.
+#[inline(always)]
+unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *mut f32) {
+    let (dk, n_kv) = (h.head_dim_k, h.n_kv);
+    let k_f16 = h.k_type == GgmlType::F16;
+    let scale = _mm256_set1_ps(h.scale);
+    let kbase = h.k.as_ptr().add(h.k_offset);
+    for c0 in (0..end_any).step_by(8) {
+        let n = (n_kv - c0).min(8);
+        // A short last block repeats its last cell (those scores are not stored).
+        let rows: [*const f32; 8] = std::array::from_fn(|c| {
+            let src = kbase.add((c0 + c.min(n - 1)) * h.k_stride);
+            if k_f16 {
+                let dst = kbuf.add(c * dk);
+                for i in (0..dk).step_by(8) {
+                    _mm256_storeu_ps(dst.add(i), load8::<true>(src, i));
+                }
+                dst as *const f32
+            } else {
+                src as *const f32
+            }
+        });
+        for qq in 0..h.n_t * h.n_q {
+            let kq = _mm256_mul_ps(dot8(&rows, q.add(qq * dk), dk), scale);
+            let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride + c0);
+            let wr = w.add(qq * n_kv + c0);
+            if n == 8 {
+                _mm256_storeu_ps(wr, _mm256_add_ps(kq, _mm256_loadu_ps(m)));
+            } else {
+                let mut x = [0f32; 8];
+                _mm256_storeu_ps(x.as_mut_ptr(), kq);
+                for c in 0..n {
+                    *wr.add(c) = x[c] + *m.add(c);
+                }
+            }
+        }
+    }
+}
+
+/// The eight dot products rows[c] · q (ggml_vec_dot's order), lane c.
+#[inline(always)]
+unsafe fn dot8(rows: &[*const f32; 8], q: *const f32, dk: usize) -> __m256 {
+    let mut a = [_mm256_setzero_ps(); 8];
+    for (c, ac) in a.iter_mut().enumerate() {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in (0..dk).step_by(STEP) {
+            for (j, x) in acc.iter_mut().enumerate() {
+                let o = i + 8 * j;
+                *x = _mm256_fmadd_ps(_mm256_loadu_ps(rows[c].add(o)), _mm256_loadu_ps(q.add(o)), *x);
+            }
+        }
+        *ac = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    }
+    reduce8(&a)
+}
+
+/// Lane c = GGML_F32x8_REDUCE's last steps on a[c]: (t0 + t1) + (t2 + t3) where
+/// t_l = a[l] + a[l + 4]; the eight trees share their shuffles.
+#[inline(always)]
+unsafe fn reduce8(a: &[__m256; 8]) -> __m256 {
+    // w[c] = [t of a[c] | t of a[c + 4]].
+    let w: [__m256; 4] = std::array::from_fn(|c| {
+        _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a[c], a[c + 4]), _mm256_permute2f128_ps::<0x31>(a[c], a[c + 4]))
+    });
+    // hadd: [t0 + t1, t2 + t3] of both operands per half, then the pairs of those.
+    _mm256_hadd_ps(_mm256_hadd_ps(w[0], w[1]), _mm256_hadd_ps(w[2], w[3]))
+}
+
+/// ggml_v_expf (AVX2).
+#[inline(always)]
+pub(super) unsafe fn expf8(x: __m256) -> __m256 {
+    macro_rules! c {
+        ($b:expr) => {
+            _mm256_set1_ps(f32::from_bits($b))
+        };
+    }
+    let r = c!(0x4b40_0000);
+    let z = _mm256_fmadd_ps(x, c!(0x3fb8_aa3b), r);
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(n, c!(0x35bf_be8e), _mm256_fnmadd_ps(n, c!(0x3f31_7200), x));
+    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
+    let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let cm = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(c!(0x3c07_2010), b, c!(0x3d2b_9f17)), u, _mm256_fmadd_ps(c!(0x3e2a_af33), b, c!(0x3eff_fedb))),
+        u,
+        _mm256_mul_ps(c!(0x3f7f_fff6), b),
+    );
+    if _mm256_movemask_ps(cm) == 0 {
+        return _mm256_fmadd_ps(j, k, k);
+    }
+    let g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())), _mm256_set1_epi32(0x8200_0000u32 as i32));
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+    let inner = _mm256_or_ps(_mm256_and_ps(cm, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)), _mm256_andnot_ps(cm, _mm256_fmadd_ps(k, j, k)));
+    _mm256_or_ps(_mm256_and_ps(d, _mm256_mul_ps(s1, s1)), _mm256_andnot_ps(d, inner))
+}
+
+/// ggml_vec_soft_max_f32's sum of one chunk: halves, movehl, movehdup.
+#[inline(always)]
+unsafe fn chunk_sum8(v: __m256) -> f32 {
+    let x = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)))
+}
+
+/// `softmax_spec` over one row of n scores whose cells from `end` on are -inf, writing the
+/// probabilities of cells below `zero_to` (zeros past `end`); false when nothing is visible.
+#[inline(always)]
+unsafe fn softmax(w: *mut f32, n: usize, end: usize, zero_to: usize, as_f16: bool) -> bool {
+    let n8 = n - n % 8;
+    // Chunks past `end` are all -inf: their exponentials and sums are zeros.
+    let lim8 = end.next_multiple_of(8).min(n8);
+    let mut maxv = _mm256_set1_ps(f32::NEG_INFINITY);
+    for i in (0..lim8).step_by(8) {
+        maxv = _mm256_max_ps(maxv, _mm256_loadu_ps(w.add(i)));
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), maxv);
+    let tail = lim8.max(n8)..end.max(n8);
+    let max = (tail.clone()).fold(lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)), |m, j| m.max(*w.add(j)));
+    if max == f32::NEG_INFINITY {
+        return false;
+    }
+    let mut sum = 0f64;
+    let mv = _mm256_set1_ps(max);
+    for i in (0..lim8).step_by(8) {
+        let e = expf8(_mm256_sub_ps(_mm256_loadu_ps(w.add(i)), mv));
+        _mm256_storeu_ps(w.add(i), e);
+        sum += chunk_sum8(e) as f64;
+    }
+    for j in tail.clone() {
+        let e = (*w.add(j) - max).exp();
+        *w.add(j) = e;
+        sum += e as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    let iv = _mm256_set1_ps(inv);
+    for i in (0..lim8).step_by(8) {
+        let p = _mm256_mul_ps(_mm256_loadu_ps(w.add(i)), iv);
+        _mm256_storeu_ps(w.add(i), if as_f16 { round_f16(p) } else { p });
+    }
+    for j in tail.clone() {
+        let p = *w.add(j) * inv;
+        *w.add(j) = if as_f16 { crate::util::f16_to_f32(crate::util::f32_to_f16(p)) } else { p };
+    }
+    let done = if end > n8 { end } else { lim8 };
+    for j in done..zero_to {
+        *w.add(j) = 0.0;
+    }
+    true
+}
+
+/// The weighted sums of a group of queries (indices token * n_q + head), whose
+/// probabilities are zero from `walk_end` on.
+struct Group<'a, 'b> {
+    h: &'a Heads<'b>,
+    w: *const f32,
+    queries: &'a [u16],
+    walk_end: usize,
+    /// STEP x queries x head_dim_v floats.
+    sets: *mut f32,
+    out: *mut f32,
+}
+
+impl Group<'_, '_> {
+    #[inline(always)]
+    unsafe fn run<const N: usize>(&self) {
+        if self.h.v_type == GgmlType::F16 {
+            self.lanes::<N, true>();
+        } else {
+            self.lanes::<N, false>();
+        }
+        self.reduce::<N>();
+        if self.walk_end > self.vector_end() {
+            self.tail();
+        }
+    }
+
+    /// The cells ggml's vector loop covers (whole steps of 32).
+    fn vector_end(&self) -> usize {
+        self.h.n_kv - self.h.n_kv % STEP
+    }
+
+    fn out_row(&self, k: usize) -> *mut f32 {
+        let (qq, nq) = (self.queries[k] as usize, self.h.n_q);
+        self.out.wrapping_add((qq / nq) * self.h.out_stride + (qq % nq) * self.h.head_dim_v)
+    }
+
+    /// sets[r][k] = the chain of multiply-adds of cells r, r + 32, ... for query k.
+    #[inline(always)]
+    unsafe fn lanes<const N: usize, const F16: bool>(&self) {
+        let (h, dv) = (self.h, self.h.head_dim_v);
+        let lim = self.walk_end.min(self.vector_end());
+        let vbase = h.v.as_ptr().add(h.v_offset);
+        let p: [*const f32; N] = std::array::from_fn(|k| self.w.add(self.queries[k] as usize * h.n_kv));
+        for r in 0..STEP {
+            let set = self.sets.add(r * N * dv);
+            let cells = if r < lim { (lim - r).div_ceil(STEP) } else { 0 };
+            if cells == 0 {
+                std::ptr::write_bytes(set, 0, N * dv);
+                continue;
+            }
+            for s0 in (0..cells).step_by(BLOCK) {
+                let s1 = (s0 + BLOCK).min(cells);
+                // The next block's rows, while this one is summed: the walk is latency bound
+                // otherwise (each pass over the dimensions reads a sixteen-byte piece per row).
+                if s1 < cells {
+                    self.prefetch(r, s1..(s1 + BLOCK).min(cells));
+                } else if r + 1 < lim.min(STEP) {
+                    self.prefetch(r + 1, 0..BLOCK.min((lim - r - 1).div_ceil(STEP)));
+                }
+                for dc in (0..dv).step_by(8) {
+                    let mut acc = [_mm256_setzero_ps(); N];
+                    if s0 > 0 {
+                        for (k, a) in acc.iter_mut().enumerate() {
+                            *a = _mm256_loadu_ps(set.add(k * dv + dc));
+                        }
+                    }
+                    for st in s0..s1 {
+                        let j = r + STEP * st;
+                        let v = load8::<F16>(vbase.add(v_row(j, h.v_cols) * h.v_stride), dc);
+                        for (k, a) in acc.iter_mut().enumerate() {
+                            *a = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*p[k].add(j)), *a);
+                        }
+                    }
+                    for (k, a) in acc.iter().enumerate() {
+                        _mm256_storeu_ps(set.add(k * dv + dc), *a);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Prefetches the value rows of cells r + 32 s for s in `steps`.
+    #[inline(always)]
+    unsafe fn prefetch(&self, r: usize, steps: std::ops::Range<usize>) {
+        let h = self.h;
+        let row_bytes = h.head_dim_v * if h.v_type == GgmlType::F16 { 2 } else { 4 };
+        let vbase = h.v.as_ptr().add(h.v_offset);
+        for st in steps {
+            let row = vbase.add(v_row(r + STEP * st, h.v_cols) * h.v_stride);
+            for b in (0..row_bytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(row.add(b) as *const i8);
+            }
+        }
+    }
+
+    /// GGML_F32x8_REDUCE of each output dimension's 32 lanes, eight dimensions at a time.
+    #[inline(always)]
+    unsafe fn reduce<const N: usize>(&self) {
+        let dv = self.h.head_dim_v;
+        for k in 0..N {
+            let o = self.out_row(k);
+            for dc in (0..dv).step_by(8) {
+                let l = |r: usize| _mm256_loadu_ps(self.sets.add((r * N + k) * dv + dc));
+                let a: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(_mm256_add_ps(l(i), l(16 + i)), _mm256_add_ps(l(8 + i), l(24 + i))));
+                let t: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(a[i], a[i + 4]));
+                _mm256_storeu_ps(o.add(dc), _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3])));
+            }
+        }
+    }
+
+    /// The cells past ggml's vector loop, added after the reduce (in f64 for f16 operands, by
+    /// float multiply-adds for f32), one dimension at a time: only caches whose size is not a
+    /// multiple of 32 have them.
+    #[cold]
+    unsafe fn tail(&self) {
+        let h = self.h;
+        let vbase = h.v.as_ptr().add(h.v_offset);
+        let cells = self.vector_end()..self.walk_end;
+        for k in 0..self.queries.len() {
+            let o = self.out_row(k);
+            let p = self.w.add(self.queries[k] as usize * h.n_kv);
+            for d in 0..h.head_dim_v {
+                let v = |j: usize| {
+                    let row = vbase.add(v_row(j, h.v_cols) * h.v_stride);
+                    if h.v_type == GgmlType::F16 {
+                        crate::util::f16_to_f32((row.add(2 * d) as *const u16).read_unaligned())
+                    } else {
+                        (row.add(4 * d) as *const f32).read_unaligned()
+                    }
+                };
+                *o.add(d) = if h.v_type == GgmlType::F16 {
+                    cells.clone().fold(*o.add(d) as f64, |s, j| s + (v(j) * *p.add(j)) as f64) as f32
+                } else {
+                    cells.clone().fold(*o.add(d), |s, j| v(j).mul_add(*p.add(j), s))
+                };
+            }
+        }
+    }
+}

@@ -86,17 +86,17 @@ impl Heads<'_> {
     /// an AVX-512 machine); otherwise the caller uses its own path.
     pub fn supported(&self) -> bool {
         let dims_ok = |d: usize| d > 0 && d % 64 == 0;
-        active_isa() == Isa::Avx512
-            && matches!(self.k_type, GgmlType::F16 | GgmlType::F32)
+        active_isa() == Isa::Avx512 && dims_ok(self.head_dim_k) && dims_ok(self.head_dim_v) && self.n_kv % 64 == 0 && self.operands_fit()
+    }
+
+    /// What every attention kernel needs of a call: F16/F32 caches, 1..=MAX_HEADS heads and
+    /// 1..=MAX_TOKENS tokens, and every index of the queries, mask, output and cache in bounds.
+    pub fn operands_fit(&self) -> bool {
+        matches!(self.k_type, GgmlType::F16 | GgmlType::F32)
             && matches!(self.v_type, GgmlType::F16 | GgmlType::F32)
-            && dims_ok(self.head_dim_k)
-            && dims_ok(self.head_dim_v)
-            && self.n_kv % 64 == 0
             && self.n_kv <= V_SETS * self.v_cols
-            && self.n_q > 0
-            && self.n_q <= MAX_HEADS
-            && self.n_t > 0
-            && self.n_t <= MAX_TOKENS
+            && (1..=MAX_HEADS).contains(&self.n_q)
+            && (1..=MAX_TOKENS).contains(&self.n_t)
             && self.mask_stride >= self.n_kv
             && self.mask.len() >= (self.n_t - 1) * self.mask_stride + self.n_kv
             && self.q_stride >= self.n_q * self.head_dim_k

@@ -17,7 +17,7 @@
 //! `attend_spec` computes this one operation at a time (the specification, used where no
 //! AVX2 is available); `attend_raw` is the AVX2 kernel, equal to it bit for bit.
 
-use crate::attn::{v_row, Heads, V_SETS};
+use crate::attn::{v_row, Heads};
 use crate::dispatch::{active_isa, Isa};
 use crate::util::{f16_to_f32, f32_to_f16};
 use crate::GgmlType;
@@ -26,8 +26,8 @@ use crate::GgmlType;
 pub const STEP: usize = 32;
 
 /// Tokens and query heads one call may cover.
-pub const MAX_TOKENS: usize = 64;
-pub const MAX_HEADS: usize = 64;
+pub const MAX_TOKENS: usize = crate::attn::MAX_TOKENS;
+pub const MAX_HEADS: usize = crate::attn::MAX_HEADS;
 
 fn fma(a: f32, b: f32, c: f32) -> f32 {
     a.mul_add(b, c)
@@ -190,26 +190,8 @@ pub fn attend_spec(h: &Heads, out: &mut [f32], s: &mut SpecScratch) {
 /// True when the specification and the kernel handle `h` (F16/F32 caches, dimensions the
 /// kernel's vectors divide, every index in bounds).
 pub fn shape_ok(h: &Heads) -> bool {
-    let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
-    let types = matches!(h.k_type, GgmlType::F16 | GgmlType::F32) && matches!(h.v_type, GgmlType::F16 | GgmlType::F32);
-    if !types || h.n_t == 0 || h.n_q == 0 || h.n_kv == 0 || h.n_kv > V_SETS * h.v_cols {
-        return false;
-    }
-    let k_end = (h.n_kv - 1) * h.k_stride + h.k_offset + h.head_dim_k * es(h.k_type);
-    let v_end = (V_SETS * h.v_cols - 1) * h.v_stride + h.v_offset + h.head_dim_v * es(h.v_type);
-    h.head_dim_k > 0
-        && h.head_dim_k % STEP == 0
-        && h.head_dim_v > 0
-        && h.head_dim_v % 8 == 0
-        && h.n_q <= MAX_HEADS
-        && h.n_t <= MAX_TOKENS
-        && h.mask_stride >= h.n_kv
-        && h.mask.len() >= (h.n_t - 1) * h.mask_stride + h.n_kv
-        && h.q_stride >= h.n_q * h.head_dim_k
-        && h.q.len() >= (h.n_t - 1) * h.q_stride + h.n_q * h.head_dim_k
-        && h.out_stride >= h.n_q * h.head_dim_v
-        && h.k.len() >= k_end
-        && h.v.len() >= v_end
+    let dims_ok = h.head_dim_k > 0 && h.head_dim_k % STEP == 0 && h.head_dim_v > 0 && h.head_dim_v % 8 == 0;
+    dims_ok && h.n_kv > 0 && h.operands_fit()
 }
 
 /// True when `attend_raw` runs here: the shape fits and this process uses the AVX2 kernels.

@@ -1,5 +1,5 @@
 use super::*;
-use crate::attn::v_cols;
+use crate::attn::{v_cols, V_SETS};
 
 struct Lcg(u64);
 

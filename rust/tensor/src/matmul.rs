@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock, Weak};
 
 use crate::packed::{self, KindKernels, PackKind, Packed, PackedActs};
-use crate::simd::{SumsGemm, TileFactors, SUMS_MAX_QUADS};
+use crate::simd::{SumsGemm, TileFactors, OCTET_MAX_QUADS, SUMS_MAX_QUADS};
 use crate::traits::{VecDot, VecDotX4};
 use crate::{traits, GgmlType, SendPtr, TensorError, Threads, TypeTraits};
 
@@ -321,37 +321,66 @@ fn rows_per_task(w: &QMatrix, rows: usize, n_tokens: usize, n_threads: usize) ->
     let share = rows.div_ceil(n_threads * pieces);
     let per_chunk = (ROW_CHUNK_BYTES / w.row_bytes().max(1)).max(1);
     let rows = if n_tokens >= TOKEN_TILE { share.min(per_chunk.max(16)) } else { share };
-    rows.max(1)
+    // Whole octets for the octet kernel (see `sums_tiles`).
+    let octets = n_tokens >= TOKEN_TILE && w.sums_gemm.is_some_and(|(g, _)| g.has_octets());
+    if octets { rows.next_multiple_of(8) } else { rows.max(1) }
+}
+
+/// What a thread keeps between the tiles of one row range: the tile's activation factors
+/// and the range's weight octets, decoded once per product (`SumsGemm::decode_octet`).
+#[derive(Default)]
+struct TileScratch {
+    factors: TileFactors,
+    octets: Vec<u8>,
 }
 
 thread_local! {
-    static TILE_FACTORS: std::cell::RefCell<TileFactors> = std::cell::RefCell::new(TileFactors::default());
+    static TILE_SCRATCH: std::cell::RefCell<TileScratch> = std::cell::RefCell::new(TileScratch::default());
 }
 
-/// Rows `rows` of the product for the whole quads of four tokens through the two-row kernel,
-/// eight tokens at a time while there are (an odd last row through the four-token dot, which
-/// gives the same bits); returns the first token it left.
+/// Rows `rows` of the product for the whole quads of four tokens, up to `OCTET_MAX_QUADS`
+/// quads a tile: groups of eight rows through the octet kernel where the kind has one
+/// (decoded once for all the tiles), the rest through the two-row kernel (an odd last row
+/// through the four-token dot, which gives the same bits); returns the first token it left.
 ///
 /// # Safety
 /// As `rows_product`.
 unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tokens: usize, rows: Range<usize>, out: &SendPtr<f32>) -> usize {
     let (all, rb) = (w.data.bytes(), w.row_bytes());
     let (row_dot, row_dot_x4) = w.dots_for(n_tokens);
+    let n_octets = if gemm.has_octets() { rows.len() / 8 } else { 0 };
+    let octet_bytes = SumsGemm::octet_bytes(w.cols);
     let mut t0 = 0;
-    TILE_FACTORS.with(|f| {
-        let f = &mut *f.borrow_mut();
-        let mut res = [[[0f32; 4]; 2]; SUMS_MAX_QUADS];
+    TILE_SCRATCH.with(|scratch| {
+        let TileScratch { factors: f, octets } = &mut *scratch.borrow_mut();
+        if octets.len() < n_octets * octet_bytes {
+            octets.resize(n_octets * octet_bytes, 0);
+        }
+        for o in 0..n_octets {
+            let first = rows.start + 8 * o;
+            gemm.decode_octet(w.cols, &all[first * rb..(first + 8) * rb], &mut octets[o * octet_bytes..(o + 1) * octet_bytes]);
+        }
+        let mut pairs = [[[0f32; 4]; 2]; SUMS_MAX_QUADS];
+        let put = |t: usize, r: usize, v: f32| *out.0.add(t * w.rows + r) = v;
         while t0 + TOKEN_TILE <= n_tokens {
-            let quads = ((n_tokens - t0) / TOKEN_TILE).min(SUMS_MAX_QUADS);
+            let quads = ((n_tokens - t0) / TOKEN_TILE).min(OCTET_MAX_QUADS);
             let xs = &act[t0 * xrow..(t0 + quads * TOKEN_TILE) * xrow];
             gemm.factors(w.cols, xs, xrow, quads, f);
-            let mut r = rows.start;
+            for o in 0..n_octets {
+                // The octet's eight outputs of each token are consecutive in `out`.
+                let dst = out.0.add(t0 * w.rows + rows.start + 8 * o);
+                gemm.run_octet(w.cols, &octets[o * octet_bytes..(o + 1) * octet_bytes], xs, xrow, 0, quads, f, dst, w.rows);
+            }
+            let mut r = rows.start + 8 * n_octets;
             while r + 2 <= rows.end {
-                gemm.run(w.cols, &all[r * rb..(r + 2) * rb], xs, xrow, quads, f, &mut res);
-                for (q, quad) in res.iter().enumerate().take(quads) {
-                    for (k, row) in quad.iter().enumerate() {
-                        for (t, v) in row.iter().enumerate() {
-                            *out.0.add((t0 + 4 * q + t) * w.rows + r + k) = *v;
+                for q0 in (0..quads).step_by(SUMS_MAX_QUADS) {
+                    let part = (quads - q0).min(SUMS_MAX_QUADS);
+                    gemm.run(w.cols, &all[r * rb..(r + 2) * rb], xs, xrow, q0, part, f, &mut pairs);
+                    for (q, quad) in pairs.iter().enumerate().take(part) {
+                        for (k, row) in quad.iter().enumerate() {
+                            for (t, v) in row.iter().enumerate() {
+                                put(t0 + 4 * (q0 + q) + t, r + k, *v);
+                            }
                         }
                     }
                 }
@@ -367,7 +396,7 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
                         None => four = std::array::from_fn(|t| row_dot(w.cols, wr, &xq[t * xrow..(t + 1) * xrow])),
                     }
                     for (t, v) in four.iter().enumerate() {
-                        *out.0.add((t0 + 4 * q + t) * w.rows + r) = *v;
+                        put(t0 + 4 * q + t, r, *v);
                     }
                 }
             }

@@ -280,6 +280,61 @@ fn force_scalar_environment_variable_selects_the_scalar_kernels() {
     assert!(status.success(), "the forced-scalar run failed");
 }
 
+/// The eight-row kernel of the unsigned kinds (one to four quads of four tokens, started at
+/// any quad of a tile) equals the specification's dot of each row with each token bit for
+/// bit, writing only its outputs: levels at the kinds' extremes and activations at full
+/// scale keep the i16 sums at their largest.
+#[test]
+fn octet_sums_kernel_equals_the_one_accumulator_dot() {
+    use ferrollama_tensor::scalar::repacked as rp;
+    use ferrollama_tensor::simd::{SumsGemm, TileFactors, OCTET_MAX_QUADS};
+    let mut rng = Rng::new(37);
+    let spec: [(GgmlType, VecDot); 2] = [(GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0), (GgmlType::Q5_0, rp::vec_dot_q5_0_q8_0_blocks)];
+    for (isa, _) in levels() {
+        for &(ty, dot) in &spec {
+            let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
+            assert!(gemm.has_octets(), "{ty} has octets");
+            let mut f = TileFactors::default();
+            for (n, first_quad, quads) in [(32, 0, 1), (896, 0, 4), (896, 1, 3), (640, 2, 2), (4864, 3, 1)] {
+                // scale 0: every level at its top (15, 31) against every activation at -128,
+                // the bound of the i16 sums, as raw blocks (d = 1.0).
+                for scale in [0.0f32, 0.02, 2.0, 300.0] {
+                    let tokens = 4 * (first_quad + quads);
+                    let (w, xs): (Vec<u8>, Vec<u8>) = if scale == 0.0 {
+                        let wbytes = if ty == GgmlType::Q4_0 { 18 } else { 22 };
+                        let wblock: Vec<u8> = [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(0xff, wbytes - 2)).collect();
+                        let xblock: Vec<u8> = [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(0x80, 32)).collect();
+                        (wblock.repeat(8 * n / 32), xblock.repeat(tokens * n / 32))
+                    } else {
+                        let w = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                        (w, (0..tokens).flat_map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect())
+                    };
+                    let stride = xs.len() / tokens;
+                    let mut octet = vec![0u8; SumsGemm::octet_bytes(n)];
+                    gemm.decode_octet(n, &w, &mut octet);
+                    gemm.factors(n, &xs, stride, first_quad + quads, &mut f);
+                    // Rows of 10 outputs: the kernel writes 8 a token, the 2 after stay NaN.
+                    let ldo = 10;
+                    let mut out = vec![f32::NAN; 4 * OCTET_MAX_QUADS * ldo];
+                    // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + 8 floats.
+                    unsafe { gemm.run_octet(n, &octet, &xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
+                    for (t, x) in xs.chunks_exact(stride).enumerate() {
+                        for r in 0..ldo {
+                            let got = out[t * ldo + r];
+                            if t < 4 * first_quad || r >= 8 {
+                                assert!(got.is_nan(), "{ty} n={n} wrote token {t} lane {r}");
+                            } else {
+                                let want = dot(n, &w[r * (w.len() / 8)..(r + 1) * (w.len() / 8)], x);
+                                assert_eq!(got.to_bits(), want.to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The two-row one-accumulator kernel (one and two quads of four tokens) equals the
 /// specification's dot of each row with each token bit for bit, for every type it serves.
 #[test]
@@ -304,7 +359,7 @@ fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
                     let stride = xs.len() / (4 * quads);
                     let mut out = [[[0f32; 4]; 2]; 2];
                     gemm.factors(n, &xs, stride, quads, &mut f);
-                    gemm.run(n, &w, &xs, stride, quads, &f, &mut out);
+                    gemm.run(n, &w, &xs, stride, 0, quads, &f, &mut out);
                     for (r, wr) in w.chunks_exact(w.len() / 2).enumerate() {
                         for (t, x) in xs.chunks_exact(stride).enumerate() {
                             let got = out[t / 4][r][t % 4];

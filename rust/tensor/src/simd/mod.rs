@@ -175,11 +175,15 @@ pub struct SumsGemm {
 /// Quads of four tokens one `SumsGemm::run` covers at most.
 pub const SUMS_MAX_QUADS: usize = 2;
 
+/// Quads of four tokens one `SumsGemm::run_octet` covers at most, and one `TileFactors`
+/// holds.
+pub const OCTET_MAX_QUADS: usize = 4;
+
 /// What `SumsGemm::run` needs of each quad of activation rows (see `sums_tile_factors`).
 #[derive(Default)]
 pub struct TileFactors {
-    d: [Vec<f32>; SUMS_MAX_QUADS],
-    corr: [Vec<i32>; SUMS_MAX_QUADS],
+    d: [Vec<f32>; OCTET_MAX_QUADS],
+    corr: [Vec<i32>; OCTET_MAX_QUADS],
 }
 
 impl SumsGemm {
@@ -198,15 +202,78 @@ impl SumsGemm {
         cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes })
     }
 
-    fn check_acts(n: usize, x: &[u8], stride: usize, quads: usize) {
+    /// Whether `decode_octet` and `run_octet` serve this kind: the unsigned ones (Q4_0,
+    /// Q5_0), whose pair sums leave room to add in i16.
+    pub fn has_octets(&self) -> bool {
+        matches!(self.kind, 1 | 2)
+    }
+
+    /// Bytes `decode_octet` writes for eight rows of n elements.
+    pub fn octet_bytes(n: usize) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        return n / 32 * x86::avx2::OCTET_BLOCK_BYTES;
+        #[cfg(not(target_arch = "x86_64"))]
+        return n / 32 * (8 * 32 + 8 * 4);
+    }
+
+    /// Decodes eight consecutive weight rows of n elements (`w`) into `dst`
+    /// (`octet_bytes(n)` long), the operand of `run_octet`. Panics unless `has_octets`.
+    pub fn decode_octet(&self, n: usize, w: &[u8], dst: &mut [u8]) {
         let nb = n / 32;
-        assert!((1..=SUMS_MAX_QUADS).contains(&quads), "1 or 2 quads of tokens");
-        assert!(stride >= nb * 34 && x.len() >= (4 * quads - 1) * stride + nb * 34, "activation rows shorter than {n} elements");
+        assert!(self.has_octets(), "octets of an unsigned kind only");
+        assert!(w.len() >= 8 * nb * self.wbytes && dst.len() >= Self::octet_bytes(n), "operands shorter than 8 rows of {n} elements");
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (row_bytes, src, out) = (nb * self.wbytes, w.as_ptr(), dst.as_mut_ptr());
+            // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
+            unsafe {
+                if self.kind == 1 {
+                    x86::avx2::decode_octet::<1>(nb, src, row_bytes, self.wbytes, out)
+                } else {
+                    x86::avx2::decode_octet::<2>(nb, src, row_bytes, self.wbytes, out)
+                }
+            }
+        }
+    }
+
+    /// out[(4 q + t) * ldo + r] = row r of the octet `decode_octet` made of eight rows of n
+    /// elements times activation row 4 (first_quad + q) + t of `x` (as given to `factors`,
+    /// which prepared `f`), for q < quads. Bit-identical to `run` and the one-output kernels.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes of 8 floats at every (4 q + t) * ldo, q < quads.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn run_octet(&self, n: usize, octet: &[u8], x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
+        let nb = n / 32;
+        assert!(self.has_octets() && octet.len() >= Self::octet_bytes(n), "an octet of {n}-element rows");
+        Self::check_acts(n, x, stride, first_quad, quads, OCTET_MAX_QUADS);
+        assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * nb && f.corr[q].len() >= 4 * nb), "tile factors of another size");
+        #[cfg(target_arch = "x86_64")]
+        {
+            use x86::avx2::octet_sums;
+            let rows = |q: usize| std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride));
+            let (d, c) = (|q: usize| f.d[first_quad + q].as_ptr(), |q: usize| f.corr[first_quad + q].as_ptr());
+            let o = octet.as_ptr();
+            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
+            match quads {
+                4 => octet_sums::<4>(nb, o, [rows(0), rows(1), rows(2), rows(3)], [d(0), d(1), d(2), d(3)], [c(0), c(1), c(2), c(3)], out, ldo),
+                3 => octet_sums::<3>(nb, o, [rows(0), rows(1), rows(2)], [d(0), d(1), d(2)], [c(0), c(1), c(2)], out, ldo),
+                2 => octet_sums::<2>(nb, o, [rows(0), rows(1)], [d(0), d(1)], [c(0), c(1)], out, ldo),
+                _ => octet_sums::<1>(nb, o, [rows(0)], [d(0)], [c(0)], out, ldo),
+            }
+        }
+    }
+
+    /// Checks quads first_quad..first_quad + quads of activation rows x and their factors.
+    fn check_acts(n: usize, x: &[u8], stride: usize, first_quad: usize, quads: usize, max_quads: usize) {
+        let nb = n / 32;
+        assert!((1..=max_quads).contains(&quads) && first_quad + quads <= OCTET_MAX_QUADS, "1 to {max_quads} quads of tokens, within a tile's {OCTET_MAX_QUADS}");
+        assert!(stride >= nb * 34 && x.len() >= (4 * (first_quad + quads) - 1) * stride + nb * 34, "activation rows shorter than {n} elements");
     }
 
     /// Prepares `f` for the 4 * quads activation rows x[t * stride..] of n elements.
     pub fn factors(&self, n: usize, x: &[u8], stride: usize, quads: usize, f: &mut TileFactors) {
-        Self::check_acts(n, x, stride, quads);
+        Self::check_acts(n, x, stride, 0, quads, OCTET_MAX_QUADS);
         let nb = n / 32;
         for q in 0..quads {
             f.d[q].resize(4 * nb, 0.0);
@@ -222,19 +289,21 @@ impl SumsGemm {
     }
 
     /// out[q][r][t] = row r of `w` (two consecutive rows of n elements) times activation row
-    /// 4 q + t (x[(4 q + t) * stride..], as given to `factors`, which prepared `f`).
-    pub fn run(&self, n: usize, w: &[u8], x: &[u8], stride: usize, quads: usize, f: &TileFactors, out: &mut [[[f32; 4]; 2]; SUMS_MAX_QUADS]) {
-        Self::check_acts(n, x, stride, quads);
+    /// 4 (first_quad + q) + t (x[(4 (first_quad + q) + t) * stride..], as given to
+    /// `factors`, which prepared `f`), for q < quads.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(&self, n: usize, w: &[u8], x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: &mut [[[f32; 4]; 2]; SUMS_MAX_QUADS]) {
+        Self::check_acts(n, x, stride, first_quad, quads, SUMS_MAX_QUADS);
         let nb = n / 32;
         assert!(w.len() >= 2 * nb * self.wbytes, "weight rows shorter than {n} elements");
-        assert!((0..quads).all(|q| f.d[q].len() >= 4 * nb && f.corr[q].len() >= 4 * nb), "tile factors of another size");
+        assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * nb && f.corr[q].len() >= 4 * nb), "tile factors of another size");
         #[cfg(target_arch = "x86_64")]
         {
             use x86::avx2::sums_2xq;
             let w0 = w.as_ptr();
             let w = [w0, w0.wrapping_add(nb * self.wbytes)];
-            let rows = |q: usize| std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * q + t) * stride));
-            let (d, c) = (|q: usize| f.d[q].as_ptr(), |q: usize| f.corr[q].as_ptr());
+            let rows = |q: usize| std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride));
+            let (d, c) = (|q: usize| f.d[first_quad + q].as_ptr(), |q: usize| f.corr[first_quad + q].as_ptr());
             macro_rules! call {
                 ($kind:literal) => {
                     // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.

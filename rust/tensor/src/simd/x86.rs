@@ -821,8 +821,9 @@ pub mod avx2 {
     }
 
     /// What `sums_2xq` needs of four Q8_0 activation rows, per block b: their d as f32 at
-    /// d[4b + t] and, for a kind with an unsigned offset, offset * (sum of the block's
-    /// quants) at corr[4b + t]. Computed once per tile of four tokens for all rows.
+    /// d[4b + t] and, for a kind with an unsigned offset, the correction to add to a block's
+    /// sum of products, -offset * (sum of the block's quants), at corr[4b + t]. Computed
+    /// once per tile of four tokens for all rows.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn sums_tile_factors(nb: usize, x: [*const u8; 4], offset: i32, d: *mut f32, corr: *mut i32) {
         let ones = _mm256_set1_epi8(1);
@@ -830,7 +831,7 @@ pub mod avx2 {
             for t in 0..4 {
                 let bx = x[t].add(b * 34);
                 *d.add(4 * b + t) = f16_1(bx);
-                *corr.add(4 * b + t) = if offset == 0 { 0 } else { offset * hsum_epi32(dot_u8i8(ones, loadu(bx.add(2)))) };
+                *corr.add(4 * b + t) = if offset == 0 { 0 } else { -offset * hsum_epi32(dot_u8i8(ones, loadu(bx.add(2)))) };
             }
         }
     }
@@ -845,6 +846,22 @@ pub mod avx2 {
         let (g0, g1) = (_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
         let fold = |g: __m256i| _mm_add_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256::<1>(g));
         _mm256_set_m128i(fold(g1), fold(g0))
+    }
+
+    /// Eight vectors of `maddubs` pair sums (i16) to one vector of their eight lane totals
+    /// (i32), in order. The first two levels add in i16, which is exact when every pair sum
+    /// is at most 7936 in magnitude (8 of them stay within i16): levels 0..31 times
+    /// activations -128..127, the unsigned kinds' bound. Two `madd`s instead of eight, which
+    /// matters because on AVX2 the multiplier port is what a block's sums wait on.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn totals8_i16(p: &[__m256i; 8]) -> __m256i {
+        let h = [_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]), _mm256_hadd_epi16(p[4], p[5]), _mm256_hadd_epi16(p[6], p[7])];
+        let ones = _mm256_set1_epi16(1);
+        // Per 128-bit half: two partial sums of each of p0..p3 (p4..p7), then their i32 sums.
+        let lo = _mm256_madd_epi16(_mm256_hadd_epi16(h[0], h[1]), ones);
+        let hi = _mm256_madd_epi16(_mm256_hadd_epi16(h[2], h[3]), ones);
+        _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
     }
 
     /// Two weight rows (w[0], w[1]) times 4 * Q Q8_0 activation rows with one accumulator
@@ -871,14 +888,20 @@ pub mod avx2 {
             let dw = _mm256_set_m128(_mm_set1_ps(f16_1(b1)), _mm_set1_ps(f16_1(b0)));
             for q in 0..Q {
                 let mut p = [_mm256_setzero_si256(); 8];
-                for t in 0..4 {
-                    let xt = loadu(x[q][t].add(b * 34 + 2));
-                    (p[t], p[4 + t]) = if unsigned { (dot_u8i8(q0, xt), dot_u8i8(q1, xt)) } else { (dot_i8_signed!(q0, xt), dot_i8_signed!(q1, xt)) };
-                }
-                let mut isum = totals8(&p);
-                if unsigned {
-                    isum = _mm256_sub_epi32(isum, _mm256_broadcastsi128_si256(_mm_loadu_si128(corr[q].add(4 * b) as *const __m128i)));
-                }
+                let isum = if unsigned {
+                    for t in 0..4 {
+                        let xt = loadu(x[q][t].add(b * 34 + 2));
+                        (p[t], p[4 + t]) = (_mm256_maddubs_epi16(q0, xt), _mm256_maddubs_epi16(q1, xt));
+                    }
+                    let sums = totals8_i16(&p);
+                    _mm256_add_epi32(sums, _mm256_broadcastsi128_si256(_mm_loadu_si128(corr[q].add(4 * b) as *const __m128i)))
+                } else {
+                    for t in 0..4 {
+                        let xt = loadu(x[q][t].add(b * 34 + 2));
+                        (p[t], p[4 + t]) = (dot_i8_signed!(q0, xt), dot_i8_signed!(q1, xt));
+                    }
+                    totals8(&p)
+                };
                 let dd = _mm256_mul_ps(dw, _mm256_broadcast_ps(&*(d[q].add(4 * b) as *const __m128)));
                 acc[q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[q]);
             }
@@ -888,6 +911,96 @@ pub mod avx2 {
             _mm256_storeu_ps(lanes.as_mut_ptr(), acc[q]);
             for r in 0..2 {
                 out[q][r].copy_from_slice(&lanes[4 * r..4 * r + 4]);
+            }
+        }
+    }
+
+    /// Bytes `decode_octet` writes per block of eight rows: the rows' 32 unsigned levels
+    /// transposed into eight vectors (vector k holds bytes 4k..4k+4 of row r in dword lane
+    /// r), then the rows' eight d as f32.
+    pub const OCTET_BLOCK_BYTES: usize = 8 * 32 + 8 * 4;
+
+    /// Transposes eight rows of eight dwords: out[k] lane r = rows[r] lane k.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn transpose_8x8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {
+        let t = [
+            _mm256_unpacklo_epi32(r[0], r[1]), _mm256_unpackhi_epi32(r[0], r[1]),
+            _mm256_unpacklo_epi32(r[2], r[3]), _mm256_unpackhi_epi32(r[2], r[3]),
+            _mm256_unpacklo_epi32(r[4], r[5]), _mm256_unpackhi_epi32(r[4], r[5]),
+            _mm256_unpacklo_epi32(r[6], r[7]), _mm256_unpackhi_epi32(r[6], r[7]),
+        ];
+        // u[k] (k < 4): dword k (low half) and k + 4 (high half) of rows 0..3; u[4 + k]: rows 4..7.
+        let u = [
+            _mm256_unpacklo_epi64(t[0], t[2]), _mm256_unpackhi_epi64(t[0], t[2]),
+            _mm256_unpacklo_epi64(t[1], t[3]), _mm256_unpackhi_epi64(t[1], t[3]),
+            _mm256_unpacklo_epi64(t[4], t[6]), _mm256_unpackhi_epi64(t[4], t[6]),
+            _mm256_unpacklo_epi64(t[5], t[7]), _mm256_unpackhi_epi64(t[5], t[7]),
+        ];
+        [
+            _mm256_permute2x128_si256::<0x20>(u[0], u[4]), _mm256_permute2x128_si256::<0x20>(u[1], u[5]),
+            _mm256_permute2x128_si256::<0x20>(u[2], u[6]), _mm256_permute2x128_si256::<0x20>(u[3], u[7]),
+            _mm256_permute2x128_si256::<0x31>(u[0], u[4]), _mm256_permute2x128_si256::<0x31>(u[1], u[5]),
+            _mm256_permute2x128_si256::<0x31>(u[2], u[6]), _mm256_permute2x128_si256::<0x31>(u[3], u[7]),
+        ]
+    }
+
+    /// Decodes nb blocks of eight consecutive weight rows (row r at w + r * row_bytes) of an
+    /// unsigned kind (Q4_0, Q5_0) into `OCTET_BLOCK_BYTES` a block at dst, for `octet_sums`.
+    /// Done once per matrix product and row range, so that every token tile reads levels
+    /// ready to multiply.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn decode_octet<const KIND: u8>(nb: usize, w: *const u8, row_bytes: usize, wbytes: usize, dst: *mut u8) {
+        for b in 0..nb {
+            let mut rows = [_mm256_setzero_si256(); 8];
+            let mut d = [0u16; 8];
+            for r in 0..8 {
+                let block = w.add(r * row_bytes + b * wbytes);
+                rows[r] = decode32_unsigned::<KIND>(block);
+                d[r] = std::ptr::read_unaligned(block as *const u16);
+            }
+            let levels = transpose_8x8_epi32(&rows);
+            let out = dst.add(b * OCTET_BLOCK_BYTES);
+            for (k, v) in levels.iter().enumerate() {
+                _mm256_storeu_si256(out.add(32 * k) as *mut __m256i, *v);
+            }
+            _mm256_storeu_ps(out.add(256) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
+        }
+    }
+
+    /// Eight weight rows (an octet from `decode_octet`) times 4 * Q Q8_0 activation rows,
+    /// `scalar::repacked::one_acc_dot32`'s arithmetic bit for bit, like `sums_2xq`:
+    /// out[(4 q + t) * ldo + r] is row r times token t of quad q. A token's block sums for all eight rows come
+    /// out of eight multiplies against its four-byte groups broadcast, one row per lane, so
+    /// no horizontal reduction is needed; four multiplies' pair sums add in i16, exact for
+    /// the unsigned kinds (|pair| <= 2 * 31 * 128 = 7936, four of them < 2^15).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn octet_sums<const Q: usize>(
+        nb: usize, octet: *const u8, x: [[*const u8; 4]; Q], d: [*const f32; Q], corr: [*const i32; Q], out: *mut f32, ldo: usize,
+    ) {
+        let ones = _mm256_set1_epi16(1);
+        for q in 0..Q {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for b in 0..nb {
+                let ob = octet.add(b * OCTET_BLOCK_BYTES);
+                let mut wk = [_mm256_setzero_si256(); 8];
+                for (k, v) in wk.iter_mut().enumerate() {
+                    *v = _mm256_loadu_si256(ob.add(32 * k) as *const __m256i);
+                }
+                let dw = _mm256_loadu_ps(ob.add(256) as *const f32);
+                for t in 0..4 {
+                    let xq = x[q][t].add(b * 34 + 2) as *const i32;
+                    let m = |k: usize| _mm256_maddubs_epi16(wk[k], _mm256_set1_epi32(std::ptr::read_unaligned(xq.add(k))));
+                    let lo = _mm256_add_epi16(_mm256_add_epi16(m(0), m(1)), _mm256_add_epi16(m(2), m(3)));
+                    let hi = _mm256_add_epi16(_mm256_add_epi16(m(4), m(5)), _mm256_add_epi16(m(6), m(7)));
+                    let isum = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+                    let isum = _mm256_add_epi32(isum, _mm256_set1_epi32(*corr[q].add(4 * b + t)));
+                    let dd = _mm256_mul_ps(dw, _mm256_set1_ps(*d[q].add(4 * b + t)));
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t]);
+                }
+            }
+            for t in 0..4 {
+                _mm256_storeu_ps(out.add((4 * q + t) * ldo), acc[t]);
             }
         }
     }

@@ -73,13 +73,18 @@ fn llama_row_dot(t: &'static TypeTraits, rows: usize) -> (VecDot, Option<VecDotX
     }
 }
 
-/// The two-row kernel for the products whose dot is one accumulator fed exact block sums
-/// (`scalar::repacked`), with the token count from which they are: Q8_0 and Q5_0 from
-/// `TILED_TOKENS` (`many_token_dot`), Q4_0 and IQ4_NL where llama.cpp repacks them, always.
+/// The many-token kernels (`SumsGemm`) and the token count from which they serve: the
+/// products whose dot is one accumulator fed exact block sums (`scalar::repacked`), Q8_0 and
+/// Q5_0 from `TILED_TOKENS` (`many_token_dot`), Q4_0, IQ4_NL and Q4_K where llama.cpp
+/// repacks them, always; and Q6_K.
 fn sums_gemm(t: &'static TypeTraits, rows: usize) -> Option<(SumsGemm, usize)> {
     let gemm = SumsGemm::for_type(t.ty, t.isa)?;
     match t.ty {
         GgmlType::Q8_0 | GgmlType::Q5_0 => many_token_dot(t).map(|_| (gemm, TILED_TOKENS)),
+        // Q6_K's octets compute ggml's vec_dot lanes, its arithmetic at every token count;
+        // below 16 tokens decoding the octets costs more than they save (measured: 8 tokens
+        // 32 GMAC/s against the four-token kernel's 39, 64 tokens 53 against 38).
+        GgmlType::Q6_K => Some((gemm, 16)),
         _ => llama_repacks(t, rows).then_some((gemm, 1)),
     }
 }
@@ -349,7 +354,7 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
     let (all, rb) = (w.data.bytes(), w.row_bytes());
     let (row_dot, row_dot_x4) = w.dots_for(n_tokens);
     let n_octets = if gemm.has_octets() { rows.len() / 8 } else { 0 };
-    let octet_bytes = SumsGemm::octet_bytes(w.cols);
+    let octet_bytes = gemm.octet_bytes(w.cols);
     let mut t0 = 0;
     TILE_SCRATCH.with(|scratch| {
         let TileScratch { factors: f, octets } = &mut *scratch.borrow_mut();
@@ -372,7 +377,7 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
                 gemm.run_octet(w.cols, &octets[o * octet_bytes..(o + 1) * octet_bytes], xs, xrow, 0, quads, f, dst, w.rows);
             }
             let mut r = rows.start + 8 * n_octets;
-            while r + 2 <= rows.end {
+            while gemm.has_pairs() && r + 2 <= rows.end {
                 for q0 in (0..quads).step_by(SUMS_MAX_QUADS) {
                     let part = (quads - q0).min(SUMS_MAX_QUADS);
                     gemm.run(w.cols, &all[r * rb..(r + 2) * rb], xs, xrow, q0, part, f, &mut pairs);
@@ -386,7 +391,7 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
                 }
                 r += 2;
             }
-            if r < rows.end {
+            for r in r..rows.end {
                 let wr = &all[r * rb..(r + 1) * rb];
                 for q in 0..quads {
                     let xq = &xs[4 * q * xrow..];

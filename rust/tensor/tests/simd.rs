@@ -310,7 +310,7 @@ fn octet_sums_kernel_equals_the_one_accumulator_dot() {
                         (w, (0..tokens).flat_map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect())
                     };
                     let stride = xs.len() / tokens;
-                    let mut octet = vec![0u8; SumsGemm::octet_bytes(n)];
+                    let mut octet = vec![0u8; gemm.octet_bytes(n)];
                     gemm.decode_octet(n, &w, &mut octet);
                     gemm.factors(n, &xs, stride, first_quad + quads, &mut f);
                     // Rows of 10 outputs: the kernel writes 8 a token, the 2 after stay NaN.
@@ -325,6 +325,65 @@ fn octet_sums_kernel_equals_the_one_accumulator_dot() {
                                 assert!(got.is_nan(), "{ty} n={n} wrote token {t} lane {r}");
                             } else {
                                 let want = dot(n, &w[r * (w.len() / 8)..(r + 1) * (w.len() / 8)], x);
+                                assert_eq!(got.to_bits(), want.to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The eight-row k-quant kernels equal their specifications bit for bit, from any quad of a
+/// tile: Q4_K llama.cpp's repacked dot, Q6_K ggml's vec_dot (eight lanes, hsum_float_8).
+/// Scale 0 is the extreme: every level at its top and every activation -128 (for Q4_K the
+/// bound of the i16 sums).
+#[test]
+fn k_quant_octet_kernels_equal_their_dots() {
+    use ferrollama_tensor::scalar::{kquants, repacked as rp};
+    use ferrollama_tensor::simd::{SumsGemm, TileFactors, OCTET_MAX_QUADS};
+    let mut rng = Rng::new(41);
+    let spec: [(GgmlType, VecDot); 2] = [(GgmlType::Q4_K, rp::vec_dot_q4_k_q8_k), (GgmlType::Q6_K, kquants::vec_dot_q6_k_q8_k)];
+    for (isa, _) in levels() {
+        for &(ty, dot) in &spec {
+            let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
+            assert!(gemm.has_octets() && !gemm.has_pairs());
+            let mut f = TileFactors::default();
+            for (n, first_quad, quads) in [(256, 0, 1), (2048, 0, 4), (4864, 1, 3), (1024, 2, 2), (512, 3, 1)] {
+                for scale in [0.0f32, 0.02, 2.0, 300.0] {
+                    let tokens = 4 * (first_quad + quads);
+                    let (w, xs): (Vec<u8>, Vec<u8>) = if scale == 0.0 {
+                        // Q4_K: d = dmin = 1.0, every 6-bit scale and min 63, every level 15.
+                        // Q6_K: every level 63, every scale 127 (0x7f), d = 1.0.
+                        let wblock: Vec<u8> = if ty == GgmlType::Q4_K {
+                            [0x00, 0x3c, 0x00, 0x3c].into_iter().chain(std::iter::repeat_n(0xff, 140)).collect()
+                        } else {
+                            std::iter::repeat_n(0xff, 192).chain(std::iter::repeat_n(0x7f, 16)).chain([0x00, 0x3c]).collect()
+                        };
+                        let mut xblock: Vec<u8> = 1.0f32.to_le_bytes().into_iter().chain(std::iter::repeat_n(0x80, 256)).collect();
+                        xblock.extend((0..16).flat_map(|_| (-2048i16).to_le_bytes()));
+                        (wblock.repeat(8 * n / 256), xblock.repeat(tokens * n / 256))
+                    } else {
+                        let w = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                        (w, (0..tokens).flat_map(|_| quantize(GgmlType::Q8_K, &rng.vec(n, scale))).collect())
+                    };
+                    let stride = xs.len() / tokens;
+                    let mut octet = vec![0u8; gemm.octet_bytes(n)];
+                    gemm.decode_octet(n, &w, &mut octet);
+                    gemm.factors(n, &xs, stride, first_quad + quads, &mut f);
+                    let ldo = 9;
+                    let mut out = vec![f32::NAN; 4 * OCTET_MAX_QUADS * ldo];
+                    // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + 8 floats.
+                    unsafe { gemm.run_octet(n, &octet, &xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
+                    let wrow = w.len() / 8;
+                    for (t, x) in xs.chunks_exact(stride).enumerate() {
+                        for r in 0..ldo {
+                            let got = out[t * ldo + r];
+                            if t < 4 * first_quad || r >= 8 {
+                                assert!(got.is_nan(), "{ty} n={n} wrote token {t} lane {r}");
+                            } else {
+                                let want = dot(n, &w[r * wrow..(r + 1) * wrow], x);
                                 assert_eq!(got.to_bits(), want.to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
                             }
                         }

@@ -161,11 +161,14 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
     }
 }
 
-/// Two weight rows times four or eight tokens with the one-accumulator arithmetic of
-/// `scalar::repacked` (Q8_0, Q4_0, Q5_0, IQ4_NL against Q8_0 activations), for CPUs whose
-/// many-token products have no packed kernels: each quad of tokens' eight outputs' block
-/// sums are reduced together and accumulated by one vector FMA, and a block's weights are
-/// decoded once for all the tokens. Bit-identical to the one-output kernels.
+/// Products of many tokens with the one-accumulator arithmetic of `scalar::repacked`
+/// (Q8_0, Q4_0, Q5_0, IQ4_NL against Q8_0 activations; Q4_K against Q8_K), for CPUs whose
+/// products have no packed kernels. Two kernels, both bit-identical to the one-output dots:
+/// - octets (Q4_0, Q5_0, Q4_K): eight rows decoded once per product into a transposed form
+///   (`decode_octet`), one row per lane, so that a token's sums for the eight rows come out
+///   of multiplies against its broadcast four-byte groups with no horizontal reduction;
+/// - pairs (the legacy kinds): two rows times four or eight tokens, each quad's eight block
+///   sums reduced together and accumulated by one vector FMA.
 #[derive(Clone, Copy, Debug)]
 pub struct SumsGemm {
     kind: u8,
@@ -186,6 +189,10 @@ pub struct TileFactors {
     corr: [Vec<i32>; OCTET_MAX_QUADS],
 }
 
+/// `SumsGemm::kind` of Q4_K and Q6_K (the others are `decode32`'s).
+const KIND_Q4_K: u8 = 4;
+const KIND_Q6_K: u8 = 5;
+
 impl SumsGemm {
     /// The kernel for `ty` at `isa`, if there is one (AVX2 and up).
     pub fn for_type(ty: GgmlType, isa: Isa) -> Option<SumsGemm> {
@@ -197,40 +204,58 @@ impl SumsGemm {
             GgmlType::Q4_0 => (1, 18),
             GgmlType::Q5_0 => (2, 22),
             GgmlType::IQ4_NL => (3, 18),
+            GgmlType::Q4_K => (KIND_Q4_K, 144),
+            GgmlType::Q6_K => (KIND_Q6_K, 210),
             _ => return None,
         };
         cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes })
     }
 
-    /// Whether `decode_octet` and `run_octet` serve this kind: the unsigned ones (Q4_0,
-    /// Q5_0), whose pair sums leave room to add in i16.
+    /// Whether `decode_octet` and `run_octet` serve this kind: Q4_0, Q5_0, Q4_K and Q6_K,
+    /// whose levels are unsigned.
     pub fn has_octets(&self) -> bool {
-        matches!(self.kind, 1 | 2)
+        matches!(self.kind, 1 | 2 | KIND_Q4_K | KIND_Q6_K)
+    }
+
+    /// Whether `run` (two rows) serves this kind: the legacy ones.
+    pub fn has_pairs(&self) -> bool {
+        self.kind < KIND_Q4_K
+    }
+
+    /// Elements and activation bytes of a block.
+    fn block(&self) -> (usize, usize) {
+        if self.kind >= KIND_Q4_K { (256, 292) } else { (32, 34) }
     }
 
     /// Bytes `decode_octet` writes for eight rows of n elements.
-    pub fn octet_bytes(n: usize) -> usize {
+    pub fn octet_bytes(&self, n: usize) -> usize {
         #[cfg(target_arch = "x86_64")]
-        return n / 32 * x86::avx2::OCTET_BLOCK_BYTES;
+        let per_block = match self.kind {
+            KIND_Q4_K => x86::avx2::Q4K_OCTET_BYTES,
+            KIND_Q6_K => x86::avx2::Q6K_OCTET_BYTES,
+            _ => x86::avx2::OCTET_BLOCK_BYTES,
+        };
         #[cfg(not(target_arch = "x86_64"))]
-        return n / 32 * (8 * 32 + 8 * 4);
+        let per_block = 0;
+        n / self.block().0 * per_block
     }
 
     /// Decodes eight consecutive weight rows of n elements (`w`) into `dst`
     /// (`octet_bytes(n)` long), the operand of `run_octet`. Panics unless `has_octets`.
     pub fn decode_octet(&self, n: usize, w: &[u8], dst: &mut [u8]) {
-        let nb = n / 32;
-        assert!(self.has_octets(), "octets of an unsigned kind only");
-        assert!(w.len() >= 8 * nb * self.wbytes && dst.len() >= Self::octet_bytes(n), "operands shorter than 8 rows of {n} elements");
+        let nb = n / self.block().0;
+        assert!(self.has_octets(), "octets of Q4_0, Q5_0, Q4_K or Q6_K only");
+        assert!(w.len() >= 8 * nb * self.wbytes && dst.len() >= self.octet_bytes(n), "operands shorter than 8 rows of {n} elements");
         #[cfg(target_arch = "x86_64")]
         {
             let (row_bytes, src, out) = (nb * self.wbytes, w.as_ptr(), dst.as_mut_ptr());
             // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
             unsafe {
-                if self.kind == 1 {
-                    x86::avx2::decode_octet::<1>(nb, src, row_bytes, self.wbytes, out)
-                } else {
-                    x86::avx2::decode_octet::<2>(nb, src, row_bytes, self.wbytes, out)
+                match self.kind {
+                    1 => x86::avx2::decode_octet::<1>(nb, src, row_bytes, self.wbytes, out),
+                    2 => x86::avx2::decode_octet::<2>(nb, src, row_bytes, self.wbytes, out),
+                    KIND_Q4_K => x86::avx2::decode_octet_q4_k(nb, src, row_bytes, out),
+                    _ => x86::avx2::decode_octet_q6_k(nb, src, row_bytes, out),
                 }
             }
         }
@@ -244,16 +269,36 @@ impl SumsGemm {
     /// `out` must be valid for writes of 8 floats at every (4 q + t) * ldo, q < quads.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn run_octet(&self, n: usize, octet: &[u8], x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
-        let nb = n / 32;
-        assert!(self.has_octets() && octet.len() >= Self::octet_bytes(n), "an octet of {n}-element rows");
-        Self::check_acts(n, x, stride, first_quad, quads, OCTET_MAX_QUADS);
-        assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * nb && f.corr[q].len() >= 4 * nb), "tile factors of another size");
+        assert!(self.has_octets() && octet.len() >= self.octet_bytes(n), "an octet of {n}-element rows");
+        self.check_acts(n, x, stride, first_quad, quads, OCTET_MAX_QUADS);
+        let rows = |q: usize| std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride));
+        let o = octet.as_ptr();
         #[cfg(target_arch = "x86_64")]
-        {
+        if self.kind == KIND_Q6_K {
+            use x86::avx2::octet_sums_q6_k;
+            let nsb = n / 256;
+            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
+            match quads {
+                4 => octet_sums_q6_k::<4>(nsb, o, [rows(0), rows(1), rows(2), rows(3)], out, ldo),
+                3 => octet_sums_q6_k::<3>(nsb, o, [rows(0), rows(1), rows(2)], out, ldo),
+                2 => octet_sums_q6_k::<2>(nsb, o, [rows(0), rows(1)], out, ldo),
+                _ => octet_sums_q6_k::<1>(nsb, o, [rows(0)], out, ldo),
+            }
+        } else if self.kind == KIND_Q4_K {
+            use x86::avx2::octet_sums_q4_k;
+            let nsb = n / 256;
+            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
+            match quads {
+                4 => octet_sums_q4_k::<4>(nsb, o, [rows(0), rows(1), rows(2), rows(3)], out, ldo),
+                3 => octet_sums_q4_k::<3>(nsb, o, [rows(0), rows(1), rows(2)], out, ldo),
+                2 => octet_sums_q4_k::<2>(nsb, o, [rows(0), rows(1)], out, ldo),
+                _ => octet_sums_q4_k::<1>(nsb, o, [rows(0)], out, ldo),
+            }
+        } else {
             use x86::avx2::octet_sums;
-            let rows = |q: usize| std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride));
+            let nb = n / 32;
+            assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * nb && f.corr[q].len() >= 4 * nb), "tile factors of another size");
             let (d, c) = (|q: usize| f.d[first_quad + q].as_ptr(), |q: usize| f.corr[first_quad + q].as_ptr());
-            let o = octet.as_ptr();
             // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
             match quads {
                 4 => octet_sums::<4>(nb, o, [rows(0), rows(1), rows(2), rows(3)], [d(0), d(1), d(2), d(3)], [c(0), c(1), c(2), c(3)], out, ldo),
@@ -264,16 +309,21 @@ impl SumsGemm {
         }
     }
 
-    /// Checks quads first_quad..first_quad + quads of activation rows x and their factors.
-    fn check_acts(n: usize, x: &[u8], stride: usize, first_quad: usize, quads: usize, max_quads: usize) {
-        let nb = n / 32;
+    /// Checks quads first_quad..first_quad + quads of activation rows x.
+    fn check_acts(&self, n: usize, x: &[u8], stride: usize, first_quad: usize, quads: usize, max_quads: usize) {
+        let (elems, act_bytes) = self.block();
+        let row = n / elems * act_bytes;
         assert!((1..=max_quads).contains(&quads) && first_quad + quads <= OCTET_MAX_QUADS, "1 to {max_quads} quads of tokens, within a tile's {OCTET_MAX_QUADS}");
-        assert!(stride >= nb * 34 && x.len() >= (4 * (first_quad + quads) - 1) * stride + nb * 34, "activation rows shorter than {n} elements");
+        assert!(stride >= row && x.len() >= (4 * (first_quad + quads) - 1) * stride + row, "activation rows shorter than {n} elements");
     }
 
-    /// Prepares `f` for the 4 * quads activation rows x[t * stride..] of n elements.
+    /// Prepares `f` for the 4 * quads activation rows x[t * stride..] of n elements (the
+    /// legacy kinds' activation scales and corrections; Q4_K's kernel reads its own).
     pub fn factors(&self, n: usize, x: &[u8], stride: usize, quads: usize, f: &mut TileFactors) {
-        Self::check_acts(n, x, stride, 0, quads, OCTET_MAX_QUADS);
+        self.check_acts(n, x, stride, 0, quads, OCTET_MAX_QUADS);
+        if self.kind >= KIND_Q4_K {
+            return;
+        }
         let nb = n / 32;
         for q in 0..quads {
             f.d[q].resize(4 * nb, 0.0);
@@ -290,10 +340,11 @@ impl SumsGemm {
 
     /// out[q][r][t] = row r of `w` (two consecutive rows of n elements) times activation row
     /// 4 (first_quad + q) + t (x[(4 (first_quad + q) + t) * stride..], as given to
-    /// `factors`, which prepared `f`), for q < quads.
+    /// `factors`, which prepared `f`), for q < quads. Panics unless `has_pairs`.
     #[allow(clippy::too_many_arguments)]
     pub fn run(&self, n: usize, w: &[u8], x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: &mut [[[f32; 4]; 2]; SUMS_MAX_QUADS]) {
-        Self::check_acts(n, x, stride, first_quad, quads, SUMS_MAX_QUADS);
+        assert!(self.has_pairs(), "two-row kernels of the legacy kinds only");
+        self.check_acts(n, x, stride, first_quad, quads, SUMS_MAX_QUADS);
         let nb = n / 32;
         assert!(w.len() >= 2 * nb * self.wbytes, "weight rows shorter than {n} elements");
         assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * nb && f.corr[q].len() >= 4 * nb), "tile factors of another size");

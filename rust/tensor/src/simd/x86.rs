@@ -1005,6 +1005,210 @@ pub mod avx2 {
         }
     }
 
+    /// Bytes `decode_octet_q4_k` writes per super-block of eight rows: the eight
+    /// sub-blocks' levels (256 bytes each, transposed as `decode_octet`'s), the scales (a
+    /// vector per sub-block j: row r's scale in i16 lanes 2r and 2r + 1), the mins (a vector
+    /// per pair p of sub-blocks: row r's mins 2p and 2p + 1 in i16 lanes 2r and 2r + 1),
+    /// then the rows' d and dmin as f32.
+    pub const Q4K_OCTET_BYTES: usize = 8 * 256 + 8 * 32 + 4 * 32 + 2 * 32;
+
+    /// Decodes nsb super-blocks of eight consecutive Q4_K rows (row r at w + r * row_bytes)
+    /// into `Q4K_OCTET_BYTES` a super-block at dst, for `octet_sums_q4_k`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn decode_octet_q4_k(nsb: usize, w: *const u8, row_bytes: usize, dst: *mut u8) {
+        let m4 = _mm256_set1_epi8(0x0f);
+        for i in 0..nsb {
+            let out = dst.add(i * Q4K_OCTET_BYTES);
+            let mut sub = [[_mm256_setzero_si256(); 8]; 8];
+            let (mut scales, mut mins) = ([[0i16; 16]; 8], [[0i16; 16]; 4]);
+            let (mut d, mut dmin) = ([0u16; 8], [0u16; 8]);
+            for r in 0..8 {
+                let bw = w.add(r * row_bytes + i * 144);
+                d[r] = std::ptr::read_unaligned(bw as *const u16);
+                dmin[r] = std::ptr::read_unaligned(bw.add(2) as *const u16);
+                let (sc, mn) = scales_mins_k4(bw);
+                for j in 0..8 {
+                    scales[j][2 * r] = sc[j] as i16;
+                    scales[j][2 * r + 1] = sc[j] as i16;
+                }
+                for p in 0..4 {
+                    mins[p][2 * r] = mn[2 * p] as i16;
+                    mins[p][2 * r + 1] = mn[2 * p + 1] as i16;
+                }
+                for j2 in 0..4 {
+                    let bits = loadu(bw.add(16 + 32 * j2));
+                    sub[2 * j2][r] = _mm256_and_si256(bits, m4);
+                    sub[2 * j2 + 1][r] = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                }
+            }
+            for (j, rows) in sub.iter().enumerate() {
+                for (k, v) in transpose_8x8_epi32(rows).iter().enumerate() {
+                    _mm256_storeu_si256(out.add(256 * j + 32 * k) as *mut __m256i, *v);
+                }
+            }
+            std::ptr::copy_nonoverlapping(scales.as_ptr() as *const u8, out.add(2048), 256);
+            std::ptr::copy_nonoverlapping(mins.as_ptr() as *const u8, out.add(2304), 128);
+            _mm256_storeu_ps(out.add(2432) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
+            _mm256_storeu_ps(out.add(2464) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(dmin.as_ptr() as *const __m128i)));
+        }
+    }
+
+    /// Eight Q4_K rows (an octet from `decode_octet_q4_k`) times 4 * Q Q8_K activation rows,
+    /// `scalar::repacked::vec_dot_q4_k_q8_k`'s arithmetic bit for bit: per super-block the
+    /// exact integers isum = sum_j scale_j * (q4 . q8)_j and imin = sum_j min_j * bsum32_j,
+    /// then acc = fma(float(isum), d * d_x, acc), acc_min = fma(float(imin), dmin * d_x,
+    /// acc_min); out[(4 q + t) * ldo + r] = acc - acc_min of row r and token t of quad q.
+    /// A sub-block's eight multiplies add in i16: |pair| <= 2 * 15 * 128, sixteen < 2^15.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn octet_sums_q4_k<const Q: usize>(nsb: usize, octet: *const u8, x: [[*const u8; 4]; Q], out: *mut f32, ldo: usize) {
+        for q in 0..Q {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut acc_min = [_mm256_setzero_ps(); 4];
+            for i in 0..nsb {
+                let ob = octet.add(i * Q4K_OCTET_BYTES);
+                let mut isum = [_mm256_setzero_si256(); 4];
+                for j in 0..8 {
+                    let mut wk = [_mm256_setzero_si256(); 8];
+                    for (k, v) in wk.iter_mut().enumerate() {
+                        *v = _mm256_loadu_si256(ob.add(256 * j + 32 * k) as *const __m256i);
+                    }
+                    let scale = _mm256_loadu_si256(ob.add(2048 + 32 * j) as *const __m256i);
+                    for t in 0..4 {
+                        let xq = x[q][t].add(i * 292 + 4 + 32 * j) as *const i32;
+                        let m = |k: usize| _mm256_maddubs_epi16(wk[k], _mm256_set1_epi32(std::ptr::read_unaligned(xq.add(k))));
+                        let lo = _mm256_add_epi16(_mm256_add_epi16(m(0), m(1)), _mm256_add_epi16(m(2), m(3)));
+                        let hi = _mm256_add_epi16(_mm256_add_epi16(m(4), m(5)), _mm256_add_epi16(m(6), m(7)));
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_add_epi16(lo, hi), scale));
+                    }
+                }
+                let (d, dmin) = (_mm256_loadu_ps(ob.add(2432) as *const f32), _mm256_loadu_ps(ob.add(2464) as *const f32));
+                for t in 0..4 {
+                    let bx = x[q][t].add(i * 292);
+                    // bsum32_j = bsums[2j] + bsums[2j + 1], each at most 32 * 128 in magnitude.
+                    let bsums = loadu(bx.add(260));
+                    let b32 = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums));
+                    let b32 = _mm256_broadcastsi128_si256(b32);
+                    let mins = |p: usize| _mm256_loadu_si256(ob.add(2304 + 32 * p) as *const __m256i);
+                    let imin = _mm256_add_epi32(
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(mins(0), _mm256_shuffle_epi32::<0x00>(b32)),
+                            _mm256_madd_epi16(mins(1), _mm256_shuffle_epi32::<0x55>(b32)),
+                        ),
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(mins(2), _mm256_shuffle_epi32::<0xAA>(b32)),
+                            _mm256_madd_epi16(mins(3), _mm256_shuffle_epi32::<0xFF>(b32)),
+                        ),
+                    );
+                    let dx = _mm256_broadcast_ss(&*(bx as *const f32));
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dx), acc[t]);
+                    acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), acc_min[t]);
+                }
+            }
+            for t in 0..4 {
+                _mm256_storeu_ps(out.add((4 * q + t) * ldo), _mm256_sub_ps(acc[t], acc_min[t]));
+            }
+        }
+    }
+
+    /// Bytes `decode_octet_q6_k` writes per super-block of eight rows: the eight 32-element
+    /// chunks' levels (0..63, 256 bytes each, transposed as `decode_octet`'s), the scales (a
+    /// vector per 16-element group g: row r's scale in i16 lanes 2r and 2r + 1), the scale
+    /// pairs of the bsums correction (a vector per lane k: row r's scales 2k and 2k + 1 in
+    /// i16 lanes 2r and 2r + 1), then the rows' d as f32.
+    pub const Q6K_OCTET_BYTES: usize = 8 * 256 + 16 * 32 + 8 * 32 + 32;
+
+    /// Decodes nsb super-blocks of eight consecutive Q6_K rows (row r at w + r * row_bytes)
+    /// into `Q6K_OCTET_BYTES` a super-block at dst, for `octet_sums_q6_k`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn decode_octet_q6_k(nsb: usize, w: *const u8, row_bytes: usize, dst: *mut u8) {
+        let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x03));
+        for i in 0..nsb {
+            let out = dst.add(i * Q6K_OCTET_BYTES);
+            let mut chunks = [[_mm256_setzero_si256(); 8]; 8];
+            let (mut scales, mut pairs) = ([[0i16; 16]; 16], [[0i16; 16]; 8]);
+            let mut d = [0u16; 8];
+            for r in 0..8 {
+                let bw = w.add(r * row_bytes + i * 210);
+                d[r] = std::ptr::read_unaligned(bw.add(208) as *const u16);
+                let sc = std::slice::from_raw_parts(bw.add(192) as *const i8, 16);
+                for g in 0..16 {
+                    scales[g][2 * r] = sc[g] as i16;
+                    scales[g][2 * r + 1] = sc[g] as i16;
+                }
+                for k in 0..8 {
+                    pairs[k][2 * r] = sc[2 * k] as i16;
+                    pairs[k][2 * r + 1] = sc[2 * k + 1] as i16;
+                }
+                for h in 0..2 {
+                    let (ql0, ql1, qh) = (loadu(bw.add(64 * h)), loadu(bw.add(64 * h + 32)), loadu(bw.add(128 + 32 * h)));
+                    let high = |shift: i32| _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift)), m2));
+                    chunks[4 * h][r] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0));
+                    chunks[4 * h + 1][r] = _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2));
+                    chunks[4 * h + 2][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), high(4));
+                    chunks[4 * h + 3][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), high(6));
+                }
+            }
+            for (c, rows) in chunks.iter().enumerate() {
+                for (k, v) in transpose_8x8_epi32(rows).iter().enumerate() {
+                    _mm256_storeu_si256(out.add(256 * c + 32 * k) as *mut __m256i, *v);
+                }
+            }
+            std::ptr::copy_nonoverlapping(scales.as_ptr() as *const u8, out.add(2048), 512);
+            std::ptr::copy_nonoverlapping(pairs.as_ptr() as *const u8, out.add(2560), 256);
+            _mm256_storeu_ps(out.add(2816) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
+        }
+    }
+
+    /// Eight Q6_K rows (an octet from `decode_octet_q6_k`) times 4 * Q Q8_K activation rows,
+    /// ggml_vec_dot_q6_K_q8_K's AVX2 arithmetic (the `q6_k` kernel's) bit for bit. That
+    /// kernel keeps eight lanes per output: lane k sums, over the 32-element chunks c,
+    /// scale(2c + k / 4) * (levels . activations) of the chunk's bytes 4k..4k + 4, minus 32 *
+    /// (sc[2k] bsum[2k] + sc[2k + 1] bsum[2k + 1]), and per super-block lanes = fma(d_x * d,
+    /// float(lane), lanes); the output is hsum_float_8 of the lanes. Here vector k holds
+    /// lane k of the eight rows, so a whole lane is summed before the next starts (one
+    /// integer accumulator per token) and the final sums are the same additions in the same
+    /// order across vectors. out[(4 q + t) * ldo + r]: row r times token t of quad q.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn octet_sums_q6_k<const Q: usize>(nsb: usize, octet: *const u8, x: [[*const u8; 4]; Q], out: *mut f32, ldo: usize) {
+        for q in 0..Q {
+            let mut lanes = [[_mm256_setzero_ps(); 8]; 4];
+            for i in 0..nsb {
+                let ob = octet.add(i * Q6K_OCTET_BYTES);
+                let dw = _mm256_loadu_ps(ob.add(2816) as *const f32);
+                let mut dd = [_mm256_setzero_ps(); 4];
+                for t in 0..4 {
+                    dd[t] = _mm256_mul_ps(_mm256_broadcast_ss(&*(x[q][t].add(i * 292) as *const f32)), dw);
+                }
+                for k in 0..8 {
+                    let mut lane = [_mm256_setzero_si256(); 4];
+                    for c in 0..8 {
+                        let wk = _mm256_loadu_si256(ob.add(256 * c + 32 * k) as *const __m256i);
+                        let scale = _mm256_loadu_si256(ob.add(2048 + 32 * (2 * c + k / 4)) as *const __m256i);
+                        for t in 0..4 {
+                            let xk = std::ptr::read_unaligned(x[q][t].add(i * 292 + 4 + 32 * c + 4 * k) as *const i32);
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wk, _mm256_set1_epi32(xk)), scale);
+                            lane[t] = _mm256_add_epi32(lane[t], p);
+                        }
+                    }
+                    let pair = _mm256_loadu_si256(ob.add(2560 + 32 * k) as *const __m256i);
+                    for t in 0..4 {
+                        let bsums = std::ptr::read_unaligned(x[q][t].add(i * 292 + 260 + 4 * k) as *const i32);
+                        let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(pair, _mm256_set1_epi32(bsums)));
+                        let sumi = _mm256_sub_epi32(lane[t], corr);
+                        lanes[t][k] = _mm256_fmadd_ps(dd[t], _mm256_cvtepi32_ps(sumi), lanes[t][k]);
+                    }
+                }
+            }
+            for t in 0..4 {
+                // hsum_float_8 per row: ((l4 + l0) + (l6 + l2)) + ((l5 + l1) + (l7 + l3)).
+                let a = &lanes[t];
+                let even = _mm256_add_ps(_mm256_add_ps(a[4], a[0]), _mm256_add_ps(a[6], a[2]));
+                let odd = _mm256_add_ps(_mm256_add_ps(a[5], a[1]), _mm256_add_ps(a[7], a[3]));
+                _mm256_storeu_ps(out.add((4 * q + t) * ldo), _mm256_add_ps(even, odd));
+            }
+        }
+    }
+
     /// F16 dot: four 8-lane FMA accumulators, then the tail, each product exact in f32.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn f16(n: usize, w: *const u8, x: *const u8) -> f32 {

@@ -327,7 +327,7 @@ fn rows_per_task(w: &QMatrix, rows: usize, n_tokens: usize, n_threads: usize) ->
     let per_chunk = (ROW_CHUNK_BYTES / w.row_bytes().max(1)).max(1);
     let rows = if n_tokens >= TOKEN_TILE { share.min(per_chunk.max(16)) } else { share };
     // Whole octets for the octet kernel (see `sums_tiles`).
-    let octets = n_tokens >= TOKEN_TILE && w.sums_gemm.is_some_and(|(g, _)| g.has_octets());
+    let octets = n_tokens >= TOKEN_TILE && w.sums_gemm.is_some();
     if octets { rows.next_multiple_of(8) } else { rows.max(1) }
 }
 
@@ -353,7 +353,7 @@ thread_local! {
 unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tokens: usize, rows: Range<usize>, out: &SendPtr<f32>) -> usize {
     let (all, rb) = (w.data.bytes(), w.row_bytes());
     let (row_dot, row_dot_x4) = w.dots_for(n_tokens);
-    let n_octets = if gemm.has_octets() { rows.len() / 8 } else { 0 };
+    let n_octets = rows.len() / 8;
     let octet_bytes = gemm.octet_bytes(w.cols);
     let mut t0 = 0;
     TILE_SCRATCH.with(|scratch| {

@@ -280,30 +280,33 @@ fn force_scalar_environment_variable_selects_the_scalar_kernels() {
     assert!(status.success(), "the forced-scalar run failed");
 }
 
-/// The eight-row kernel of the unsigned kinds (one to four quads of four tokens, started at
+/// The eight-row kernel of the legacy kinds (one to four quads of four tokens, started at
 /// any quad of a tile) equals the specification's dot of each row with each token bit for
-/// bit, writing only its outputs: levels at the kinds' extremes and activations at full
-/// scale keep the i16 sums at their largest.
+/// bit, writing only its outputs. Scale 0 is the extreme of each kind's i16 pair sums, as
+/// raw blocks (d = 1.0): the unsigned kinds' top level (15, 31) against activations of -128,
+/// the signed kinds' largest magnitude (Q8_0 -128, IQ4_NL -127) against -127.
 #[test]
 fn octet_sums_kernel_equals_the_one_accumulator_dot() {
     use ferrollama_tensor::scalar::repacked as rp;
     use ferrollama_tensor::simd::{SumsGemm, TileFactors, OCTET_MAX_QUADS};
     let mut rng = Rng::new(37);
-    let spec: [(GgmlType, VecDot); 2] = [(GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0), (GgmlType::Q5_0, rp::vec_dot_q5_0_q8_0_blocks)];
+    // (type, spec, block bytes, weight fill byte, activation fill byte)
+    let spec: [(GgmlType, VecDot, usize, u8, u8); 4] = [
+        (GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0, 18, 0xff, 0x80),
+        (GgmlType::Q5_0, rp::vec_dot_q5_0_q8_0_blocks, 22, 0xff, 0x80),
+        (GgmlType::Q8_0, rp::vec_dot_q8_0_q8_0_blocks, 34, 0x80, 0x81),
+        (GgmlType::IQ4_NL, rp::vec_dot_iq4_nl_q8_0, 18, 0x00, 0x81),
+    ];
     for (isa, _) in levels() {
-        for &(ty, dot) in &spec {
+        for &(ty, dot, wbytes, wfill, xfill) in &spec {
             let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
-            assert!(gemm.has_octets(), "{ty} has octets");
             let mut f = TileFactors::default();
             for (n, first_quad, quads) in [(32, 0, 1), (896, 0, 4), (896, 1, 3), (640, 2, 2), (4864, 3, 1)] {
-                // scale 0: every level at its top (15, 31) against every activation at -128,
-                // the bound of the i16 sums, as raw blocks (d = 1.0).
                 for scale in [0.0f32, 0.02, 2.0, 300.0] {
                     let tokens = 4 * (first_quad + quads);
                     let (w, xs): (Vec<u8>, Vec<u8>) = if scale == 0.0 {
-                        let wbytes = if ty == GgmlType::Q4_0 { 18 } else { 22 };
-                        let wblock: Vec<u8> = [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(0xff, wbytes - 2)).collect();
-                        let xblock: Vec<u8> = [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(0x80, 32)).collect();
+                        let wblock: Vec<u8> = [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(wfill, wbytes - 2)).collect();
+                        let xblock: Vec<u8> = [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(xfill, 32)).collect();
                         (wblock.repeat(8 * n / 32), xblock.repeat(tokens * n / 32))
                     } else {
                         let w = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
@@ -318,13 +321,14 @@ fn octet_sums_kernel_equals_the_one_accumulator_dot() {
                     let mut out = vec![f32::NAN; 4 * OCTET_MAX_QUADS * ldo];
                     // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + 8 floats.
                     unsafe { gemm.run_octet(n, &octet, &xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
+                    let wrow = w.len() / 8;
                     for (t, x) in xs.chunks_exact(stride).enumerate() {
                         for r in 0..ldo {
                             let got = out[t * ldo + r];
                             if t < 4 * first_quad || r >= 8 {
                                 assert!(got.is_nan(), "{ty} n={n} wrote token {t} lane {r}");
                             } else {
-                                let want = dot(n, &w[r * (w.len() / 8)..(r + 1) * (w.len() / 8)], x);
+                                let want = dot(n, &w[r * wrow..(r + 1) * wrow], x);
                                 assert_eq!(got.to_bits(), want.to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
                             }
                         }
@@ -348,7 +352,7 @@ fn k_quant_octet_kernels_equal_their_dots() {
     for (isa, _) in levels() {
         for &(ty, dot) in &spec {
             let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
-            assert!(gemm.has_octets() && !gemm.has_pairs());
+            assert!(!gemm.has_pairs());
             let mut f = TileFactors::default();
             for (n, first_quad, quads) in [(256, 0, 1), (2048, 0, 4), (4864, 1, 3), (1024, 2, 2), (512, 3, 1)] {
                 for scale in [0.0f32, 0.02, 2.0, 300.0] {

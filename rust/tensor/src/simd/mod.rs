@@ -161,14 +161,15 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
     }
 }
 
-/// Products of many tokens with the one-accumulator arithmetic of `scalar::repacked`
-/// (Q8_0, Q4_0, Q5_0, IQ4_NL against Q8_0 activations; Q4_K against Q8_K), for CPUs whose
-/// products have no packed kernels. Two kernels, both bit-identical to the one-output dots:
-/// - octets (Q4_0, Q5_0, Q4_K): eight rows decoded once per product into a transposed form
+/// Products of many tokens, for CPUs whose products have no packed kernels: Q8_0, Q4_0,
+/// Q5_0, IQ4_NL (against Q8_0 activations) and Q4_K (against Q8_K) with the one-accumulator
+/// arithmetic of `scalar::repacked`, Q6_K with ggml's vec_dot lanes. Two kernels, both
+/// bit-identical to the one-output dots:
+/// - octets (every kind): eight rows decoded once per product into a transposed form
 ///   (`decode_octet`), one row per lane, so that a token's sums for the eight rows come out
 ///   of multiplies against its broadcast four-byte groups with no horizontal reduction;
-/// - pairs (the legacy kinds): two rows times four or eight tokens, each quad's eight block
-///   sums reduced together and accumulated by one vector FMA.
+/// - pairs (the legacy kinds, for the rows left over): two rows times four or eight tokens,
+///   each quad's eight block sums reduced together and accumulated by one vector FMA.
 #[derive(Clone, Copy, Debug)]
 pub struct SumsGemm {
     kind: u8,
@@ -211,10 +212,9 @@ impl SumsGemm {
         cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes })
     }
 
-    /// Whether `decode_octet` and `run_octet` serve this kind: Q4_0, Q5_0, Q4_K and Q6_K,
-    /// whose levels are unsigned.
-    pub fn has_octets(&self) -> bool {
-        matches!(self.kind, 1 | 2 | KIND_Q4_K | KIND_Q6_K)
+    /// Whether the kind's levels are signed (Q8_0, IQ4_NL).
+    fn signed(&self) -> bool {
+        matches!(self.kind, 0 | 3)
     }
 
     /// Whether `run` (two rows) serves this kind: the legacy ones.
@@ -233,6 +233,7 @@ impl SumsGemm {
         let per_block = match self.kind {
             KIND_Q4_K => x86::avx2::Q4K_OCTET_BYTES,
             KIND_Q6_K => x86::avx2::Q6K_OCTET_BYTES,
+            0 | 3 => x86::avx2::SIGNED_OCTET_BLOCK_BYTES,
             _ => x86::avx2::OCTET_BLOCK_BYTES,
         };
         #[cfg(not(target_arch = "x86_64"))]
@@ -241,10 +242,9 @@ impl SumsGemm {
     }
 
     /// Decodes eight consecutive weight rows of n elements (`w`) into `dst`
-    /// (`octet_bytes(n)` long), the operand of `run_octet`. Panics unless `has_octets`.
+    /// (`octet_bytes(n)` long), the operand of `run_octet`.
     pub fn decode_octet(&self, n: usize, w: &[u8], dst: &mut [u8]) {
         let nb = n / self.block().0;
-        assert!(self.has_octets(), "octets of Q4_0, Q5_0, Q4_K or Q6_K only");
         assert!(w.len() >= 8 * nb * self.wbytes && dst.len() >= self.octet_bytes(n), "operands shorter than 8 rows of {n} elements");
         #[cfg(target_arch = "x86_64")]
         {
@@ -252,6 +252,8 @@ impl SumsGemm {
             // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
             unsafe {
                 match self.kind {
+                    0 => x86::avx2::decode_octet_signed::<0>(nb, src, row_bytes, self.wbytes, out),
+                    3 => x86::avx2::decode_octet_signed::<3>(nb, src, row_bytes, self.wbytes, out),
                     1 => x86::avx2::decode_octet::<1>(nb, src, row_bytes, self.wbytes, out),
                     2 => x86::avx2::decode_octet::<2>(nb, src, row_bytes, self.wbytes, out),
                     KIND_Q4_K => x86::avx2::decode_octet_q4_k(nb, src, row_bytes, out),
@@ -269,7 +271,7 @@ impl SumsGemm {
     /// `out` must be valid for writes of 8 floats at every (4 q + t) * ldo, q < quads.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn run_octet(&self, n: usize, octet: &[u8], x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
-        assert!(self.has_octets() && octet.len() >= self.octet_bytes(n), "an octet of {n}-element rows");
+        assert!(octet.len() >= self.octet_bytes(n), "an octet of {n}-element rows");
         self.check_acts(n, x, stride, first_quad, quads, OCTET_MAX_QUADS);
         let rows = |q: usize| std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride));
         let o = octet.as_ptr();
@@ -293,6 +295,18 @@ impl SumsGemm {
                 3 => octet_sums_q4_k::<3>(nsb, o, [rows(0), rows(1), rows(2)], out, ldo),
                 2 => octet_sums_q4_k::<2>(nsb, o, [rows(0), rows(1)], out, ldo),
                 _ => octet_sums_q4_k::<1>(nsb, o, [rows(0)], out, ldo),
+            }
+        } else if self.signed() {
+            use x86::avx2::octet_sums_signed;
+            let nb = n / 32;
+            assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * nb), "tile factors of another size");
+            let d = |q: usize| f.d[first_quad + q].as_ptr();
+            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
+            match quads {
+                4 => octet_sums_signed::<4>(nb, o, [rows(0), rows(1), rows(2), rows(3)], [d(0), d(1), d(2), d(3)], out, ldo),
+                3 => octet_sums_signed::<3>(nb, o, [rows(0), rows(1), rows(2)], [d(0), d(1), d(2)], out, ldo),
+                2 => octet_sums_signed::<2>(nb, o, [rows(0), rows(1)], [d(0), d(1)], out, ldo),
+                _ => octet_sums_signed::<1>(nb, o, [rows(0)], [d(0)], out, ldo),
             }
         } else {
             use x86::avx2::octet_sums;

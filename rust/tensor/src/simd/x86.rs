@@ -1005,6 +1005,62 @@ pub mod avx2 {
         }
     }
 
+    /// Bytes `decode_octet_signed` writes per block of eight rows: the signed levels
+    /// transposed as `decode_octet`'s, their magnitudes the same way, then the rows' d.
+    pub const SIGNED_OCTET_BLOCK_BYTES: usize = 2 * 8 * 32 + 8 * 4;
+
+    /// `decode_octet` for the signed kinds (Q8_0, IQ4_NL: KIND as `decode32`), into
+    /// `SIGNED_OCTET_BLOCK_BYTES` a block, for `octet_sums_signed`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn decode_octet_signed<const KIND: u8>(nb: usize, w: *const u8, row_bytes: usize, wbytes: usize, dst: *mut u8) {
+        for b in 0..nb {
+            let mut rows = [_mm256_setzero_si256(); 8];
+            let mut d = [0u16; 8];
+            for r in 0..8 {
+                let block = w.add(r * row_bytes + b * wbytes);
+                rows[r] = decode32::<KIND>(block);
+                d[r] = std::ptr::read_unaligned(block as *const u16);
+            }
+            let out = dst.add(b * SIGNED_OCTET_BLOCK_BYTES);
+            for (k, v) in transpose_8x8_epi32(&rows).iter().enumerate() {
+                _mm256_storeu_si256(out.add(32 * k) as *mut __m256i, *v);
+                _mm256_storeu_si256(out.add(256 + 32 * k) as *mut __m256i, _mm256_sign_epi8(*v, *v));
+            }
+            _mm256_storeu_ps(out.add(512) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
+        }
+    }
+
+    /// `octet_sums` for the signed kinds (an octet from `decode_octet_signed`): each
+    /// multiply is |w| times the activation with w's sign (exact: activations never reach
+    /// -128), its pair sums (at most 2 * 128 * 127) widened to i32 at once.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn octet_sums_signed<const Q: usize>(nb: usize, octet: *const u8, x: [[*const u8; 4]; Q], d: [*const f32; Q], out: *mut f32, ldo: usize) {
+        let ones = _mm256_set1_epi16(1);
+        for q in 0..Q {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for b in 0..nb {
+                let ob = octet.add(b * SIGNED_OCTET_BLOCK_BYTES);
+                let mut isum = [_mm256_setzero_si256(); 4];
+                for k in 0..8 {
+                    let (wk, ak) = (loadu(ob.add(32 * k)), loadu(ob.add(256 + 32 * k)));
+                    for t in 0..4 {
+                        let xk = std::ptr::read_unaligned(x[q][t].add(b * 34 + 2 + 4 * k) as *const i32);
+                        let signed = _mm256_sign_epi8(_mm256_set1_epi32(xk), wk);
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ak, signed), ones));
+                    }
+                }
+                let dw = _mm256_loadu_ps(ob.add(512) as *const f32);
+                for t in 0..4 {
+                    let dd = _mm256_mul_ps(dw, _mm256_set1_ps(*d[q].add(4 * b + t)));
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), dd, acc[t]);
+                }
+            }
+            for t in 0..4 {
+                _mm256_storeu_ps(out.add((4 * q + t) * ldo), acc[t]);
+            }
+        }
+    }
+
     /// Bytes `decode_octet_q4_k` writes per super-block of eight rows: the eight
     /// sub-blocks' levels (256 bytes each, transposed as `decode_octet`'s), the scales (a
     /// vector per sub-block j: row r's scale in i16 lanes 2r and 2r + 1), the mins (a vector

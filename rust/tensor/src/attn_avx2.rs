@@ -208,8 +208,14 @@ pub struct Avx2Scratch {
     k: Vec<f32>,
     /// Scores, then probabilities: one row of n_kv per query.
     w: Vec<f32>,
-    /// The 32 lane sums of the weighted sums of a group of queries: [lane][query][dim].
+    /// The 32 lane sums of the weighted sums of a group of queries.
     sets: Vec<f32>,
+    /// The cells some token of the call sees, ascending.
+    cells: Vec<u32>,
+    /// The same cells bucketed by lane (cell % 32), each bucket ascending, and where each
+    /// bucket starts (`lane_start[32]` is the end).
+    lane_cells: Vec<u32>,
+    lane_start: Vec<usize>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) -> *mut f32 {

@@ -67,6 +67,10 @@ struct Case {
     n_kv: usize,
     n_q: usize,
     n_t: usize,
+    /// 0: causal prefixes with holes. Otherwise token t is in sequence s = t % seqs, as after
+    /// prompts of several sequences in one batch and decoding in turns: it sees the s-th
+    /// contiguous part of the cache and every cell j with j % seqs == s.
+    seqs: usize,
 }
 
 fn check(c: &Case, rng: &mut Lcg) {
@@ -83,7 +87,8 @@ fn check(c: &Case, rng: &mut Lcg) {
     for t in 0..c.n_t {
         let end = if t == 1 { 0 } else { c.n_kv - rng.below(c.n_kv.min(40)) };
         for j in 0..end {
-            if rng.below(5) != 0 {
+            let seen = if c.seqs == 0 { rng.below(5) != 0 } else { j % c.seqs == t % c.seqs || j / (c.n_kv / c.seqs) == t % c.seqs };
+            if seen {
                 mask[t * c.n_kv + j] = 0.0;
             }
         }
@@ -143,7 +148,11 @@ fn the_avx2_kernel_equals_the_specification_bit_for_bit() {
     let shapes = [(64, 64, 1000, 7, 1), (64, 64, 256, 7, 3), (128, 128, 300, 4, 2), (256, 256, 77, 2, 3), (64, 128, 37, 8, 2), (128, 64, 129, 5, 4), (64, 64, 5, 1, 2), (64, 64, 600, 3, 16)];
     for (kt, vt) in types {
         for (dk, dv, n_kv, n_q, n_t) in shapes {
-            check(&Case { kt, vt, dk, dv, n_kv, n_q, n_t }, &mut rng);
+            check(&Case { kt, vt, dk, dv, n_kv, n_q, n_t, seqs: 0 }, &mut rng);
+        }
+        // Several sequences in one cache: most cells are seen by no token of a call.
+        for (dk, dv, n_kv, n_q, n_t, seqs) in [(64, 64, 1000, 7, 1, 8), (256, 256, 700, 4, 2, 8), (64, 64, 640, 2, 3, 4), (128, 128, 96, 1, 1, 3)] {
+            check(&Case { kt, vt, dk, dv, n_kv, n_q, n_t, seqs }, &mut rng);
         }
     }
 }

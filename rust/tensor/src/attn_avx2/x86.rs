@@ -29,11 +29,16 @@ pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut Avx2Scratch) {
         *e = m.iter().rposition(|&v| v != f32::NEG_INFINITY).map_or(0, |j| j + 1);
     }
     let end_any = ends[..nt].iter().copied().max().unwrap_or(0);
+    visible_cells(h, end_any, s);
     let q = grow(&mut s.q, nt * nq * dk);
     queries(h, q);
     let w = grow(&mut s.w, nt * nq * n_kv);
     let kbuf = grow(&mut s.k, 8 * dk);
-    scores(h, q, end_any, w, kbuf);
+    if s.cells.len() >= end_any - end_any / 8 {
+        scores(h, q, end_any, w, kbuf);
+    } else {
+        sparse_scores(h, q, end_any, &s.cells, w, kbuf);
+    }
     // The queries with a visible cell, grouped by GROUP; the others output zeros.
     let mut live = [0u16; MAX_TOKENS * MAX_HEADS];
     let mut n_live = 0;
@@ -50,7 +55,7 @@ pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut Avx2Scratch) {
     for g in live[..n_live].chunks(GROUP) {
         let walk_end = g.iter().map(|&qq| ends[qq as usize / nq]).max().unwrap_or(0);
         let sets = grow(&mut s.sets, STEP * g.len() * h.head_dim_v);
-        let u = Group { h, w, queries: g, walk_end, sets, out };
+        let u = Group { h, w, queries: g, walk_end, sets, out, lane_cells: &s.lane_cells, lane_start: &s.lane_start };
         match g.len() {
             1 => u.run::<1>(),
             2 => u.run::<2>(),
@@ -61,6 +66,37 @@ pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut Avx2Scratch) {
             7 => u.run::<7>(),
             _ => u.run::<8>(),
         }
+    }
+}
+
+/// The cells below `end_any` that some token of the call sees (ascending, `s.cells`), and
+/// the same bucketed by lane of ggml's V·P accumulators (`s.lane_cells`, `s.lane_start`).
+/// Cells no token sees have probability zero for every query: leaving them out of the
+/// weighted sums changes no bit (a multiply-add of a finite value by zero returns the
+/// accumulator, which is never -0), and their scores are -inf however computed. With several
+/// sequences in one cache each token sees a fraction of the cells.
+#[inline(always)]
+unsafe fn visible_cells(h: &Heads, end_any: usize, s: &mut Avx2Scratch) {
+    s.cells.clear();
+    for j in 0..end_any {
+        if (0..h.n_t).any(|t| *h.mask.get_unchecked(t * h.mask_stride + j) != f32::NEG_INFINITY) {
+            s.cells.push(j as u32);
+        }
+    }
+    let mut counts = [0usize; STEP];
+    for &j in &s.cells {
+        counts[j as usize % STEP] += 1;
+    }
+    s.lane_start.resize(STEP + 1, 0);
+    for r in 0..STEP {
+        s.lane_start[r + 1] = s.lane_start[r] + counts[r];
+    }
+    s.lane_cells.resize(s.cells.len(), 0);
+    let mut next: [usize; STEP] = std::array::from_fn(|r| s.lane_start[r]);
+    for &j in &s.cells {
+        let r = j as usize % STEP;
+        s.lane_cells[next[r]] = j;
+        next[r] += 1;
     }
 }
 
@@ -131,6 +167,43 @@ unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *m
                 for c in 0..n {
                     *wr.add(c) = x[c] + *m.add(c);
                 }
+            }
+        }
+    }
+}
+
+/// `scores` for the cells in `cells` only (eight at a time, any eight: each lane of `dot8`
+/// is its own dot product), every other score of the first `end_any` cells -inf.
+#[inline(always)]
+unsafe fn sparse_scores(h: &Heads, q: *const f32, end_any: usize, cells: &[u32], w: *mut f32, kbuf: *mut f32) {
+    let (dk, n_kv) = (h.head_dim_k, h.n_kv);
+    let k_f16 = h.k_type == GgmlType::F16;
+    let scale = _mm256_set1_ps(h.scale);
+    let kbase = h.k.as_ptr().add(h.k_offset);
+    for qq in 0..h.n_t * h.n_q {
+        std::slice::from_raw_parts_mut(w.add(qq * n_kv), end_any.next_multiple_of(8).min(n_kv)).fill(f32::NEG_INFINITY);
+    }
+    for group in cells.chunks(8) {
+        let n = group.len();
+        let rows: [*const f32; 8] = std::array::from_fn(|c| {
+            let src = kbase.add(group[c.min(n - 1)] as usize * h.k_stride);
+            if k_f16 {
+                let dst = kbuf.add(c * dk);
+                for i in (0..dk).step_by(8) {
+                    _mm256_storeu_ps(dst.add(i), load8::<true>(src, i));
+                }
+                dst as *const f32
+            } else {
+                src as *const f32
+            }
+        });
+        for qq in 0..h.n_t * h.n_q {
+            let mut x = [0f32; 8];
+            _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(dot8(&rows, q.add(qq * dk), dk), scale));
+            let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride);
+            let wr = w.add(qq * n_kv);
+            for (c, &j) in group.iter().enumerate() {
+                *wr.add(j as usize) = x[c] + *m.add(j as usize);
             }
         }
     }
@@ -263,6 +336,9 @@ struct Group<'a, 'b> {
     /// STEP x queries x head_dim_v floats.
     sets: *mut f32,
     out: *mut f32,
+    /// The visible cells by lane (see `visible_cells`).
+    lane_cells: &'a [u32],
+    lane_start: &'a [usize],
 }
 
 impl Group<'_, '_> {
@@ -284,64 +360,79 @@ impl Group<'_, '_> {
         self.h.n_kv - self.h.n_kv % STEP
     }
 
+    /// Where lane r of query k's dimensions dc..dc + 8 lives in `sets`: the 32 lanes of each
+    /// (query, eight dimensions) are contiguous, so `reduce` reads them at fixed offsets.
+    #[inline(always)]
+    fn set_at(&self, r: usize, k: usize, dc: usize) -> *mut f32 {
+        self.sets.wrapping_add(((k * (self.h.head_dim_v / 8) + dc / 8) * STEP + r) * 8)
+    }
     fn out_row(&self, k: usize) -> *mut f32 {
         let (qq, nq) = (self.queries[k] as usize, self.h.n_q);
         self.out.wrapping_add((qq / nq) * self.h.out_stride + (qq % nq) * self.h.head_dim_v)
     }
 
-    /// sets[r][k] = the chain of multiply-adds of cells r, r + 32, ... for query k.
+    /// Lane r of query k = the chain of multiply-adds of the visible cells r, r + 32, ...
+    /// below the vector loop's end (in order).
     #[inline(always)]
     unsafe fn lanes<const N: usize, const F16: bool>(&self) {
         let (h, dv) = (self.h, self.h.head_dim_v);
         let lim = self.walk_end.min(self.vector_end());
         let vbase = h.v.as_ptr().add(h.v_offset);
         let p: [*const f32; N] = std::array::from_fn(|k| self.w.add(self.queries[k] as usize * h.n_kv));
+        let lane = |r: usize| {
+            let all = &self.lane_cells[self.lane_start[r]..self.lane_start[r + 1]];
+            &all[..all.partition_point(|&j| (j as usize) < lim)]
+        };
         for r in 0..STEP {
-            let set = self.sets.add(r * N * dv);
-            let cells = if r < lim { (lim - r).div_ceil(STEP) } else { 0 };
-            if cells == 0 {
-                std::ptr::write_bytes(set, 0, N * dv);
+            let cells = lane(r);
+            if cells.is_empty() {
+                for k in 0..N {
+                    for dc in (0..dv).step_by(8) {
+                        _mm256_storeu_ps(self.set_at(r, k, dc), _mm256_setzero_ps());
+                    }
+                }
                 continue;
             }
-            for s0 in (0..cells).step_by(BLOCK) {
-                let s1 = (s0 + BLOCK).min(cells);
+            for s0 in (0..cells.len()).step_by(BLOCK) {
+                let s1 = (s0 + BLOCK).min(cells.len());
                 // The next block's rows, while this one is summed: the walk is latency bound
                 // otherwise (each pass over the dimensions reads a sixteen-byte piece per row).
-                if s1 < cells {
-                    self.prefetch(r, s1..(s1 + BLOCK).min(cells));
-                } else if r + 1 < lim.min(STEP) {
-                    self.prefetch(r + 1, 0..BLOCK.min((lim - r - 1).div_ceil(STEP)));
+                if s1 < cells.len() {
+                    self.prefetch(&cells[s1..(s1 + BLOCK).min(cells.len())]);
+                } else if r + 1 < STEP {
+                    let next = lane(r + 1);
+                    self.prefetch(&next[..BLOCK.min(next.len())]);
                 }
                 for dc in (0..dv).step_by(8) {
                     let mut acc = [_mm256_setzero_ps(); N];
                     if s0 > 0 {
                         for (k, a) in acc.iter_mut().enumerate() {
-                            *a = _mm256_loadu_ps(set.add(k * dv + dc));
+                            *a = _mm256_loadu_ps(self.set_at(r, k, dc));
                         }
                     }
-                    for st in s0..s1 {
-                        let j = r + STEP * st;
+                    for &j in &cells[s0..s1] {
+                        let j = j as usize;
                         let v = load8::<F16>(vbase.add(v_row(j, h.v_cols) * h.v_stride), dc);
                         for (k, a) in acc.iter_mut().enumerate() {
                             *a = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*p[k].add(j)), *a);
                         }
                     }
                     for (k, a) in acc.iter().enumerate() {
-                        _mm256_storeu_ps(set.add(k * dv + dc), *a);
+                        _mm256_storeu_ps(self.set_at(r, k, dc), *a);
                     }
                 }
             }
         }
     }
 
-    /// Prefetches the value rows of cells r + 32 s for s in `steps`.
+    /// Prefetches the value rows of `cells`.
     #[inline(always)]
-    unsafe fn prefetch(&self, r: usize, steps: std::ops::Range<usize>) {
+    unsafe fn prefetch(&self, cells: &[u32]) {
         let h = self.h;
         let row_bytes = h.head_dim_v * if h.v_type == GgmlType::F16 { 2 } else { 4 };
         let vbase = h.v.as_ptr().add(h.v_offset);
-        for st in steps {
-            let row = vbase.add(v_row(r + STEP * st, h.v_cols) * h.v_stride);
+        for &j in cells {
+            let row = vbase.add(v_row(j as usize, h.v_cols) * h.v_stride);
             for b in (0..row_bytes).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(row.add(b) as *const i8);
             }
@@ -355,7 +446,8 @@ impl Group<'_, '_> {
         for k in 0..N {
             let o = self.out_row(k);
             for dc in (0..dv).step_by(8) {
-                let l = |r: usize| _mm256_loadu_ps(self.sets.add((r * N + k) * dv + dc));
+                let lanes = self.set_at(0, k, dc);
+                let l = |r: usize| _mm256_loadu_ps(lanes.add(8 * r));
                 let a: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(_mm256_add_ps(l(i), l(16 + i)), _mm256_add_ps(l(8 + i), l(24 + i))));
                 let t: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(a[i], a[i + 4]));
                 _mm256_storeu_ps(o.add(dc), _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3])));

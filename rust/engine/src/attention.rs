@@ -98,12 +98,13 @@ pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
     });
 }
 
-/// (tokens, query heads) per task: blocks of up to TOKENS_PER_TASK tokens, about four tasks
-/// per thread; the most heads of one KV head that still give every thread equal work (a
+/// (tokens, query heads) per task: blocks of up to TOKENS_PER_TASK tokens, about eight tasks
+/// per thread (so that a decode step of several sequences gives one token a task: its
+/// tokens see different cells, and a task's kernel walks every cell any of its tokens sees); the most heads of one KV head that still give every thread equal work (a
 /// multiple of the thread count, or enough tasks that the remainder is small).
 fn task_shape(n_tokens: usize, n_head: usize, n_head_kv: usize, n_threads: usize) -> (usize, usize) {
     let group = n_head / n_head_kv;
-    let tokens = (n_tokens * n_head_kv / (4 * n_threads)).clamp(1, TOKENS_PER_TASK).min(n_tokens.max(1));
+    let tokens = (n_tokens * n_head_kv / (8 * n_threads)).clamp(1, TOKENS_PER_TASK).min(n_tokens.max(1));
     let blocks = n_tokens.div_ceil(tokens);
     let balanced = |heads: usize| {
         let tasks = blocks * (n_head / heads);
@@ -373,8 +374,8 @@ mod tests {
         assert_eq!(task_shape(1, 14, 2, 2), (1, 7));
         // Gemma 3 270M (4 heads, 1 KV head): two tasks of two heads.
         assert_eq!(task_shape(1, 4, 1, 2), (1, 2));
-        // Eight sequences' tokens: blocks of two tokens, whole groups.
-        assert_eq!(task_shape(8, 14, 2, 2), (2, 7));
+        // Eight sequences' tokens: one token a task, whole groups.
+        assert_eq!(task_shape(8, 14, 2, 2), (1, 7));
         // A prompt: blocks of 16 tokens.
         assert_eq!(task_shape(512, 14, 2, 2), (16, 7));
         // One thread, no grouping constraint but the group's size.

@@ -358,12 +358,21 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
     let mut t0 = 0;
     TILE_SCRATCH.with(|scratch| {
         let TileScratch { factors: f, octets } = &mut *scratch.borrow_mut();
-        if octets.len() < n_octets * octet_bytes {
-            octets.resize(n_octets * octet_bytes, 0);
+        // With one tile of tokens each octet is used once: decode it just before, into one
+        // slot that stays in L1, rather than all of them into L2 first.
+        let one_tile = n_tokens < TOKEN_TILE * (OCTET_MAX_QUADS + 1);
+        let slots = if one_tile { n_octets.min(1) } else { n_octets };
+        if octets.len() < slots * octet_bytes {
+            octets.resize(slots * octet_bytes, 0);
         }
-        for o in 0..n_octets {
+        let decode = |o: usize, slot: &mut [u8]| {
             let first = rows.start + 8 * o;
-            gemm.decode_octet(w.cols, &all[first * rb..(first + 8) * rb], &mut octets[o * octet_bytes..(o + 1) * octet_bytes]);
+            gemm.decode_octet(w.cols, &all[first * rb..(first + 8) * rb], slot);
+        };
+        if !one_tile {
+            for o in 0..n_octets {
+                decode(o, &mut octets[o * octet_bytes..(o + 1) * octet_bytes]);
+            }
         }
         let mut pairs = [[[0f32; 4]; 2]; SUMS_MAX_QUADS];
         let put = |t: usize, r: usize, v: f32| *out.0.add(t * w.rows + r) = v;
@@ -372,9 +381,14 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
             let xs = &act[t0 * xrow..(t0 + quads * TOKEN_TILE) * xrow];
             gemm.factors(w.cols, xs, xrow, quads, f);
             for o in 0..n_octets {
+                let slot = if one_tile { 0 } else { o };
+                let octet = &mut octets[slot * octet_bytes..(slot + 1) * octet_bytes];
+                if one_tile {
+                    decode(o, octet);
+                }
                 // The octet's eight outputs of each token are consecutive in `out`.
                 let dst = out.0.add(t0 * w.rows + rows.start + 8 * o);
-                gemm.run_octet(w.cols, &octets[o * octet_bytes..(o + 1) * octet_bytes], xs, xrow, 0, quads, f, dst, w.rows);
+                gemm.run_octet(w.cols, octet, xs, xrow, 0, quads, f, dst, w.rows);
             }
             let mut r = rows.start + 8 * n_octets;
             while gemm.has_pairs() && r + 2 <= rows.end {

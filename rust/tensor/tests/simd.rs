@@ -280,6 +280,37 @@ fn force_scalar_environment_variable_selects_the_scalar_kernels() {
     assert!(status.success(), "the forced-scalar run failed");
 }
 
+/// Runs the octet kernel of `gemm` on eight weight rows `w` (n elements each) and the
+/// activation rows `xs` (4 (first_quad + quads) tokens) from quad first_quad on, and checks
+/// every output against `dot` bit for bit, and that nothing else was written.
+#[allow(clippy::too_many_arguments)]
+fn check_octet(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, first_quad: usize, quads: usize, w: &[u8], xs: &[u8], what: &str) {
+    use ferrollama_tensor::simd::{TileFactors, OCTET_MAX_QUADS};
+    let tokens = 4 * (first_quad + quads);
+    let stride = xs.len() / tokens;
+    let mut octet = vec![0u8; gemm.octet_bytes(n)];
+    gemm.decode_octet(n, w, &mut octet);
+    let mut f = TileFactors::default();
+    gemm.factors(n, xs, stride, first_quad + quads, &mut f);
+    // Rows of 10 outputs: the kernel writes 8 a token, the 2 after stay NaN.
+    let ldo = 10;
+    let mut out = vec![f32::NAN; 4 * OCTET_MAX_QUADS * ldo];
+    // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + 8 floats.
+    unsafe { gemm.run_octet(n, &octet, xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
+    let wrow = w.len() / 8;
+    for (t, x) in xs.chunks_exact(stride).enumerate() {
+        for r in 0..ldo {
+            let got = out[t * ldo + r];
+            if t < 4 * first_quad || r >= 8 {
+                assert!(got.is_nan(), "{what} n={n}: wrote token {t} lane {r}");
+            } else {
+                let want = dot(n, &w[r * wrow..(r + 1) * wrow], x);
+                assert_eq!(got.to_bits(), want.to_bits(), "{what} n={n}: row {r} token {t}");
+            }
+        }
+    }
+}
+
 /// The eight-row kernel of the legacy kinds (one to four quads of four tokens, started at
 /// any quad of a tile) equals the specification's dot of each row with each token bit for
 /// bit, writing only its outputs. Scale 0 is the extreme of each kind's i16 pair sums, as
@@ -288,7 +319,7 @@ fn force_scalar_environment_variable_selects_the_scalar_kernels() {
 #[test]
 fn octet_sums_kernel_equals_the_one_accumulator_dot() {
     use ferrollama_tensor::scalar::repacked as rp;
-    use ferrollama_tensor::simd::{SumsGemm, TileFactors, OCTET_MAX_QUADS};
+    use ferrollama_tensor::simd::SumsGemm;
     let mut rng = Rng::new(37);
     // (type, spec, block bytes, weight fill byte, activation fill byte)
     let spec: [(GgmlType, VecDot, usize, u8, u8); 4] = [
@@ -300,7 +331,6 @@ fn octet_sums_kernel_equals_the_one_accumulator_dot() {
     for (isa, _) in levels() {
         for &(ty, dot, wbytes, wfill, xfill) in &spec {
             let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
-            let mut f = TileFactors::default();
             for (n, first_quad, quads) in [(32, 0, 1), (896, 0, 4), (896, 1, 3), (640, 2, 2), (4864, 3, 1)] {
                 for scale in [0.0f32, 0.02, 2.0, 300.0] {
                     let tokens = 4 * (first_quad + quads);
@@ -312,27 +342,7 @@ fn octet_sums_kernel_equals_the_one_accumulator_dot() {
                         let w = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
                         (w, (0..tokens).flat_map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect())
                     };
-                    let stride = xs.len() / tokens;
-                    let mut octet = vec![0u8; gemm.octet_bytes(n)];
-                    gemm.decode_octet(n, &w, &mut octet);
-                    gemm.factors(n, &xs, stride, first_quad + quads, &mut f);
-                    // Rows of 10 outputs: the kernel writes 8 a token, the 2 after stay NaN.
-                    let ldo = 10;
-                    let mut out = vec![f32::NAN; 4 * OCTET_MAX_QUADS * ldo];
-                    // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + 8 floats.
-                    unsafe { gemm.run_octet(n, &octet, &xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
-                    let wrow = w.len() / 8;
-                    for (t, x) in xs.chunks_exact(stride).enumerate() {
-                        for r in 0..ldo {
-                            let got = out[t * ldo + r];
-                            if t < 4 * first_quad || r >= 8 {
-                                assert!(got.is_nan(), "{ty} n={n} wrote token {t} lane {r}");
-                            } else {
-                                let want = dot(n, &w[r * wrow..(r + 1) * wrow], x);
-                                assert_eq!(got.to_bits(), want.to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
-                            }
-                        }
-                    }
+                    check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{ty} {isa:?} scale {scale}"));
                 }
             }
         }
@@ -346,14 +356,13 @@ fn octet_sums_kernel_equals_the_one_accumulator_dot() {
 #[test]
 fn k_quant_octet_kernels_equal_their_dots() {
     use ferrollama_tensor::scalar::{kquants, repacked as rp};
-    use ferrollama_tensor::simd::{SumsGemm, TileFactors, OCTET_MAX_QUADS};
+    use ferrollama_tensor::simd::SumsGemm;
     let mut rng = Rng::new(41);
     let spec: [(GgmlType, VecDot); 2] = [(GgmlType::Q4_K, rp::vec_dot_q4_k_q8_k), (GgmlType::Q6_K, kquants::vec_dot_q6_k_q8_k)];
     for (isa, _) in levels() {
         for &(ty, dot) in &spec {
             let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
             assert!(!gemm.has_pairs());
-            let mut f = TileFactors::default();
             for (n, first_quad, quads) in [(256, 0, 1), (2048, 0, 4), (4864, 1, 3), (1024, 2, 2), (512, 3, 1)] {
                 for scale in [0.0f32, 0.02, 2.0, 300.0] {
                     let tokens = 4 * (first_quad + quads);
@@ -372,26 +381,7 @@ fn k_quant_octet_kernels_equal_their_dots() {
                         let w = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
                         (w, (0..tokens).flat_map(|_| quantize(GgmlType::Q8_K, &rng.vec(n, scale))).collect())
                     };
-                    let stride = xs.len() / tokens;
-                    let mut octet = vec![0u8; gemm.octet_bytes(n)];
-                    gemm.decode_octet(n, &w, &mut octet);
-                    gemm.factors(n, &xs, stride, first_quad + quads, &mut f);
-                    let ldo = 9;
-                    let mut out = vec![f32::NAN; 4 * OCTET_MAX_QUADS * ldo];
-                    // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + 8 floats.
-                    unsafe { gemm.run_octet(n, &octet, &xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
-                    let wrow = w.len() / 8;
-                    for (t, x) in xs.chunks_exact(stride).enumerate() {
-                        for r in 0..ldo {
-                            let got = out[t * ldo + r];
-                            if t < 4 * first_quad || r >= 8 {
-                                assert!(got.is_nan(), "{ty} n={n} wrote token {t} lane {r}");
-                            } else {
-                                let want = dot(n, &w[r * wrow..(r + 1) * wrow], x);
-                                assert_eq!(got.to_bits(), want.to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
-                            }
-                        }
-                    }
+                    check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{ty} {isa:?} scale {scale}"));
                 }
             }
         }

@@ -29,12 +29,13 @@ pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut Avx2Scratch) {
         *e = m.iter().rposition(|&v| v != f32::NEG_INFINITY).map_or(0, |j| j + 1);
     }
     let end_any = ends[..nt].iter().copied().max().unwrap_or(0);
-    visible_cells(h, end_any, s);
+    // Every cell below end_any visible (one sequence): no lists, the cells are 0..end_any.
+    let dense = visible_cells(h, end_any, s);
     let q = grow(&mut s.q, nt * nq * dk);
     queries(h, q);
     let w = grow(&mut s.w, nt * nq * n_kv);
     let kbuf = grow(&mut s.k, 8 * dk);
-    if s.cells.len() >= end_any - end_any / 8 {
+    if dense || s.cells.len() >= end_any - end_any / 8 {
         scores(h, q, end_any, w, kbuf);
     } else {
         sparse_scores(h, q, end_any, &s.cells, w, kbuf);
@@ -55,7 +56,8 @@ pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut Avx2Scratch) {
     for g in live[..n_live].chunks(GROUP) {
         let walk_end = g.iter().map(|&qq| ends[qq as usize / nq]).max().unwrap_or(0);
         let sets = grow(&mut s.sets, STEP * g.len() * h.head_dim_v);
-        let u = Group { h, w, queries: g, walk_end, sets, out, lane_cells: &s.lane_cells, lane_start: &s.lane_start };
+        let lanes = if dense { None } else { Some((&s.lane_cells[..], &s.lane_start[..])) };
+        let u = Group { h, w, queries: g, walk_end, sets, out, lanes };
         match g.len() {
             1 => u.run::<1>(),
             2 => u.run::<2>(),
@@ -69,20 +71,41 @@ pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut Avx2Scratch) {
     }
 }
 
-/// The cells below `end_any` that some token of the call sees (ascending, `s.cells`), and
-/// the same bucketed by lane of ggml's V·P accumulators (`s.lane_cells`, `s.lane_start`).
+/// True when every cell below `end_any` is seen by some token of the call; otherwise those
+/// that are (ascending, `s.cells`), and the same bucketed by lane of ggml's V·P
+/// accumulators (`s.lane_cells`, `s.lane_start`).
 /// Cells no token sees have probability zero for every query: leaving them out of the
 /// weighted sums changes no bit (a multiply-add of a finite value by zero returns the
 /// accumulator, which is never -0), and their scores are -inf however computed. With several
 /// sequences in one cache each token sees a fraction of the cells.
 #[inline(always)]
-unsafe fn visible_cells(h: &Heads, end_any: usize, s: &mut Avx2Scratch) {
+unsafe fn visible_cells(h: &Heads, end_any: usize, s: &mut Avx2Scratch) -> bool {
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+    // Bit c of seen8(j0): cell j0 + c is seen by some token.
+    let seen8 = |j0: usize| {
+        let mut seen = 0;
+        for t in 0..h.n_t {
+            let m = _mm256_loadu_ps(h.mask.as_ptr().add(t * h.mask_stride + j0));
+            seen |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NEQ_OQ>(m, neg_inf));
+        }
+        seen as u32
+    };
+    let seen1 = |j: usize| (0..h.n_t).any(|t| *h.mask.get_unchecked(t * h.mask_stride + j) != f32::NEG_INFINITY);
+    let whole = end_any - end_any % 8;
+    // First only count: a call of one sequence sees every cell, and needs no lists.
+    let visible = (0..whole).step_by(8).map(|j0| seen8(j0).count_ones() as usize).sum::<usize>() + (whole..end_any).filter(|&j| seen1(j)).count();
+    if visible == end_any {
+        return true;
+    }
     s.cells.clear();
-    for j in 0..end_any {
-        if (0..h.n_t).any(|t| *h.mask.get_unchecked(t * h.mask_stride + j) != f32::NEG_INFINITY) {
-            s.cells.push(j as u32);
+    for j0 in (0..whole).step_by(8) {
+        let mut bits = seen8(j0);
+        while bits != 0 {
+            s.cells.push((j0 + bits.trailing_zeros() as usize) as u32);
+            bits &= bits - 1;
         }
     }
+    s.cells.extend((whole..end_any).filter(|&j| seen1(j)).map(|j| j as u32));
     let mut counts = [0usize; STEP];
     for &j in &s.cells {
         counts[j as usize % STEP] += 1;
@@ -98,6 +121,7 @@ unsafe fn visible_cells(h: &Heads, end_any: usize, s: &mut Avx2Scratch) {
         s.lane_cells[next[r]] = j;
         next[r] += 1;
     }
+    false
 }
 
 /// Each query (token-major, then head) into `q`, rounded to f16 for an F16 K cache.
@@ -137,24 +161,11 @@ unsafe fn load8<const F16: bool>(row: *const u8, i: usize) -> __m256 {
 #[inline(always)]
 unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *mut f32) {
     let (dk, n_kv) = (h.head_dim_k, h.n_kv);
-    let k_f16 = h.k_type == GgmlType::F16;
     let scale = _mm256_set1_ps(h.scale);
-    let kbase = h.k.as_ptr().add(h.k_offset);
     for c0 in (0..end_any).step_by(8) {
         let n = (n_kv - c0).min(8);
         // A short last block repeats its last cell (those scores are not stored).
-        let rows: [*const f32; 8] = std::array::from_fn(|c| {
-            let src = kbase.add((c0 + c.min(n - 1)) * h.k_stride);
-            if k_f16 {
-                let dst = kbuf.add(c * dk);
-                for i in (0..dk).step_by(8) {
-                    _mm256_storeu_ps(dst.add(i), load8::<true>(src, i));
-                }
-                dst as *const f32
-            } else {
-                src as *const f32
-            }
-        });
+        let rows = key_rows(h, |c| c0 + c.min(n - 1), kbuf);
         for qq in 0..h.n_t * h.n_q {
             let kq = _mm256_mul_ps(dot8(&rows, q.add(qq * dk), dk), scale);
             let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride + c0);
@@ -172,31 +183,38 @@ unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *m
     }
 }
 
+/// The keys of cells cell(0..8) as f32 rows: an F16 cache's converted into `kbuf` (once for
+/// every query of the call), an F32 cache's in place.
+#[inline(always)]
+unsafe fn key_rows(h: &Heads, cell: impl Fn(usize) -> usize, kbuf: *mut f32) -> [*const f32; 8] {
+    let dk = h.head_dim_k;
+    let kbase = h.k.as_ptr().add(h.k_offset);
+    std::array::from_fn(|c| {
+        let src = kbase.add(cell(c) * h.k_stride);
+        if h.k_type == GgmlType::F16 {
+            let dst = kbuf.add(c * dk);
+            for i in (0..dk).step_by(8) {
+                _mm256_storeu_ps(dst.add(i), load8::<true>(src, i));
+            }
+            dst as *const f32
+        } else {
+            src as *const f32
+        }
+    })
+}
+
 /// `scores` for the cells in `cells` only (eight at a time, any eight: each lane of `dot8`
 /// is its own dot product), every other score of the first `end_any` cells -inf.
 #[inline(always)]
 unsafe fn sparse_scores(h: &Heads, q: *const f32, end_any: usize, cells: &[u32], w: *mut f32, kbuf: *mut f32) {
     let (dk, n_kv) = (h.head_dim_k, h.n_kv);
-    let k_f16 = h.k_type == GgmlType::F16;
     let scale = _mm256_set1_ps(h.scale);
-    let kbase = h.k.as_ptr().add(h.k_offset);
     for qq in 0..h.n_t * h.n_q {
         std::slice::from_raw_parts_mut(w.add(qq * n_kv), end_any.next_multiple_of(8).min(n_kv)).fill(f32::NEG_INFINITY);
     }
     for group in cells.chunks(8) {
         let n = group.len();
-        let rows: [*const f32; 8] = std::array::from_fn(|c| {
-            let src = kbase.add(group[c.min(n - 1)] as usize * h.k_stride);
-            if k_f16 {
-                let dst = kbuf.add(c * dk);
-                for i in (0..dk).step_by(8) {
-                    _mm256_storeu_ps(dst.add(i), load8::<true>(src, i));
-                }
-                dst as *const f32
-            } else {
-                src as *const f32
-            }
-        });
+        let rows = key_rows(h, |c| group[c.min(n - 1)] as usize, kbuf);
         for qq in 0..h.n_t * h.n_q {
             let mut x = [0f32; 8];
             _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(dot8(&rows, q.add(qq * dk), dk), scale));
@@ -336,18 +354,18 @@ struct Group<'a, 'b> {
     /// STEP x queries x head_dim_v floats.
     sets: *mut f32,
     out: *mut f32,
-    /// The visible cells by lane (see `visible_cells`).
-    lane_cells: &'a [u32],
-    lane_start: &'a [usize],
+    /// The visible cells by lane and where each lane's start (see `visible_cells`); None
+    /// when every cell below `walk_end` may be visible.
+    lanes: Option<(&'a [u32], &'a [usize])>,
 }
 
 impl Group<'_, '_> {
     #[inline(always)]
     unsafe fn run<const N: usize>(&self) {
         if self.h.v_type == GgmlType::F16 {
-            self.lanes::<N, true>();
+            self.lanes::<N, true>(self.lanes);
         } else {
-            self.lanes::<N, false>();
+            self.lanes::<N, false>(self.lanes);
         }
         self.reduce::<N>();
         if self.walk_end > self.vector_end() {
@@ -360,11 +378,13 @@ impl Group<'_, '_> {
         self.h.n_kv - self.h.n_kv % STEP
     }
 
-    /// Where lane r of query k's dimensions dc..dc + 8 lives in `sets`: the 32 lanes of each
-    /// (query, eight dimensions) are contiguous, so `reduce` reads them at fixed offsets.
+    /// Where lane r of query k's dimensions dc..dc + 8 lives in `sets`: [lane][query][dim],
+    /// so that one lane's pass writes one contiguous stretch (the layout with each (query,
+    /// dimensions)'s lanes contiguous put a pass's stores 4 KiB apart, in one L1 set: 2-3%
+    /// slower decoding at depth 4096).
     #[inline(always)]
     fn set_at(&self, r: usize, k: usize, dc: usize) -> *mut f32 {
-        self.sets.wrapping_add(((k * (self.h.head_dim_v / 8) + dc / 8) * STEP + r) * 8)
+        self.sets.wrapping_add((r * self.queries.len() + k) * self.h.head_dim_v + dc)
     }
     fn out_row(&self, k: usize) -> *mut f32 {
         let (qq, nq) = (self.queries[k] as usize, self.h.n_q);
@@ -374,18 +394,29 @@ impl Group<'_, '_> {
     /// Lane r of query k = the chain of multiply-adds of the visible cells r, r + 32, ...
     /// below the vector loop's end (in order).
     #[inline(always)]
-    unsafe fn lanes<const N: usize, const F16: bool>(&self) {
+    unsafe fn lanes<const N: usize, const F16: bool>(&self, lists: Option<(&[u32], &[usize])>) {
+        match lists {
+            Some((cells, start)) => self.lanes_of::<N, F16>(|r| {
+                let all = &cells[start[r]..start[r + 1]];
+                let lim = self.walk_end.min(self.vector_end());
+                all[..all.partition_point(|&j| (j as usize) < lim)].len()
+            }, |r, i| cells[start[r] + i] as usize),
+            None => {
+                let lim = self.walk_end.min(self.vector_end());
+                self.lanes_of::<N, F16>(|r| if r < lim { (lim - r).div_ceil(STEP) } else { 0 }, |r, i| r + STEP * i)
+            }
+        }
+    }
+
+    /// `lanes` over the cells cell(r, i), i < count(r), of each lane r.
+    #[inline(always)]
+    unsafe fn lanes_of<const N: usize, const F16: bool>(&self, count: impl Fn(usize) -> usize, cell: impl Fn(usize, usize) -> usize) {
         let (h, dv) = (self.h, self.h.head_dim_v);
-        let lim = self.walk_end.min(self.vector_end());
         let vbase = h.v.as_ptr().add(h.v_offset);
         let p: [*const f32; N] = std::array::from_fn(|k| self.w.add(self.queries[k] as usize * h.n_kv));
-        let lane = |r: usize| {
-            let all = &self.lane_cells[self.lane_start[r]..self.lane_start[r + 1]];
-            &all[..all.partition_point(|&j| (j as usize) < lim)]
-        };
         for r in 0..STEP {
-            let cells = lane(r);
-            if cells.is_empty() {
+            let n = count(r);
+            if n == 0 {
                 for k in 0..N {
                     for dc in (0..dv).step_by(8) {
                         _mm256_storeu_ps(self.set_at(r, k, dc), _mm256_setzero_ps());
@@ -393,15 +424,14 @@ impl Group<'_, '_> {
                 }
                 continue;
             }
-            for s0 in (0..cells.len()).step_by(BLOCK) {
-                let s1 = (s0 + BLOCK).min(cells.len());
+            for s0 in (0..n).step_by(BLOCK) {
+                let s1 = (s0 + BLOCK).min(n);
                 // The next block's rows, while this one is summed: the walk is latency bound
                 // otherwise (each pass over the dimensions reads a sixteen-byte piece per row).
-                if s1 < cells.len() {
-                    self.prefetch(&cells[s1..(s1 + BLOCK).min(cells.len())]);
+                if s1 < n {
+                    self.prefetch((s1..(s1 + BLOCK).min(n)).map(|i| cell(r, i)));
                 } else if r + 1 < STEP {
-                    let next = lane(r + 1);
-                    self.prefetch(&next[..BLOCK.min(next.len())]);
+                    self.prefetch((0..BLOCK.min(count(r + 1))).map(|i| cell(r + 1, i)));
                 }
                 for dc in (0..dv).step_by(8) {
                     let mut acc = [_mm256_setzero_ps(); N];
@@ -410,8 +440,8 @@ impl Group<'_, '_> {
                             *a = _mm256_loadu_ps(self.set_at(r, k, dc));
                         }
                     }
-                    for &j in &cells[s0..s1] {
-                        let j = j as usize;
+                    for i in s0..s1 {
+                        let j = cell(r, i);
                         let v = load8::<F16>(vbase.add(v_row(j, h.v_cols) * h.v_stride), dc);
                         for (k, a) in acc.iter_mut().enumerate() {
                             *a = _mm256_fmadd_ps(v, _mm256_broadcast_ss(&*p[k].add(j)), *a);
@@ -427,12 +457,12 @@ impl Group<'_, '_> {
 
     /// Prefetches the value rows of `cells`.
     #[inline(always)]
-    unsafe fn prefetch(&self, cells: &[u32]) {
+    unsafe fn prefetch(&self, cells: impl Iterator<Item = usize>) {
         let h = self.h;
         let row_bytes = h.head_dim_v * if h.v_type == GgmlType::F16 { 2 } else { 4 };
         let vbase = h.v.as_ptr().add(h.v_offset);
-        for &j in cells {
-            let row = vbase.add(v_row(j as usize, h.v_cols) * h.v_stride);
+        for j in cells {
+            let row = vbase.add(v_row(j, h.v_cols) * h.v_stride);
             for b in (0..row_bytes).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(row.add(b) as *const i8);
             }
@@ -445,10 +475,16 @@ impl Group<'_, '_> {
         let dv = self.h.head_dim_v;
         for k in 0..N {
             let o = self.out_row(k);
+            // Lane r of these dimensions is `stride` floats after lane r - 1: four walking
+            // pointers (lanes i, 8 + i, 16 + i, 24 + i) rather than 32 addresses to keep.
+            let stride = N * dv;
+            let base: [*const f32; 4] = std::array::from_fn(|g| self.set_at(8 * g, k, 0) as *const f32);
             for dc in (0..dv).step_by(8) {
-                let lanes = self.set_at(0, k, dc);
-                let l = |r: usize| _mm256_loadu_ps(lanes.add(8 * r));
-                let a: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(_mm256_add_ps(l(i), l(16 + i)), _mm256_add_ps(l(8 + i), l(24 + i))));
+                let mut a = [_mm256_setzero_ps(); 8];
+                for (i, ai) in a.iter_mut().enumerate() {
+                    let l = |g: usize| _mm256_loadu_ps(base[g].add(i * stride + dc));
+                    *ai = _mm256_add_ps(_mm256_add_ps(l(0), l(2)), _mm256_add_ps(l(1), l(3)));
+                }
                 let t: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(a[i], a[i + 4]));
                 _mm256_storeu_ps(o.add(dc), _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3])));
             }

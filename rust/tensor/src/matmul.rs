@@ -331,6 +331,15 @@ fn rows_per_task(w: &QMatrix, rows: usize, n_tokens: usize, n_threads: usize) ->
     if octets { rows.next_multiple_of(8) } else { rows.max(1) }
 }
 
+/// Asks for `bytes` to be brought into the cache (a hint: no effect on results).
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch reads nothing architecturally; the address is in `bytes`.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr() as *const i8) };
+    }
+}
+
 /// What a thread keeps between the tiles of one row range: the tile's activation factors
 /// and the range's weight octets, decoded once per product (`SumsGemm::decode_octet`).
 #[derive(Default)]
@@ -385,6 +394,11 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
                 let octet = &mut octets[slot * octet_bytes..(slot + 1) * octet_bytes];
                 if one_tile {
                     decode(o, octet);
+                    // The next octet's weights come from memory while this one is multiplied
+                    // (its eight interleaved row streams do not start the hardware prefetch).
+                    if o + 1 < n_octets {
+                        prefetch(&all[(rows.start + 8 * (o + 1)) * rb..(rows.start + 8 * (o + 2)) * rb]);
+                    }
                 }
                 // The octet's eight outputs of each token are consecutive in `out`.
                 let dst = out.0.add(t0 * w.rows + rows.start + 8 * o);

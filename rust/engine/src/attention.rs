@@ -100,8 +100,9 @@ pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
 
 /// (tokens, query heads) per task: blocks of up to TOKENS_PER_TASK tokens, about eight tasks
 /// per thread (so that a decode step of several sequences gives one token a task: its
-/// tokens see different cells, and a task's kernel walks every cell any of its tokens sees); the most heads of one KV head that still give every thread equal work (a
-/// multiple of the thread count, or enough tasks that the remainder is small).
+/// tokens see different cells, and a task's kernel walks every cell any of its tokens
+/// sees); the most heads of one KV head that still give every thread equal work (a multiple
+/// of the thread count, or enough tasks that the remainder is small).
 fn task_shape(n_tokens: usize, n_head: usize, n_head_kv: usize, n_threads: usize) -> (usize, usize) {
     let group = n_head / n_head_kv;
     let tokens = (n_tokens * n_head_kv / (8 * n_threads)).clamp(1, TOKENS_PER_TASK).min(n_tokens.max(1));

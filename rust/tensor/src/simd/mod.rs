@@ -233,8 +233,7 @@ impl SumsGemm {
         let per_block = match self.kind {
             KIND_Q4_K => x86::avx2::Q4K_OCTET_BYTES,
             KIND_Q6_K => x86::avx2::Q6K_OCTET_BYTES,
-            0 | 3 => x86::avx2::SIGNED_OCTET_BLOCK_BYTES,
-            _ => x86::avx2::OCTET_BLOCK_BYTES,
+            kind => x86::avx2::octet_block_bytes(kind),
         };
         #[cfg(not(target_arch = "x86_64"))]
         let per_block = 0;
@@ -252,10 +251,10 @@ impl SumsGemm {
             // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
             unsafe {
                 match self.kind {
-                    0 => x86::avx2::decode_octet_signed::<0>(nb, src, row_bytes, self.wbytes, out),
-                    3 => x86::avx2::decode_octet_signed::<3>(nb, src, row_bytes, self.wbytes, out),
+                    0 => x86::avx2::decode_octet::<0>(nb, src, row_bytes, self.wbytes, out),
                     1 => x86::avx2::decode_octet::<1>(nb, src, row_bytes, self.wbytes, out),
                     2 => x86::avx2::decode_octet::<2>(nb, src, row_bytes, self.wbytes, out),
+                    3 => x86::avx2::decode_octet::<3>(nb, src, row_bytes, self.wbytes, out),
                     KIND_Q4_K => x86::avx2::decode_octet_q4_k(nb, src, row_bytes, out),
                     _ => x86::avx2::decode_octet_q6_k(nb, src, row_bytes, out),
                 }
@@ -273,52 +272,33 @@ impl SumsGemm {
     pub unsafe fn run_octet(&self, n: usize, octet: &[u8], x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
         assert!(octet.len() >= self.octet_bytes(n), "an octet of {n}-element rows");
         self.check_acts(n, x, stride, first_quad, quads, OCTET_MAX_QUADS);
-        let rows = |q: usize| std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride));
-        let o = octet.as_ptr();
         #[cfg(target_arch = "x86_64")]
-        if self.kind == KIND_Q6_K {
-            use x86::avx2::octet_sums_q6_k;
-            let nsb = n / 256;
-            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
-            match quads {
-                4 => octet_sums_q6_k::<4>(nsb, o, [rows(0), rows(1), rows(2), rows(3)], out, ldo),
-                3 => octet_sums_q6_k::<3>(nsb, o, [rows(0), rows(1), rows(2)], out, ldo),
-                2 => octet_sums_q6_k::<2>(nsb, o, [rows(0), rows(1)], out, ldo),
-                _ => octet_sums_q6_k::<1>(nsb, o, [rows(0)], out, ldo),
+        {
+            let rows = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride)) };
+            let o = octet.as_ptr();
+            // The kernels take the quad count as a constant: one instance for each.
+            macro_rules! per_quads {
+                ($kernel:ident($nb:expr $(, $per_quad:expr)*)) => {
+                    match quads {
+                        4 => x86::avx2::$kernel::<4>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
+                        3 => x86::avx2::$kernel::<3>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
+                        2 => x86::avx2::$kernel::<2>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
+                        _ => x86::avx2::$kernel::<1>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
+                    }
+                };
             }
-        } else if self.kind == KIND_Q4_K {
-            use x86::avx2::octet_sums_q4_k;
-            let nsb = n / 256;
-            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
-            match quads {
-                4 => octet_sums_q4_k::<4>(nsb, o, [rows(0), rows(1), rows(2), rows(3)], out, ldo),
-                3 => octet_sums_q4_k::<3>(nsb, o, [rows(0), rows(1), rows(2)], out, ldo),
-                2 => octet_sums_q4_k::<2>(nsb, o, [rows(0), rows(1)], out, ldo),
-                _ => octet_sums_q4_k::<1>(nsb, o, [rows(0)], out, ldo),
+            let nb = n / self.block().0;
+            if self.kind < KIND_Q4_K {
+                assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * nb && f.corr[q].len() >= 4 * nb), "tile factors of another size");
             }
-        } else if self.signed() {
-            use x86::avx2::octet_sums_signed;
-            let nb = n / 32;
-            assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * nb), "tile factors of another size");
             let d = |q: usize| f.d[first_quad + q].as_ptr();
+            let c = |q: usize| f.corr[first_quad + q].as_ptr();
             // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
-            match quads {
-                4 => octet_sums_signed::<4>(nb, o, [rows(0), rows(1), rows(2), rows(3)], [d(0), d(1), d(2), d(3)], out, ldo),
-                3 => octet_sums_signed::<3>(nb, o, [rows(0), rows(1), rows(2)], [d(0), d(1), d(2)], out, ldo),
-                2 => octet_sums_signed::<2>(nb, o, [rows(0), rows(1)], [d(0), d(1)], out, ldo),
-                _ => octet_sums_signed::<1>(nb, o, [rows(0)], [d(0)], out, ldo),
-            }
-        } else {
-            use x86::avx2::octet_sums;
-            let nb = n / 32;
-            assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * nb && f.corr[q].len() >= 4 * nb), "tile factors of another size");
-            let (d, c) = (|q: usize| f.d[first_quad + q].as_ptr(), |q: usize| f.corr[first_quad + q].as_ptr());
-            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
-            match quads {
-                4 => octet_sums::<4>(nb, o, [rows(0), rows(1), rows(2), rows(3)], [d(0), d(1), d(2), d(3)], [c(0), c(1), c(2), c(3)], out, ldo),
-                3 => octet_sums::<3>(nb, o, [rows(0), rows(1), rows(2)], [d(0), d(1), d(2)], [c(0), c(1), c(2)], out, ldo),
-                2 => octet_sums::<2>(nb, o, [rows(0), rows(1)], [d(0), d(1)], [c(0), c(1)], out, ldo),
-                _ => octet_sums::<1>(nb, o, [rows(0)], [d(0)], [c(0)], out, ldo),
+            match self.kind {
+                KIND_Q6_K => per_quads!(octet_sums_q6_k(nb)),
+                KIND_Q4_K => per_quads!(octet_sums_q4_k(nb)),
+                _ if self.signed() => per_quads!(octet_sums_signed(nb, d)),
+                _ => per_quads!(octet_sums(nb, d, c)),
             }
         }
     }

@@ -915,10 +915,14 @@ pub mod avx2 {
         }
     }
 
-    /// Bytes `decode_octet` writes per block of eight rows: the rows' 32 unsigned levels
+    /// Bytes `decode_octet::<KIND>` writes per block of eight rows: the rows' 32 levels
     /// transposed into eight vectors (vector k holds bytes 4k..4k+4 of row r in dword lane
-    /// r), then the rows' eight d as f32.
-    pub const OCTET_BLOCK_BYTES: usize = 8 * 32 + 8 * 4;
+    /// r), for the signed kinds (Q8_0, IQ4_NL) their magnitudes the same way, then the rows'
+    /// eight d as f32.
+    pub const fn octet_block_bytes(kind: u8) -> usize {
+        let levels = if unsigned_offset(kind) == 0 { 2 } else { 1 };
+        levels * 8 * 32 + 8 * 4
+    }
 
     /// Transposes eight rows of eight dwords: out[k] lane r = rows[r] lane k.
     #[inline]
@@ -945,26 +949,30 @@ pub mod avx2 {
         ]
     }
 
-    /// Decodes nb blocks of eight consecutive weight rows (row r at w + r * row_bytes) of an
-    /// unsigned kind (Q4_0, Q5_0) into `OCTET_BLOCK_BYTES` a block at dst, for `octet_sums`.
-    /// Done once per matrix product and row range, so that every token tile reads levels
-    /// ready to multiply.
+    /// Decodes nb blocks of eight consecutive weight rows (row r at w + r * row_bytes) of a
+    /// legacy kind (KIND as `decode32`) into `octet_block_bytes(KIND)` a block at dst, for
+    /// `octet_sums` (unsigned kinds, levels as stored) or `octet_sums_signed`. Done once per
+    /// matrix product and row range, so that every token tile reads levels ready to multiply.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn decode_octet<const KIND: u8>(nb: usize, w: *const u8, row_bytes: usize, wbytes: usize, dst: *mut u8) {
+        let signed = unsigned_offset(KIND) == 0;
+        let d_at = octet_block_bytes(KIND) - 32;
         for b in 0..nb {
             let mut rows = [_mm256_setzero_si256(); 8];
             let mut d = [0u16; 8];
             for r in 0..8 {
                 let block = w.add(r * row_bytes + b * wbytes);
-                rows[r] = decode32_unsigned::<KIND>(block);
+                rows[r] = if signed { decode32::<KIND>(block) } else { decode32_unsigned::<KIND>(block) };
                 d[r] = std::ptr::read_unaligned(block as *const u16);
             }
-            let levels = transpose_8x8_epi32(&rows);
-            let out = dst.add(b * OCTET_BLOCK_BYTES);
-            for (k, v) in levels.iter().enumerate() {
+            let out = dst.add(b * octet_block_bytes(KIND));
+            for (k, v) in transpose_8x8_epi32(&rows).iter().enumerate() {
                 _mm256_storeu_si256(out.add(32 * k) as *mut __m256i, *v);
+                if signed {
+                    _mm256_storeu_si256(out.add(256 + 32 * k) as *mut __m256i, _mm256_sign_epi8(*v, *v));
+                }
             }
-            _mm256_storeu_ps(out.add(256) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
+            _mm256_storeu_ps(out.add(d_at) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
         }
     }
 
@@ -982,7 +990,7 @@ pub mod avx2 {
         for q in 0..Q {
             let mut acc = [_mm256_setzero_ps(); 4];
             for b in 0..nb {
-                let ob = octet.add(b * OCTET_BLOCK_BYTES);
+                let ob = octet.add(b * octet_block_bytes(1));
                 let mut wk = [_mm256_setzero_si256(); 8];
                 for (k, v) in wk.iter_mut().enumerate() {
                     *v = _mm256_loadu_si256(ob.add(32 * k) as *const __m256i);
@@ -1005,32 +1013,7 @@ pub mod avx2 {
         }
     }
 
-    /// Bytes `decode_octet_signed` writes per block of eight rows: the signed levels
-    /// transposed as `decode_octet`'s, their magnitudes the same way, then the rows' d.
-    pub const SIGNED_OCTET_BLOCK_BYTES: usize = 2 * 8 * 32 + 8 * 4;
-
-    /// `decode_octet` for the signed kinds (Q8_0, IQ4_NL: KIND as `decode32`), into
-    /// `SIGNED_OCTET_BLOCK_BYTES` a block, for `octet_sums_signed`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn decode_octet_signed<const KIND: u8>(nb: usize, w: *const u8, row_bytes: usize, wbytes: usize, dst: *mut u8) {
-        for b in 0..nb {
-            let mut rows = [_mm256_setzero_si256(); 8];
-            let mut d = [0u16; 8];
-            for r in 0..8 {
-                let block = w.add(r * row_bytes + b * wbytes);
-                rows[r] = decode32::<KIND>(block);
-                d[r] = std::ptr::read_unaligned(block as *const u16);
-            }
-            let out = dst.add(b * SIGNED_OCTET_BLOCK_BYTES);
-            for (k, v) in transpose_8x8_epi32(&rows).iter().enumerate() {
-                _mm256_storeu_si256(out.add(32 * k) as *mut __m256i, *v);
-                _mm256_storeu_si256(out.add(256 + 32 * k) as *mut __m256i, _mm256_sign_epi8(*v, *v));
-            }
-            _mm256_storeu_ps(out.add(512) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
-        }
-    }
-
-    /// `octet_sums` for the signed kinds (an octet from `decode_octet_signed`): each
+    /// `octet_sums` for the signed kinds (an octet from `decode_octet`): each
     /// multiply is |w| times the activation with w's sign (exact: activations never reach
     /// -128), its pair sums (at most 2 * 128 * 127) widened to i32 at once.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -1039,7 +1022,7 @@ pub mod avx2 {
         for q in 0..Q {
             let mut acc = [_mm256_setzero_ps(); 4];
             for b in 0..nb {
-                let ob = octet.add(b * SIGNED_OCTET_BLOCK_BYTES);
+                let ob = octet.add(b * octet_block_bytes(0));
                 let mut isum = [_mm256_setzero_si256(); 4];
                 for k in 0..8 {
                     let (wk, ak) = (loadu(ob.add(32 * k)), loadu(ob.add(256 + 32 * k)));

@@ -317,8 +317,22 @@ unsafe fn softmax(w: *mut f32, n: usize, end: usize, zero_to: usize, as_f16: boo
     }
     let mut sum = 0f64;
     let mv = _mm256_set1_ps(max);
+    let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
     for i in (0..lim8).step_by(8) {
-        let e = expf8(_mm256_sub_ps(_mm256_loadu_ps(w.add(i)), mv));
+        let v = _mm256_loadu_ps(w.add(i));
+        // A chunk of masked cells only (another sequence's, with several in one cache):
+        // its exponentials are zeros and adding their +0 sum changes nothing, but
+        // `expf8` would take its slow out-of-range path for them.
+        let masked = _mm256_cmp_ps::<_CMP_EQ_OQ>(v, neg_inf);
+        if _mm256_movemask_ps(masked) == 0xff {
+            _mm256_storeu_ps(w.add(i), _mm256_setzero_ps());
+            continue;
+        }
+        // The masked cells of a chunk with visible ones (a sequence's cell among other
+        // sequences' decoded in turns) also push `expf8` to that path; its lanes are
+        // independent, so it gets 0 there instead and their +0 exponentials are put back.
+        let arg = _mm256_blendv_ps(_mm256_sub_ps(v, mv), _mm256_setzero_ps(), masked);
+        let e = _mm256_andnot_ps(masked, expf8(arg));
         _mm256_storeu_ps(w.add(i), e);
         sum += chunk_sum8(e) as f64;
     }

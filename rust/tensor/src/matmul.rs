@@ -82,9 +82,9 @@ fn sums_gemm(t: &'static TypeTraits, rows: usize) -> Option<(SumsGemm, usize)> {
     match t.ty {
         GgmlType::Q8_0 | GgmlType::Q5_0 => many_token_dot(t).map(|_| (gemm, TILED_TOKENS)),
         // Q6_K's octets compute ggml's vec_dot lanes, its arithmetic at every token count;
-        // below 16 tokens decoding the octets costs more than they save (measured: 8 tokens
-        // 32 GMAC/s against the four-token kernel's 39, 64 tokens 53 against 38).
-        GgmlType::Q6_K => Some((gemm, 16)),
+        // below 8 tokens decoding the octets costs more than they save (4864 x 896, one
+        // thread: 8 tokens 42.4 GMAC/s against the four-token kernel's 38.6).
+        GgmlType::Q6_K => Some((gemm, 8)),
         _ => llama_repacks(t, rows).then_some((gemm, 1)),
     }
 }

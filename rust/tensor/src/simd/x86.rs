@@ -194,16 +194,26 @@ unsafe fn quantize_block_q8_k(x: *const f32, y: *mut u8) {
     std::ptr::write_unaligned(y as *mut f32, 1.0 / iscale);
 }
 
-/// The eight 6-bit scales and mins of a Q4_K or Q5_K block, as bytes. Plain scalar code,
-/// inlined into each kernel (a call per super-block costs as much as the block's products).
+/// The eight 6-bit scales and mins of a Q4_K or Q5_K block (bw: the block), as bytes.
+/// Inlined into each kernel (a call per super-block costs as much as the block's products).
 #[inline(always)]
 unsafe fn scales_mins_k4(bw: *const u8) -> ([u8; 8], [u8; 8]) {
-    let packed = std::slice::from_raw_parts(bw.add(4), 12);
-    let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
-    for j in 0..8 {
-        (sc[j], mn[j]) = crate::scalar::kquants::scale_min_k4(j, packed);
-    }
-    (sc, mn)
+    let mut bytes = [0u8; 16];
+    _mm_storeu_si128(bytes.as_mut_ptr() as *mut __m128i, scales_mins_k4_16(bw.add(4)));
+    let (sc, mn) = bytes.split_at(8);
+    (sc.try_into().expect("8 bytes"), mn.try_into().expect("8 bytes"))
+}
+
+/// The eight 6-bit scales then the eight mins of a Q4_K or Q5_K block (12 bytes at `packed`)
+/// as 16 bytes, with the 32-bit shifts and masks of ggml's AVX2 kernels (four at a time).
+#[inline(always)]
+unsafe fn scales_mins_k4_16(packed: *const u8) -> __m128i {
+    let word = |k: usize| std::ptr::read_unaligned(packed.add(4 * k) as *const u32);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    let (low6, low4, low2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let scales_hi = (w2 & low4) | (((w0 >> 6) & low2) << 4);
+    let mins_hi = ((w2 >> 4) & low4) | (((w1 >> 6) & low2) << 4);
+    _mm_set_epi32(mins_hi as i32, (w1 & low6) as i32, scales_hi as i32, (w0 & low6) as i32)
 }
 
 /// Signed-by-signed i8 products summed in fours into i32 lanes, through the unsigned-by-
@@ -1058,35 +1068,35 @@ pub mod avx2 {
         let m4 = _mm256_set1_epi8(0x0f);
         for i in 0..nsb {
             let out = dst.add(i * Q4K_OCTET_BYTES);
-            let mut sub = [[_mm256_setzero_si256(); 8]; 8];
-            let (mut scales, mut mins) = ([[0i16; 16]; 8], [[0i16; 16]; 4]);
-            let (mut d, mut dmin) = ([0u16; 8], [0u16; 8]);
-            for r in 0..8 {
-                let bw = w.add(r * row_bytes + i * 144);
-                d[r] = std::ptr::read_unaligned(bw as *const u16);
-                dmin[r] = std::ptr::read_unaligned(bw.add(2) as *const u16);
-                let (sc, mn) = scales_mins_k4(bw);
-                for j in 0..8 {
-                    scales[j][2 * r] = sc[j] as i16;
-                    scales[j][2 * r + 1] = sc[j] as i16;
-                }
-                for p in 0..4 {
-                    mins[p][2 * r] = mn[2 * p] as i16;
-                    mins[p][2 * r + 1] = mn[2 * p + 1] as i16;
-                }
-                for j2 in 0..4 {
-                    let bits = loadu(bw.add(16 + 32 * j2));
-                    sub[2 * j2][r] = _mm256_and_si256(bits, m4);
-                    sub[2 * j2 + 1][r] = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-                }
-            }
-            for (j, rows) in sub.iter().enumerate() {
-                for (k, v) in transpose_8x8_epi32(rows).iter().enumerate() {
+            let row = |r: usize| w.add(r * row_bytes + i * 144);
+            // Sub-blocks 2p and 2p + 1: the low and high nibbles of bytes 16 + 32p.. of each
+            // row, one sub-block of the eight rows at a time into the transposition.
+            for j in 0..8 {
+                let rows: [__m256i; 8] = std::array::from_fn(|r| {
+                    let bits = loadu(row(r).add(16 + 32 * (j / 2)));
+                    _mm256_and_si256(if j % 2 == 0 { bits } else { _mm256_srli_epi16::<4>(bits) }, m4)
+                });
+                for (k, v) in transpose_8x8_epi32(&rows).iter().enumerate() {
                     _mm256_storeu_si256(out.add(256 * j + 32 * k) as *mut __m256i, *v);
                 }
             }
-            std::ptr::copy_nonoverlapping(scales.as_ptr() as *const u8, out.add(2048), 256);
-            std::ptr::copy_nonoverlapping(mins.as_ptr() as *const u8, out.add(2304), 128);
+            // Row r's scales and mins as i16 (scale j in lane j, min j in lane 8 + j): dword
+            // 4 + p is the min pair p, so the transposition's vectors 4.. are the min
+            // vectors; duplicated (unpack with themselves: scales 0..3 | mins 0..3 and
+            // scales 4..7 | mins 4..7), their vectors 0..4 are the scale vectors.
+            let wide: [__m256i; 8] = std::array::from_fn(|r| _mm256_cvtepu8_epi16(scales_mins_k4_16(row(r).add(4))));
+            let pairs = transpose_8x8_epi32(&wide);
+            for p in 0..4 {
+                _mm256_storeu_si256(out.add(2304 + 32 * p) as *mut __m256i, pairs[4 + p]);
+            }
+            let lo = transpose_8x8_epi32(&std::array::from_fn(|r| _mm256_unpacklo_epi16(wide[r], wide[r])));
+            let hi = transpose_8x8_epi32(&std::array::from_fn(|r| _mm256_unpackhi_epi16(wide[r], wide[r])));
+            for k in 0..4 {
+                _mm256_storeu_si256(out.add(2048 + 32 * k) as *mut __m256i, lo[k]);
+                _mm256_storeu_si256(out.add(2048 + 32 * (4 + k)) as *mut __m256i, hi[k]);
+            }
+            let d: [u16; 8] = std::array::from_fn(|r| std::ptr::read_unaligned(row(r) as *const u16));
+            let dmin: [u16; 8] = std::array::from_fn(|r| std::ptr::read_unaligned(row(r).add(2) as *const u16));
             _mm256_storeu_ps(out.add(2432) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
             _mm256_storeu_ps(out.add(2464) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(dmin.as_ptr() as *const __m128i)));
         }
@@ -1163,37 +1173,39 @@ pub mod avx2 {
         let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x03));
         for i in 0..nsb {
             let out = dst.add(i * Q6K_OCTET_BYTES);
-            let mut chunks = [[_mm256_setzero_si256(); 8]; 8];
-            let (mut scales, mut pairs) = ([[0i16; 16]; 16], [[0i16; 16]; 8]);
-            let mut d = [0u16; 8];
-            for r in 0..8 {
-                let bw = w.add(r * row_bytes + i * 210);
-                d[r] = std::ptr::read_unaligned(bw.add(208) as *const u16);
-                let sc = std::slice::from_raw_parts(bw.add(192) as *const i8, 16);
-                for g in 0..16 {
-                    scales[g][2 * r] = sc[g] as i16;
-                    scales[g][2 * r + 1] = sc[g] as i16;
-                }
-                for k in 0..8 {
-                    pairs[k][2 * r] = sc[2 * k] as i16;
-                    pairs[k][2 * r + 1] = sc[2 * k + 1] as i16;
-                }
-                for h in 0..2 {
-                    let (ql0, ql1, qh) = (loadu(bw.add(64 * h)), loadu(bw.add(64 * h + 32)), loadu(bw.add(128 + 32 * h)));
-                    let high = |shift: i32| _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift)), m2));
-                    chunks[4 * h][r] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0));
-                    chunks[4 * h + 1][r] = _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2));
-                    chunks[4 * h + 2][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), high(4));
-                    chunks[4 * h + 3][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), high(6));
+            let row = |r: usize| w.add(r * row_bytes + i * 210);
+            // Chunk 4h + j: nibble j / 2 of ql bytes 64h + 32 (j % 2).., high bits 2j..2j + 2
+            // of qh bytes 32h... One chunk of the eight rows at a time, straight from the
+            // rows (L1 after the first chunk) into the transposition: no copy on the stack.
+            for h in 0..2 {
+                for j in 0..4 {
+                    let rows: [__m256i; 8] = std::array::from_fn(|r| {
+                        let (ql, qh) = (loadu(row(r).add(64 * h + 32 * (j % 2))), loadu(row(r).add(128 + 32 * h)));
+                        let low = if j < 2 { ql } else { _mm256_srli_epi16::<4>(ql) };
+                        let high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), m2);
+                        _mm256_or_si256(_mm256_and_si256(low, m4), _mm256_slli_epi16::<4>(high))
+                    });
+                    for (k, v) in transpose_8x8_epi32(&rows).iter().enumerate() {
+                        _mm256_storeu_si256(out.add(256 * (4 * h + j) + 32 * k) as *mut __m256i, *v);
+                    }
                 }
             }
-            for (c, rows) in chunks.iter().enumerate() {
-                for (k, v) in transpose_8x8_epi32(rows).iter().enumerate() {
-                    _mm256_storeu_si256(out.add(256 * c + 32 * k) as *mut __m256i, *v);
-                }
+            // Row r's sixteen scales as i16 (element g in lane g): their dword k is the pair
+            // (2k, 2k + 1), so the transposition gives the pair vectors; duplicated (unpack
+            // with themselves: dwords g0..g3, g8..g11 and g4..g7, g12..g15), it gives the
+            // scale vectors.
+            let wide: [__m256i; 8] = std::array::from_fn(|r| _mm256_cvtepi8_epi16(_mm_loadu_si128(row(r).add(192) as *const __m128i)));
+            for (k, v) in transpose_8x8_epi32(&wide).iter().enumerate() {
+                _mm256_storeu_si256(out.add(2560 + 32 * k) as *mut __m256i, *v);
             }
-            std::ptr::copy_nonoverlapping(scales.as_ptr() as *const u8, out.add(2048), 512);
-            std::ptr::copy_nonoverlapping(pairs.as_ptr() as *const u8, out.add(2560), 256);
+            let lo = transpose_8x8_epi32(&std::array::from_fn(|r| _mm256_unpacklo_epi16(wide[r], wide[r])));
+            let hi = transpose_8x8_epi32(&std::array::from_fn(|r| _mm256_unpackhi_epi16(wide[r], wide[r])));
+            for k in 0..8 {
+                let g_lo = if k < 4 { k } else { 4 + k };
+                _mm256_storeu_si256(out.add(2048 + 32 * g_lo) as *mut __m256i, lo[k]);
+                _mm256_storeu_si256(out.add(2048 + 32 * (g_lo + 4)) as *mut __m256i, hi[k]);
+            }
+            let d: [u16; 8] = std::array::from_fn(|r| std::ptr::read_unaligned(row(r).add(208) as *const u16));
             _mm256_storeu_ps(out.add(2816) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
         }
     }

@@ -392,17 +392,24 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
             for o in 0..n_octets {
                 let slot = if one_tile { 0 } else { o };
                 let octet = &mut octets[slot * octet_bytes..(slot + 1) * octet_bytes];
-                if one_tile {
-                    decode(o, octet);
-                    // The next octet's weights come from memory while this one is multiplied
-                    // (its eight interleaved row streams do not start the hardware prefetch).
-                    if o + 1 < n_octets {
-                        prefetch(&all[(rows.start + 8 * (o + 1)) * rb..(rows.start + 8 * (o + 2)) * rb]);
-                    }
-                }
                 // The octet's eight outputs of each token are consecutive in `out`.
                 let dst = out.0.add(t0 * w.rows + rows.start + 8 * o);
-                gemm.run_octet(w.cols, octet, xs, xrow, 0, quads, f, dst, w.rows);
+                if !one_tile {
+                    gemm.run_octet(w.cols, octet, xs, xrow, 0, quads, f, dst, w.rows);
+                    continue;
+                }
+                decode(o, octet);
+                // The next octet's weights come from memory while this one is multiplied
+                // (its eight interleaved row streams do not start the hardware prefetch), a
+                // share of its rows before each quad: all at once, the requests outnumber
+                // the core's outstanding misses and the prefetches stall the multiplies.
+                let next = (o + 1 < n_octets).then(|| &all[(rows.start + 8 * (o + 1)) * rb..(rows.start + 8 * (o + 2)) * rb]);
+                for q in 0..quads {
+                    if let Some(next) = next {
+                        prefetch(&next[8 * q / quads * rb..8 * (q + 1) / quads * rb]);
+                    }
+                    gemm.run_octet(w.cols, octet, xs, xrow, q, 1, f, dst.add(4 * q * w.rows), w.rows);
+                }
             }
             let mut r = rows.start + 8 * n_octets;
             while gemm.has_pairs() && r + 2 <= rows.end {

@@ -968,22 +968,61 @@ pub mod avx2 {
         let signed = unsigned_offset(KIND) == 0;
         let d_at = octet_block_bytes(KIND) - 32;
         for b in 0..nb {
-            let mut rows = [_mm256_setzero_si256(); 8];
-            let mut d = [0u16; 8];
-            for r in 0..8 {
-                let block = w.add(r * row_bytes + b * wbytes);
-                rows[r] = if signed { decode32::<KIND>(block) } else { decode32_unsigned::<KIND>(block) };
-                d[r] = std::ptr::read_unaligned(block as *const u16);
-            }
+            let block = |r: usize| w.add(r * row_bytes + b * wbytes);
             let out = dst.add(b * octet_block_bytes(KIND));
-            for (k, v) in transpose_8x8_epi32(&rows).iter().enumerate() {
-                _mm256_storeu_si256(out.add(32 * k) as *mut __m256i, *v);
-                if signed {
+            if signed {
+                let rows: [__m256i; 8] = std::array::from_fn(|r| decode32::<KIND>(block(r)));
+                for (k, v) in transpose_8x8_epi32(&rows).iter().enumerate() {
+                    _mm256_storeu_si256(out.add(32 * k) as *mut __m256i, *v);
                     _mm256_storeu_si256(out.add(256 + 32 * k) as *mut __m256i, _mm256_sign_epi8(*v, *v));
                 }
+            } else {
+                for (k, v) in unsigned_octet_levels::<KIND>(block).iter().enumerate() {
+                    _mm256_storeu_si256(out.add(32 * k) as *mut __m256i, *v);
+                }
             }
+            let d: [u16; 8] = std::array::from_fn(|r| std::ptr::read_unaligned(block(r) as *const u16));
             _mm256_storeu_ps(out.add(d_at) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
         }
+    }
+
+    /// The transposed levels (vector k: levels 4k..4k+4 of row r in dword lane r) of one block
+    /// of eight rows of an unsigned kind (Q4_0, Q5_0), transposed before they are unpacked:
+    /// a level byte j holds levels j and j + 16 in its nibbles, so the rows' nibble bytes
+    /// transposed as dwords (a 4 x 4 transposition of rows r and r + 4 side by side) give
+    /// vectors k and k + 4 at once; Q5_0's fifth bits come from the rows' qh words side by
+    /// side, byte k / 2 of each spread over its dword.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unsigned_octet_levels<const KIND: u8>(block: impl Fn(usize) -> *const u8) -> [__m256i; 8] {
+        let qs_at = if KIND == 1 { 2 } else { 6 };
+        let side = |r: usize| _mm256_loadu2_m128i(block(r + 4).add(qs_at) as *const __m128i, block(r).add(qs_at) as *const __m128i);
+        let (a0, a1, a2, a3) = (side(0), side(1), side(2), side(3));
+        let (t0, t1) = (_mm256_unpacklo_epi32(a0, a1), _mm256_unpackhi_epi32(a0, a1));
+        let (t2, t3) = (_mm256_unpacklo_epi32(a2, a3), _mm256_unpackhi_epi32(a2, a3));
+        let bytes = [_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)];
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut levels: [__m256i; 8] = std::array::from_fn(|k| {
+            let v = if k < 4 { bytes[k] } else { _mm256_srli_epi16::<4>(bytes[k - 4]) };
+            _mm256_and_si256(v, m4)
+        });
+        if KIND == 2 {
+            let qh = |r: usize| std::ptr::read_unaligned(block(r).add(2) as *const i32);
+            let words = _mm256_setr_epi32(qh(0), qh(1), qh(2), qh(3), qh(4), qh(5), qh(6), qh(7));
+            let (low_bits, high_bits) = (_mm256_set1_epi32(0x0804_0201), _mm256_set1_epi32(0x8040_2010u32 as i32));
+            for (k, v) in levels.iter_mut().enumerate() {
+                // Bits 4k..4k+4 are nibble k % 2 of byte k / 2: that byte in all four bytes
+                // of its dword, then one bit a byte.
+                let at = (k / 2) as i8;
+                let spread = _mm256_shuffle_epi8(words, _mm256_setr_epi8(
+                    at, at, at, at, 4 + at, 4 + at, 4 + at, 4 + at, 8 + at, 8 + at, 8 + at, 8 + at, 12 + at, 12 + at, 12 + at, 12 + at,
+                    at, at, at, at, 4 + at, 4 + at, 4 + at, 4 + at, 8 + at, 8 + at, 8 + at, 8 + at, 12 + at, 12 + at, 12 + at, 12 + at));
+                let bit = if k % 2 == 0 { low_bits } else { high_bits };
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+                *v = _mm256_or_si256(*v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+            }
+        }
+        levels
     }
 
     /// Eight weight rows (an octet from `decode_octet`) times 4 * Q Q8_0 activation rows,

@@ -189,18 +189,22 @@ unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *m
 unsafe fn key_rows(h: &Heads, cell: impl Fn(usize) -> usize, kbuf: *mut f32) -> [*const f32; 8] {
     let dk = h.head_dim_k;
     let kbase = h.k.as_ptr().add(h.k_offset);
-    std::array::from_fn(|c| {
+    // A loop, not `array::from_fn`: a closure does not inherit the caller's target features,
+    // and its intrinsics became calls (two function calls per eight values).
+    let mut rows = [std::ptr::null::<f32>(); 8];
+    for (c, row) in rows.iter_mut().enumerate() {
         let src = kbase.add(cell(c) * h.k_stride);
-        if h.k_type == GgmlType::F16 {
+        *row = if h.k_type == GgmlType::F16 {
             let dst = kbuf.add(c * dk);
             for i in (0..dk).step_by(8) {
                 _mm256_storeu_ps(dst.add(i), load8::<true>(src, i));
             }
-            dst as *const f32
+            dst
         } else {
             src as *const f32
-        }
-    })
+        };
+    }
+    rows
 }
 
 /// `scores` for the cells in `cells` only (eight at a time, any eight: each lane of `dot8`

@@ -233,7 +233,7 @@ impl SumsGemm {
         let per_block = match self.kind {
             KIND_Q4_K => x86::avx2::Q4K_OCTET_BYTES,
             KIND_Q6_K => x86::avx2::Q6K_OCTET_BYTES,
-            kind => x86::avx2::octet_block_bytes(kind),
+            _ => x86::avx2::OCTET_BLOCK_BYTES,
         };
         #[cfg(not(target_arch = "x86_64"))]
         let per_block = 0;

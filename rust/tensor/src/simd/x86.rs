@@ -925,6 +925,22 @@ pub mod avx2 {
         }
     }
 
+    /// The f16 at `at(r)` of eight rows as f32, one row per lane (the rows' d or dmin).
+    #[inline(always)]
+    unsafe fn f16x8_rows(at: impl Fn(usize) -> *const u8) -> __m256 {
+        let h = |r: usize| std::ptr::read_unaligned(at(r) as *const i16);
+        _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
+    }
+
+    /// Eight rows of sixteen i16 (element g in lane g), each element duplicated into a dword
+    /// and transposed: ([g0..g3 | g8..g11], [g4..g7 | g12..g15]) by vector, each vector one
+    /// element of the eight rows (row r's copy in lanes 2r and 2r + 1).
+    #[inline(always)]
+    unsafe fn transpose_duplicated(wide: &[__m256i; 8]) -> ([__m256i; 8], [__m256i; 8]) {
+        (transpose_8x8_epi32(&std::array::from_fn(|r| _mm256_unpacklo_epi16(wide[r], wide[r]))),
+         transpose_8x8_epi32(&std::array::from_fn(|r| _mm256_unpackhi_epi16(wide[r], wide[r]))))
+    }
+
     /// Bytes `decode_octet` writes per block of eight rows: the rows' 32 levels transposed
     /// into eight vectors (vector k holds bytes 4k..4k+4 of row r in dword lane r), then the
     /// rows' eight d as f32.
@@ -974,8 +990,7 @@ pub mod avx2 {
                     _mm256_storeu_si256(out.add(32 * k) as *mut __m256i, *v);
                 }
             }
-            let d: [u16; 8] = std::array::from_fn(|r| std::ptr::read_unaligned(block(r) as *const u16));
-            _mm256_storeu_ps(out.add(256) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
+            _mm256_storeu_ps(out.add(256) as *mut f32, f16x8_rows(block));
         }
     }
 
@@ -1117,23 +1132,19 @@ pub mod avx2 {
             }
             // Row r's scales and mins as i16 (scale j in lane j, min j in lane 8 + j): dword
             // 4 + p is the min pair p, so the transposition's vectors 4.. are the min
-            // vectors; duplicated (unpack with themselves: scales 0..3 | mins 0..3 and
-            // scales 4..7 | mins 4..7), their vectors 0..4 are the scale vectors.
+            // vectors; duplicated, the first four vectors of each half are the scale vectors.
             let wide: [__m256i; 8] = std::array::from_fn(|r| _mm256_cvtepu8_epi16(scales_mins_k4_16(row(r).add(4))));
             let pairs = transpose_8x8_epi32(&wide);
             for p in 0..4 {
                 _mm256_storeu_si256(out.add(2304 + 32 * p) as *mut __m256i, pairs[4 + p]);
             }
-            let lo = transpose_8x8_epi32(&std::array::from_fn(|r| _mm256_unpacklo_epi16(wide[r], wide[r])));
-            let hi = transpose_8x8_epi32(&std::array::from_fn(|r| _mm256_unpackhi_epi16(wide[r], wide[r])));
+            let (lo, hi) = transpose_duplicated(&wide);
             for k in 0..4 {
                 _mm256_storeu_si256(out.add(2048 + 32 * k) as *mut __m256i, lo[k]);
                 _mm256_storeu_si256(out.add(2048 + 32 * (4 + k)) as *mut __m256i, hi[k]);
             }
-            let d: [u16; 8] = std::array::from_fn(|r| std::ptr::read_unaligned(row(r) as *const u16));
-            let dmin: [u16; 8] = std::array::from_fn(|r| std::ptr::read_unaligned(row(r).add(2) as *const u16));
-            _mm256_storeu_ps(out.add(2432) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
-            _mm256_storeu_ps(out.add(2464) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(dmin.as_ptr() as *const __m128i)));
+            _mm256_storeu_ps(out.add(2432) as *mut f32, f16x8_rows(row));
+            _mm256_storeu_ps(out.add(2464) as *mut f32, f16x8_rows(|r| row(r).add(2)));
         }
     }
 
@@ -1226,22 +1237,19 @@ pub mod avx2 {
                 }
             }
             // Row r's sixteen scales as i16 (element g in lane g): their dword k is the pair
-            // (2k, 2k + 1), so the transposition gives the pair vectors; duplicated (unpack
-            // with themselves: dwords g0..g3, g8..g11 and g4..g7, g12..g15), it gives the
-            // scale vectors.
+            // (2k, 2k + 1), so the transposition gives the pair vectors; duplicated, it gives
+            // the scale vectors.
             let wide: [__m256i; 8] = std::array::from_fn(|r| _mm256_cvtepi8_epi16(_mm_loadu_si128(row(r).add(192) as *const __m128i)));
             for (k, v) in transpose_8x8_epi32(&wide).iter().enumerate() {
                 _mm256_storeu_si256(out.add(2560 + 32 * k) as *mut __m256i, *v);
             }
-            let lo = transpose_8x8_epi32(&std::array::from_fn(|r| _mm256_unpacklo_epi16(wide[r], wide[r])));
-            let hi = transpose_8x8_epi32(&std::array::from_fn(|r| _mm256_unpackhi_epi16(wide[r], wide[r])));
+            let (lo, hi) = transpose_duplicated(&wide);
             for k in 0..8 {
                 let g_lo = if k < 4 { k } else { 4 + k };
                 _mm256_storeu_si256(out.add(2048 + 32 * g_lo) as *mut __m256i, lo[k]);
                 _mm256_storeu_si256(out.add(2048 + 32 * (g_lo + 4)) as *mut __m256i, hi[k]);
             }
-            let d: [u16; 8] = std::array::from_fn(|r| std::ptr::read_unaligned(row(r).add(208) as *const u16));
-            _mm256_storeu_ps(out.add(2816) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const __m128i)));
+            _mm256_storeu_ps(out.add(2816) as *mut f32, f16x8_rows(|r| row(r).add(208)));
         }
     }
 

@@ -87,25 +87,6 @@ def test_context_shift_in_a_long_conversation():
     assert conv.full[:4 + 1] == prompt[:4 + 1]
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads' signal masks from /proc")
-def test_threads_the_import_starts_leave_ctrl_c_to_the_main_thread():
-    """numpy's thread pool starts with SIGINT blocked and the main thread keeps it: a SIGINT the
-    kernel handed to a pool thread would leave the chat prompt's read waiting (seen as a chat
-    that Ctrl-C at the prompt did not quit)."""
-    code = ("import os, signal, ferrollama, numpy\n"
-            "def blocked(tid):\n"
-            "    line = next(l for l in open(f'/proc/self/task/{tid}/status') if l.startswith('SigBlk'))\n"
-            "    return int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1\n"
-            "print(os.getpid(), *(f'{t}:{blocked(t)}' for t in os.listdir('/proc/self/task')))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    main, *threads = r.stdout.split()
-    masks = dict(t.split(":") for t in threads)
-    assert len(masks) > 1, "numpy started no thread: the case tests nothing"
-    assert masks.pop(main) == "0", "the main thread must still take SIGINT"
-    assert set(masks.values()) == {"1"}, masks
-
-
 def test_chat_through_a_terminal_with_ctrl_c():
     pid, fd = spawn(["chat", "-m", TINY, "--temp", "0", "--ignore-eos", "-n", "-1", "-c", "256", "--no-warmup"])
     try:

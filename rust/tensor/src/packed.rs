@@ -147,10 +147,11 @@ impl PackKind {
     /// Bytes per block of a group, plane by plane.
     pub fn planes(self) -> &'static [usize] {
         match self {
-            // d[16] f16 | quants + 128: [lane 8][row 16][4]
+            // d[16] f16 | quants + `q8_0_offset()`: [lane 8][row 16][4]
             PackKind::Q8_0 => &[32, 512],
             // d[16] | qs: [lane 4][row 16][4] (low nibbles: lanes 0..4, high: 4..8) |
-            // fifth bits: [lane 8] u64 masks, bit 4r+k for byte k of row r
+            // fifth bits: [lane 8] u64 masks, bit 4r+k for byte k of row r (or by row,
+            // `q5_0_bits_by_row`)
             PackKind::Q5_0 => &[32, 256, 64],
             // d[16] | qs as Q5_0
             PackKind::Q4_0 | PackKind::Iq4Nl => &[32, 256],
@@ -167,7 +168,7 @@ impl PackKind {
     /// The activation layout its kernels read.
     pub fn act(self) -> ActKind {
         match self {
-            PackKind::Q8_0 => ActKind::Q8Lanes { offset: 128 },
+            PackKind::Q8_0 => ActKind::Q8Lanes { offset: q8_0_offset() },
             PackKind::Q5_0 => ActKind::Q8Lanes { offset: 16 },
             PackKind::Q4_0 => ActKind::Q8Block { offset: 8 },
             PackKind::Iq4Nl => ActKind::Q8Block { offset: 128 },
@@ -384,6 +385,23 @@ impl Packed {
     }
 }
 
+/// What packed Q8_0 quants are stored plus: 128 for AVX-512's VPDPBUSD, which multiplies
+/// unsigned weights (an activation correction takes the offset back out), 0 for the AVX2
+/// kernels, whose sign trick multiplies the signed bytes as they are (stored + 128, they
+/// would need an XOR per vector, and LLVM then kept every lane's vectors live and spilled
+/// them: 15 % slower).
+pub fn q8_0_offset() -> i32 {
+    if crate::dispatch::active_isa() >= crate::Isa::Avx512 { 128 } else { 0 }
+}
+
+/// Where packed Q5_0 keeps the fifth bits (plane 2, 64 bytes a block). AVX-512: per lane l a
+/// 64-bit mask, bit 4r + k for byte k of row r (a mask register adds 16 where set). AVX2
+/// (true): byte 4r + k holds that byte's bit of every lane, lane l in bit l, so that a
+/// lane's bits come out of one vector by a shift and a mask.
+pub fn q5_0_bits_by_row() -> bool {
+    crate::dispatch::active_isa() < crate::Isa::Avx512
+}
+
 /// Scatters 16 plain rows into one group.
 fn repack_group(kind: PackKind, src: &[u8], row_bytes: usize, nb: usize, dst: &mut [u8]) {
     let bb = kind.row_block_bytes();
@@ -411,7 +429,7 @@ fn repack_group(kind: PackKind, src: &[u8], row_bytes: usize, nb: usize, dst: &m
                     p[0][2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
                     for l in 0..8 {
                         for k in 0..4 {
-                            p[1][l * 64 + r * 4 + k] = blk[2 + 4 * l + k] ^ 0x80;
+                            p[1][l * 64 + r * 4 + k] = (blk[2 + 4 * l + k] as i8 as i32 + q8_0_offset()) as u8;
                         }
                     }
                 }
@@ -421,8 +439,14 @@ fn repack_group(kind: PackKind, src: &[u8], row_bytes: usize, nb: usize, dst: &m
                     // Lane l's high bits (qh bits 4l..4l + 3) go to bits 4r..4r + 3 of the
                     // lane's 64-bit mask: one nibble of one byte.
                     let qh = rd_u32(blk, 2);
-                    for l in 0..8 {
-                        p[2][l * 8 + r / 2] |= (((qh >> (4 * l)) & 0xF) as u8) << (4 * (r % 2));
+                    if q5_0_bits_by_row() {
+                        for (k, byte) in p[2][4 * r..4 * r + 4].iter_mut().enumerate() {
+                            *byte = (0..8).map(|l| (((qh >> (4 * l + k)) & 1) as u8) << l).sum();
+                        }
+                    } else {
+                        for l in 0..8 {
+                            p[2][l * 8 + r / 2] |= (((qh >> (4 * l)) & 0xF) as u8) << (4 * (r % 2));
+                        }
                     }
                 }
                 PackKind::Q4_0 | PackKind::Iq4Nl => {
@@ -612,12 +636,15 @@ pub struct KindKernels {
 /// Q8_0 and Q5_0 they compute the one-accumulator arithmetic of `crate::TILED_TOKENS`).
 const MANY_TOKENS: usize = crate::TILED_TOKENS;
 
-/// The packed kernels of this CPU for a kind, if it has them (AVX-512 VNNI).
+/// The packed kernels of this CPU for a kind, if it has them (AVX-512 VNNI: every kind;
+/// AVX2: Q8_0).
 pub fn kernels(kind: PackKind) -> Option<KindKernels> {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::dispatch::active_isa() >= crate::Isa::Avx512 {
-            return Some(crate::simd::packed_x86::kernels(kind));
+        match crate::dispatch::active_isa() {
+            crate::Isa::Avx512 => return Some(crate::simd::packed_x86::kernels(kind)),
+            crate::Isa::Avx2 => return crate::simd::packed_avx2::kernels(kind),
+            _ => {}
         }
     }
     let _ = kind;

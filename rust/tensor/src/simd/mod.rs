@@ -12,6 +12,8 @@ use crate::GgmlType;
 pub mod x86;
 #[cfg(target_arch = "x86_64")]
 pub mod packed_x86;
+#[cfg(target_arch = "x86_64")]
+pub mod packed_avx2;
 
 /// The SIMD replacements for one type at one instruction-set level.
 #[derive(Default, Clone, Copy)]

@@ -1,0 +1,292 @@
+//! AVX2 kernels over packed 16-row groups (see `crate::packed` for the layout and the
+//! arithmetic each type must reproduce), for CPUs without AVX-512 VNNI. A 256-bit vector
+//! holds the same four weights of eight rows, so each group runs as two halves of eight
+//! rows: lane l of a block is the first 32 bytes of the plane's 64 for rows 0..7 and the
+//! last 32 for rows 8..15.
+//!
+//! Q8_0 and Q5_0, the types whose products of several tokens decoded eight rows at a time
+//! from the rows in place (a transposition, and a prefetch the kernels waited on): packed,
+//! a matrix is read as it lies, front to back. Q8_0 weights are stored as they are
+//! (`packed::q8_0_offset`) and multiplied with ggml's sign trick, exact because activations
+//! never reach -128. Q5_0 levels (0..31) are unsigned and multiplied as they are; the
+//! activation's precomputed correction takes the 16 back out.
+//!
+//! SAFETY (whole module): as `packed_x86`: `KernelArgs` points at a packed matrix with at
+//! least g + 1 groups, activations for the tokens asked and outputs for them, and these
+//! functions are only reached on CPUs with AVX2, FMA and F16C (`packed::kernels`).
+
+use std::arch::x86_64::*;
+
+use crate::packed::{KernelArgs, KindKernels, PackKind};
+
+/// The kernels for `kind`, if this module has them.
+pub fn kernels(kind: PackKind) -> Option<KindKernels> {
+    match kind {
+        PackKind::Q8_0 => Some(KindKernels { tile: 1, tiled: q8_0_lanes, single: q8_0_lanes, many: Some(q8_0_many) }),
+        PackKind::Q5_0 => Some(KindKernels { tile: 1, tiled: q5_0_lanes, single: q5_0_lanes, many: Some(q5_0_many) }),
+        _ => None,
+    }
+}
+
+/// Block b of plane i of the group at `base`.
+#[inline(always)]
+unsafe fn at(a: &KernelArgs, base: *const u8, b: usize, i: usize) -> *const u8 {
+    let (c, k) = if a.bpc == 2 { (b >> 1, b & 1) } else { (b, 0) };
+    base.add(c * a.chunk_bytes + a.plane[i] + k * a.plane_size[i])
+}
+
+/// Rows 8h..8h + 8 of lane l of Q8_0 block b, signed bytes (row r's four in dword r).
+#[inline(always)]
+unsafe fn q8_lane(a: &KernelArgs, base: *const u8, b: usize, l: usize, h: usize) -> __m256i {
+    _mm256_loadu_si256(at(a, base, b, 1).add(l * 64 + h * 32) as *const __m256i)
+}
+
+/// The eight f16 scales of rows 8h..8h + 8 of block b as f32 (Q8_0 and Q5_0: plane 0).
+#[inline(always)]
+unsafe fn q8_scales(a: &KernelArgs, base: *const u8, b: usize, h: usize) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(at(a, base, b, 0).add(h * 16) as *const __m128i))
+}
+
+/// The activation dword (4 quants) at byte `off` of token t's row, in every lane.
+#[inline(always)]
+unsafe fn act4(a: &KernelArgs, t: usize, off: usize) -> __m256i {
+    _mm256_set1_epi32(std::ptr::read_unaligned(a.qs.add(t * a.cols + off) as *const i32))
+}
+
+#[inline(always)]
+unsafe fn act_d(a: &KernelArgs, t: usize, b: usize) -> __m256 {
+    _mm256_set1_ps(*a.d.add(t * a.nb + b))
+}
+
+/// The signed products of |w| and x with w's sign, summed in fours: eight rows' lane sums.
+#[inline(always)]
+unsafe fn lane_sums(abs_w: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1))
+}
+
+/// acc + x as a VPADDD that LLVM does not reassociate: otherwise it regroups the sums of a
+/// block token by token, keeps the eight lanes' weights (and their magnitudes) live across
+/// the tokens and spills them (15 % slower than the lane by lane order, which needs two).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn add_in_order(acc: __m256i, x: __m256i) -> __m256i {
+    let mut r = acc;
+    std::arch::asm!("vpaddd {r}, {r}, {x}", r = inout(ymm_reg) r, x = in(ymm_reg) x, options(pure, nomem, nostack, preserves_flags));
+    r
+}
+
+#[inline(always)]
+unsafe fn store(a: &KernelArgs, g: usize, h: usize, t: usize, v: __m256) {
+    _mm256_storeu_ps(a.out.add(t * a.out_stride + g * 16 + h * 8), v);
+}
+
+/// ggml's vec_dot for Q8_0 on one token: eight lane accumulators per output, each fused
+/// multiply-added once per block with d_w * d_x, then hsum_float_8's order, lane-wise over
+/// the eight rows of a half: ((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7)).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_lanes(a: &KernelArgs, g: usize, t: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    // One half at a time: its eight accumulators and the operands fit the 16 registers;
+    // the second pass finds the group in cache.
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for b in 0..a.nb {
+            let ds = _mm256_mul_ps(q8_scales(a, base, b, h), act_d(a, t, b));
+            for (l, acc_l) in acc.iter_mut().enumerate() {
+                let w = q8_lane(a, base, b, l, h);
+                let s = lane_sums(_mm256_sign_epi8(w, w), w, act4(a, t, b * 32 + 4 * l));
+                *acc_l = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(s), *acc_l);
+            }
+        }
+        let r = [_mm256_add_ps(acc[4], acc[0]), _mm256_add_ps(acc[5], acc[1]), _mm256_add_ps(acc[6], acc[2]), _mm256_add_ps(acc[7], acc[3])];
+        store(a, g, h, t, _mm256_add_ps(_mm256_add_ps(r[0], r[2]), _mm256_add_ps(r[1], r[3])));
+    }
+}
+
+/// One float accumulator per output for tokens t0..t0 + T of half h, updated once per block
+/// with the block's exact integer sum: acc = fma(float(isum), d_w * d_x, acc)
+/// (`scalar::repacked::vec_dot_q8_0_q8_0_blocks`). Each weight vector serves the T tokens.
+#[inline(always)]
+unsafe fn q8_0_block_sums<const T: usize, const AHEAD: bool>(a: &KernelArgs, base: *const u8, g: usize, h: usize, t0: usize) {
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..a.nb {
+        if AHEAD {
+            prefetch_next_group(a, g, b);
+        }
+        let mut isum = [_mm256_setzero_si256(); T];
+        for l in 0..8 {
+            let w = q8_lane(a, base, b, l, h);
+            let abs_w = _mm256_sign_epi8(w, w);
+            for (t, s) in isum.iter_mut().enumerate() {
+                *s = add_in_order(*s, lane_sums(abs_w, w, act4(a, t0 + t, b * 32 + 4 * l)));
+            }
+        }
+        let dw = q8_scales(a, base, b, h);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, act_d(a, t0 + t, b)), *acc_t);
+        }
+    }
+    for (t, acc_t) in acc.iter().enumerate() {
+        store(a, g, h, t0 + t, *acc_t);
+    }
+}
+
+/// Asks for block b's share of group g + 1's cache lines to be brought into L2 (see
+/// `packed_x86::prefetch_next_group`: kernels that run many tokens over a group issue few
+/// loads, so the hardware prefetchers do not run ahead).
+#[inline(always)]
+unsafe fn prefetch_next_group(a: &KernelArgs, g: usize, b: usize) {
+    let next = a.w.wrapping_add((g + 1) * a.group_bytes);
+    let lines = a.group_bytes / 64;
+    for i in b * lines / a.nb..(b + 1) * lines / a.nb {
+        _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(i * 64) as *const i8);
+    }
+}
+
+/// Q8_0 over tokens t0..t1 (products of `TILED_TOKENS` tokens or more: one accumulator), in
+/// passes of four tokens (then two, then one) over each half of the group.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    for h in 0..2 {
+        let mut t = t0;
+        while t < t1 {
+            // The group's first pass also fetches the next group.
+            let first = h == 0 && t == t0;
+            t += match (t1 - t, first) {
+                (4.., true) => { q8_0_block_sums::<4, true>(a, base, g, h, t); 4 }
+                (4.., false) => { q8_0_block_sums::<4, false>(a, base, g, h, t); 4 }
+                (2.., true) => { q8_0_block_sums::<2, true>(a, base, g, h, t); 2 }
+                (2.., false) => { q8_0_block_sums::<2, false>(a, base, g, h, t); 2 }
+                (_, true) => { q8_0_block_sums::<1, true>(a, base, g, h, t); 1 }
+                (_, false) => { q8_0_block_sums::<1, false>(a, base, g, h, t); 1 }
+            };
+        }
+    }
+}
+
+/// Rows 8h..8h + 8 of lane l of Q5_0 block b as levels 0..31 (the quant + 16): the lane's
+/// nibbles (low nibbles of the qs plane's lane l for l < 4, high ones of lane l - 4) and
+/// its fifth bits, bit l of the bits plane's bytes (`packed::q5_0_bits_by_row`) moved to
+/// bit 4 (a 16-bit shift moves each byte's own bits to bit 4: the bits crossing between
+/// the bytes land elsewhere and are masked off).
+#[inline(always)]
+unsafe fn q5_levels(a: &KernelArgs, base: *const u8, b: usize, l: usize, h: usize) -> __m256i {
+    let v = _mm256_loadu_si256(at(a, base, b, 1).add((l & 3) * 64 + h * 32) as *const __m256i);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let nibbles = if l < 4 { _mm256_and_si256(v, m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4) };
+    let bits = _mm256_loadu_si256(at(a, base, b, 2).add(h * 32) as *const __m256i);
+    let at_bit4 = match l {
+        0 => _mm256_slli_epi16::<4>(bits),
+        1 => _mm256_slli_epi16::<3>(bits),
+        2 => _mm256_slli_epi16::<2>(bits),
+        3 => _mm256_slli_epi16::<1>(bits),
+        4 => bits,
+        5 => _mm256_srli_epi16::<1>(bits),
+        6 => _mm256_srli_epi16::<2>(bits),
+        _ => _mm256_srli_epi16::<3>(bits),
+    };
+    _mm256_or_si256(nibbles, _mm256_and_si256(at_bit4, _mm256_set1_epi8(0x10)))
+}
+
+/// The lane correction -16 * (sum of token t's quants 4l..4l+3 of block b), broadcast.
+#[inline(always)]
+unsafe fn lane_correction(a: &KernelArgs, t: usize, b: usize, l: usize) -> __m256i {
+    _mm256_set1_epi32(*a.aux.add((t * a.nb + b) * a.aux_per_block + l))
+}
+
+/// ggml's vec_dot for Q5_0 on one token, as `q8_0_lanes`: the levels (0..31) times the
+/// activation plus the lane's correction is the exact lane sum of (level - 16) * x.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_lanes(a: &KernelArgs, g: usize, t: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for b in 0..a.nb {
+            let ds = _mm256_mul_ps(q8_scales(a, base, b, h), act_d(a, t, b));
+            for (l, acc_l) in acc.iter_mut().enumerate() {
+                let products = _mm256_maddubs_epi16(q5_levels(a, base, b, l, h), act4(a, t, b * 32 + 4 * l));
+                let s = _mm256_add_epi32(_mm256_madd_epi16(products, ones), lane_correction(a, t, b, l));
+                *acc_l = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(s), *acc_l);
+            }
+        }
+        let r = [_mm256_add_ps(acc[4], acc[0]), _mm256_add_ps(acc[5], acc[1]), _mm256_add_ps(acc[6], acc[2]), _mm256_add_ps(acc[7], acc[3])];
+        store(a, g, h, t, _mm256_add_ps(_mm256_add_ps(r[0], r[2]), _mm256_add_ps(r[1], r[3])));
+    }
+}
+
+/// Bytes of a decoded Q5_0 half-group block: eight lanes of levels (32 bytes each), then the
+/// eight rows' d as f32.
+const EXPANDED_BLOCK: usize = 8 * 32 + 8 * 4;
+
+thread_local! {
+    /// Per-thread buffer for decoded groups.
+    static EXPANDED: std::cell::RefCell<Vec<__m256i>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Tokens t0..t0 + T of half h over its decoded blocks (`EXPANDED_BLOCK` each from `e`),
+/// one accumulator per output (`scalar::repacked::vec_dot_q5_0_q8_0_blocks`): per block the
+/// levels' products, four lanes' pair sums added in i16 (exact: |pair| <= 2 * 31 * 127,
+/// four of them < 2^15), plus the block's correction, then acc = fma(float(isum),
+/// d_w * d_x, acc).
+#[inline(always)]
+unsafe fn q5_0_block_sums<const T: usize>(a: &KernelArgs, e: *const u8, g: usize, h: usize, t0: usize) {
+    let ones = _mm256_set1_epi16(1);
+    let total = a.aux_per_block - 1;
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..a.nb {
+        let eb = e.add(b * EXPANDED_BLOCK);
+        let w: [__m256i; 8] = std::array::from_fn(|l| _mm256_loadu_si256(eb.add(32 * l) as *const __m256i));
+        let dw = _mm256_loadu_ps(eb.add(256) as *const f32);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let m = |l: usize| _mm256_maddubs_epi16(w[l], act4(a, t0 + t, b * 32 + 4 * l));
+            let lo = _mm256_add_epi16(_mm256_add_epi16(m(0), m(1)), _mm256_add_epi16(m(2), m(3)));
+            let hi = _mm256_add_epi16(_mm256_add_epi16(m(4), m(5)), _mm256_add_epi16(m(6), m(7)));
+            let isum = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+            let isum = _mm256_add_epi32(isum, lane_correction(a, t0 + t, b, total));
+            *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, act_d(a, t0 + t, b)), *acc_t);
+        }
+    }
+    for (t, acc_t) in acc.iter().enumerate() {
+        store(a, g, h, t0 + t, *acc_t);
+    }
+}
+
+/// Q5_0 over tokens t0..t1 (one accumulator): the group decoded once into levels, both
+/// halves block by block (fetching the next group meanwhile), then passes of four tokens
+/// (then two, then one) over each half.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    EXPANDED.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let half_bytes = a.nb * EXPANDED_BLOCK;
+        let vectors = (2 * half_bytes).div_ceil(32);
+        if buf.len() < vectors {
+            buf.resize(vectors, _mm256_setzero_si256());
+        }
+        let e = buf.as_mut_ptr() as *mut u8;
+        for b in 0..a.nb {
+            prefetch_next_group(a, g, b);
+            for h in 0..2 {
+                let eb = e.add(h * half_bytes + b * EXPANDED_BLOCK);
+                for l in 0..8 {
+                    _mm256_storeu_si256(eb.add(32 * l) as *mut __m256i, q5_levels(a, base, b, l, h));
+                }
+                _mm256_storeu_ps(eb.add(256) as *mut f32, q8_scales(a, base, b, h));
+            }
+        }
+        for h in 0..2 {
+            let eh = e.add(h * half_bytes);
+            let mut t = t0;
+            while t < t1 {
+                t += match t1 - t {
+                    4.. => { q5_0_block_sums::<4>(a, eh, g, h, t); 4 }
+                    2.. => { q5_0_block_sums::<2>(a, eh, g, h, t); 2 }
+                    _ => { q5_0_block_sums::<1>(a, eh, g, h, t); 1 }
+                };
+            }
+        }
+    });
+}

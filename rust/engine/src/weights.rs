@@ -59,6 +59,7 @@ impl Repacking {
         let stop = cancel.clone();
         let spawned = std::thread::Builder::new().name("ferrollama-repack".into()).spawn(move || {
             ferrollama_tensor::threads::block_async_signals();
+            ferrollama_tensor::threads::lower_this_threads_priority();
             for r in self.jobs {
                 if stop.load(Ordering::Acquire) {
                     break;

@@ -126,6 +126,19 @@ impl Threads {
     }
 }
 
+/// Gives the calling thread a low priority (nice 10) where the OS allows it: for the
+/// repacking thread, which must not take a core from the decodes running meanwhile. On two
+/// cores, Qwen2.5-0.5B: load to first decode 229 ms at nice 0, 139 ms at nice 10; while one
+/// sequence generates without pause the copies are done after 2.2 s (nice 19: 4.3 s).
+pub fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: a plain libc call; on Linux the nice value is per thread and `who` 0 is the
+    // calling thread. A failure (a sandbox forbidding it) leaves the priority as it was.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+    }
+}
+
 /// Blocks, in the calling thread, the signals that are not about its own faults, so that
 /// the kernel hands them (Ctrl-C's SIGINT above all) to a thread that expects them. The
 /// library's threads call it first: a SIGINT delivered to one of them would not interrupt the

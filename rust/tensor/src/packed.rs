@@ -2,7 +2,10 @@
 //! so that one 512-bit vector holds the same four weights of 16 rows and one VPDPBUSD against
 //! a broadcast activation dword advances 16 dot products (the layout idea of ggml's
 //! repack.cpp, with AVX-512's 16 lanes). Activations are quantized once per product into a
-//! matching layout (quants, f32 scales, and per-block integer corrections).
+//! matching layout (quants, f32 scales, and per-block integer corrections). AVX2 machines
+//! repack Q8_0 and Q5_0 into the same groups and read each as two halves of eight rows
+//! (`simd::packed_avx2`); two details of the layout depend on the ISA (`q8_0_offset`,
+//! `q5_0_bits_by_row`).
 //!
 //! Numerics: the kernels reproduce, bit for bit, the arithmetic llama.cpp uses for each type
 //! on an AVX-512 CPU, with one exception:

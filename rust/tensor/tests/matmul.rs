@@ -105,6 +105,15 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
     for &(ty, cols) in cases {
         // 56 rows: three packed groups and 8 plain rows (still a multiple of 8).
         let m = random_matrix(ty, 56, cols, &mut rng);
+        // The types this CPU packs: all six with AVX-512 VNNI, Q8_0 and Q5_0 with AVX2.
+        let isa = ferrollama_tensor::dispatch::active_isa();
+        let repack_off = std::env::var("FERROLLAMA_NO_REPACK").as_deref() == Ok("1");
+        let packs = !repack_off && match isa {
+            ferrollama_tensor::Isa::Avx512 => true,
+            ferrollama_tensor::Isa::Avx2 => matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0),
+            ferrollama_tensor::Isa::Scalar => false,
+        };
+        assert_eq!(m.is_packed(), packs, "{ty} on {isa:?}");
         let t = tr(ty);
         let expected_dot = |n_tokens: usize| match ty {
             GgmlType::Q4_0 if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_q4_0_q8_0,
@@ -162,10 +171,11 @@ fn a_copy_published_part_by_part_gives_the_in_place_bits_at_every_step() {
                 assert!(got.iter().zip(&want[k]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} {n} tokens, {step}");
             }
         };
-        let has_kernels = PackKind::of(ty).and_then(kernels).is_some();
+        let repack_off = std::env::var("FERROLLAMA_NO_REPACK").as_deref() == Ok("1");
+        let has_kernels = PackKind::of(ty).and_then(kernels).is_some() && !repack_off;
         for stop_after in [usize::MAX, 1] {
             let (m, job) = QMatrix::new_deferred(ty, rows, cols, data.clone()).expect("valid matrix");
-            assert_eq!(job.is_some(), has_kernels, "{ty}: a job exactly when the CPU has packed kernels");
+            assert_eq!(job.is_some(), has_kernels, "{ty}: a job exactly when the CPU has packed kernels (and repacking is on)");
             let Some(job) = job else { continue };
             same_bits(&m, "before repacking");
             let mut calls = Vec::new();

@@ -3,7 +3,7 @@
 //! a broadcast activation dword advances 16 dot products (the layout idea of ggml's
 //! repack.cpp, with AVX-512's 16 lanes). Activations are quantized once per product into a
 //! matching layout (quants, f32 scales, and per-block integer corrections). AVX2 machines
-//! repack Q8_0 and Q5_0 into the same groups and read each as two halves of eight rows
+//! repack Q8_0, Q5_0 and Q4_K into the same groups and read each as two halves of eight rows
 //! (`simd::packed_avx2`); two details of the layout depend on the ISA (`q8_0_offset`,
 //! `q5_0_bits_by_row`).
 //!
@@ -640,7 +640,7 @@ pub struct KindKernels {
 const MANY_TOKENS: usize = crate::TILED_TOKENS;
 
 /// The packed kernels of this CPU for a kind, if it has them (AVX-512 VNNI: every kind;
-/// AVX2: Q8_0).
+/// AVX2: Q8_0, Q5_0 and Q4_K).
 pub fn kernels(kind: PackKind) -> Option<KindKernels> {
     #[cfg(target_arch = "x86_64")]
     {

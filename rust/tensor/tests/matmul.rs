@@ -105,12 +105,12 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
     for &(ty, cols) in cases {
         // 56 rows: three packed groups and 8 plain rows (still a multiple of 8).
         let m = random_matrix(ty, 56, cols, &mut rng);
-        // The types this CPU packs: all six with AVX-512 VNNI, Q8_0 and Q5_0 with AVX2.
+        // The types this CPU packs: all six with AVX-512 VNNI, Q8_0, Q5_0 and Q4_K with AVX2.
         let isa = ferrollama_tensor::dispatch::active_isa();
         let repack_off = std::env::var("FERROLLAMA_NO_REPACK").as_deref() == Ok("1");
         let packs = !repack_off && match isa {
             ferrollama_tensor::Isa::Avx512 => true,
-            ferrollama_tensor::Isa::Avx2 => matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0),
+            ferrollama_tensor::Isa::Avx2 => matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K),
             ferrollama_tensor::Isa::Scalar => false,
         };
         assert_eq!(m.is_packed(), packs, "{ty} on {isa:?}");

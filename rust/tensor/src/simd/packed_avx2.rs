@@ -4,12 +4,12 @@
 //! rows: lane l of a block is the first 32 bytes of the plane's 64 for rows 0..7 and the
 //! last 32 for rows 8..15.
 //!
-//! Q8_0 and Q5_0, the types whose products of several tokens decoded eight rows at a time
-//! from the rows in place (a transposition, and a prefetch the kernels waited on): packed,
-//! a matrix is read as it lies, front to back. Q8_0 weights are stored as they are
+//! Q8_0, Q5_0 and Q4_K: their products of several tokens decoded eight rows at a time from
+//! the rows in place (a transposition, and a prefetch the kernels waited on); packed, a
+//! matrix is read as it lies, front to back. Q8_0 weights are stored as they are
 //! (`packed::q8_0_offset`) and multiplied with ggml's sign trick, exact because activations
-//! never reach -128. Q5_0 levels (0..31) are unsigned and multiplied as they are; the
-//! activation's precomputed correction takes the 16 back out.
+//! never reach -128. Q5_0 levels (0..31) and Q4_K nibbles are unsigned and multiplied as
+//! they are; activation corrections take Q5_0's 16 and Q4_K's mins back out.
 //!
 //! SAFETY (whole module): as `packed_x86`: `KernelArgs` points at a packed matrix with at
 //! least g + 1 groups, activations for the tokens asked and outputs for them, and these
@@ -24,6 +24,7 @@ pub fn kernels(kind: PackKind) -> Option<KindKernels> {
     match kind {
         PackKind::Q8_0 => Some(KindKernels { tile: 1, tiled: q8_0_lanes, single: q8_0_lanes, many: Some(q8_0_many) }),
         PackKind::Q5_0 => Some(KindKernels { tile: 1, tiled: q5_0_lanes, single: q5_0_lanes, many: Some(q5_0_many) }),
+        PackKind::Q4K => Some(KindKernels { tile: 4, tiled: q4_k_tile::<4>, single: q4_k_tile::<1>, many: Some(q4_k_many) }),
         _ => None,
     }
 }
@@ -289,4 +290,108 @@ unsafe fn q5_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
             }
         }
     });
+}
+
+/// Rows 8h..8h + 8 of sub-block j's lane l of Q4_K super-block i: the low nibbles of the qs
+/// plane's pair j / 2 for even j, the high ones for odd j.
+#[inline(always)]
+unsafe fn q4_k_levels(a: &KernelArgs, base: *const u8, i: usize, j: usize, l: usize, h: usize) -> __m256i {
+    let v = _mm256_loadu_si256(at(a, base, i, 4).add((j / 2) * 512 + l * 64 + h * 32) as *const __m256i);
+    let m4 = _mm256_set1_epi8(0x0f);
+    if j % 2 == 0 { _mm256_and_si256(v, m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4) }
+}
+
+/// Eight u8 of rows 8h..8h + 8 at p as i16, each twice (row r in lanes 2r and 2r + 1).
+#[inline(always)]
+unsafe fn row_scales_i16(p: *const u8) -> __m256i {
+    let s = _mm_cvtepu8_epi16(_mm_loadl_epi64(p as *const __m128i));
+    _mm256_set_m128i(_mm_unpackhi_epi16(s, s), _mm_unpacklo_epi16(s, s))
+}
+
+/// Q4_K over tokens t0..t0 + T of half h, llama.cpp's repacked arithmetic
+/// (`scalar::repacked::vec_dot_q4_k_q8_k`): per super-block the exact isum = sum_j scale_j *
+/// (q4 . q8)_j (a sub-block's eight lanes add in i16: |pair| <= 2 * 15 * 127, eight of them
+/// < 2^15, and `madd` by the row's scale widens them) and imin = sum_j min_j * bsum32_j, then
+/// acc = fma(float(isum), d * d_x, acc), acc_min = fma(float(imin), dmin * d_x, acc_min);
+/// out = acc - acc_min. AHEAD: also fetch the next group.
+#[inline(always)]
+unsafe fn q4_k_sums<const T: usize, const AHEAD: bool>(a: &KernelArgs, base: *const u8, g: usize, h: usize, t0: usize) {
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut acc_min = [_mm256_setzero_ps(); T];
+    for i in 0..a.nb {
+        if AHEAD {
+            prefetch_next_group(a, g, i);
+        }
+        let mut isum = [_mm256_setzero_si256(); T];
+        for j in 0..8 {
+            let mut p16 = [_mm256_setzero_si256(); T];
+            for l in 0..8 {
+                let w = q4_k_levels(a, base, i, j, l, h);
+                for (t, p) in p16.iter_mut().enumerate() {
+                    *p = add16_in_order(*p, _mm256_maddubs_epi16(w, act4(a, t0 + t, i * 256 + 32 * j + 4 * l)));
+                }
+            }
+            let scale = row_scales_i16(at(a, base, i, 2).add(j * 16 + h * 8));
+            for (t, s) in isum.iter_mut().enumerate() {
+                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p16[t], scale));
+            }
+        }
+        let mins: [__m256i; 4] = [0, 1, 2, 3].map(|jp| _mm256_cvtepu8_epi16(_mm_loadu_si128(at(a, base, i, 3).add(jp * 32 + h * 16) as *const __m128i)));
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(at(a, base, i, 0).add(h * 16) as *const __m128i));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(at(a, base, i, 1).add(h * 16) as *const __m128i));
+        for t in 0..T {
+            // The activation's sums of 32 as i16 pairs (sub-blocks 2jp, 2jp + 1), one dword
+            // per pair: the min pairs' multipliers.
+            let pair = |jp: usize| _mm256_set1_epi32(*a.aux.add(((t0 + t) * a.nb + i) * a.aux_per_block + jp));
+            let imin = _mm256_add_epi32(
+                _mm256_add_epi32(_mm256_madd_epi16(mins[0], pair(0)), _mm256_madd_epi16(mins[1], pair(1))),
+                _mm256_add_epi32(_mm256_madd_epi16(mins[2], pair(2)), _mm256_madd_epi16(mins[3], pair(3))),
+            );
+            let dx = act_d(a, t0 + t, i);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dx), acc[t]);
+            acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), acc_min[t]);
+        }
+    }
+    for t in 0..T {
+        store(a, g, h, t0 + t, _mm256_sub_ps(acc[t], acc_min[t]));
+    }
+}
+
+/// Q4_K over tokens t0..t0 + T, both halves.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_tile<const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    for h in 0..2 {
+        q4_k_sums::<T, false>(a, base, g, h, t0);
+    }
+}
+
+/// Q4_K over tokens t0..t1 in passes of four tokens (then two, then one) over each half, the
+/// first also fetching the next group.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    for h in 0..2 {
+        let mut t = t0;
+        while t < t1 {
+            let first = h == 0 && t == t0;
+            t += match (t1 - t, first) {
+                (4.., true) => { q4_k_sums::<4, true>(a, base, g, h, t); 4 }
+                (4.., false) => { q4_k_sums::<4, false>(a, base, g, h, t); 4 }
+                (2.., true) => { q4_k_sums::<2, true>(a, base, g, h, t); 2 }
+                (2.., false) => { q4_k_sums::<2, false>(a, base, g, h, t); 2 }
+                (_, true) => { q4_k_sums::<1, true>(a, base, g, h, t); 1 }
+                (_, false) => { q4_k_sums::<1, false>(a, base, g, h, t); 1 }
+            };
+        }
+    }
+}
+
+/// acc + x as a VPADDW that LLVM does not reassociate (see `add_in_order`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn add16_in_order(acc: __m256i, x: __m256i) -> __m256i {
+    let mut r = acc;
+    std::arch::asm!("vpaddw {r}, {r}, {x}", r = inout(ymm_reg) r, x = in(ymm_reg) x, options(pure, nomem, nostack, preserves_flags));
+    r
 }

@@ -17,6 +17,7 @@
 
 use std::arch::x86_64::*;
 
+use super::packed_x86::{at, prefetch_next_group};
 use crate::packed::{KernelArgs, KindKernels, PackKind};
 
 /// The kernels for `kind`, if this module has them.
@@ -27,13 +28,6 @@ pub fn kernels(kind: PackKind) -> Option<KindKernels> {
         PackKind::Q4K => Some(KindKernels { tile: 4, tiled: q4_k_tile::<4>, single: q4_k_tile::<1>, many: Some(q4_k_many) }),
         _ => None,
     }
-}
-
-/// Block b of plane i of the group at `base`.
-#[inline(always)]
-unsafe fn at(a: &KernelArgs, base: *const u8, b: usize, i: usize) -> *const u8 {
-    let (c, k) = if a.bpc == 2 { (b >> 1, b & 1) } else { (b, 0) };
-    base.add(c * a.chunk_bytes + a.plane[i] + k * a.plane_size[i])
 }
 
 /// Rows 8h..8h + 8 of lane l of Q8_0 block b, signed bytes (row r's four in dword r).
@@ -132,38 +126,32 @@ unsafe fn q8_0_block_sums<const T: usize, const AHEAD: bool>(a: &KernelArgs, bas
     }
 }
 
-/// Asks for block b's share of group g + 1's cache lines to be brought into L2 (see
-/// `packed_x86::prefetch_next_group`: kernels that run many tokens over a group issue few
-/// loads, so the hardware prefetchers do not run ahead).
-#[inline(always)]
-unsafe fn prefetch_next_group(a: &KernelArgs, g: usize, b: usize) {
-    let next = a.w.wrapping_add((g + 1) * a.group_bytes);
-    let lines = a.group_bytes / 64;
-    for i in b * lines / a.nb..(b + 1) * lines / a.nb {
-        _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(i * 64) as *const i8);
-    }
+/// Runs `$sums::<T, AHEAD>(a, base, g, h, t)` over tokens t0..t1 of each half of group g in
+/// passes of four tokens (then two, then one), AHEAD on the group's first pass only: that
+/// pass also fetches the next group (`packed_x86::prefetch_next_group`).
+macro_rules! token_passes {
+    ($sums:ident, $a:expr, $base:expr, $g:expr, $t0:expr, $t1:expr) => {
+        for h in 0..2 {
+            let mut t = $t0;
+            while t < $t1 {
+                let first = h == 0 && t == $t0;
+                t += match ($t1 - t, first) {
+                    (4.., true) => { $sums::<4, true>($a, $base, $g, h, t); 4 }
+                    (4.., false) => { $sums::<4, false>($a, $base, $g, h, t); 4 }
+                    (2.., true) => { $sums::<2, true>($a, $base, $g, h, t); 2 }
+                    (2.., false) => { $sums::<2, false>($a, $base, $g, h, t); 2 }
+                    (_, true) => { $sums::<1, true>($a, $base, $g, h, t); 1 }
+                    (_, false) => { $sums::<1, false>($a, $base, $g, h, t); 1 }
+                };
+            }
+        }
+    };
 }
 
-/// Q8_0 over tokens t0..t1 (products of `TILED_TOKENS` tokens or more: one accumulator), in
-/// passes of four tokens (then two, then one) over each half of the group.
+/// Q8_0 over tokens t0..t1 (products of `TILED_TOKENS` tokens or more: one accumulator).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
-    let base = a.w.add(g * a.group_bytes);
-    for h in 0..2 {
-        let mut t = t0;
-        while t < t1 {
-            // The group's first pass also fetches the next group.
-            let first = h == 0 && t == t0;
-            t += match (t1 - t, first) {
-                (4.., true) => { q8_0_block_sums::<4, true>(a, base, g, h, t); 4 }
-                (4.., false) => { q8_0_block_sums::<4, false>(a, base, g, h, t); 4 }
-                (2.., true) => { q8_0_block_sums::<2, true>(a, base, g, h, t); 2 }
-                (2.., false) => { q8_0_block_sums::<2, false>(a, base, g, h, t); 2 }
-                (_, true) => { q8_0_block_sums::<1, true>(a, base, g, h, t); 1 }
-                (_, false) => { q8_0_block_sums::<1, false>(a, base, g, h, t); 1 }
-            };
-        }
-    }
+    token_passes!(q8_0_block_sums, a, a.w.add(g * a.group_bytes), g, t0, t1);
 }
 
 /// Rows 8h..8h + 8 of lane l of Q5_0 block b as levels 0..31 (the quant + 16): the lane's
@@ -366,25 +354,10 @@ unsafe fn q4_k_tile<const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
     }
 }
 
-/// Q4_K over tokens t0..t1 in passes of four tokens (then two, then one) over each half, the
-/// first also fetching the next group.
+/// Q4_K over tokens t0..t1.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
-    let base = a.w.add(g * a.group_bytes);
-    for h in 0..2 {
-        let mut t = t0;
-        while t < t1 {
-            let first = h == 0 && t == t0;
-            t += match (t1 - t, first) {
-                (4.., true) => { q4_k_sums::<4, true>(a, base, g, h, t); 4 }
-                (4.., false) => { q4_k_sums::<4, false>(a, base, g, h, t); 4 }
-                (2.., true) => { q4_k_sums::<2, true>(a, base, g, h, t); 2 }
-                (2.., false) => { q4_k_sums::<2, false>(a, base, g, h, t); 2 }
-                (_, true) => { q4_k_sums::<1, true>(a, base, g, h, t); 1 }
-                (_, false) => { q4_k_sums::<1, false>(a, base, g, h, t); 1 }
-            };
-        }
-    }
+    token_passes!(q4_k_sums, a, a.w.add(g * a.group_bytes), g, t0, t1);
 }
 
 /// acc + x as a VPADDW that LLVM does not reassociate (see `add_in_order`).

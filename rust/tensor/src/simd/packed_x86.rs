@@ -16,7 +16,7 @@ use crate::packed::{KernelArgs, KindKernels, PackKind};
 
 /// Block b of plane i.
 #[inline(always)]
-unsafe fn at(a: &KernelArgs, base: *const u8, b: usize, i: usize) -> *const u8 {
+pub(super) unsafe fn at(a: &KernelArgs, base: *const u8, b: usize, i: usize) -> *const u8 {
     let (c, k) = if a.bpc == 2 { (b >> 1, b & 1) } else { (b, 0) };
     base.add(c * a.chunk_bytes + a.plane[i] + k * a.plane_size[i])
 }
@@ -189,7 +189,7 @@ unsafe fn legacy_lanes<const KIND: u8, const T: usize>(a: &KernelArgs, g: usize,
 /// tokens 38 % faster). Spread over the blocks, so that the requests do not queue up at
 /// once. A prefetch never faults: the lines after the last group are harmless.
 #[inline(always)]
-unsafe fn prefetch_next_group(a: &KernelArgs, g: usize, b: usize) {
+pub(super) unsafe fn prefetch_next_group(a: &KernelArgs, g: usize, b: usize) {
     let next = a.w.wrapping_add((g + 1) * a.group_bytes);
     let lines = a.group_bytes / 64;
     for i in b * lines / a.nb..(b + 1) * lines / a.nb {

@@ -407,6 +407,7 @@ pub fn q5_0_bits_by_row() -> bool {
 
 /// Scatters 16 plain rows into one group.
 fn repack_group(kind: PackKind, src: &[u8], row_bytes: usize, nb: usize, dst: &mut [u8]) {
+    let (q8_offset, q5_bits_by_row) = (q8_0_offset(), q5_0_bits_by_row());
     let bb = kind.row_block_bytes();
     let sizes = kind.planes();
     let (off, chunk) = kind.chunk_layout();
@@ -432,7 +433,7 @@ fn repack_group(kind: PackKind, src: &[u8], row_bytes: usize, nb: usize, dst: &m
                     p[0][2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
                     for l in 0..8 {
                         for k in 0..4 {
-                            p[1][l * 64 + r * 4 + k] = (blk[2 + 4 * l + k] as i8 as i32 + q8_0_offset()) as u8;
+                            p[1][l * 64 + r * 4 + k] = (blk[2 + 4 * l + k] as i8 as i32 + q8_offset) as u8;
                         }
                     }
                 }
@@ -442,7 +443,7 @@ fn repack_group(kind: PackKind, src: &[u8], row_bytes: usize, nb: usize, dst: &m
                     // Lane l's high bits (qh bits 4l..4l + 3) go to bits 4r..4r + 3 of the
                     // lane's 64-bit mask: one nibble of one byte.
                     let qh = rd_u32(blk, 2);
-                    if q5_0_bits_by_row() {
+                    if q5_bits_by_row {
                         for (k, byte) in p[2][4 * r..4 * r + 4].iter_mut().enumerate() {
                             *byte = (0..8).map(|l| (((qh >> (4 * l + k)) & 1) as u8) << l).sum();
                         }

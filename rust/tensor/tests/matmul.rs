@@ -20,6 +20,11 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> QMatr
     QMatrix::new(ty, rows, cols, WeightBytes::Owned(Arc::new(bytes))).expect("valid matrix")
 }
 
+/// True when FERROLLAMA_NO_REPACK=1 turns repacking off (see `QMatrix::new`).
+fn repack_off() -> bool {
+    std::env::var("FERROLLAMA_NO_REPACK").as_deref() == Ok("1")
+}
+
 fn product(m: &QMatrix, x: &[f32], n_tokens: usize, threads: &Threads) -> Vec<f32> {
     let mut out = vec![f32::NAN; n_tokens * m.rows];
     matmul(m, x, n_tokens, &mut out, &mut MatmulScratch::default(), threads);
@@ -107,8 +112,7 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
         let m = random_matrix(ty, 56, cols, &mut rng);
         // The types this CPU packs: all six with AVX-512 VNNI, Q8_0, Q5_0 and Q4_K with AVX2.
         let isa = ferrollama_tensor::dispatch::active_isa();
-        let repack_off = std::env::var("FERROLLAMA_NO_REPACK").as_deref() == Ok("1");
-        let packs = !repack_off && match isa {
+        let packs = !repack_off() && match isa {
             ferrollama_tensor::Isa::Avx512 => true,
             ferrollama_tensor::Isa::Avx2 => matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K),
             ferrollama_tensor::Isa::Scalar => false,
@@ -171,8 +175,7 @@ fn a_copy_published_part_by_part_gives_the_in_place_bits_at_every_step() {
                 assert!(got.iter().zip(&want[k]).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty} {n} tokens, {step}");
             }
         };
-        let repack_off = std::env::var("FERROLLAMA_NO_REPACK").as_deref() == Ok("1");
-        let has_kernels = PackKind::of(ty).and_then(kernels).is_some() && !repack_off;
+        let has_kernels = PackKind::of(ty).and_then(kernels).is_some() && !repack_off();
         for stop_after in [usize::MAX, 1] {
             let (m, job) = QMatrix::new_deferred(ty, rows, cols, data.clone()).expect("valid matrix");
             assert_eq!(job.is_some(), has_kernels, "{ty}: a job exactly when the CPU has packed kernels (and repacking is on)");

@@ -23,8 +23,8 @@ use crate::packed::{KernelArgs, KindKernels, PackKind};
 /// The kernels for `kind`, if this module has them.
 pub fn kernels(kind: PackKind) -> Option<KindKernels> {
     match kind {
-        PackKind::Q8_0 => Some(KindKernels { tile: 1, tiled: q8_0_lanes, single: q8_0_lanes, many: Some(q8_0_many) }),
-        PackKind::Q5_0 => Some(KindKernels { tile: 1, tiled: q5_0_lanes, single: q5_0_lanes, many: Some(q5_0_many) }),
+        PackKind::Q8_0 => Some(KindKernels { tile: 1, tiled: legacy_lanes::<0>, single: legacy_lanes::<0>, many: Some(q8_0_many) }),
+        PackKind::Q5_0 => Some(KindKernels { tile: 1, tiled: legacy_lanes::<1>, single: legacy_lanes::<1>, many: Some(q5_0_many) }),
         PackKind::Q4K => Some(KindKernels { tile: 4, tiled: q4_k_tile::<4>, single: q4_k_tile::<1>, many: Some(q4_k_many) }),
         _ => None,
     }
@@ -70,16 +70,25 @@ unsafe fn add_in_order(acc: __m256i, x: __m256i) -> __m256i {
     r
 }
 
+/// The low (or `high`) nibbles of v's bytes.
+#[inline(always)]
+unsafe fn nibbles(v: __m256i, high: bool) -> __m256i {
+    let m4 = _mm256_set1_epi8(0x0f);
+    if high { _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4) } else { _mm256_and_si256(v, m4) }
+}
+
 #[inline(always)]
 unsafe fn store(a: &KernelArgs, g: usize, h: usize, t: usize, v: __m256) {
     _mm256_storeu_ps(a.out.add(t * a.out_stride + g * 16 + h * 8), v);
 }
 
-/// ggml's vec_dot for Q8_0 on one token: eight lane accumulators per output, each fused
-/// multiply-added once per block with d_w * d_x, then hsum_float_8's order, lane-wise over
-/// the eight rows of a half: ((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7)).
+/// ggml's vec_dot for Q8_0 (KIND 0) or Q5_0 (KIND 1) on one token: eight lane accumulators
+/// per output, each fused multiply-added once per block with d_w * d_x, then hsum_float_8's
+/// order, lane-wise over the eight rows of a half: ((x0 + x4) + (x2 + x6)) + ((x1 + x5) +
+/// (x3 + x7)). Q5_0's levels (0..31) times the activation plus the lane's correction is the
+/// exact lane sum of (level - 16) * x.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_lanes(a: &KernelArgs, g: usize, t: usize) {
+unsafe fn legacy_lanes<const KIND: u8>(a: &KernelArgs, g: usize, t: usize) {
     let base = a.w.add(g * a.group_bytes);
     // One half at a time: its eight accumulators and the operands fit the 16 registers;
     // the second pass finds the group in cache.
@@ -88,8 +97,14 @@ unsafe fn q8_0_lanes(a: &KernelArgs, g: usize, t: usize) {
         for b in 0..a.nb {
             let ds = _mm256_mul_ps(q8_scales(a, base, b, h), act_d(a, t, b));
             for (l, acc_l) in acc.iter_mut().enumerate() {
-                let w = q8_lane(a, base, b, l, h);
-                let s = lane_sums(_mm256_sign_epi8(w, w), w, act4(a, t, b * 32 + 4 * l));
+                let x = act4(a, t, b * 32 + 4 * l);
+                let s = if KIND == 0 {
+                    let w = q8_lane(a, base, b, l, h);
+                    lane_sums(_mm256_sign_epi8(w, w), w, x)
+                } else {
+                    let products = _mm256_maddubs_epi16(q5_levels(a, base, b, l, h), x);
+                    _mm256_add_epi32(_mm256_madd_epi16(products, _mm256_set1_epi16(1)), lane_correction(a, t, b, l))
+                };
                 *acc_l = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(s), *acc_l);
             }
         }
@@ -161,9 +176,7 @@ unsafe fn q8_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
 /// the bytes land elsewhere and are masked off).
 #[inline(always)]
 unsafe fn q5_levels(a: &KernelArgs, base: *const u8, b: usize, l: usize, h: usize) -> __m256i {
-    let v = _mm256_loadu_si256(at(a, base, b, 1).add((l & 3) * 64 + h * 32) as *const __m256i);
-    let m4 = _mm256_set1_epi8(0x0f);
-    let nibbles = if l < 4 { _mm256_and_si256(v, m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4) };
+    let nibbles = nibbles(_mm256_loadu_si256(at(a, base, b, 1).add((l & 3) * 64 + h * 32) as *const __m256i), l >= 4);
     let bits = _mm256_loadu_si256(at(a, base, b, 2).add(h * 32) as *const __m256i);
     let at_bit4 = match l {
         0 => _mm256_slli_epi16::<4>(bits),
@@ -182,27 +195,6 @@ unsafe fn q5_levels(a: &KernelArgs, base: *const u8, b: usize, l: usize, h: usiz
 #[inline(always)]
 unsafe fn lane_correction(a: &KernelArgs, t: usize, b: usize, l: usize) -> __m256i {
     _mm256_set1_epi32(*a.aux.add((t * a.nb + b) * a.aux_per_block + l))
-}
-
-/// ggml's vec_dot for Q5_0 on one token, as `q8_0_lanes`: the levels (0..31) times the
-/// activation plus the lane's correction is the exact lane sum of (level - 16) * x.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0_lanes(a: &KernelArgs, g: usize, t: usize) {
-    let base = a.w.add(g * a.group_bytes);
-    let ones = _mm256_set1_epi16(1);
-    for h in 0..2 {
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for b in 0..a.nb {
-            let ds = _mm256_mul_ps(q8_scales(a, base, b, h), act_d(a, t, b));
-            for (l, acc_l) in acc.iter_mut().enumerate() {
-                let products = _mm256_maddubs_epi16(q5_levels(a, base, b, l, h), act4(a, t, b * 32 + 4 * l));
-                let s = _mm256_add_epi32(_mm256_madd_epi16(products, ones), lane_correction(a, t, b, l));
-                *acc_l = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(s), *acc_l);
-            }
-        }
-        let r = [_mm256_add_ps(acc[4], acc[0]), _mm256_add_ps(acc[5], acc[1]), _mm256_add_ps(acc[6], acc[2]), _mm256_add_ps(acc[7], acc[3])];
-        store(a, g, h, t, _mm256_add_ps(_mm256_add_ps(r[0], r[2]), _mm256_add_ps(r[1], r[3])));
-    }
 }
 
 /// Bytes of a decoded Q5_0 half-group block: eight lanes of levels (32 bytes each), then the
@@ -284,9 +276,7 @@ unsafe fn q5_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
 /// plane's pair j / 2 for even j, the high ones for odd j.
 #[inline(always)]
 unsafe fn q4_k_levels(a: &KernelArgs, base: *const u8, i: usize, j: usize, l: usize, h: usize) -> __m256i {
-    let v = _mm256_loadu_si256(at(a, base, i, 4).add((j / 2) * 512 + l * 64 + h * 32) as *const __m256i);
-    let m4 = _mm256_set1_epi8(0x0f);
-    if j % 2 == 0 { _mm256_and_si256(v, m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4) }
+    nibbles(_mm256_loadu_si256(at(a, base, i, 4).add((j / 2) * 512 + l * 64 + h * 32) as *const __m256i), j % 2 == 1)
 }
 
 /// Eight u8 of rows 8h..8h + 8 at p as i16, each twice (row r in lanes 2r and 2r + 1).

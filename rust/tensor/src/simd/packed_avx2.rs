@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed_x86::{at, prefetch_next_group};
+use super::packed_x86::{at, NextGroup};
 use crate::packed::{KernelArgs, KindKernels, PackKind};
 
 /// The kernels for `kind`, if this module has them.
@@ -102,7 +102,7 @@ unsafe fn legacy_lanes<const KIND: u8>(a: &KernelArgs, g: usize, t: usize) {
                     let w = q8_lane(a, base, b, l, h);
                     lane_sums(_mm256_sign_epi8(w, w), w, x)
                 } else {
-                    let products = _mm256_maddubs_epi16(q5_levels(a, base, b, l, h), x);
+                    let products = _mm256_maddubs_epi16(q5_levels(at(a, base, b, 1), at(a, base, b, 2), l, h), x);
                     _mm256_add_epi32(_mm256_madd_epi16(products, _mm256_set1_epi16(1)), lane_correction(a, t, b, l))
                 };
                 *acc_l = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(s), *acc_l);
@@ -119,9 +119,10 @@ unsafe fn legacy_lanes<const KIND: u8>(a: &KernelArgs, g: usize, t: usize) {
 #[inline(always)]
 unsafe fn q8_0_block_sums<const T: usize, const AHEAD: bool>(a: &KernelArgs, base: *const u8, g: usize, h: usize, t0: usize) {
     let mut acc = [_mm256_setzero_ps(); T];
+    let next = NextGroup::after(a, g);
     for b in 0..a.nb {
         if AHEAD {
-            prefetch_next_group(a, g, b);
+            next.fetch(b);
         }
         let mut isum = [_mm256_setzero_si256(); T];
         for l in 0..8 {
@@ -143,7 +144,7 @@ unsafe fn q8_0_block_sums<const T: usize, const AHEAD: bool>(a: &KernelArgs, bas
 
 /// Runs `$sums::<T, AHEAD>(a, base, g, h, t)` over tokens t0..t1 of each half of group g in
 /// passes of four tokens (then two, then one), AHEAD on the group's first pass only: that
-/// pass also fetches the next group (`packed_x86::prefetch_next_group`).
+/// pass also fetches the next group (`packed_x86::NextGroup`).
 macro_rules! token_passes {
     ($sums:ident, $a:expr, $base:expr, $g:expr, $t0:expr, $t1:expr) => {
         for h in 0..2 {
@@ -169,15 +170,15 @@ unsafe fn q8_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
     token_passes!(q8_0_block_sums, a, a.w.add(g * a.group_bytes), g, t0, t1);
 }
 
-/// Rows 8h..8h + 8 of lane l of Q5_0 block b as levels 0..31 (the quant + 16): the lane's
-/// nibbles (low nibbles of the qs plane's lane l for l < 4, high ones of lane l - 4) and
-/// its fifth bits, bit l of the bits plane's bytes (`packed::q5_0_bits_by_row`) moved to
-/// bit 4 (a 16-bit shift moves each byte's own bits to bit 4: the bits crossing between
-/// the bytes land elsewhere and are masked off).
+/// Rows 8h..8h + 8 of lane l of a Q5_0 block as levels 0..31 (the quant + 16), from the
+/// block's qs and bits planes: the lane's nibbles (low nibbles of the qs plane's lane l for
+/// l < 4, high ones of lane l - 4) and its fifth bits, bit l of the bits plane's bytes
+/// (`packed::q5_0_bits_by_row`) moved to bit 4 (a 16-bit shift moves each byte's own bits to
+/// bit 4: the bits crossing between the bytes land elsewhere and are masked off).
 #[inline(always)]
-unsafe fn q5_levels(a: &KernelArgs, base: *const u8, b: usize, l: usize, h: usize) -> __m256i {
-    let nibbles = nibbles(_mm256_loadu_si256(at(a, base, b, 1).add((l & 3) * 64 + h * 32) as *const __m256i), l >= 4);
-    let bits = _mm256_loadu_si256(at(a, base, b, 2).add(h * 32) as *const __m256i);
+unsafe fn q5_levels(qs: *const u8, bits: *const u8, l: usize, h: usize) -> __m256i {
+    let nibbles = nibbles(_mm256_loadu_si256(qs.add((l & 3) * 64 + h * 32) as *const __m256i), l >= 4);
+    let bits = _mm256_loadu_si256(bits.add(h * 32) as *const __m256i);
     let at_bit4 = match l {
         0 => _mm256_slli_epi16::<4>(bits),
         1 => _mm256_slli_epi16::<3>(bits),
@@ -248,14 +249,18 @@ unsafe fn q5_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
             buf.resize(vectors, _mm256_setzero_si256());
         }
         let e = buf.as_mut_ptr() as *mut u8;
+        let next = NextGroup::after(a, g);
         for b in 0..a.nb {
-            prefetch_next_group(a, g, b);
+            next.fetch(b);
+            // The block's planes, once: the stores below may alias `a` as far as the
+            // compiler knows, and would make it reload the layout for every lane.
+            let (scales, qs, bits) = (at(a, base, b, 0), at(a, base, b, 1), at(a, base, b, 2));
             for h in 0..2 {
                 let eb = e.add(h * half_bytes + b * EXPANDED_BLOCK);
                 for l in 0..8 {
-                    _mm256_storeu_si256(eb.add(32 * l) as *mut __m256i, q5_levels(a, base, b, l, h));
+                    _mm256_storeu_si256(eb.add(32 * l) as *mut __m256i, q5_levels(qs, bits, l, h));
                 }
-                _mm256_storeu_ps(eb.add(256) as *mut f32, q8_scales(a, base, b, h));
+                _mm256_storeu_ps(eb.add(256) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(scales.add(h * 16) as *const __m128i)));
             }
         }
         for h in 0..2 {
@@ -296,9 +301,10 @@ unsafe fn row_scales_i16(p: *const u8) -> __m256i {
 unsafe fn q4_k_sums<const T: usize, const AHEAD: bool>(a: &KernelArgs, base: *const u8, g: usize, h: usize, t0: usize) {
     let mut acc = [_mm256_setzero_ps(); T];
     let mut acc_min = [_mm256_setzero_ps(); T];
+    let next = NextGroup::after(a, g);
     for i in 0..a.nb {
         if AHEAD {
-            prefetch_next_group(a, g, i);
+            next.fetch(i);
         }
         let mut isum = [_mm256_setzero_si256(); T];
         for j in 0..8 {

@@ -167,7 +167,7 @@ unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *m
         // A short last block repeats its last cell (those scores are not stored).
         let rows = key_rows(h, |c| c0 + c.min(n - 1), kbuf);
         for qq in 0..h.n_t * h.n_q {
-            let kq = _mm256_mul_ps(dot8(&rows, q.add(qq * dk), dk), scale);
+            let kq = _mm256_mul_ps(key_dots(&rows, q.add(qq * dk), dk), scale);
             let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride + c0);
             let wr = w.add(qq * n_kv + c0);
             if n == 8 {
@@ -183,28 +183,40 @@ unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *m
     }
 }
 
-/// The keys of cells cell(0..8) as f32 rows: an F16 cache's converted into `kbuf` (once for
-/// every query of the call), an F32 cache's in place.
+/// The keys of cells cell(0..8) as rows `dot8` reads: an F16 cache's converted into `kbuf`
+/// (once for every query of the call) when more than `RAW_QUERIES` queries share them,
+/// otherwise read as f16 where they lie (true: converting costs a store per eight values,
+/// more than converting again for each of a few queries); an F32 cache's in place.
 #[inline(always)]
-unsafe fn key_rows(h: &Heads, cell: impl Fn(usize) -> usize, kbuf: *mut f32) -> [*const f32; 8] {
+unsafe fn key_rows(h: &Heads, cell: impl Fn(usize) -> usize, kbuf: *mut f32) -> ([*const u8; 8], bool) {
     let dk = h.head_dim_k;
     let kbase = h.k.as_ptr().add(h.k_offset);
+    let raw_f16 = h.k_type == GgmlType::F16 && h.n_t * h.n_q <= RAW_QUERIES;
     // A loop, not `array::from_fn`: a closure does not inherit the caller's target features,
     // and its intrinsics became calls (two function calls per eight values).
-    let mut rows = [std::ptr::null::<f32>(); 8];
+    let mut rows = [std::ptr::null::<u8>(); 8];
     for (c, row) in rows.iter_mut().enumerate() {
         let src = kbase.add(cell(c) * h.k_stride);
-        *row = if h.k_type == GgmlType::F16 {
+        *row = if h.k_type == GgmlType::F16 && !raw_f16 {
             let dst = kbuf.add(c * dk);
             for i in (0..dk).step_by(8) {
                 _mm256_storeu_ps(dst.add(i), load8::<true>(src, i));
             }
-            dst
+            dst as *const u8
         } else {
-            src as *const f32
+            src
         };
     }
-    rows
+    (rows, raw_f16)
+}
+
+/// Queries of a call up to which `key_rows` leaves F16 keys unconverted.
+const RAW_QUERIES: usize = 4;
+
+/// `dot8` over rows from `key_rows`.
+#[inline(always)]
+unsafe fn key_dots(rows: &([*const u8; 8], bool), q: *const f32, dk: usize) -> __m256 {
+    if rows.1 { dot8::<true>(&rows.0, q, dk) } else { dot8::<false>(&rows.0, q, dk) }
 }
 
 /// `scores` for the cells in `cells` only (eight at a time, any eight: each lane of `dot8`
@@ -221,7 +233,7 @@ unsafe fn sparse_scores(h: &Heads, q: *const f32, end_any: usize, cells: &[u32],
         let rows = key_rows(h, |c| group[c.min(n - 1)] as usize, kbuf);
         for qq in 0..h.n_t * h.n_q {
             let mut x = [0f32; 8];
-            _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(dot8(&rows, q.add(qq * dk), dk), scale));
+            _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(key_dots(&rows, q.add(qq * dk), dk), scale));
             let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride);
             let wr = w.add(qq * n_kv);
             for (c, &j) in group.iter().enumerate() {
@@ -231,16 +243,17 @@ unsafe fn sparse_scores(h: &Heads, q: *const f32, end_any: usize, cells: &[u32],
     }
 }
 
-/// The eight dot products rows[c] · q (ggml_vec_dot's order), lane c.
+/// The eight dot products rows[c] · q (ggml_vec_dot's order), lane c; rows of f16 (F16) or
+/// f32.
 #[inline(always)]
-unsafe fn dot8(rows: &[*const f32; 8], q: *const f32, dk: usize) -> __m256 {
+unsafe fn dot8<const F16: bool>(rows: &[*const u8; 8], q: *const f32, dk: usize) -> __m256 {
     let mut a = [_mm256_setzero_ps(); 8];
     for (c, ac) in a.iter_mut().enumerate() {
         let mut acc = [_mm256_setzero_ps(); 4];
         for i in (0..dk).step_by(STEP) {
             for (j, x) in acc.iter_mut().enumerate() {
                 let o = i + 8 * j;
-                *x = _mm256_fmadd_ps(_mm256_loadu_ps(rows[c].add(o)), _mm256_loadu_ps(q.add(o)), *x);
+                *x = _mm256_fmadd_ps(load8::<F16>(rows[c], o), _mm256_loadu_ps(q.add(o)), *x);
             }
         }
         *ac = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));

@@ -29,10 +29,10 @@ impl WeightBytes {
 ///
 /// On CPUs with packed kernels (AVX-512 VNNI: six types; AVX2: Q8_0, Q5_0 and Q4_K) the whole
 /// 16-row groups of the types that have them are also kept repacked (`crate::packed`); the
-/// products use the groups of that copy published so far and the rows in place for the rest. The copy is made at construction
-/// (`new`) or later by a [`PackJob`] (`new_deferred`), possibly part by part. Both give the
-/// same bits (the packed kernels repeat the in-place row arithmetic), so when each group
-/// switches does not matter.
+/// products use the groups of that copy published so far and the rows in place for the rest.
+/// The copy is made at construction (`new`) or later by a [`PackJob`] (`new_deferred`),
+/// possibly part by part. Both give the same bits (the packed kernels repeat the in-place
+/// row arithmetic), so when each group switches does not matter.
 #[derive(Clone)]
 pub struct QMatrix {
     pub ty: GgmlType,

@@ -167,7 +167,7 @@ unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *m
         // A short last block repeats its last cell (those scores are not stored).
         let rows = key_rows(h, |c| c0 + c.min(n - 1), kbuf);
         for qq in 0..h.n_t * h.n_q {
-            let kq = _mm256_mul_ps(key_dots(&rows, q.add(qq * dk), dk), scale);
+            let kq = _mm256_mul_ps(rows.dots(q.add(qq * dk), dk), scale);
             let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride + c0);
             let wr = w.add(qq * n_kv + c0);
             if n == 8 {
@@ -188,7 +188,7 @@ unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *m
 /// otherwise read as f16 where they lie (true: converting costs a store per eight values,
 /// more than converting again for each of a few queries); an F32 cache's in place.
 #[inline(always)]
-unsafe fn key_rows(h: &Heads, cell: impl Fn(usize) -> usize, kbuf: *mut f32) -> ([*const u8; 8], bool) {
+unsafe fn key_rows(h: &Heads, cell: impl Fn(usize) -> usize, kbuf: *mut f32) -> KeyRows {
     let dk = h.head_dim_k;
     let kbase = h.k.as_ptr().add(h.k_offset);
     let raw_f16 = h.k_type == GgmlType::F16 && h.n_t * h.n_q <= RAW_QUERIES;
@@ -207,16 +207,24 @@ unsafe fn key_rows(h: &Heads, cell: impl Fn(usize) -> usize, kbuf: *mut f32) -> 
             src
         };
     }
-    (rows, raw_f16)
+    KeyRows { rows, f16: raw_f16 }
 }
 
 /// Queries of a call up to which `key_rows` leaves F16 keys unconverted.
 const RAW_QUERIES: usize = 4;
 
-/// `dot8` over rows from `key_rows`.
-#[inline(always)]
-unsafe fn key_dots(rows: &([*const u8; 8], bool), q: *const f32, dk: usize) -> __m256 {
-    if rows.1 { dot8::<true>(&rows.0, q, dk) } else { dot8::<false>(&rows.0, q, dk) }
+/// Eight key rows from `key_rows`: f16 (`f16`) or f32.
+struct KeyRows {
+    rows: [*const u8; 8],
+    f16: bool,
+}
+
+impl KeyRows {
+    /// The eight dot products with q (`dot8`).
+    #[inline(always)]
+    unsafe fn dots(&self, q: *const f32, dk: usize) -> __m256 {
+        if self.f16 { dot8::<true>(&self.rows, q, dk) } else { dot8::<false>(&self.rows, q, dk) }
+    }
 }
 
 /// `scores` for the cells in `cells` only (eight at a time, any eight: each lane of `dot8`
@@ -233,7 +241,7 @@ unsafe fn sparse_scores(h: &Heads, q: *const f32, end_any: usize, cells: &[u32],
         let rows = key_rows(h, |c| group[c.min(n - 1)] as usize, kbuf);
         for qq in 0..h.n_t * h.n_q {
             let mut x = [0f32; 8];
-            _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(key_dots(&rows, q.add(qq * dk), dk), scale));
+            _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(rows.dots(q.add(qq * dk), dk), scale));
             let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride);
             let wr = w.add(qq * n_kv);
             for (c, &j) in group.iter().enumerate() {

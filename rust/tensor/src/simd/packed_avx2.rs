@@ -96,13 +96,14 @@ unsafe fn legacy_lanes<const KIND: u8>(a: &KernelArgs, g: usize, t: usize) {
         let mut acc = [_mm256_setzero_ps(); 8];
         for b in 0..a.nb {
             let ds = _mm256_mul_ps(q8_scales(a, base, b, h), act_d(a, t, b));
+            let (qs, bits) = (at(a, base, b, 1), at(a, base, b, 2));
             for (l, acc_l) in acc.iter_mut().enumerate() {
                 let x = act4(a, t, b * 32 + 4 * l);
                 let s = if KIND == 0 {
                     let w = q8_lane(a, base, b, l, h);
                     lane_sums(_mm256_sign_epi8(w, w), w, x)
                 } else {
-                    let products = _mm256_maddubs_epi16(q5_levels(at(a, base, b, 1), at(a, base, b, 2), l, h), x);
+                    let products = _mm256_maddubs_epi16(q5_levels(qs, bits, l, h), x);
                     _mm256_add_epi32(_mm256_madd_epi16(products, _mm256_set1_epi16(1)), lane_correction(a, t, b, l))
                 };
                 *acc_l = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(s), *acc_l);

@@ -238,12 +238,19 @@ fn four_token_kernels_equal_the_one_token_kernel_bit_for_bit() {
 fn simd_quantizers_are_byte_identical() {
     let mut rng = Rng::new(14);
     for (isa, table) in levels() {
-        for ty in [GgmlType::Q8_0, GgmlType::Q8_K] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q8_K, GgmlType::F16] {
             let simd = entry(&table, ty).from_f32.unwrap();
             let scalar = build_table(Isa::Scalar).into_iter().find(|t| t.ty == ty).unwrap().from_f32.unwrap();
             for trial in 0..50 {
-                let n = 1024;
+                // F16 (the KV cache's type) converts element by element: an odd length
+                // takes its tail path too.
+                let n = if ty == GgmlType::F16 { 1021 } else { 1024 };
                 let mut x = rng.vec(n, 1.0 + trial as f32);
+                if ty == GgmlType::F16 {
+                    // Overflow to infinity, a subnormal half, a tie (to even), minus zero.
+                    x[..4].copy_from_slice(&[65520.0, 1e-6, 1.0 + 1.0 / 2048.0, -0.0]);
+                    x[n - 1] = -65520.0;
+                }
                 if trial % 5 == 0 {
                     x[3] = -x.iter().fold(0f32, |m, v| m.max(v.abs())); // ties between +amax and -amax
                     x[700] = -x[3];

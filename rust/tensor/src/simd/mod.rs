@@ -107,6 +107,7 @@ macro_rules! level {
             float_dot!(f32, k::f32, 4);
             quantizer!(quantize_q8_0, k::quantize_q8_0, 32, 34);
             quantizer!(quantize_q8_k, k::quantize_q8_k, 256, 292);
+            quantizer!(quantize_f16, k::f16_from_f32, 1, 2);
 
             pub fn kernels(ty: GgmlType) -> SimdKernels {
                 let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), ..SimdKernels::default() };
@@ -134,7 +135,7 @@ macro_rules! level {
                     GgmlType::Q6_K => kq(q6_k, q6_k_x4, q6_k_tiled, q6_k_tiled_x4),
                     GgmlType::IQ4_XS => kq(iq4_xs, iq4_xs_x4, iq4_xs_tiled, iq4_xs_tiled_x4),
                     GgmlType::Q8_K => SimdKernels { from_f32: Some(quantize_q8_k), ..SimdKernels::default() },
-                    GgmlType::F16 => SimdKernels { vec_dot: Some(f16), ..SimdKernels::default() },
+                    GgmlType::F16 => SimdKernels { vec_dot: Some(f16), from_f32: Some(quantize_f16), ..SimdKernels::default() },
                     GgmlType::F32 => SimdKernels { vec_dot: Some(f32), ..SimdKernels::default() },
                     _ => SimdKernels::default(),
                 }

@@ -786,6 +786,22 @@ macro_rules! x86_kernels {
             }
         }
 
+        /// f32 -> f16 (round to nearest even, as ggml's F16C conversion), `n` values.
+        #[target_feature(enable = $features)]
+        pub unsafe fn f16_from_f32(n: usize, x: *const f32, y: *mut u8) {
+            let mut i = 0;
+            while i + 8 <= n {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.add(i)));
+                _mm_storeu_si128(y.add(2 * i) as *mut __m128i, h);
+                i += 8;
+            }
+            while i < n {
+                let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(*x.add(i)));
+                std::ptr::write_unaligned(y.add(2 * i) as *mut u16, _mm_extract_epi16::<0>(h) as u16);
+                i += 1;
+            }
+        }
+
         /// Q8_K quantizer (quantize_row_q8_K_ref), `nb` blocks.
         #[target_feature(enable = $features)]
         pub unsafe fn quantize_q8_k(nb: usize, x: *const f32, y: *mut u8) {

@@ -55,7 +55,7 @@ pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut Avx2Scratch) {
     }
     for g in live[..n_live].chunks(GROUP) {
         let walk_end = g.iter().map(|&qq| ends[qq as usize / nq]).max().unwrap_or(0);
-        let sets = grow(&mut s.sets, STEP * g.len() * h.head_dim_v);
+        let sets = grow(&mut s.sets, STEP * lane_floats(g.len(), h.head_dim_v));
         let lanes = if dense { None } else { Some((&s.lane_cells[..], &s.lane_start[..])) };
         let u = Group { h, w, queries: g, walk_end, sets, out, lanes };
         match g.len() {
@@ -390,7 +390,7 @@ struct Group<'a, 'b> {
     w: *const f32,
     queries: &'a [u16],
     walk_end: usize,
-    /// STEP x queries x head_dim_v floats.
+    /// STEP lanes of `lane_floats` floats (queries x head_dim_v, then padding).
     sets: *mut f32,
     out: *mut f32,
     /// The visible cells by lane and where each lane's start (see `visible_cells`); None
@@ -423,7 +423,7 @@ impl Group<'_, '_> {
     /// slower decoding at depth 4096).
     #[inline(always)]
     fn set_at(&self, r: usize, k: usize, dc: usize) -> *mut f32 {
-        self.sets.wrapping_add((r * self.queries.len() + k) * self.h.head_dim_v + dc)
+        self.sets.wrapping_add(r * lane_floats(self.queries.len(), self.h.head_dim_v) + k * self.h.head_dim_v + dc)
     }
     fn out_row(&self, k: usize) -> *mut f32 {
         let (qq, nq) = (self.queries[k] as usize, self.h.n_q);
@@ -547,7 +547,7 @@ impl Group<'_, '_> {
     unsafe fn reduce<const N: usize>(&self) {
         let dv = self.h.head_dim_v;
         // Lane r of some dimensions is `stride` floats after lane r - 1.
-        let stride = N * dv;
+        let stride = lane_floats(N, dv);
         for k in 0..N {
             let o = self.out_row(k);
             for dc in (0..dv).step_by(8) {
@@ -598,6 +598,15 @@ impl Group<'_, '_> {
             }
         }
     }
+}
+
+/// Floats from one lane's sums to the next in `sets`: the lane's queries x dimensions plus a
+/// cache line, so that lanes do not lie a multiple of 4 KiB apart (Gemma: 4 queries x 256
+/// dimensions are exactly 4 KiB, which put the reduce's 32 loads of a dimension chunk in one
+/// L1 set).
+#[inline(always)]
+fn lane_floats(n_queries: usize, head_dim_v: usize) -> usize {
+    n_queries * head_dim_v + 16
 }
 
 /// p, as a value LLVM cannot derive from anything (an empty asm block): stops it from

@@ -39,7 +39,13 @@ unsafe fn q8_lane(a: &KernelArgs, base: *const u8, b: usize, l: usize, h: usize)
 /// The eight f16 scales of rows 8h..8h + 8 of block b as f32 (Q8_0 and Q5_0: plane 0).
 #[inline(always)]
 unsafe fn q8_scales(a: &KernelArgs, base: *const u8, b: usize, h: usize) -> __m256 {
-    _mm256_cvtph_ps(_mm_loadu_si128(at(a, base, b, 0).add(h * 16) as *const __m128i))
+    half_scales(at(a, base, b, 0), h)
+}
+
+/// The eight f16 scales of rows 8h..8h + 8 from a block's scales plane, as f32.
+#[inline(always)]
+unsafe fn half_scales(scales: *const u8, h: usize) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(scales.add(h * 16) as *const __m128i))
 }
 
 /// The activation dword (4 quants) at byte `off` of token t's row, in every lane.
@@ -267,7 +273,7 @@ unsafe fn q5_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
                 for l in 0..8 {
                     _mm256_storeu_si256(eb.add(32 * l) as *mut __m256i, q5_levels(qs, bits, l, h));
                 }
-                _mm256_storeu_ps(eb.add(256) as *mut f32, _mm256_cvtph_ps(_mm_loadu_si128(scales.add(h * 16) as *const __m128i)));
+                _mm256_storeu_ps(eb.add(256) as *mut f32, half_scales(scales, h));
             }
         }
         for h in 0..2 {

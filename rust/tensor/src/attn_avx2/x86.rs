@@ -166,6 +166,7 @@ unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *m
         let n = (n_kv - c0).min(8);
         // A short last block repeats its last cell (those scores are not stored).
         let rows = key_rows(h, |c| c0 + c.min(n - 1), kbuf);
+        prefetch_values::<_MM_HINT_T1>(h, c0..c0 + n);
         for qq in 0..h.n_t * h.n_q {
             let kq = _mm256_mul_ps(rows.dots(q.add(qq * dk), dk), scale);
             let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride + c0);
@@ -239,6 +240,7 @@ unsafe fn sparse_scores(h: &Heads, q: *const f32, end_any: usize, cells: &[u32],
     for group in cells.chunks(8) {
         let n = group.len();
         let rows = key_rows(h, |c| group[c.min(n - 1)] as usize, kbuf);
+        prefetch_values::<_MM_HINT_T1>(h, group.iter().map(|&j| j as usize));
         for qq in 0..h.n_t * h.n_q {
             let mut x = [0f32; 8];
             _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(rows.dots(q.add(qq * dk), dk), scale));
@@ -531,15 +533,7 @@ impl Group<'_, '_> {
     /// Prefetches the value rows of `cells`.
     #[inline(always)]
     unsafe fn prefetch(&self, cells: impl Iterator<Item = usize>) {
-        let h = self.h;
-        let row_bytes = h.head_dim_v * if h.v_type == GgmlType::F16 { 2 } else { 4 };
-        let vbase = h.v.as_ptr().add(h.v_offset);
-        for j in cells {
-            let row = vbase.add(v_row(j, h.v_cols) * h.v_stride);
-            for b in (0..row_bytes).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(row.add(b) as *const i8);
-            }
-        }
+        prefetch_values::<_MM_HINT_T0>(self.h, cells);
     }
 
     /// GGML_F32x8_REDUCE of each output dimension's 32 lanes, eight dimensions at a time.
@@ -596,6 +590,19 @@ impl Group<'_, '_> {
                     cells.clone().fold(*o.add(d), |s, j| v(j).mul_add(*p.add(j), s))
                 };
             }
+        }
+    }
+}
+
+/// Prefetches the value rows of `cells` (to L1 for HINT `_MM_HINT_T0`, L2 for `_MM_HINT_T1`).
+#[inline(always)]
+unsafe fn prefetch_values<const HINT: i32>(h: &Heads, cells: impl Iterator<Item = usize>) {
+    let row_bytes = h.head_dim_v * if h.v_type == GgmlType::F16 { 2 } else { 4 };
+    let vbase = h.v.as_ptr().add(h.v_offset);
+    for j in cells {
+        let row = vbase.add(v_row(j, h.v_cols) * h.v_stride);
+        for b in (0..row_bytes).step_by(64) {
+            _mm_prefetch::<HINT>(row.add(b) as *const i8);
         }
     }
 }

@@ -167,19 +167,24 @@ unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *m
         // A short last block repeats its last cell (those scores are not stored).
         let rows = key_rows(h, |c| c0 + c.min(n - 1), kbuf);
         prefetch_values::<_MM_HINT_T1>(h, c0..c0 + n);
-        for qq in 0..h.n_t * h.n_q {
-            let kq = _mm256_mul_ps(rows.dots(q.add(qq * dk), dk), scale);
-            let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride + c0);
-            let wr = w.add(qq * n_kv + c0);
-            if n == 8 {
-                _mm256_storeu_ps(wr, _mm256_add_ps(kq, _mm256_loadu_ps(m)));
-            } else {
-                let mut x = [0f32; 8];
-                _mm256_storeu_ps(x.as_mut_ptr(), kq);
-                for c in 0..n {
-                    *wr.add(c) = x[c] + *m.add(c);
+        let mut q0 = 0;
+        while q0 < h.n_t * h.n_q {
+            let (tile, dots) = rows.dots(q.add(q0 * dk), h.n_t * h.n_q - q0, dk);
+            for (qq, d) in (q0..q0 + tile).zip(dots) {
+                let kq = _mm256_mul_ps(d, scale);
+                let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride + c0);
+                let wr = w.add(qq * n_kv + c0);
+                if n == 8 {
+                    _mm256_storeu_ps(wr, _mm256_add_ps(kq, _mm256_loadu_ps(m)));
+                } else {
+                    let mut x = [0f32; 8];
+                    _mm256_storeu_ps(x.as_mut_ptr(), kq);
+                    for c in 0..n {
+                        *wr.add(c) = x[c] + *m.add(c);
+                    }
                 }
             }
+            q0 += tile;
         }
     }
 }
@@ -221,10 +226,23 @@ struct KeyRows {
 }
 
 impl KeyRows {
-    /// The eight dot products with q (`dot8`).
+    /// The eight dot products with each of the first queries of the `left` at q (dk floats
+    /// apart): how many it took (4, 2 or 1) and theirs (`dot8_tile`), the rest zeros.
     #[inline(always)]
-    unsafe fn dots(&self, q: *const f32, dk: usize) -> __m256 {
-        if self.f16 { dot8::<true>(&self.rows, q, dk) } else { dot8::<false>(&self.rows, q, dk) }
+    unsafe fn dots(&self, q: *const f32, left: usize, dk: usize) -> (usize, [__m256; 4]) {
+        macro_rules! tile {
+            ($nq:expr, $nk:expr) => {{
+                let d = if self.f16 { dot8_tile::<true, $nq, $nk>(&self.rows, q, dk) } else { dot8_tile::<false, $nq, $nk>(&self.rows, q, dk) };
+                let mut out = [_mm256_setzero_ps(); 4];
+                out[..$nq].copy_from_slice(&d);
+                ($nq, out)
+            }};
+        }
+        match left {
+            4.. => tile!(4, 2),
+            2 | 3 => tile!(2, 4),
+            _ => tile!(1, 8),
+        }
     }
 }
 
@@ -241,34 +259,68 @@ unsafe fn sparse_scores(h: &Heads, q: *const f32, end_any: usize, cells: &[u32],
         let n = group.len();
         let rows = key_rows(h, |c| group[c.min(n - 1)] as usize, kbuf);
         prefetch_values::<_MM_HINT_T1>(h, group.iter().map(|&j| j as usize));
-        for qq in 0..h.n_t * h.n_q {
-            let mut x = [0f32; 8];
-            _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(rows.dots(q.add(qq * dk), dk), scale));
-            let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride);
-            let wr = w.add(qq * n_kv);
-            for (c, &j) in group.iter().enumerate() {
-                *wr.add(j as usize) = x[c] + *m.add(j as usize);
+        let mut q0 = 0;
+        while q0 < h.n_t * h.n_q {
+            let (tile, dots) = rows.dots(q.add(q0 * dk), h.n_t * h.n_q - q0, dk);
+            for (qq, d) in (q0..q0 + tile).zip(dots) {
+                let mut x = [0f32; 8];
+                _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(d, scale));
+                let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride);
+                let wr = w.add(qq * n_kv);
+                for (c, &j) in group.iter().enumerate() {
+                    *wr.add(j as usize) = x[c] + *m.add(j as usize);
+                }
             }
+            q0 += tile;
         }
     }
 }
 
-/// The eight dot products rows[c] · q (ggml_vec_dot's order), lane c; rows of f16 (F16) or
-/// f32.
+/// For each of the NQ queries at q (dk floats apart), the eight dot products rows[c] · q_i
+/// (ggml_vec_dot's order), lane c; rows of f16 (F16) or f32.
+///
+/// ggml's four accumulators of a dot product are four independent chains (accumulator j
+/// takes terms 32s + 8j .. 32s + 8j + 8 in step order), so one chain at a time is computed
+/// for NQ queries x NK keys (8 accumulators: enough independent multiply-adds to hide their
+/// latency): each query chunk loaded serves NK keys and each key chunk converted serves NQ
+/// queries. (A dot product at a time, with its four accumulators, loaded a query chunk and a
+/// key chunk for every multiply-add: the scores were bound by loads.)
 #[inline(always)]
-unsafe fn dot8<const F16: bool>(rows: &[*const u8; 8], q: *const f32, dk: usize) -> __m256 {
-    let mut a = [_mm256_setzero_ps(); 8];
-    for (c, ac) in a.iter_mut().enumerate() {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for i in (0..dk).step_by(STEP) {
-            for (j, x) in acc.iter_mut().enumerate() {
-                let o = i + 8 * j;
-                *x = _mm256_fmadd_ps(load8::<F16>(rows[c], o), _mm256_loadu_ps(q.add(o)), *x);
+unsafe fn dot8_tile<const F16: bool, const NQ: usize, const NK: usize>(rows: &[*const u8; 8], q: *const f32, dk: usize) -> [__m256; NQ] {
+    // chains[i][c][j]: accumulator j of query i and key c.
+    let mut chains = [[[_mm256_setzero_ps(); 4]; 8]; NQ];
+    for k0 in (0..8).step_by(NK) {
+        for j in 0..4 {
+            let mut acc = [[_mm256_setzero_ps(); NK]; NQ];
+            for step in (0..dk).step_by(STEP) {
+                let o = step + 8 * j;
+                let mut qv = [_mm256_setzero_ps(); NQ];
+                for (i, v) in qv.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(q.add(i * dk + o));
+                }
+                for kk in 0..NK {
+                    let kv = load8::<F16>(rows[k0 + kk], o);
+                    for i in 0..NQ {
+                        acc[i][kk] = _mm256_fmadd_ps(kv, qv[i], acc[i][kk]);
+                    }
+                }
+            }
+            for i in 0..NQ {
+                for kk in 0..NK {
+                    chains[i][k0 + kk][j] = acc[i][kk];
+                }
             }
         }
-        *ac = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
     }
-    reduce8(&a)
+    let mut out = [_mm256_setzero_ps(); NQ];
+    for (o, ch) in out.iter_mut().zip(&chains) {
+        let mut a = [_mm256_setzero_ps(); 8];
+        for (ac, c) in a.iter_mut().zip(ch) {
+            *ac = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
+        }
+        *o = reduce8(&a);
+    }
+    out
 }
 
 /// Lane c = GGML_F32x8_REDUCE's last steps on a[c]: (t0 + t1) + (t2 + t3) where

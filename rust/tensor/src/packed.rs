@@ -686,13 +686,13 @@ pub fn product(p: &Packed, n_groups: usize, kk: &KindKernels, acts: &PackedActs,
     let tok_chunk = if n_groups >= 8 * n_threads || n_tokens <= kk.tile { n_tokens } else { (kk.tile * 4).max(n_tokens.div_ceil(n_threads * 2)) };
     let n_tok_chunks = n_tokens.div_ceil(tok_chunk);
     let work_per_group = p.group_bytes.max(1) * n_tokens.min(tok_chunk);
-    // About 64 KiB-token units of work per task, and at least 8 tasks per thread (4 left a
-    // Gemma 8-sequence step's worker idle 4.5-5.0 % of the samples, 8 3.6-3.9 %: the threads
-    // finish a product of eight tasks up to a task apart). A group
-    // over many tokens is already more than that; such tasks take runs of groups up to
-    // 128 KiB of weights, so that a thread walks its weights front to back (its next-group
-    // prefetch fetches what it reads next, not the other thread's group) and claims fewer
-    // tasks. Larger runs left the threads unbalanced on matrices of few, wide groups.
+    // About 64 KiB-token units of work per task, and at least 8 tasks per thread (with 4, the
+    // threads finished Gemma's 8-token products of eight tasks up to a task apart: its worker
+    // idled 4.5-5.0 % of the step's samples, with 8 3.6-3.9 %). A group over many tokens is
+    // already more than that; such tasks take runs of groups up to 128 KiB of weights, so
+    // that a thread walks its weights front to back (its next-group prefetch fetches what it
+    // reads next, not the other thread's group) and claims fewer tasks. Larger runs left the
+    // threads unbalanced on matrices of few, wide groups.
     let by_size = (64 * 1024 / work_per_group).max(1);
     let by_count = (n_groups * n_tok_chunks).div_ceil(8 * n_threads).max(1);
     let many = kk.many.is_some() && n_tokens >= MANY_TOKENS;

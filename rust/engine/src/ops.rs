@@ -7,30 +7,63 @@ use half::f16;
 /// y = x / sqrt(mean(x²) + eps) * w, row by row (ggml_rms_norm then a multiply).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
-    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let scale = rms_scale(xr, eps);
-        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+    for_row_scales(x, n, eps, |r, scale| {
+        for ((o, &v), &g) in out[r * n..(r + 1) * n].iter_mut().zip(&x[r * n..(r + 1) * n]).zip(w) {
             *o = v * scale * g;
         }
-    }
+    });
 }
 
 /// In-place RMSNorm of each row of `x` (rows of w.len()).
 pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let n = w.len();
-    for xr in x.chunks_exact_mut(n) {
-        let scale = rms_scale(xr, eps);
-        for (v, &g) in xr.iter_mut().zip(w) {
-            *v = *v * scale * g;
+    let mut scales = [0f32; ROWS_AT_ONCE];
+    for chunk in x.chunks_mut((ROWS_AT_ONCE * n).max(1)) {
+        let rows = chunk.len() / n.max(1);
+        for_row_scales(chunk, n, eps, |r, scale| scales[r] = scale);
+        for (xr, &scale) in chunk.chunks_exact_mut(n).zip(&scales[..rows]) {
+            for (v, &g) in xr.iter_mut().zip(w) {
+                *v = *v * scale * g;
+            }
         }
     }
 }
 
-fn rms_scale(x: &[f32], eps: f32) -> f32 {
-    // ggml squares in f32 and sums in ggml_float (f64) before taking the mean.
-    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    1.0 / (mean + eps).sqrt()
+/// Rows whose sums of squares are accumulated together.
+const ROWS_AT_ONCE: usize = 8;
+
+/// Calls f(row, 1 / sqrt(mean(row²) + eps)) for each row of n elements of x.
+///
+/// ggml squares in f32 and sums in ggml_float (f64), element by element, before taking the
+/// mean: one chain of dependent f64 adds per row. Eight rows' chains advance together (each
+/// still in its row's order, so the same bits), which hides the adds' latency: the norms of
+/// an eight-token step ran one add every three cycles, all on the main thread.
+fn for_row_scales(x: &[f32], n: usize, eps: f32, mut f: impl FnMut(usize, f32)) {
+    let scale = |sum: f64| {
+        let mean = (sum / n as f64) as f32;
+        1.0 / (mean + eps).sqrt()
+    };
+    let rows = if n == 0 { 0 } else { x.len() / n };
+    let mut r0 = 0;
+    while r0 + ROWS_AT_ONCE <= rows {
+        let row = |r: usize| x[(r0 + r) * n..(r0 + r + 1) * n].iter();
+        let mut sums = [0f64; ROWS_AT_ONCE];
+        // Zipped iterators: indexing kept a bounds check on every load.
+        let columns = row(0).zip(row(1)).zip(row(2)).zip(row(3)).zip(row(4)).zip(row(5)).zip(row(6)).zip(row(7));
+        for (((((((&a, &b), &c), &d), &e), &f), &g), &h) in columns {
+            for (s, v) in sums.iter_mut().zip([a, b, c, d, e, f, g, h]) {
+                *s += (v * v) as f64;
+            }
+        }
+        for (r, &s) in sums.iter().enumerate() {
+            f(r0 + r, scale(s));
+        }
+        r0 += ROWS_AT_ONCE;
+    }
+    for r in r0..rows {
+        let sum = x[r * n..(r + 1) * n].iter().fold(0f64, |s, &v| s + (v * v) as f64);
+        f(r, scale(sum));
+    }
 }
 
 /// RoPE parameters of a model (ggml_rope_ext's arguments).
@@ -214,6 +247,33 @@ mod tests {
             p.fill_cache(4.0, &mut c); rope_apply(&mut x1, &c, &p);
             p.fill_cache(7.0, &mut c); rope_apply(&mut x2, &c, &p);
             for (a, b) in x1.iter().zip(&x2) { assert!((a - b).abs() < 1e-5, "{a} vs {b}"); }
+        }
+    }
+
+    #[test]
+    fn rms_norm_sums_each_row_in_order_whatever_the_row_count() {
+        // Rows of values whose f64 sum depends on the order of the adds; every count of rows
+        // around the eight summed together, in and out of place, equals the one-row sum.
+        let n = 37;
+        let x: Vec<f32> = (0..19 * n).map(|i| ((i * 7919 % 1013) as f32 - 500.0) * if i % 5 == 0 { 1e3 } else { 1e-3 }).collect();
+        let w: Vec<f32> = (0..n).map(|i| 0.5 + i as f32 * 0.01).collect();
+        let one_row = |r: &[f32]| -> Vec<f32> {
+            let mut sum = 0f64;
+            for &v in r {
+                sum += (v * v) as f64;
+            }
+            let scale = 1.0 / (((sum / n as f64) as f32) + 1e-6).sqrt();
+            r.iter().zip(&w).map(|(&v, &g)| v * scale * g).collect()
+        };
+        for rows in [1, 7, 8, 9, 16, 19] {
+            let want: Vec<f32> = x[..rows * n].chunks(n).flat_map(one_row).collect();
+            let mut out = vec![0f32; rows * n];
+            rms_norm(&x[..rows * n], &w, 1e-6, &mut out);
+            let mut inplace = x[..rows * n].to_vec();
+            rms_norm_inplace(&mut inplace, &w, 1e-6);
+            for (i, ((a, b), c)) in out.iter().zip(&inplace).zip(&want).enumerate() {
+                assert_eq!((a.to_bits(), b.to_bits()), (c.to_bits(), c.to_bits()), "{rows} rows, element {i}");
+            }
         }
     }
 

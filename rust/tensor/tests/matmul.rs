@@ -148,6 +148,55 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
     }
 }
 
+/// Q5_0 products of many tokens at the bounds of their 16-bit sums: rows whose levels are
+/// all 31 (quant 15) or all 0 (quant -16), random levels, and activations of +127 or -127
+/// in every byte, alone and mixed. The packed kernels add four lanes' products of levels
+/// (0..31) in 16 bits before widening them (at most 8 * 31 * 127 = 31496 a word); each
+/// output equals the one-accumulator dot bit for bit.
+#[test]
+fn q5_0_products_are_exact_at_the_bounds_of_their_sums() {
+    use ferrollama_tensor::scalar::repacked as rp;
+    let mut rng = Rng::new(25);
+    let cols = 256;
+    // A block: d = 1.0 (f16), the fifth bits, then the nibbles.
+    let block = |level: u8| -> Vec<u8> {
+        let (high, low) = (if level & 16 != 0 { 0xff } else { 0 }, level & 15);
+        [0x00, 0x3c].into_iter().chain([high; 4]).chain([low | low << 4; 16]).collect()
+    };
+    let row = |kind: usize, rng: &mut Rng| -> Vec<u8> {
+        match kind % 3 {
+            0 => block(31).repeat(cols / 32),
+            1 => block(0).repeat(cols / 32),
+            _ => random_weights(GgmlType::Q5_0, cols, rng),
+        }
+    };
+    let rows = 48;
+    let bytes: Vec<u8> = (0..rows).flat_map(|r| row(r / 2, &mut rng)).collect();
+    let m = QMatrix::new(GgmlType::Q5_0, rows, cols, WeightBytes::Owned(Arc::new(bytes))).expect("valid matrix");
+    // Tokens of all +1, all -1 (each quantized to 127 or -127 in every byte), alternating
+    // signs by block, and random values.
+    let token = |t: usize, rng: &mut Rng| -> Vec<f32> {
+        match t % 4 {
+            0 => vec![1.0; cols],
+            1 => vec![-1.0; cols],
+            2 => (0..cols).map(|i| if (i / 32) % 2 == 0 { 0.5 } else { -0.5 }).collect(),
+            _ => rng.vec(cols, 1.0),
+        }
+    };
+    for n_tokens in [TILED_TOKENS, 9, 16] {
+        let x: Vec<f32> = (0..n_tokens).flat_map(|t| token(t, &mut rng)).collect();
+        let got = product(&m, &x, n_tokens, &Threads::new(2));
+        for tok in 0..n_tokens {
+            let xq = quantize(GgmlType::Q8_0, &x[tok * cols..(tok + 1) * cols]);
+            for r in 0..rows {
+                let want = rp::vec_dot_q5_0_q8_0_blocks(cols, m.row(r), &xq);
+                let g = got[tok * rows + r];
+                assert_eq!(g.to_bits(), want.to_bits(), "tokens {n_tokens} token {tok} row {r}: {g} vs {want}");
+            }
+        }
+    }
+}
+
 /// A copy made part by part (as the repacking thread does after loading) is used for the
 /// groups published so far: after every part, and when repacking stops half way, the
 /// product equals the in-place product bit for bit, and the parts cover the groups' source

@@ -143,11 +143,10 @@ pub fn rope_apply(x: &mut [f32], cache: &[f32], p: &RopeParams) {
     }
 }
 
-/// x = silu(x) * y (SwiGLU), element-wise.
-pub fn swiglu(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a = *a / (1.0 + (-*a).exp()) * b;
-    }
+/// x = silu(x) * y (SwiGLU) over rows of `row` elements, as ggml computes it on this CPU
+/// (`ferrollama_tensor::glu::swiglu`).
+pub fn swiglu(x: &mut [f32], y: &[f32], row: usize) {
+    ferrollama_tensor::glu::swiglu(x, y, row);
 }
 
 /// The tanh approximation of GELU (ggml_gelu_f32).
@@ -171,7 +170,7 @@ const GEGLU_CHUNK: usize = 256;
 /// the f16 GELU table, with the exact limits outside [-10, 10]. The rounding runs a chunk
 /// at a time through the cache's f16 conversion (F16C where the CPU has it: one call per
 /// value through `half` was 2 % of Gemma's 8-sequence decode step).
-pub fn geglu(x: &mut [f32], y: &[f32]) {
+pub fn geglu(x: &mut [f32], y: &[f32], _row: usize) {
     let table = gelu_table();
     let to_f16 = ferrollama_tensor::traits(ferrollama_tensor::GgmlType::F16).and_then(|t| t.from_f32).expect("f16 converts from f32");
     let mut halves = [0u8; 2 * GEGLU_CHUNK];
@@ -225,7 +224,8 @@ mod tests {
         let y: Vec<f32> = (0..x.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
         let want: Vec<f32> = x.iter().zip(&y).map(|(&v, &b)| if v <= -10.0 { 0.0 } else if v >= 10.0 { v * b } else { gelu_f16(v) * b }).collect();
         let mut got = x.clone();
-        geglu(&mut got, &y);
+        let n = got.len();
+        geglu(&mut got, &y, n);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.to_bits(), w.to_bits(), "x = {}: {g} vs {w}", x[i]);
         }

@@ -243,7 +243,7 @@ pub unsafe fn attend_raw(h: &Heads, out: *mut f32, s: &mut Avx2Scratch) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 #[cfg(test)]
 mod tests;

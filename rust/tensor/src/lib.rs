@@ -10,6 +10,7 @@
 pub mod attn;
 pub mod attn_avx2;
 pub mod dispatch;
+pub mod glu;
 pub mod matmul;
 pub mod packed;
 pub mod scalar;

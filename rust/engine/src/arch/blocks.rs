@@ -60,35 +60,39 @@ pub fn attend(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, kv: &KvStore,
 }
 
 /// ws.o = W_down · act(W_gate·ws.h, W_up·ws.h), with `act` the gated activation (SwiGLU, GeGLU).
-pub fn gated_ffn(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, n: usize, act: fn(&mut [f32], &[f32]),
-                 threads: &Threads) {
+pub fn gated_ffn(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, n: usize, act: Activation, threads: &Threads) {
     let (d, ff) = (hp.n_embd, hp.n_ff);
     matmul(&lw.ffn_gate, &ws.h, n, &mut ws.gate[..n * ff], &mut ws.mm, threads);
     matmul(&lw.ffn_up, &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, threads);
-    elementwise_on_threads(act, &mut ws.gate[..n * ff], &ws.up[..n * ff], threads);
+    rows_on_threads(act, &mut ws.gate[..n * ff], &ws.up[..n * ff], ff, threads);
     matmul(&lw.ffn_down, &ws.gate, n, &mut ws.o[..n * d], &mut ws.mm, threads);
 }
+
+/// A gated activation: x = act(x) * y over rows of the given length (ggml applies some of
+/// them row by row: SwiGLU's vector chunks start at each row).
+pub type Activation = fn(&mut [f32], &[f32], usize);
 
 /// Elements per task of an element-wise step: below two tasks' worth, the dispatch costs
 /// more than the second thread gives.
 const ELEMENTWISE_CHUNK: usize = 8192;
 
-/// `act(x, y)` over chunks of the rows on the threads (the same bits: each element's
+/// `act(x, y, row)` over runs of whole rows on the threads (the same bits: each row's
 /// arithmetic is its own). With several tokens, the activation of a 4864-wide FFN is
 /// otherwise a serial step the other thread waits through (measured: 3 % of an 8-sequence
 /// decode step, and as much again spinning).
-fn elementwise_on_threads(act: fn(&mut [f32], &[f32]), x: &mut [f32], y: &[f32], threads: &Threads) {
-    assert_eq!(x.len(), y.len(), "element-wise operands of one length");
-    let n_chunks = x.len().div_ceil(ELEMENTWISE_CHUNK);
+fn rows_on_threads(act: Activation, x: &mut [f32], y: &[f32], row: usize, threads: &Threads) {
+    assert!(x.len() == y.len() && row > 0 && x.len() % row == 0, "element-wise operands of whole rows, of one length");
+    let chunk = row * (ELEMENTWISE_CHUNK / row).max(1);
+    let n_chunks = x.len().div_ceil(chunk);
     if n_chunks < 2 || threads.n_threads() < 2 {
-        act(x, y);
+        act(x, y, row);
         return;
     }
     let xs = SendPtr(x.as_mut_ptr());
     threads.run(n_chunks, |c| {
-        let range = c * ELEMENTWISE_CHUNK..((c + 1) * ELEMENTWISE_CHUNK).min(y.len());
+        let range = c * chunk..((c + 1) * chunk).min(y.len());
         // SAFETY: the chunks are disjoint ranges of x (x and y have the same length).
         let part = unsafe { std::slice::from_raw_parts_mut(xs.get().add(range.start), range.len()) };
-        act(part, &y[range]);
+        act(part, &y[range], row);
     });
 }

@@ -1,8 +1,9 @@
 //! The AVX2 kernel of `attend_raw`: the arithmetic of `query_spec`, vectorized.
 //!
-//! Scores: the keys are read eight cells at a time (converted to f32 once for every query of
-//! the call), and each query's eight dot products are reduced together by one transpose-like
-//! tree (the same adds as eight GGML_F32x8_REDUCE). Weighted sums: eight lanes are eight output
+//! Scores: the keys are read eight cells at a time, one of ggml's four accumulator chains at
+//! a time for a tile of queries x keys (`dot8_tile`), and each query's eight dot products are
+//! reduced together by one transpose-like tree (the same adds as eight GGML_F32x8_REDUCE);
+//! the same cells' value rows are prefetched meanwhile. Weighted sums: eight lanes are eight output
 //! dimensions; each of the 32 lanes of ggml's accumulators (cells j with the same j % 32) is a
 //! chain of multiply-adds walked in cell order, for up to eight queries at once (each value
 //! row read once per group of queries), its rows two sequential streams of the set-major cache.
@@ -337,7 +338,7 @@ unsafe fn reduce8(a: &[__m256; 8]) -> __m256 {
 
 /// ggml_v_expf (AVX2).
 #[inline(always)]
-pub(super) unsafe fn expf8(x: __m256) -> __m256 {
+pub(crate) unsafe fn expf8(x: __m256) -> __m256 {
     macro_rules! c {
         ($b:expr) => {
             _mm256_set1_ps(f32::from_bits($b))

@@ -216,6 +216,8 @@ pub struct Avx2Scratch {
     /// bucket starts (`lane_start[32]` is the end).
     lane_cells: Vec<u32>,
     lane_start: Vec<usize>,
+    /// The queries of the call with a visible cell (token * n_q + head).
+    live: Vec<u16>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) -> *mut f32 {

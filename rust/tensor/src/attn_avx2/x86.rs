@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{grow, Avx2Scratch, MAX_HEADS, MAX_TOKENS, STEP};
+use super::{grow, Avx2Scratch, MAX_TOKENS, STEP};
 use crate::attn::{v_row, Heads};
 use crate::GgmlType;
 
@@ -42,19 +42,17 @@ pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut Avx2Scratch) {
         sparse_scores(h, q, end_any, &s.cells, w, kbuf);
     }
     // The queries with a visible cell, grouped by GROUP; the others output zeros.
-    let mut live = [0u16; MAX_TOKENS * MAX_HEADS];
-    let mut n_live = 0;
+    s.live.clear();
     for qq in 0..nt * nq {
         let t = qq / nq;
         let o = out.add(t * h.out_stride + (qq % nq) * h.head_dim_v);
         if softmax(w.add(qq * n_kv), n_kv, ends[t], end_any, h.v_type == GgmlType::F16) {
-            live[n_live] = qq as u16;
-            n_live += 1;
+            s.live.push(qq as u16);
         } else {
             std::ptr::write_bytes(o, 0, h.head_dim_v);
         }
     }
-    for g in live[..n_live].chunks(GROUP) {
+    for g in s.live.chunks(GROUP) {
         let walk_end = g.iter().map(|&qq| ends[qq as usize / nq]).max().unwrap_or(0);
         let sets = grow(&mut s.sets, STEP * lane_floats(g.len(), h.head_dim_v));
         let lanes = if dense { None } else { Some((&s.lane_cells[..], &s.lane_start[..])) };
@@ -288,8 +286,9 @@ unsafe fn sparse_scores(h: &Heads, q: *const f32, end_any: usize, cells: &[u32],
 /// key chunk for every multiply-add: the scores were bound by loads.)
 #[inline(always)]
 unsafe fn dot8_tile<const F16: bool, const NQ: usize, const NK: usize>(rows: &[*const u8; 8], q: *const f32, dk: usize) -> [__m256; NQ] {
-    // chains[i][c][j]: accumulator j of query i and key c.
-    let mut chains = [[[_mm256_setzero_ps(); 4]; 8]; NQ];
+    // chains[i][c][j]: accumulator j of query i and key c, each written once below before
+    // it is read (left uninitialized: zeroing these 4 KiB was a memset per block of keys).
+    let mut chains = [[[std::mem::MaybeUninit::<__m256>::uninit(); 4]; 8]; NQ];
     for k0 in (0..8).step_by(NK) {
         for j in 0..4 {
             let mut acc = [[_mm256_setzero_ps(); NK]; NQ];
@@ -308,7 +307,7 @@ unsafe fn dot8_tile<const F16: bool, const NQ: usize, const NK: usize>(rows: &[*
             }
             for i in 0..NQ {
                 for kk in 0..NK {
-                    chains[i][k0 + kk][j] = acc[i][kk];
+                    chains[i][k0 + kk][j].write(acc[i][kk]);
                 }
             }
         }
@@ -317,6 +316,8 @@ unsafe fn dot8_tile<const F16: bool, const NQ: usize, const NK: usize>(rows: &[*
     for (o, ch) in out.iter_mut().zip(&chains) {
         let mut a = [_mm256_setzero_ps(); 8];
         for (ac, c) in a.iter_mut().zip(ch) {
+            // SAFETY: every chain of every key was written above.
+            let c = c.map(|v| v.assume_init());
             *ac = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
         }
         *o = reduce8(&a);

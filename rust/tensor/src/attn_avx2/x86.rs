@@ -155,6 +155,21 @@ unsafe fn load8<const F16: bool>(row: *const u8, i: usize) -> __m256 {
     }
 }
 
+/// Runs `$body` for each of the `$n` queries at `$q` (`$dk` floats apart) with `$qq` its index
+/// and `$d` its eight dot products with the key rows `$rows`, computed a tile of queries at a
+/// time (`KeyRows::dots`). A macro, not a closure: a closure would not inherit the caller's
+/// target features, and its intrinsics would become calls.
+macro_rules! each_query_dots {
+    ($rows:expr, $q:expr, $n:expr, $dk:expr, |$qq:ident, $d:ident| $body:block) => {{
+        let mut q0 = 0;
+        while q0 < $n {
+            let (tile, dots) = $rows.dots($q.add(q0 * $dk), $n - q0, $dk);
+            for ($qq, $d) in (q0..q0 + tile).zip(dots) $body
+            q0 += tile;
+        }
+    }};
+}
+
 /// w[qq][j] = scale * K_j · q_qq + mask[j] for cells j of the blocks of eight below
 /// `end_any` (later cells are never read): each key converted once for all queries.
 #[inline(always)]
@@ -166,25 +181,20 @@ unsafe fn scores(h: &Heads, q: *const f32, end_any: usize, w: *mut f32, kbuf: *m
         // A short last block repeats its last cell (those scores are not stored).
         let rows = key_rows(h, |c| c0 + c.min(n - 1), kbuf);
         prefetch_values::<_MM_HINT_T1>(h, c0..c0 + n);
-        let mut q0 = 0;
-        while q0 < h.n_t * h.n_q {
-            let (tile, dots) = rows.dots(q.add(q0 * dk), h.n_t * h.n_q - q0, dk);
-            for (qq, d) in (q0..q0 + tile).zip(dots) {
-                let kq = _mm256_mul_ps(d, scale);
-                let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride + c0);
-                let wr = w.add(qq * n_kv + c0);
-                if n == 8 {
-                    _mm256_storeu_ps(wr, _mm256_add_ps(kq, _mm256_loadu_ps(m)));
-                } else {
-                    let mut x = [0f32; 8];
-                    _mm256_storeu_ps(x.as_mut_ptr(), kq);
-                    for c in 0..n {
-                        *wr.add(c) = x[c] + *m.add(c);
-                    }
+        each_query_dots!(rows, q, h.n_t * h.n_q, dk, |qq, d| {
+            let kq = _mm256_mul_ps(d, scale);
+            let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride + c0);
+            let wr = w.add(qq * n_kv + c0);
+            if n == 8 {
+                _mm256_storeu_ps(wr, _mm256_add_ps(kq, _mm256_loadu_ps(m)));
+            } else {
+                let mut x = [0f32; 8];
+                _mm256_storeu_ps(x.as_mut_ptr(), kq);
+                for c in 0..n {
+                    *wr.add(c) = x[c] + *m.add(c);
                 }
             }
-            q0 += tile;
-        }
+        });
     }
 }
 
@@ -258,20 +268,15 @@ unsafe fn sparse_scores(h: &Heads, q: *const f32, end_any: usize, cells: &[u32],
         let n = group.len();
         let rows = key_rows(h, |c| group[c.min(n - 1)] as usize, kbuf);
         prefetch_values::<_MM_HINT_T1>(h, group.iter().map(|&j| j as usize));
-        let mut q0 = 0;
-        while q0 < h.n_t * h.n_q {
-            let (tile, dots) = rows.dots(q.add(q0 * dk), h.n_t * h.n_q - q0, dk);
-            for (qq, d) in (q0..q0 + tile).zip(dots) {
-                let mut x = [0f32; 8];
-                _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(d, scale));
-                let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride);
-                let wr = w.add(qq * n_kv);
-                for (c, &j) in group.iter().enumerate() {
-                    *wr.add(j as usize) = x[c] + *m.add(j as usize);
-                }
+        each_query_dots!(rows, q, h.n_t * h.n_q, dk, |qq, d| {
+            let mut x = [0f32; 8];
+            _mm256_storeu_ps(x.as_mut_ptr(), _mm256_mul_ps(d, scale));
+            let m = h.mask.as_ptr().add((qq / h.n_q) * h.mask_stride);
+            let wr = w.add(qq * n_kv);
+            for (c, &j) in group.iter().enumerate() {
+                *wr.add(j as usize) = x[c] + *m.add(j as usize);
             }
-            q0 += tile;
-        }
+        });
     }
 }
 
@@ -524,9 +529,9 @@ impl Group<'_, '_> {
                 // The next block's rows, while this one is summed: the walk is latency bound
                 // otherwise (each pass over the dimensions reads a sixteen-byte piece per row).
                 if s1 < n {
-                    self.prefetch((s1..(s1 + BLOCK).min(n)).map(|i| cell(r, i)));
+                    prefetch_values::<_MM_HINT_T0>(h, (s1..(s1 + BLOCK).min(n)).map(|i| cell(r, i)));
                 } else if r + 1 < STEP {
-                    self.prefetch((0..BLOCK.min(count(r + 1))).map(|i| cell(r + 1, i)));
+                    prefetch_values::<_MM_HINT_T0>(h, (0..BLOCK.min(count(r + 1))).map(|i| cell(r + 1, i)));
                 }
                 // The block's value rows and probabilities, gathered once for all the passes
                 // over the dimensions (each pass recomputed every row's address from its
@@ -582,12 +587,6 @@ impl Group<'_, '_> {
                 _mm256_storeu_ps(self.set_at(r, k, dc + 8 * c), *a);
             }
         }
-    }
-
-    /// Prefetches the value rows of `cells`.
-    #[inline(always)]
-    unsafe fn prefetch(&self, cells: impl Iterator<Item = usize>) {
-        prefetch_values::<_MM_HINT_T0>(self.h, cells);
     }
 
     /// GGML_F32x8_REDUCE of each output dimension's 32 lanes, eight dimensions at a time.

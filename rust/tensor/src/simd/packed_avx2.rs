@@ -248,11 +248,55 @@ unsafe fn q5_0_block_sums<const T: usize>(a: &KernelArgs, e: *const u8, g: usize
     }
 }
 
-/// Q5_0 over tokens t0..t1 (one accumulator): the group decoded once into levels, both
-/// halves block by block (fetching the next group meanwhile), then passes of four tokens
-/// (then two, then one) over each half.
+/// Most tokens `q5_0_few` takes at once: its accumulators, two per token, live on the stack.
+const FEW_TOKENS: usize = 16;
+
+/// Q5_0 over a few tokens t0..t1 (at most `FEW_TOKENS`; one accumulator per output, the
+/// arithmetic of `q5_0_block_sums`), block by block: each half block decoded into levels in
+/// registers and multiplied by every token before the next is read, its accumulators in
+/// memory (L1). A decode step's eight tokens spend little work per weight, and a separate
+/// decoding pass over the group waited on its loads with nothing else to do.
+#[inline(always)]
+unsafe fn q5_0_few(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    let ones = _mm256_set1_epi16(1);
+    let total = a.aux_per_block - 1;
+    let next = NextGroup::after(a, g);
+    let mut acc = [[_mm256_setzero_ps(); FEW_TOKENS]; 2];
+    for b in 0..a.nb {
+        next.fetch(b);
+        let (scales, qs, bits) = (at(a, base, b, 0), at(a, base, b, 1), at(a, base, b, 2));
+        for (h, acc_h) in acc.iter_mut().enumerate() {
+            // Spelled out: through `array::from_fn` the decoding stayed a call per lane.
+            let lv = |l: usize| q5_levels(qs, bits, l, h);
+            let w = [lv(0), lv(1), lv(2), lv(3), lv(4), lv(5), lv(6), lv(7)];
+            let dw = half_scales(scales, h);
+            for (t, acc_t) in (t0..t1).zip(acc_h.iter_mut()) {
+                let m = |l: usize| _mm256_maddubs_epi16(w[l], act4(a, t, b * 32 + 4 * l));
+                let lo = _mm256_add_epi16(_mm256_add_epi16(m(0), m(1)), _mm256_add_epi16(m(2), m(3)));
+                let hi = _mm256_add_epi16(_mm256_add_epi16(m(4), m(5)), _mm256_add_epi16(m(6), m(7)));
+                let isum = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+                let isum = _mm256_add_epi32(isum, lane_correction(a, t, b, total));
+                *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, act_d(a, t, b)), *acc_t);
+            }
+        }
+    }
+    for (h, acc_h) in acc.iter().enumerate() {
+        for (t, acc_t) in (t0..t1).zip(acc_h.iter()) {
+            store(a, g, h, t, *acc_t);
+        }
+    }
+}
+
+/// Q5_0 over tokens t0..t1 (one accumulator). Up to `FEW_TOKENS`: `q5_0_few`. More: the
+/// group decoded once into levels, both halves block by block (fetching the next group
+/// meanwhile), then passes of four tokens (then two, then one) over each half.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_0_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    if t1 - t0 <= FEW_TOKENS {
+        q5_0_few(a, g, t0, t1);
+        return;
+    }
     let base = a.w.add(g * a.group_bytes);
     EXPANDED.with(|buf| {
         let mut buf = buf.borrow_mut();

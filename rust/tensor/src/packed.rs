@@ -53,11 +53,16 @@ pub enum PackKind {
     Q6K,
 }
 
+/// Index in a `Q8Lanes` block's aux of two 16-bit corrections: -offset times the sum of the
+/// block's bytes 4l and 4l + 1 over the lanes l (low word), of bytes 4l + 2 and 4l + 3 (high
+/// word); the words of the pair sums `vpmaddubsw` leaves (AVX2 Q5_0 kernels).
+pub const Q5_0_WORD_CORRECTIONS: usize = 8;
+
 /// How a kind's activations are quantized and corrected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActKind {
-    /// Q8_0 blocks; per block and lane l: -offset * (sum of bytes 4l..4l+3), then their
-    /// total (9 i32).
+    /// Q8_0 blocks; per block and lane l: -offset * (sum of bytes 4l..4l+3), then the
+    /// word corrections (`Q5_0_WORD_CORRECTIONS`), then the lanes' total (10 i32).
     Q8Lanes { offset: i32 },
     /// Q8_0 blocks; per block: -offset * (sum of the 32 bytes) (1 i32).
     Q8Block { offset: i32 },
@@ -71,7 +76,7 @@ impl ActKind {
     /// i32 entries of `aux` per block.
     pub fn aux_per_block(self) -> usize {
         match self {
-            ActKind::Q8Lanes { .. } => 9,
+            ActKind::Q8Lanes { .. } => 10,
             ActKind::Q8KPairs => 8,
             ActKind::Q8Block { .. } => 1,
             ActKind::Q8KSums32 => 4,
@@ -570,10 +575,15 @@ fn unpack_row(act: ActKind, row: &[u8], qs: &mut [u8], d: &mut [f32], aux: &mut 
                 d[b] = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
                 let lanes: [i32; 8] = std::array::from_fn(|l| q[4 * l..4 * l + 4].iter().map(|&v| v as i8 as i32).sum());
                 let aux = &mut aux[b * apb..(b + 1) * apb];
-                if apb == 9 {
+                if apb == 10 {
                     for (c, lane) in aux[..8].iter_mut().zip(lanes) {
                         *c = -offset * lane;
                     }
+                    // Q5_0's: |16 * 16 * 127| fits a word (Q8_0's offset makes words
+                    // nothing reads).
+                    let pairs = |k: usize| (0..8).map(|l| q[4 * l + k] as i8 as i32 + q[4 * l + k + 1] as i8 as i32).sum::<i32>();
+                    let (low, high) = ((-offset * pairs(0)) as i16, (-offset * pairs(2)) as i16);
+                    aux[Q5_0_WORD_CORRECTIONS] = (low as u16 as u32 | (high as u16 as u32) << 16) as i32;
                 }
                 aux[apb - 1] = -offset * lanes.iter().sum::<i32>();
             }

@@ -150,9 +150,10 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
 
 /// Q5_0 products of many tokens at the bounds of their 16-bit sums: rows whose levels are
 /// all 31 (quant 15) or all 0 (quant -16), random levels, and activations of +127 or -127
-/// in every byte, alone and mixed. The packed kernels add four lanes' products of levels
-/// (0..31) in 16 bits before widening them (at most 8 * 31 * 127 = 31496 a word); each
-/// output equals the one-accumulator dot bit for bit.
+/// in every byte, alone and mixed. The AVX2 kernels add a block's products of levels
+/// (0..31) in 16-bit words that wrap, with the correction of the quants' 16 in the word
+/// (true value within 16 * 16 * 127 = 32512: reached by levels 0 times -127); each output
+/// equals the one-accumulator dot bit for bit.
 #[test]
 fn q5_0_products_are_exact_at_the_bounds_of_their_sums() {
     use ferrollama_tensor::scalar::repacked as rp;

@@ -212,6 +212,29 @@ unsafe fn lane_correction(a: &KernelArgs, t: usize, b: usize, l: usize) -> __m25
     _mm256_set1_epi32(*a.aux.add((t * a.nb + b) * a.aux_per_block + l))
 }
 
+/// Token t's corrections of Q5_0 block b in the 16-bit words of `q5_0_block_isum`'s sums
+/// (-16 times the sum of its quants 4l, 4l + 1 in the low word, of 4l + 2, 4l + 3 in the
+/// high one, over the lanes l), broadcast.
+#[inline(always)]
+unsafe fn word_corrections(a: &KernelArgs, t: usize, b: usize) -> __m256i {
+    _mm256_set1_epi32(*a.aux.add((t * a.nb + b) * a.aux_per_block + crate::packed::Q5_0_WORD_CORRECTIONS))
+}
+
+/// The exact sums, for eight rows, of (level - 16) * x over a Q5_0 block: the levels' eight
+/// lanes `w` times the activation dwords `x(l)`. The eight products of pairs go into one
+/// 16-bit word per pair position with the correction `corr` (`word_corrections`); the adds
+/// wrap, but each word's true value, sixteen products of |level - 16| <= 16 and |x| <= 127,
+/// is within 16 * 16 * 127 = 32512, so what the words hold is that value. One `madd` then
+/// adds a row's two words. (Two words of four lanes each, widened and added in 32 bits, with
+/// the correction after: 4-8 % slower products of eight tokens.)
+#[inline(always)]
+unsafe fn q5_0_block_isum(w: &[__m256i; 8], x: impl Fn(usize) -> __m256i, corr: __m256i) -> __m256i {
+    let m = |l: usize| _mm256_maddubs_epi16(w[l], x(l));
+    let lo = _mm256_add_epi16(_mm256_add_epi16(m(0), m(1)), _mm256_add_epi16(m(2), m(3)));
+    let hi = _mm256_add_epi16(_mm256_add_epi16(m(4), m(5)), _mm256_add_epi16(m(6), m(7)));
+    _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(lo, hi), corr), _mm256_set1_epi16(1))
+}
+
 /// Bytes of a decoded Q5_0 half-group block: eight lanes of levels (32 bytes each), then the
 /// eight rows' d as f32.
 const EXPANDED_BLOCK: usize = 8 * 32 + 8 * 4;
@@ -228,19 +251,13 @@ thread_local! {
 /// d_w * d_x, acc).
 #[inline(always)]
 unsafe fn q5_0_block_sums<const T: usize>(a: &KernelArgs, e: *const u8, g: usize, h: usize, t0: usize) {
-    let ones = _mm256_set1_epi16(1);
-    let total = a.aux_per_block - 1;
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..a.nb {
         let eb = e.add(b * EXPANDED_BLOCK);
         let w: [__m256i; 8] = std::array::from_fn(|l| _mm256_loadu_si256(eb.add(32 * l) as *const __m256i));
         let dw = _mm256_loadu_ps(eb.add(256) as *const f32);
         for (t, acc_t) in acc.iter_mut().enumerate() {
-            let m = |l: usize| _mm256_maddubs_epi16(w[l], act4(a, t0 + t, b * 32 + 4 * l));
-            let lo = _mm256_add_epi16(_mm256_add_epi16(m(0), m(1)), _mm256_add_epi16(m(2), m(3)));
-            let hi = _mm256_add_epi16(_mm256_add_epi16(m(4), m(5)), _mm256_add_epi16(m(6), m(7)));
-            let isum = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
-            let isum = _mm256_add_epi32(isum, lane_correction(a, t0 + t, b, total));
+            let isum = q5_0_block_isum(&w, |l| act4(a, t0 + t, b * 32 + 4 * l), word_corrections(a, t0 + t, b));
             *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, act_d(a, t0 + t, b)), *acc_t);
         }
     }
@@ -260,8 +277,6 @@ const FEW_TOKENS: usize = 16;
 #[inline(always)]
 unsafe fn q5_0_few(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
     let base = a.w.add(g * a.group_bytes);
-    let ones = _mm256_set1_epi16(1);
-    let total = a.aux_per_block - 1;
     let next = NextGroup::after(a, g);
     // Only the tokens' accumulators are zeroed, with an opaque zero: a zeroed array (or a
     // recognizable zeroing loop) is a memset call per group (0.6 % of Qwen's 8-token step).
@@ -280,11 +295,7 @@ unsafe fn q5_0_few(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
             let dw = half_scales(scales, h);
             for (t, acc_t) in (t0..t1).zip(acc_h.iter_mut()) {
                 let acc_t = acc_t.assume_init_mut();
-                let m = |l: usize| _mm256_maddubs_epi16(w[l], act4(a, t, b * 32 + 4 * l));
-                let lo = _mm256_add_epi16(_mm256_add_epi16(m(0), m(1)), _mm256_add_epi16(m(2), m(3)));
-                let hi = _mm256_add_epi16(_mm256_add_epi16(m(4), m(5)), _mm256_add_epi16(m(6), m(7)));
-                let isum = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
-                let isum = _mm256_add_epi32(isum, lane_correction(a, t, b, total));
+                let isum = q5_0_block_isum(&w, |l| act4(a, t, b * 32 + 4 * l), word_corrections(a, t, b));
                 *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, act_d(a, t, b)), *acc_t);
             }
         }

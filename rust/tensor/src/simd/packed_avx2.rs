@@ -426,9 +426,75 @@ unsafe fn q4_k_tile<const T: usize>(a: &KernelArgs, g: usize, t0: usize) {
     }
 }
 
-/// Q4_K over tokens t0..t1.
+/// Q4_K over a few tokens t0..t1 (at most `FEW_TOKENS`), the arithmetic of `q4_k_sums`
+/// block by block as `q5_0_few`: each sub-block's levels decoded once into registers for
+/// every token, the integer sums and the accumulators in memory (L1). Products of eight
+/// tokens waited on their first pass's loads a third of their time.
+#[inline(always)]
+unsafe fn q4_k_few(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    let base = a.w.add(g * a.group_bytes);
+    let next = NextGroup::after(a, g);
+    let n = t1 - t0;
+    let mut acc = [[MaybeUninit::<__m256>::uninit(); FEW_TOKENS]; 2];
+    let mut acc_min = [[MaybeUninit::<__m256>::uninit(); FEW_TOKENS]; 2];
+    let mut isum = [MaybeUninit::<__m256i>::uninit(); FEW_TOKENS];
+    // Opaque zeros, as in `q5_0_few`.
+    let zero = std::hint::black_box(_mm256_setzero_ps());
+    let izero = std::hint::black_box(_mm256_setzero_si256());
+    for v in acc.iter_mut().chain(acc_min.iter_mut()).flat_map(|acc_h| &mut acc_h[..n]) {
+        v.write(zero);
+    }
+    for i in 0..a.nb {
+        next.fetch(i);
+        for h in 0..2 {
+            for v in &mut isum[..n] {
+                v.write(izero);
+            }
+            for j in 0..8 {
+                let lv = |l: usize| q4_k_levels(a, base, i, j, l, h);
+                let w = [lv(0), lv(1), lv(2), lv(3), lv(4), lv(5), lv(6), lv(7)];
+                let scale = row_scales_i16(at(a, base, i, 2).add(j * 16 + h * 8));
+                for (t, s) in (t0..t1).zip(isum.iter_mut()) {
+                    // Exact in 16 bits in any order: |pair| <= 2 * 15 * 127, eight of them.
+                    let m = |l: usize| _mm256_maddubs_epi16(w[l], act4(a, t, i * 256 + 32 * j + 4 * l));
+                    let p16 = _mm256_add_epi16(
+                        _mm256_add_epi16(_mm256_add_epi16(m(0), m(1)), _mm256_add_epi16(m(2), m(3))),
+                        _mm256_add_epi16(_mm256_add_epi16(m(4), m(5)), _mm256_add_epi16(m(6), m(7))),
+                    );
+                    let s = s.assume_init_mut();
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p16, scale));
+                }
+            }
+            let mins: [__m256i; 4] = [0, 1, 2, 3].map(|jp| _mm256_cvtepu8_epi16(_mm_loadu_si128(at(a, base, i, 3).add(jp * 32 + h * 16) as *const __m128i)));
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(at(a, base, i, 0).add(h * 16) as *const __m128i));
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(at(a, base, i, 1).add(h * 16) as *const __m128i));
+            for (k, t) in (t0..t1).enumerate() {
+                let pair = |jp: usize| _mm256_set1_epi32(*a.aux.add((t * a.nb + i) * a.aux_per_block + jp));
+                let imin = _mm256_add_epi32(
+                    _mm256_add_epi32(_mm256_madd_epi16(mins[0], pair(0)), _mm256_madd_epi16(mins[1], pair(1))),
+                    _mm256_add_epi32(_mm256_madd_epi16(mins[2], pair(2)), _mm256_madd_epi16(mins[3], pair(3))),
+                );
+                let dx = act_d(a, t, i);
+                let (acc_t, min_t) = (acc[h][k].assume_init_mut(), acc_min[h][k].assume_init_mut());
+                *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[k].assume_init()), _mm256_mul_ps(d, dx), *acc_t);
+                *min_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), *min_t);
+            }
+        }
+    }
+    for h in 0..2 {
+        for (k, t) in (t0..t1).enumerate() {
+            store(a, g, h, t, _mm256_sub_ps(acc[h][k].assume_init(), acc_min[h][k].assume_init()));
+        }
+    }
+}
+
+/// Q4_K over tokens t0..t1: up to `FEW_TOKENS` by `q4_k_few`, more in passes.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_many(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
+    if t1 - t0 <= FEW_TOKENS {
+        q4_k_few(a, g, t0, t1);
+        return;
+    }
     token_passes!(q4_k_sums, 4, a, a.w.add(g * a.group_bytes), g, t0, t1);
 }
 

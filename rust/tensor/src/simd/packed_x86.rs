@@ -191,7 +191,6 @@ unsafe fn legacy_lanes<const KIND: u8, const T: usize>(a: &KernelArgs, g: usize,
 #[derive(Clone, Copy)]
 pub(super) struct NextGroup {
     next: *const u8,
-    lines: usize,
     per_block: usize,
 }
 
@@ -200,14 +199,18 @@ impl NextGroup {
     #[inline(always)]
     pub(super) fn after(a: &KernelArgs, g: usize) -> NextGroup {
         let lines = a.group_bytes / 64;
-        NextGroup { next: a.w.wrapping_add((g + 1) * a.group_bytes), lines, per_block: lines.div_ceil(a.nb.max(1)) }
+        NextGroup { next: a.w.wrapping_add((g + 1) * a.group_bytes), per_block: lines.div_ceil(a.nb.max(1)) }
     }
 
     /// Asks for block b's share of the lines.
     #[inline(always)]
     pub(super) unsafe fn fetch(&self, b: usize) {
-        for i in b * self.per_block..((b + 1) * self.per_block).min(self.lines) {
-            _mm_prefetch::<_MM_HINT_T1>(self.next.wrapping_add(i * 64) as *const i8);
+        // A plain count: the last block's share may run past the group (harmless, above);
+        // clamping it at the group's end cost a compare and a move per line (Q5_0 products
+        // of eight tokens 2-6 % slower, alternating in one process).
+        let first = self.next.wrapping_add(b * self.per_block * 64);
+        for i in 0..self.per_block {
+            _mm_prefetch::<_MM_HINT_T1>(first.wrapping_add(i * 64) as *const i8);
         }
     }
 }

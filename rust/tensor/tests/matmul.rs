@@ -128,8 +128,9 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
             _ => t.vec_dot,
         };
         // From 9 tokens the packed groups run passes of 8, 4, 2 and 1 tokens over token
-        // chunks; 40 tokens on one thread make chunks of 20, which the Q5_0 kernel decodes
-        // into a buffer first.
+        // chunks, except that AVX2's Q5_0 and Q4_K kernels go block by block up to 16
+        // tokens; 40 tokens on one thread make chunks of 20, which those run in passes (Q5_0
+        // decoding the group into a buffer first).
         for n_tokens in [1usize, 2, 3, 5, 9, 13, 40] {
             let expected_dot = expected_dot(n_tokens);
             let x = rng.vec(n_tokens * cols, 1.0);

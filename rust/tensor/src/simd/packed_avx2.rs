@@ -265,6 +265,17 @@ unsafe fn q5_0_block_sums<const T: usize>(a: &KernelArgs, e: *const u8, g: usize
     }
 }
 
+/// Writes `zero` into every slot, hidden from LLVM: only the tokens' accumulators are
+/// zeroed, and a zeroed array (or a zeroing loop LLVM recognizes) was a memset call per
+/// group (0.6 % of Qwen's 8-token step).
+#[inline(always)]
+fn opaque_zeros<T: Copy>(slots: &mut [MaybeUninit<T>], zero: T) {
+    let zero = std::hint::black_box(zero);
+    for slot in slots {
+        slot.write(zero);
+    }
+}
+
 /// Most tokens `q5_0_few` takes at once: its accumulators, two per token, live on the stack.
 const FEW_TOKENS: usize = 16;
 
@@ -277,12 +288,9 @@ const FEW_TOKENS: usize = 16;
 unsafe fn q5_0_few(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
     let base = a.w.add(g * a.group_bytes);
     let next = NextGroup::after(a, g);
-    // Only the tokens' accumulators are zeroed, with an opaque zero: a zeroed array (or a
-    // recognizable zeroing loop) is a memset call per group (0.6 % of Qwen's 8-token step).
     let mut acc = [[MaybeUninit::<__m256>::uninit(); FEW_TOKENS]; 2];
-    let zero = std::hint::black_box(_mm256_setzero_ps());
-    for acc_t in acc.iter_mut().flat_map(|acc_h| &mut acc_h[..t1 - t0]) {
-        acc_t.write(zero);
+    for acc_h in &mut acc {
+        opaque_zeros(&mut acc_h[..t1 - t0], _mm256_setzero_ps());
     }
     for b in 0..a.nb {
         next.fetch(b);
@@ -366,6 +374,42 @@ unsafe fn row_scales_i16(p: *const u8) -> __m256i {
     _mm256_set_m128i(_mm_unpackhi_epi16(s, s), _mm_unpacklo_epi16(s, s))
 }
 
+/// What ends a Q4_K super-block for the rows of half h: their mins (four vectors, the
+/// sub-block pairs), d and dmin.
+struct Q4kSuperBlockEnd {
+    mins: [__m256i; 4],
+    d: __m256,
+    dmin: __m256,
+}
+
+impl Q4kSuperBlockEnd {
+    #[inline(always)]
+    unsafe fn load(a: &KernelArgs, base: *const u8, i: usize, h: usize) -> Q4kSuperBlockEnd {
+        let half = |plane: usize| _mm_loadu_si128(at(a, base, i, plane).add(h * 16) as *const __m128i);
+        Q4kSuperBlockEnd {
+            mins: [0, 1, 2, 3].map(|jp| _mm256_cvtepu8_epi16(_mm_loadu_si128(at(a, base, i, 3).add(jp * 32 + h * 16) as *const __m128i))),
+            d: _mm256_cvtph_ps(half(0)),
+            dmin: _mm256_cvtph_ps(half(1)),
+        }
+    }
+
+    /// Token t's super-block i: imin = sum_j min_j * bsum32_j (the activation's sums of 32
+    /// as i16 pairs, sub-blocks 2jp and 2jp + 1 in one dword), then acc = fma(float(isum),
+    /// d * d_x, acc) and acc_min = fma(float(imin), dmin * d_x, acc_min).
+    #[inline(always)]
+    unsafe fn accumulate(&self, a: &KernelArgs, t: usize, i: usize, isum: __m256i, acc: &mut __m256, acc_min: &mut __m256) {
+        let pair = |jp: usize| _mm256_set1_epi32(*a.aux.add((t * a.nb + i) * a.aux_per_block + jp));
+        let m = &self.mins;
+        let imin = _mm256_add_epi32(
+            _mm256_add_epi32(_mm256_madd_epi16(m[0], pair(0)), _mm256_madd_epi16(m[1], pair(1))),
+            _mm256_add_epi32(_mm256_madd_epi16(m[2], pair(2)), _mm256_madd_epi16(m[3], pair(3))),
+        );
+        let dx = act_d(a, t, i);
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(self.d, dx), *acc);
+        *acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(self.dmin, dx), *acc_min);
+    }
+}
+
 /// Q4_K over tokens t0..t0 + T of half h, llama.cpp's repacked arithmetic
 /// (`scalar::repacked::vec_dot_q4_k_q8_k`): per super-block the exact isum = sum_j scale_j *
 /// (q4 . q8)_j (a sub-block's eight lanes add in i16: |pair| <= 2 * 15 * 127, eight of them
@@ -395,20 +439,9 @@ unsafe fn q4_k_sums<const T: usize, const AHEAD: bool>(a: &KernelArgs, base: *co
                 *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p16[t], scale));
             }
         }
-        let mins: [__m256i; 4] = [0, 1, 2, 3].map(|jp| _mm256_cvtepu8_epi16(_mm_loadu_si128(at(a, base, i, 3).add(jp * 32 + h * 16) as *const __m128i)));
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(at(a, base, i, 0).add(h * 16) as *const __m128i));
-        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(at(a, base, i, 1).add(h * 16) as *const __m128i));
+        let end = Q4kSuperBlockEnd::load(a, base, i, h);
         for t in 0..T {
-            // The activation's sums of 32 as i16 pairs (sub-blocks 2jp, 2jp + 1), one dword
-            // per pair: the min pairs' multipliers.
-            let pair = |jp: usize| _mm256_set1_epi32(*a.aux.add(((t0 + t) * a.nb + i) * a.aux_per_block + jp));
-            let imin = _mm256_add_epi32(
-                _mm256_add_epi32(_mm256_madd_epi16(mins[0], pair(0)), _mm256_madd_epi16(mins[1], pair(1))),
-                _mm256_add_epi32(_mm256_madd_epi16(mins[2], pair(2)), _mm256_madd_epi16(mins[3], pair(3))),
-            );
-            let dx = act_d(a, t0 + t, i);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dx), acc[t]);
-            acc_min[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), acc_min[t]);
+            end.accumulate(a, t0 + t, i, isum[t], &mut acc[t], &mut acc_min[t]);
         }
     }
     for t in 0..T {
@@ -438,18 +471,13 @@ unsafe fn q4_k_few(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
     let mut acc = [[MaybeUninit::<__m256>::uninit(); FEW_TOKENS]; 2];
     let mut acc_min = [[MaybeUninit::<__m256>::uninit(); FEW_TOKENS]; 2];
     let mut isum = [MaybeUninit::<__m256i>::uninit(); FEW_TOKENS];
-    // Opaque zeros, as in `q5_0_few`.
-    let zero = std::hint::black_box(_mm256_setzero_ps());
-    let izero = std::hint::black_box(_mm256_setzero_si256());
-    for v in acc.iter_mut().chain(acc_min.iter_mut()).flat_map(|acc_h| &mut acc_h[..n]) {
-        v.write(zero);
+    for acc_h in acc.iter_mut().chain(acc_min.iter_mut()) {
+        opaque_zeros(&mut acc_h[..n], _mm256_setzero_ps());
     }
     for i in 0..a.nb {
         next.fetch(i);
         for h in 0..2 {
-            for v in &mut isum[..n] {
-                v.write(izero);
-            }
+            opaque_zeros(&mut isum[..n], _mm256_setzero_si256());
             for j in 0..8 {
                 let lv = |l: usize| q4_k_levels(a, base, i, j, l, h);
                 let w = [lv(0), lv(1), lv(2), lv(3), lv(4), lv(5), lv(6), lv(7)];
@@ -465,19 +493,9 @@ unsafe fn q4_k_few(a: &KernelArgs, g: usize, t0: usize, t1: usize) {
                     *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p16, scale));
                 }
             }
-            let mins: [__m256i; 4] = [0, 1, 2, 3].map(|jp| _mm256_cvtepu8_epi16(_mm_loadu_si128(at(a, base, i, 3).add(jp * 32 + h * 16) as *const __m128i)));
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(at(a, base, i, 0).add(h * 16) as *const __m128i));
-            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(at(a, base, i, 1).add(h * 16) as *const __m128i));
+            let end = Q4kSuperBlockEnd::load(a, base, i, h);
             for (k, t) in (t0..t1).enumerate() {
-                let pair = |jp: usize| _mm256_set1_epi32(*a.aux.add((t * a.nb + i) * a.aux_per_block + jp));
-                let imin = _mm256_add_epi32(
-                    _mm256_add_epi32(_mm256_madd_epi16(mins[0], pair(0)), _mm256_madd_epi16(mins[1], pair(1))),
-                    _mm256_add_epi32(_mm256_madd_epi16(mins[2], pair(2)), _mm256_madd_epi16(mins[3], pair(3))),
-                );
-                let dx = act_d(a, t, i);
-                let (acc_t, min_t) = (acc[h][k].assume_init_mut(), acc_min[h][k].assume_init_mut());
-                *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[k].assume_init()), _mm256_mul_ps(d, dx), *acc_t);
-                *min_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), *min_t);
+                end.accumulate(a, t, i, isum[k].assume_init(), acc[h][k].assume_init_mut(), acc_min[h][k].assume_init_mut());
             }
         }
     }

@@ -39,6 +39,9 @@ pub struct AttnInput<'a> {
     pub scale: f32,
     /// tanh soft-capping of the scores (0: none).
     pub softcap: f32,
+    /// Per query head, a logit that takes part in the softmax with no value (gpt-oss's
+    /// attention sinks).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Per-thread buffers, grown to the largest call and then reused.
@@ -126,7 +129,7 @@ const TOKENS_PER_TASK: usize = 16;
 /// vec_dot) or several (llamafile's tinyBLAS for F16 operands and for V·P).
 fn exact_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usize, out: &SendPtr<f32>, s: &mut Scratch) -> bool {
     use ferrollama_tensor::attn::attend_raw;
-    if a.softcap != 0.0 || tokens.is_empty() {
+    if !plain_softmax(a) || tokens.is_empty() {
         return false;
     }
     let batch = a.n_tokens >= 2;
@@ -148,7 +151,7 @@ fn exact_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usi
 /// one token: ggml_vec_dot's AVX2 order, also for the tokens of a batch); false when it does
 /// not apply here. Elsewhere `spec_heads` computes the same numbers one at a time.
 fn avx2_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usize, out: &SendPtr<f32>, s: &mut Scratch) -> bool {
-    if a.softcap != 0.0 || tokens.is_empty() {
+    if !plain_softmax(a) || tokens.is_empty() {
         return false;
     }
     let h = task_heads(a, tokens.clone(), h0, nh, DotOrder::VecDot, DotOrder::VecDot);
@@ -163,7 +166,7 @@ fn avx2_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usiz
 /// `attn_avx2`'s specification for the heads h0..h0 + nh of token t (dst: their outputs);
 /// false when its shape does not apply.
 fn spec_heads(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) -> bool {
-    if a.softcap != 0.0 {
+    if !plain_softmax(a) {
         return false;
     }
     let h = task_heads(a, t..t + 1, h0, nh, DotOrder::VecDot, DotOrder::VecDot);
@@ -174,6 +177,12 @@ fn spec_heads(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s:
         attn_avx2::query_spec(&h, 0, i, d, &mut s.spec);
     }
     true
+}
+
+/// Whether the scores go into the softmax as they are (no soft-capping, no sinks): what the
+/// AVX-512 and AVX2 kernels compute.
+fn plain_softmax(a: &AttnInput) -> bool {
+    a.softcap == 0.0 && a.sinks.is_none()
 }
 
 /// The task of query heads h0..h0 + nh (one KV head's) of `tokens`, as the kernels take it.
@@ -211,8 +220,9 @@ fn task_heads<'a>(a: &AttnInput<'a>, tokens: std::ops::Range<usize>, h0: usize, 
 
 /// ggml_soft_max then V·P (llama.cpp without flash attention, the path its records took for
 /// f32 and f16 caches) for query heads h0..h0 + nh of token t, which share one KV head, where
-/// neither kernel nor the specification applies (soft-capped scores, odd head sizes): each dot product from the type table's `vec_dot`, the
-/// softmax sum in f64, the weighted sum in cell order.
+/// neither kernel nor the specification applies (soft-capped scores, sinks, odd head sizes):
+/// each dot product from the type table's `vec_dot`, the softmax sum in f64 (a sink counts in
+/// the maximum and the sum, as ggml_soft_max adds it), the weighted sum in cell order.
 fn heads_portable(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) {
     let kv = a.kv;
     let (hd_k, hd_v, n_kv) = (kv.head_dim_k, kv.head_dim_v, a.n_kv);
@@ -240,6 +250,10 @@ fn heads_portable(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32]
     let mut inv = [0f32; MAX_GROUP];
     for h in 0..nh {
         let row = &mut s.scores[h * n_kv..(h + 1) * n_kv];
+        let sink = a.sinks.map(|sk| sk[h0 + h]);
+        if let Some(sk) = sink {
+            max[h] = max[h].max(sk);
+        }
         if max[h] == f32::NEG_INFINITY {
             // No cell visible: the output stays zero.
             row.fill(0.0);
@@ -249,6 +263,9 @@ fn heads_portable(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32]
         for e in row.iter_mut() {
             *e = if *e == f32::NEG_INFINITY { 0.0 } else { (*e - max[h]).exp() };
             sum += *e as f64;
+        }
+        if let Some(sk) = sink {
+            sum += (sk - max[h]).exp() as f64;
         }
         inv[h] = (1.0 / sum) as f32;
     }
@@ -337,6 +354,17 @@ fn one_head_online(a: &AttnInput, t: usize, h: usize, dst: &mut [f32], qbuf: &mu
         }
         (kv.type_v.to_f32)(kv.v_head(layer, j, g), vbuf);
         mad_acc(acc, vbuf, vs, v_is_f16);
+        sum = sum * ms + vs;
+    }
+    if let Some(sk) = a.sinks.map(|sk| sk[h]) {
+        // ggml's flash attention folds the sink in last, as one more score without a value.
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if sk > max {
+            ms = (max - sk).exp();
+            scale_acc(acc, ms, v_is_f16);
+        } else {
+            vs = (sk - max).exp();
+        }
         sum = sum * ms + vs;
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };

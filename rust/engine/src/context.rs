@@ -9,7 +9,6 @@ use std::time::Instant;
 use ferrollama_kv::{padded_ctx_size, swa_cache_size, KvCells, KvError, SwaParams, UBatchView as KvUBatch};
 use ferrollama_tensor::{GgmlType, Threads};
 
-use crate::arch::{gemma3, llama, Graph};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::graph::{ControlVector, KvView, UBatchView, Workspace};
@@ -321,16 +320,15 @@ impl Context {
             .collect();
         let ub = UBatchView {
             tokens, pos: view.pos, out_rows, caches: &views, layer_cache: &self.layer_cache, cvec: self.cvec.as_ref(),
+            rope_factors: rope_factors(&model, &self.params),
         };
         let threads = match (&self.threads_batch, tokens.len() > 1) {
             (Some(tb), true) => tb,
             _ => &self.threads,
         };
         let logits = &mut self.logits[out_row0 * nv..(out_row0 + out_rows.len()) * nv];
-        match model.arch.expect("a context needs a runnable architecture (checked in Context::new)").graph {
-            Graph::Llama => llama::forward(&model, w, &mut self.ws, &mut self.store, &ub, threads, logits),
-            Graph::Gemma3 => gemma3::forward(&model, w, &mut self.ws, &mut self.store, &ub, threads, logits),
-        }
+        let arch = model.arch.expect("a context needs a runnable architecture (checked in Context::new)");
+        (arch.forward)(&model, w, &mut self.ws, &mut self.store, &ub, threads, logits);
         Ok(())
     }
 
@@ -358,13 +356,15 @@ impl Context {
     }
 
     pub(crate) fn apply_pending_shifts(&mut self) {
-        let hp = &self.model.hparams;
+        let model = self.model.clone();
+        let factors = rope_factors(&model, &self.params);
+        let hp = &model.hparams;
         for cache in &mut self.caches {
             if !cache.cells.has_shift() {
                 continue;
             }
             for (cell, delta) in cache.cells.take_shifts() {
-                self.store.shift_cell(cell as usize, delta, &cache.layers, |il| hp.rope_for_layer(il), &mut self.shift_scratch);
+                self.store.shift_cell(cell as usize, delta, &cache.layers, |il| hp.rope_for_layer(il), factors, &mut self.shift_scratch);
             }
         }
     }
@@ -478,6 +478,13 @@ impl Context {
         self.logits = o.logits;
         self.n_outputs = o.n_outputs;
     }
+}
+
+/// The RoPE frequency factors of a context (llama_model::get_rope_factors: LongRoPE's choice
+/// depends on the context of one sequence).
+fn rope_factors<'m>(model: &'m Model, params: &ContextParams) -> Option<&'m [f32]> {
+    let n_ctx_seq = if params.kv_unified { params.n_ctx } else { (params.n_ctx / params.n_seq_max).next_multiple_of(256) };
+    model.weights.as_ref()?.rope_factors.for_context(n_ctx_seq, model.hparams.n_ctx_orig)
 }
 
 fn kv_arg(e: KvError) -> EngineError { EngineError::InvalidArgument(e.to_string()) }

@@ -26,6 +26,8 @@ pub struct UBatchView<'a> {
     pub layer_cache: &'a [usize],
     /// A control vector to add to the layers' outputs.
     pub cvec: Option<&'a ControlVector>,
+    /// The RoPE frequency factors the context uses (RopeFactors::for_context).
+    pub rope_factors: Option<&'a [f32]>,
 }
 
 /// Directions added to the output of layers `start..=end` (llama.cpp's control vectors).
@@ -73,6 +75,8 @@ pub struct Workspace {
     /// RoPE cache of the sliding-window layers, when their base differs.
     pub rope_cache_swa: Vec<f32>,
     pub mm: MatmulScratch,
+    /// The mixture-of-experts block's buffers (empty for a dense model).
+    pub moe: crate::moe::MoeScratch,
 }
 
 impl Workspace {
@@ -92,6 +96,7 @@ impl Workspace {
             rope_cache: vec![0.0; n_ubatch * hp.rope.n_dims],
             rope_cache_swa: if hp.has_swa() { vec![0.0; n_ubatch * hp.rope.n_dims] } else { Vec::new() },
             mm: MatmulScratch::default(),
+            moe: crate::moe::MoeScratch::new(hp, n_ubatch),
         }
     }
 }

@@ -24,12 +24,42 @@ pub struct HParams {
     pub n_swa: usize,
     /// Per layer: does it attend through the sliding window?
     pub swa_layers: Vec<bool>,
-    /// RoPE base of sliding-window layers (Gemma 3: rope.freq_base_swa, 10000 when absent).
+    /// RoPE base and scale of sliding-window layers (Gemma 3: rope.freq_base_swa, 10000 when
+    /// absent, and a scale of 1).
     pub rope_freq_base_swa: f32,
+    pub rope_freq_scale_swa: f32,
     /// Scale applied to the attention scores (1/sqrt(head_dim) unless the architecture says).
     pub attn_scale: f32,
     /// tanh soft-capping of the final logits (0: none).
     pub final_logit_softcap: f32,
+    /// tanh soft-capping of the attention scores (0: none; Gemma 2).
+    pub attn_logit_softcap: f32,
+    /// Experts of a mixture-of-experts FFN (0: a dense FFN), and how many each token uses.
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    /// Rows of each expert's up/gate matrices (expert_feed_forward_length, else n_ff).
+    pub n_ff_exp: usize,
+    /// Granite's multipliers: of the embeddings, of each block's output before the residual
+    /// add, and the divisor of the logits (1 where a model has none).
+    pub embedding_scale: f32,
+    pub residual_scale: f32,
+    pub logit_scale: f32,
+    /// How the router's logits become expert weights.
+    pub moe_gating: MoeGating,
+    /// A multiplier of the expert weights (0 or 1: none).
+    pub expert_weights_scale: f32,
+    /// Context length the RoPE frequency factors were made for (LongRoPE chooses its long
+    /// factors for a context per sequence above it).
+    pub n_ctx_orig: usize,
+}
+
+/// How a mixture of experts weighs the experts it picks (llama_expert_gating_func_type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeGating {
+    /// Top-k of the softmax of the logits, renormalized to sum 1 when `norm`.
+    Softmax { norm: bool },
+    /// Top-k of the logits, then a softmax over the chosen ones (gpt-oss).
+    SoftmaxOfChosen,
 }
 
 /// Typed access to `{arch}.KEY` with errors that name the key.
@@ -39,7 +69,7 @@ pub(crate) struct Meta<'a> {
 }
 
 impl Meta<'_> {
-    fn key(&self, k: &str) -> String { format!("{}.{k}", self.arch) }
+    pub fn key(&self, k: &str) -> String { format!("{}.{k}", self.arch) }
     pub fn opt_usize(&self, k: &str) -> Result<Option<usize>> {
         let key = self.key(k);
         match self.file.get(&key) {
@@ -69,7 +99,7 @@ impl Meta<'_> {
         }
         usize::try_from(first).map_err(|_| self.bad(key, "negative"))
     }
-    fn bad(&self, key: &str, what: &str) -> EngineError {
+    pub fn bad(&self, key: &str, what: &str) -> EngineError {
         self.file.error(format!("metadata key {key}: {what}")).into()
     }
 }
@@ -102,6 +132,15 @@ impl HParams {
         }
         let rope = rope_params(&m, n_rot)?;
         let n_swa = m.opt_usize("attention.sliding_window")?.unwrap_or(0);
+        let n_expert = m.opt_usize("expert_count")?.unwrap_or(0);
+        let n_expert_used = m.opt_usize("expert_used_count")?.unwrap_or(0);
+        if n_expert > 0 && (n_expert_used == 0 || n_expert_used > n_expert || n_expert > 4096) {
+            return Err(file.error(format!("{arch}.expert_used_count {n_expert_used} does not fit expert_count {n_expert}")).into());
+        }
+        let n_ff_exp = m.opt_usize("expert_feed_forward_length")?.unwrap_or(n_ff);
+        if n_ff_exp == 0 || n_ff_exp > MAX_DIM {
+            return Err(file.error(format!("{arch}.expert_feed_forward_length = {n_ff_exp} is out of range")).into());
+        }
         Ok(HParams {
             arch: arch.to_string(),
             n_vocab,
@@ -112,9 +151,29 @@ impl HParams {
             n_swa,
             swa_layers: vec![false; n_layer],
             rope_freq_base_swa: m.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0),
+            rope_freq_scale_swa: 1.0,
             attn_scale: 1.0 / (head_dim_k as f32).sqrt(),
             final_logit_softcap: m.opt_f32("final_logit_softcapping")?.unwrap_or(0.0),
+            attn_logit_softcap: m.opt_f32("attn_logit_softcapping")?.unwrap_or(0.0),
+            n_expert, n_expert_used, n_ff_exp,
+            embedding_scale: 1.0,
+            residual_scale: 1.0,
+            logit_scale: 1.0,
+            n_ctx_orig: rope.n_ctx_orig,
+            moe_gating: MoeGating::Softmax { norm: true },
+            expert_weights_scale: m.opt_f32("expert_weights_scale")?.unwrap_or(0.0),
         })
+    }
+
+    /// A per-architecture number `{arch}.KEY` (e.g. Granite's embedding_scale), or `default`.
+    pub fn opt_f32(&self, file: &GgufFile, key: &str, default: f32) -> Result<f32> {
+        Ok(Meta { file, arch: &self.arch }.opt_f32(key)?.unwrap_or(default))
+    }
+
+    /// A per-architecture number that must be present.
+    pub fn f32(&self, file: &GgufFile, key: &str) -> Result<f32> {
+        Meta { file, arch: &self.arch }.opt_f32(key)?
+            .ok_or_else(|| file.error(format!("missing metadata key {}.{key}", self.arch)).into())
     }
 
     /// Marks the sliding-window layers as llama.cpp's load_swa_pattern does: a per-layer bool
@@ -148,7 +207,7 @@ impl HParams {
     /// RoPE parameters of layer `il`: sliding-window layers use their own base (and scale 1).
     pub fn rope_for_layer(&self, il: usize) -> RopeParams {
         if self.swa_layers.get(il).copied().unwrap_or(false) {
-            RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: 1.0, ..self.rope }
+            RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, ..self.rope }
         } else {
             self.rope
         }
@@ -163,7 +222,10 @@ impl HParams {
             head_dim_k: 0, head_dim_v: 0, rms_eps: 0.0,
             rope: RopeParams { n_dims: 0, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0,
                 attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
-            n_swa: 0, swa_layers: Vec::new(), rope_freq_base_swa: 10000.0, attn_scale: 1.0, final_logit_softcap: 0.0,
+            n_swa: 0, swa_layers: Vec::new(), rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
+            attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0,
+            embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
+            moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
         }
     }
 
@@ -175,22 +237,33 @@ impl HParams {
 
 fn rope_params(m: &Meta, n_rot: usize) -> Result<RopeParams> {
     let freq_base = m.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
-    let scaling = m.file.get_str(&format!("{}.rope.scaling.type", m.arch)).unwrap_or("none").to_string();
-    let factor = m.opt_f32("rope.scaling.factor")?.unwrap_or(0.0);
-    // llama.cpp: freq_scale = 1 / factor when a factor is given (linear and yarn scaling).
+    // llama.cpp reads the type with "linear" as its default, and the factor (or the older
+    // rope.scale_linear) whatever the type: freq_scale = 1 / factor, except that a type of
+    // "none" never scales. YaRN also extrapolates (ext_factor 1).
+    let scaling = m.file.get_str(&format!("{}.rope.scaling.type", m.arch)).unwrap_or("linear").to_string();
+    let factor = match m.opt_f32("rope.scaling.factor")? {
+        Some(f) => f,
+        None => m.opt_f32("rope.scale_linear")?.unwrap_or(0.0),
+    };
     let freq_scale = match scaling.as_str() {
         "none" => 1.0,
-        "linear" | "yarn" => if factor > 0.0 { 1.0 / factor } else { 1.0 },
-        other => return Err(EngineError::Unsupported(format!("rope scaling type '{other}'"))),
+        // LongRoPE's factors are tensors (rope_factors_long/short); its scale stays 1 / factor.
+        "linear" | "yarn" | "longrope" => if factor == 0.0 { 1.0 } else { 1.0 / factor },
+        other => return Err(EngineError::Unsupported(format!(
+            "{}.rope.scaling.type '{other}' (known: none, linear, yarn, longrope)", m.arch))),
     };
+    if !(freq_scale.is_finite() && freq_scale > 0.0) {
+        return Err(m.bad(&m.key("rope.scaling.factor"), "not a positive number"));
+    }
     let n_ctx_orig = m.opt_usize("rope.scaling.original_context_length")?
         .or(m.opt_usize("context_length")?).unwrap_or(2048);
+    let yarn = scaling == "yarn";
     Ok(RopeParams {
         n_dims: n_rot,
         neox: false,
         freq_base,
         freq_scale,
-        ext_factor: if scaling == "yarn" { 1.0 } else { 0.0 },
+        ext_factor: if yarn { 1.0 } else { 0.0 },
         attn_factor: m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
         beta_fast: m.opt_f32("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
         beta_slow: m.opt_f32("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),

@@ -149,16 +149,17 @@ impl KvStore {
     }
 
     /// Re-rotates the keys of `cell` by `delta` positions in the given layers (the K-shift),
-    /// with `rope_for_layer` giving each layer's RoPE parameters.
+    /// with `rope_for_layer` giving each layer's RoPE parameters and `factors` the model's
+    /// frequency factors.
     pub fn shift_cell(&mut self, cell: usize, delta: i32, layers: &[usize], rope_for_layer: impl Fn(usize) -> RopeParams,
-                      scratch: &mut Vec<f32>) {
+                      factors: Option<&[f32]>, scratch: &mut Vec<f32>) {
         let (to_f32, from_f32) = (self.type_k.to_f32, self.type_k.from_f32.expect("cache types quantize"));
         let mut cache = Vec::new();
         scratch.resize(self.head_dim_k, 0.0);
         for &il in layers {
             let rope = rope_for_layer(il);
             cache.resize(rope.n_dims, 0.0);
-            rope.fill_cache(delta as f32, &mut cache);
+            rope.fill_cache(delta as f32, factors, &mut cache);
             for h in 0..self.n_head_kv {
                 let at = self.at(Part::K, &self.layers[il], cell, h);
                 let row = &mut self.layers[il].k[at];

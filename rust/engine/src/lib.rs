@@ -13,6 +13,7 @@ pub mod graph;
 pub mod hparams;
 pub mod kvstore;
 pub mod model;
+mod moe;
 pub mod ops;
 pub mod state;
 mod weights;

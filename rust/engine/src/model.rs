@@ -10,11 +10,13 @@ use ferrollama_vocab::{Vocab, VocabError};
 use crate::arch::{arch_info, ArchInfo};
 use crate::error::{EngineError, Result};
 use crate::hparams::HParams;
-use crate::weights::Loader;
+pub(crate) use crate::weights::Loader;
 
-/// The weights of one decoder block. Optional tensors are those only some architectures have.
+/// The weights of one decoder block. Optional tensors are those only some architectures have;
+/// an architecture loads only those its graph applies (see `LayerParts`).
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
+    /// RMSNorm before attention (OLMo 2 has none).
+    pub attn_norm: Option<Vec<f32>>,
     pub wq: QMatrix,
     pub wk: QMatrix,
     pub wv: QMatrix,
@@ -23,15 +25,68 @@ pub struct LayerWeights {
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
     pub bo: Option<Vec<f32>>,
-    /// Per-head RMSNorm of Q and K (Gemma 3).
+    /// RMSNorm of Q and K: per head (head_dim values: Qwen 3, Gemma 3) or over the whole
+    /// projection (OLMo 2).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    pub ffn_gate: QMatrix,
-    pub ffn_up: QMatrix,
-    pub ffn_down: QMatrix,
+    /// Per-head attention sinks (gpt-oss): a logit that takes part in each softmax.
+    pub sinks: Option<Vec<f32>>,
+    pub ffn_norm: Option<Vec<f32>>,
+    pub ffn: Ffn,
     pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A block's feed-forward network.
+pub enum Ffn {
+    /// down(act(gate·x) * up·x), with optional biases.
+    Gated(GatedFfn),
+    /// A mixture of experts: each token through the experts its router picks.
+    Experts(Experts),
+}
+
+pub struct GatedFfn {
+    pub gate: QMatrix,
+    pub up: QMatrix,
+    pub down: QMatrix,
+    pub gate_b: Option<Vec<f32>>,
+    pub up_b: Option<Vec<f32>>,
+    pub down_b: Option<Vec<f32>>,
+}
+
+/// The experts of a layer: views of the rows of the 3-D expert tensors (no copy), one
+/// matrix per expert, and the router.
+pub struct Experts {
+    /// n_expert rows: the router's logit of each expert.
+    pub router: QMatrix,
+    pub router_b: Option<Vec<f32>>,
+    pub gate: Vec<QMatrix>,
+    pub up: Vec<QMatrix>,
+    pub down: Vec<QMatrix>,
+    /// Biases, n_expert rows each (gpt-oss).
+    pub gate_b: Option<Vec<f32>>,
+    pub up_b: Option<Vec<f32>>,
+    pub down_b: Option<Vec<f32>>,
+}
+
+/// RoPE frequency factors: Llama 3's `rope_freqs`, or LongRoPE's long and short factors.
+#[derive(Default)]
+pub struct RopeFactors {
+    pub freqs: Option<Vec<f32>>,
+    pub long: Option<Vec<f32>>,
+    pub short: Option<Vec<f32>>,
+}
+
+impl RopeFactors {
+    /// The factors a context uses (llama_model::get_rope_factors): `rope_freqs` when the
+    /// model has them, else LongRoPE's long factors when a sequence's context exceeds the
+    /// original one, else the short ones.
+    pub fn for_context(&self, n_ctx_seq: usize, n_ctx_orig: usize) -> Option<&[f32]> {
+        if let Some(f) = &self.freqs {
+            return Some(f);
+        }
+        if n_ctx_seq > n_ctx_orig { self.long.as_deref() } else { self.short.as_deref() }
+    }
 }
 
 pub struct Weights {
@@ -39,7 +94,9 @@ pub struct Weights {
     pub output_norm: Vec<f32>,
     /// The output projection; the token embedding itself when the model ties them.
     pub output: QMatrix,
+    pub output_b: Option<Vec<f32>>,
     pub layers: Vec<LayerWeights>,
+    pub rope_factors: RopeFactors,
 }
 
 pub struct Model {
@@ -82,19 +139,20 @@ impl Model {
         };
         if let Some(arch) = arch {
             hparams.rope.neox = arch.rope_neox;
-            if arch.graph == crate::arch::Graph::Gemma3 {
-                crate::arch::gemma3::adjust_hparams(&mut hparams, &file)?;
-            }
+            (arch.hparams)(&mut hparams, &file)?;
         }
         let vocab = Arc::new(Vocab::from_gguf(&file).map_err(|e| match e {
             VocabError::Unsupported(m) => EngineError::Unsupported(format!("tokenizer: {m}")),
             VocabError::Invalid(m) => file.error(format!("tokenizer: {m}")).into(),
         })?);
-        let (weights, repack) = if vocab_only {
-            (None, crate::weights::RepackHandle::none())
-        } else {
-            let (weights, repacking) = load_weights(&file, &hparams)?;
-            (Some(weights), repacking.start())
+        let (weights, repack) = match arch {
+            Some(arch) if !vocab_only => {
+                let ld = Loader::new(file.clone());
+                let weights = (arch.load)(&ld, &hparams)?;
+                ld.check_all_used(arch.name)?;
+                (Some(weights), ld.repacking().start())
+            }
+            _ => (None, crate::weights::RepackHandle::none()),
         };
         Ok(Model { file, arch, hparams, weights, vocab, load_ms: t0.elapsed().as_secs_f64() * 1e3, repack })
     }
@@ -131,35 +189,167 @@ impl Model {
     pub fn size(&self) -> usize { self.file.tensors.iter().map(|t| t.nbytes).sum() }
 }
 
-fn load_weights(file: &Arc<GgufFile>, hp: &HParams) -> Result<(Weights, crate::weights::Repacking)> {
-    let ld = Loader::new(file.clone());
-    let (n_embd, n_ff) = (hp.n_embd, hp.n_ff);
-    let (q_dim, k_dim, v_dim) = (hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa(), hp.n_embd_v_gqa());
+/// Which of the optional tensors of a decoder block an architecture's graph applies. The
+/// loader reads those (when present) and no others: any other tensor in the file is refused.
+/// Q, K and V may always come as one `attn_qkv` matrix (with or without biases), as
+/// llama.cpp's create_tensor_qkv accepts them for every architecture.
+#[derive(Clone, Copy)]
+pub struct LayerParts {
+    /// Pre-norms before attention and before the FFN (all but OLMo 2).
+    pub pre_norms: bool,
+    pub o_bias: bool,
+    /// Q and K norms of head_dim values (per head) or of the whole projection.
+    pub qk_norm: Option<QkNorm>,
+    pub post_norms: bool,
+    /// Gate and up in one `ffn_up` of 2 n_ff rows (Phi-3).
+    pub fused_gate_up: bool,
+    pub ffn_bias: bool,
+    pub sinks: bool,
+    /// Whether a file may carry Llama 3's `rope_freqs` factors.
+    pub rope_freqs: bool,
+    /// Whether a file may carry LongRoPE's `rope_factors_long`/`_short` (Phi-3).
+    pub long_rope: bool,
+    /// Whether the output projection has a bias.
+    pub output_bias: bool,
+    /// The output projection is the token embedding, whatever the file holds.
+    pub tied_output: bool,
+}
+
+impl LayerParts {
+    /// A pre-norm decoder block with none of the optional parts.
+    pub const PRE_NORM: LayerParts = LayerParts {
+        pre_norms: true, o_bias: false, qk_norm: None, post_norms: false, fused_gate_up: false, ffn_bias: false,
+        sinks: false, rope_freqs: false, long_rope: false, output_bias: false, tied_output: false,
+    };
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    PerHead,
+    Whole,
+}
+
+/// The weights of a decoder-only model as `parts` describes them; every tensor of the file
+/// must be read (Loader::check_all_used).
+pub(crate) fn load_decoder(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Result<Weights> {
+    let n_embd = hp.n_embd;
     let tok_embd = ld.matrix("token_embd.weight", n_embd, hp.n_vocab)?;
-    let output = ld.opt_matrix("output.weight", n_embd, hp.n_vocab)?.unwrap_or_else(|| tok_embd.clone());
-    let mut layers = Vec::with_capacity(hp.n_layer);
-    for il in 0..hp.n_layer {
-        let n = |s: &str| format!("blk.{il}.{s}");
-        layers.push(LayerWeights {
-            attn_norm: ld.vector(&n("attn_norm.weight"), n_embd)?,
-            wq: ld.matrix(&n("attn_q.weight"), n_embd, q_dim)?,
-            wk: ld.matrix(&n("attn_k.weight"), n_embd, k_dim)?,
-            wv: ld.matrix(&n("attn_v.weight"), n_embd, v_dim)?,
-            wo: ld.matrix(&n("attn_output.weight"), hp.head_dim_v * hp.n_head, n_embd)?,
-            bq: ld.opt_vector(&n("attn_q.bias"), q_dim)?,
-            bk: ld.opt_vector(&n("attn_k.bias"), k_dim)?,
-            bv: ld.opt_vector(&n("attn_v.bias"), v_dim)?,
-            bo: ld.opt_vector(&n("attn_output.bias"), n_embd)?,
-            q_norm: ld.opt_vector(&n("attn_q_norm.weight"), hp.head_dim_k)?,
-            k_norm: ld.opt_vector(&n("attn_k_norm.weight"), hp.head_dim_k)?,
-            post_attn_norm: ld.opt_vector(&n("post_attention_norm.weight"), n_embd)?,
-            ffn_norm: ld.vector(&n("ffn_norm.weight"), n_embd)?,
-            ffn_gate: ld.matrix(&n("ffn_gate.weight"), n_embd, n_ff)?,
-            ffn_up: ld.matrix(&n("ffn_up.weight"), n_embd, n_ff)?,
-            ffn_down: ld.matrix(&n("ffn_down.weight"), n_ff, n_embd)?,
-            post_ffn_norm: ld.opt_vector(&n("post_ffw_norm.weight"), n_embd)?,
-        });
-    }
+    let output = match parts.tied_output {
+        true => None,
+        false => ld.opt_matrix("output.weight", n_embd, hp.n_vocab)?,
+    }.unwrap_or_else(|| tok_embd.clone());
+    let output_b = if parts.output_bias { ld.opt_vector("output.bias", hp.n_vocab)? } else { None };
+    let layers = (0..hp.n_layer).map(|il| load_layer(ld, hp, parts, il)).collect::<Result<Vec<_>>>()?;
     let output_norm = ld.vector("output_norm.weight", n_embd)?;
-    Ok((Weights { tok_embd, output_norm, output, layers }, ld.repacking()))
+    let rope_factors = load_rope_factors(ld, hp, parts)?;
+    Ok(Weights { tok_embd, output_norm, output, output_b, layers, rope_factors })
+}
+
+fn load_rope_factors(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Result<RopeFactors> {
+    let n = hp.rope.n_dims / 2;
+    let mut f = RopeFactors::default();
+    if parts.rope_freqs {
+        f.freqs = ld.opt_vector("rope_freqs.weight", n)?;
+    }
+    if parts.long_rope {
+        f.long = ld.opt_vector("rope_factors_long.weight", n)?;
+        f.short = ld.opt_vector("rope_factors_short.weight", n)?;
+    }
+    Ok(f)
+}
+
+fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<LayerWeights> {
+    let n_embd = hp.n_embd;
+    let (q_dim, k_dim, v_dim) = (hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa(), hp.n_embd_v_gqa());
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let opt = |on: bool, name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        if on { ld.opt_vector(&n(name), len) } else { Ok(None) }
+    };
+    let norm = |on: bool, name: &str| -> Result<Option<Vec<f32>>> {
+        if on { ld.vector(&n(name), n_embd).map(Some) } else { Ok(None) }
+    };
+    let [wq, wk, wv] = load_qkv(ld, &n, n_embd, [q_dim, k_dim, v_dim])?;
+    let [bq, bk, bv] = load_qkv_biases(ld, &n, [q_dim, k_dim, v_dim])?;
+    let (q_norm_len, k_norm_len) = match parts.qk_norm {
+        Some(QkNorm::Whole) => (q_dim, k_dim),
+        _ => (hp.head_dim_k, hp.head_dim_k),
+    };
+    Ok(LayerWeights {
+        attn_norm: norm(parts.pre_norms, "attn_norm.weight")?,
+        wq, wk, wv,
+        wo: ld.matrix(&n("attn_output.weight"), hp.head_dim_v * hp.n_head, n_embd)?,
+        bq, bk, bv,
+        bo: opt(parts.o_bias, "attn_output.bias", n_embd)?,
+        q_norm: opt(parts.qk_norm.is_some(), "attn_q_norm.weight", q_norm_len)?,
+        k_norm: opt(parts.qk_norm.is_some(), "attn_k_norm.weight", k_norm_len)?,
+        post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
+        sinks: opt(parts.sinks, "attn_sinks.weight", hp.n_head)?,
+        ffn_norm: norm(parts.pre_norms, "ffn_norm.weight")?,
+        ffn: if hp.n_expert > 0 { Ffn::Experts(load_experts(ld, hp, parts, il)?) } else { Ffn::Gated(load_gated(ld, hp, parts, il)?) },
+        post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,
+    })
+}
+
+/// Q, K and V: separate matrices, or views of the rows of one `attn_qkv`.
+fn load_qkv(ld: &Loader, n: &dyn Fn(&str) -> String, n_embd: usize, dims: [usize; 3]) -> Result<[QMatrix; 3]> {
+    if !ld.has(&n("attn_qkv.weight")) {
+        let [q, k, v] = dims;
+        return Ok([ld.matrix(&n("attn_q.weight"), n_embd, q)?, ld.matrix(&n("attn_k.weight"), n_embd, k)?,
+                   ld.matrix(&n("attn_v.weight"), n_embd, v)?]);
+    }
+    let total: usize = dims.iter().sum();
+    let mut blocks = ld.row_blocks(&n("attn_qkv.weight"), &[n_embd, total], n_embd, &dims)?.into_iter();
+    let mut next = || blocks.next().expect("three blocks");
+    Ok([next(), next(), next()])
+}
+
+/// The optional biases of Q, K and V: separate, or one `attn_qkv.bias` split in three.
+fn load_qkv_biases(ld: &Loader, n: &dyn Fn(&str) -> String, dims: [usize; 3]) -> Result<[Option<Vec<f32>>; 3]> {
+    let [q, k, v] = dims;
+    if let Some(all) = ld.opt_vector(&n("attn_qkv.bias"), q + k + v)? {
+        return Ok([Some(all[..q].to_vec()), Some(all[q..q + k].to_vec()), Some(all[q + k..].to_vec())]);
+    }
+    Ok([ld.opt_vector(&n("attn_q.bias"), q)?, ld.opt_vector(&n("attn_k.bias"), k)?, ld.opt_vector(&n("attn_v.bias"), v)?])
+}
+
+fn load_gated(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<GatedFfn> {
+    let (n_embd, n_ff) = (hp.n_embd, hp.n_ff);
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let opt = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        if parts.ffn_bias { ld.opt_vector(&n(name), len) } else { Ok(None) }
+    };
+    let (gate, up) = if parts.fused_gate_up {
+        // Phi-3 stores gate and up as one matrix of 2 n_ff rows: gate's rows first.
+        let mut blocks = ld.row_blocks(&n("ffn_up.weight"), &[n_embd, 2 * n_ff], n_embd, &[n_ff, n_ff])?;
+        let up = blocks.pop().expect("two blocks");
+        (blocks.pop().expect("two blocks"), up)
+    } else {
+        (ld.matrix(&n("ffn_gate.weight"), n_embd, n_ff)?, ld.matrix(&n("ffn_up.weight"), n_embd, n_ff)?)
+    };
+    Ok(GatedFfn {
+        gate, up,
+        down: ld.matrix(&n("ffn_down.weight"), n_ff, n_embd)?,
+        gate_b: opt("ffn_gate.bias", n_ff)?,
+        up_b: opt("ffn_up.bias", n_ff)?,
+        down_b: opt("ffn_down.bias", n_embd)?,
+    })
+}
+
+fn load_experts(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<Experts> {
+    let (n_embd, n_ff, n_exp) = (hp.n_embd, hp.n_ff_exp, hp.n_expert);
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let per_expert = |name: &str, cols: usize, rows: usize| ld.row_blocks(&n(name), &[cols, rows, n_exp], cols, &vec![rows; n_exp]);
+    let opt = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        if parts.ffn_bias { ld.opt_vector_2d(&n(name), len, n_exp) } else { Ok(None) }
+    };
+    Ok(Experts {
+        router: ld.matrix(&n("ffn_gate_inp.weight"), n_embd, n_exp)?,
+        router_b: if parts.ffn_bias { ld.opt_vector(&n("ffn_gate_inp.bias"), n_exp)? } else { None },
+        gate: per_expert("ffn_gate_exps.weight", n_embd, n_ff)?,
+        up: per_expert("ffn_up_exps.weight", n_embd, n_ff)?,
+        down: per_expert("ffn_down_exps.weight", n_ff, n_embd)?,
+        gate_b: opt("ffn_gate_exps.bias", n_ff)?,
+        up_b: opt("ffn_up_exps.bias", n_ff)?,
+        down_b: opt("ffn_down_exps.bias", n_embd)?,
+    })
 }

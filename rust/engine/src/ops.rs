@@ -95,13 +95,15 @@ impl RopeParams {
     }
 
     /// cos and sin of each rotated pair at position `pos`, as ggml_rope_cache_init builds them:
-    /// `cache` receives [cos0, sin0, cos1, sin1, ...] for n_dims/2 pairs.
-    pub fn fill_cache(&self, pos: f32, cache: &mut [f32]) {
+    /// `cache` receives [cos0, sin0, cos1, sin1, ...] for n_dims/2 pairs. `factors` (a model's
+    /// rope_freqs or LongRoPE factors, n_dims/2 of them) divide each pair's angle.
+    pub fn fill_cache(&self, pos: f32, factors: Option<&[f32]>, cache: &mut [f32]) {
         let theta_scale = self.freq_base.powf(-2.0 / self.n_dims as f32);
         let corr = self.corr_dims();
         let mut theta = pos;
         for i in 0..self.n_dims / 2 {
-            let (c, s) = self.yarn(theta, corr, 2 * i);
+            let factor = factors.map_or(1.0, |f| f[i]);
+            let (c, s) = self.yarn(theta / factor, corr, 2 * i);
             cache[2 * i] = c;
             cache[2 * i + 1] = s;
             theta *= theta_scale;
@@ -243,9 +245,9 @@ mod tests {
             let p = plain(8, neox);
             let x0: Vec<f32> = (0..8).map(|i| i as f32 * 0.3 - 1.0).collect();
             let (mut c, mut x1, mut x2) = (vec![0.0; 8], x0.clone(), x0.clone());
-            p.fill_cache(3.0, &mut c); rope_apply(&mut x1, &c, &p);
-            p.fill_cache(4.0, &mut c); rope_apply(&mut x1, &c, &p);
-            p.fill_cache(7.0, &mut c); rope_apply(&mut x2, &c, &p);
+            p.fill_cache(3.0, None, &mut c); rope_apply(&mut x1, &c, &p);
+            p.fill_cache(4.0, None, &mut c); rope_apply(&mut x1, &c, &p);
+            p.fill_cache(7.0, None, &mut c); rope_apply(&mut x2, &c, &p);
             for (a, b) in x1.iter().zip(&x2) { assert!((a - b).abs() < 1e-5, "{a} vs {b}"); }
         }
     }

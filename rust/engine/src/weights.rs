@@ -2,6 +2,7 @@
 //! small vectors (norms, biases) are converted to f32 once.
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -18,11 +19,14 @@ impl AsRef<[u8]> for FileBytes {
 }
 
 /// Looks tensors up by llama.cpp's names (LLM_TN) and checks their shapes.
-pub(crate) struct Loader {
+pub struct Loader {
     file: Arc<GgufFile>,
     bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
     /// The repacking left to do, in load order (see `Repacking`).
     jobs: RefCell<Vec<Repack>>,
+    /// The names of the tensors the architecture has read: every other tensor of the file is
+    /// one the engine would ignore, which loading refuses (`check_all_used`).
+    used: RefCell<BTreeSet<String>>,
 }
 
 /// One matrix's repacking, and where its bytes lie in the file.
@@ -122,34 +126,74 @@ impl Drop for RepackHandle {
 impl Loader {
     pub fn new(file: Arc<GgufFile>) -> Loader {
         let bytes = Arc::new(FileBytes(file.clone()));
-        Loader { file, bytes, jobs: RefCell::new(Vec::new()) }
+        Loader { file, bytes, jobs: RefCell::new(Vec::new()), used: RefCell::new(BTreeSet::new()) }
+    }
+
+    /// An error about the file.
+    pub fn error(&self, msg: impl Into<String>) -> EngineError { self.file.error(msg.into()).into() }
+
+    /// Whether the file has a tensor of this name.
+    pub fn has(&self, name: &str) -> bool { self.file.tensor(name).is_some() }
+
+    /// Refuses a file with tensors the architecture did not read: computing without one
+    /// would give wrong results with no error (Llama 3's `rope_freqs` was such a tensor).
+    pub fn check_all_used(&self, arch: &str) -> Result<()> {
+        let used = self.used.borrow();
+        let unused: Vec<&str> = self.file.tensors.iter().map(|t| t.name.as_str()).filter(|n| !used.contains(*n)).collect();
+        match unused.as_slice() {
+            [] => Ok(()),
+            [one] => Err(EngineError::Unsupported(format!("tensor '{one}' is not used by the engine's '{arch}' architecture"))),
+            [first, ..] => Err(EngineError::Unsupported(format!(
+                "{} tensors are not used by the engine's '{arch}' architecture: '{first}' and {} more", unused.len(), unused.len() - 1))),
+        }
     }
 
     /// The repacking the loaded matrices wait for.
-    pub fn repacking(self) -> Repacking {
+    pub(crate) fn repacking(self) -> Repacking {
         Repacking { file: self.file, jobs: self.jobs.into_inner() }
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo> {
-        self.file.tensor(name).ok_or_else(|| self.file.error(format!("missing tensor '{name}'")).into())
+        let t = self.file.tensor(name).ok_or_else(|| self.file.error(format!("missing tensor '{name}'")))?;
+        self.used.borrow_mut().insert(name.to_string());
+        Ok(t)
     }
 
     /// A matrix of `rows` rows of `cols` elements (ggml ne = [cols, rows]).
     pub fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<QMatrix> {
+        Ok(self.row_blocks(name, &[cols, rows], cols, &[rows])?.pop().expect("one block"))
+    }
+
+    /// A matrix stored as consecutive blocks of rows, one view each (no copy): fused
+    /// projections (`attn_qkv` is Q's rows, then K's, then V's) and the experts of a 3-D
+    /// expert tensor (`ffn_up_exps` of shape [cols, rows, n_expert]). A product over a block
+    /// computes the same dot products as over the whole, bit for bit.
+    pub fn row_blocks(&self, name: &str, shape: &[usize], cols: usize, block_rows: &[usize]) -> Result<Vec<QMatrix>> {
         let t = self.info(name)?;
-        if t.shape != [cols, rows] {
-            return Err(self.file.error(format!("tensor '{name}' has shape {:?}, expected [{cols}, {rows}]", t.shape)).into());
+        if t.shape != shape {
+            return Err(self.file.error(format!("tensor '{name}' has shape {:?}, expected {shape:?}", t.shape)).into());
         }
-        let start = self.file.data_offset + t.offset;
-        let data = WeightBytes::Shared { owner: self.bytes.clone(), range: start..start + t.nbytes };
-        let (m, job) = QMatrix::new_deferred(t.ggml_type, rows, cols, data).map_err(|e| match e {
-            TensorError::Unsupported(ty) => EngineError::Unsupported(format!("tensor '{name}' has type {ty}, which the engine does not support")),
-            TensorError::Shape(s) => self.file.error(format!("tensor '{name}': {s}")).into(),
-        })?;
-        if let Some(job) = job {
-            self.jobs.borrow_mut().push(Repack { name: name.to_string(), job, range: start..start + t.nbytes });
+        let tr = traits(t.ggml_type).ok_or_else(|| unsupported_type(name, t.ggml_type))?;
+        if cols % tr.block_size != 0 {
+            return Err(self.file.error(format!("tensor '{name}': {cols} columns is not a multiple of {}'s block size", t.ggml_type)).into());
         }
-        Ok(m)
+        let row_bytes = tr.row_bytes(cols);
+        let mut start = self.file.data_offset + t.offset;
+        let mut blocks = Vec::with_capacity(block_rows.len());
+        for &rows in block_rows {
+            let range = start..start + rows * row_bytes;
+            let data = WeightBytes::Shared { owner: self.bytes.clone(), range: range.clone() };
+            let (m, job) = QMatrix::new_deferred(t.ggml_type, rows, cols, data).map_err(|e| match e {
+                TensorError::Unsupported(ty) => unsupported_type(name, ty),
+                TensorError::Shape(s) => self.file.error(format!("tensor '{name}': {s}")).into(),
+            })?;
+            if let Some(job) = job {
+                self.jobs.borrow_mut().push(Repack { name: name.to_string(), job, range: range.clone() });
+            }
+            blocks.push(m);
+            start = range.end;
+        }
+        Ok(blocks)
     }
 
     pub fn opt_matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Option<QMatrix>> {
@@ -163,16 +207,32 @@ impl Loader {
         if t.n_elements() != len || t.shape[0] != len {
             return Err(self.file.error(format!("tensor '{name}' has shape {:?}, expected [{len}]", t.shape)).into());
         }
-        let tr = traits(t.ggml_type).ok_or_else(|| {
-            EngineError::Unsupported(format!("tensor '{name}' has type {}, which the engine does not support", t.ggml_type))
-        })?;
+        let tr = traits(t.ggml_type).ok_or_else(|| unsupported_type(name, t.ggml_type))?;
         let mut out = vec![0.0; len];
         (tr.to_f32)(self.file.tensor_data(t), &mut out);
         Ok(out)
+    }
+
+    /// A matrix of `n` rows of `len` values converted to f32 (ggml ne = [len, n]): the
+    /// per-expert biases.
+    pub fn opt_vector_2d(&self, name: &str, len: usize, n: usize) -> Result<Option<Vec<f32>>> {
+        let Some(t) = self.file.tensor(name) else { return Ok(None) };
+        if t.shape != [len, n] {
+            return Err(self.file.error(format!("tensor '{name}' has shape {:?}, expected [{len}, {n}]", t.shape)).into());
+        }
+        self.info(name)?;
+        let tr = traits(t.ggml_type).ok_or_else(|| unsupported_type(name, t.ggml_type))?;
+        let mut out = vec![0.0; len * n];
+        (tr.to_f32)(self.file.tensor_data(t), &mut out);
+        Ok(Some(out))
     }
 
     pub fn opt_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
         if self.file.tensor(name).is_none() { return Ok(None); }
         self.vector(name, len).map(Some)
     }
+}
+
+fn unsupported_type(name: &str, ty: ferrollama_tensor::GgmlType) -> EngineError {
+    EngineError::Unsupported(format!("tensor '{name}' has type {ty}, which the engine does not support"))
 }

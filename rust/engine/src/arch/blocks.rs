@@ -1,6 +1,7 @@
-//! The pieces of a decoder block the architectures share: Q/K/V projections, RoPE and storing
-//! K/V in the cache, attention with its output projection, and a gated feed-forward network.
-//! Each architecture file composes them with its own norms and residuals.
+//! The pieces of a decoder block the architectures share: embeddings, norms, Q/K/V
+//! projections, RoPE and storing K/V in the cache, attention with its output projection, the
+//! feed-forward networks (gated, or a mixture of experts), residuals and the output head.
+//! Each architecture file composes them in its own order.
 
 use ferrollama_tensor::{matmul, SendPtr, Threads};
 
@@ -8,8 +9,40 @@ use crate::attention::{attention, AttnInput};
 use crate::graph::{UBatchView, Workspace};
 use crate::hparams::HParams;
 use crate::kvstore::KvStore;
-use crate::model::LayerWeights;
-use crate::ops::{add_bias, rope_apply, RopeParams};
+use crate::model::{Ffn, GatedFfn, LayerWeights, Weights};
+use crate::ops::{add_bias, add_inplace, rms_norm, rms_norm_inplace, rope_apply, scale_inplace, RopeParams};
+
+/// ws.x = the embeddings of the micro-batch's tokens, times `scale` (1: none).
+pub fn embed(w: &Weights, ws: &mut Workspace, ub: &UBatchView, d: usize, scale: f32) {
+    let n = ub.tokens.len();
+    for (t, &tok) in ub.tokens.iter().enumerate() {
+        w.tok_embd.dequantize_row(tok as usize, &mut ws.x[t * d..(t + 1) * d]);
+    }
+    if scale != 1.0 {
+        scale_inplace(&mut ws.x[..n * d], scale);
+    }
+}
+
+/// Each token's RoPE cos/sin: ws.rope_cache for the model's RoPE, and ws.rope_cache_swa for
+/// the sliding-window layers' own base where the model has one.
+pub fn fill_rope_caches(hp: &HParams, ws: &mut Workspace, ub: &UBatchView) {
+    let n_rot = hp.rope.n_dims;
+    let swa_rope = hp.rope_for_layer(hp.swa_layers.iter().position(|&s| s).unwrap_or(0));
+    for (t, &p) in ub.pos.iter().enumerate() {
+        hp.rope.fill_cache(p as f32, ub.rope_factors, &mut ws.rope_cache[t * n_rot..(t + 1) * n_rot]);
+        if !ws.rope_cache_swa.is_empty() {
+            swa_rope.fill_cache(p as f32, ub.rope_factors, &mut ws.rope_cache_swa[t * n_rot..(t + 1) * n_rot]);
+        }
+    }
+}
+
+/// ws.h = RMSNorm(ws.x) with `norm`'s weights, or a copy of ws.x for a block without one.
+pub fn pre_norm(ws: &mut Workspace, norm: Option<&[f32]>, eps: f32, n: usize, d: usize) {
+    match norm {
+        Some(w) => rms_norm(&ws.x[..n * d], w, eps, &mut ws.h[..n * d]),
+        None => ws.h[..n * d].copy_from_slice(&ws.x[..n * d]),
+    }
+}
 
 /// ws.q, ws.k, ws.v = W·ws.h (+ biases) for n tokens.
 pub fn project_qkv(lw: &LayerWeights, ws: &mut Workspace, n: usize, threads: &Threads) {
@@ -22,6 +55,15 @@ pub fn project_qkv(lw: &LayerWeights, ws: &mut Workspace, n: usize, threads: &Th
             add_bias(&mut buf[..n * dim], b);
         }
     }
+}
+
+/// RMSNorm of Q and K where the layer has their norms: per head (norms of head_dim values)
+/// or over each token's whole projection (norms of n_head·head_dim values): the norm's
+/// length is the row it normalizes.
+pub fn qk_norm(lw: &LayerWeights, ws: &mut Workspace, n: usize, eps: f32) {
+    let (q_dim, k_dim) = (lw.wq.rows, lw.wk.rows);
+    if let Some(w) = &lw.q_norm { rms_norm_inplace(&mut ws.q[..n * q_dim], w, eps); }
+    if let Some(w) = &lw.k_norm { rms_norm_inplace(&mut ws.k[..n * k_dim], w, eps); }
 }
 
 /// Rotates every head of Q and K (`rope_cache` holds each token's cos/sin) and stores each
@@ -42,15 +84,24 @@ pub fn rope_and_store(hp: &HParams, lw: &LayerWeights, rope: &RopeParams, rope_c
     }
 }
 
-/// ws.o = Wo · attention(ws.q over layer il's cells) (+ output bias), scores scaled by `scale`.
+/// RoPE of layer il (its sliding-window base where it has one) and the K/V store.
+pub fn rope_layer_and_store(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
+    let sliding = hp.swa_layers[il] && !ws.rope_cache_swa.is_empty();
+    let rope_cache = std::mem::take(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache });
+    rope_and_store(hp, lw, &hp.rope_for_layer(il), &rope_cache, ws, kv, ub, il);
+    *(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache }) = rope_cache;
+}
+
+/// ws.o = Wo · attention(ws.q over layer il's cells) (+ output bias), scores scaled by
+/// `scale` and soft-capped by `softcap` (0: none) before the softmax.
 pub fn attend(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, kv: &KvStore, ub: &UBatchView, il: usize,
-              scale: f32, threads: &Threads) {
+              scale: f32, softcap: f32, threads: &Threads) {
     let n = ub.tokens.len();
     let (q_dim, attn_dim, d) = (lw.wq.rows, hp.n_head * hp.head_dim_v, hp.n_embd);
     let view = ub.kv(il);
     let input = AttnInput {
         q: &ws.q[..n * q_dim], n_tokens: n, n_head: hp.n_head, n_head_kv: hp.n_head_kv, kv, layer: il,
-        mask: view.mask, n_kv: view.n_kv, scale, softcap: 0.0,
+        mask: view.mask, n_kv: view.n_kv, scale, softcap, sinks: lw.sinks.as_deref(),
     };
     attention(&input, &mut ws.attn[..n * attn_dim], threads);
     matmul(&lw.wo, &ws.attn, n, &mut ws.o[..n * d], &mut ws.mm, threads);
@@ -59,13 +110,61 @@ pub fn attend(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, kv: &KvStore,
     }
 }
 
-/// ws.o = W_down · act(W_gate·ws.h, W_up·ws.h), with `act` the gated activation (SwiGLU, GeGLU).
-pub fn gated_ffn(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, n: usize, act: Activation, threads: &Threads) {
-    let (d, ff) = (hp.n_embd, hp.n_ff);
-    matmul(&lw.ffn_gate, &ws.h, n, &mut ws.gate[..n * ff], &mut ws.mm, threads);
-    matmul(&lw.ffn_up, &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, threads);
+/// ws.x += post_norm(ws.o) · scale: a block's output into the residual stream.
+pub fn residual(ws: &mut Workspace, post_norm: Option<&[f32]>, eps: f32, scale: f32, n: usize, d: usize) {
+    if let Some(w) = post_norm {
+        rms_norm_inplace(&mut ws.o[..n * d], w, eps);
+    }
+    if scale != 1.0 {
+        scale_inplace(&mut ws.o[..n * d], scale);
+    }
+    add_inplace(&mut ws.x[..n * d], &ws.o[..n * d]);
+}
+
+/// ws.o = the layer's FFN of ws.h: gated, or its experts.
+pub fn ffn(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, n: usize, act: Activation, threads: &Threads) {
+    match &lw.ffn {
+        Ffn::Gated(f) => gated_ffn(hp, f, ws, n, act, threads),
+        Ffn::Experts(e) => crate::moe::moe_ffn(hp, e, ws, n, act, threads),
+    }
+}
+
+/// ws.o = W_down · act(W_gate·ws.h, W_up·ws.h) (+ biases), with `act` the gated activation.
+pub fn gated_ffn(hp: &HParams, f: &GatedFfn, ws: &mut Workspace, n: usize, act: Activation, threads: &Threads) {
+    let (d, ff) = (hp.n_embd, f.up.rows);
+    matmul(&f.gate, &ws.h, n, &mut ws.gate[..n * ff], &mut ws.mm, threads);
+    matmul(&f.up, &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, threads);
+    if let Some(b) = &f.gate_b { add_bias(&mut ws.gate[..n * ff], b); }
+    if let Some(b) = &f.up_b { add_bias(&mut ws.up[..n * ff], b); }
     rows_on_threads(act, &mut ws.gate[..n * ff], &ws.up[..n * ff], ff, threads);
-    matmul(&lw.ffn_down, &ws.gate, n, &mut ws.o[..n * d], &mut ws.mm, threads);
+    matmul(&f.down, &ws.gate, n, &mut ws.o[..n * d], &mut ws.mm, threads);
+    if let Some(b) = &f.down_b { add_bias(&mut ws.o[..n * d], b); }
+}
+
+/// Final norm and output projection (+ bias) of the wanted rows only.
+pub fn output(hp: &HParams, w: &Weights, ws: &mut Workspace, out_rows: &[usize], threads: &Threads, logits: &mut [f32]) {
+    let d = hp.n_embd;
+    let n_out = out_rows.len();
+    if n_out == 0 {
+        return;
+    }
+    for (i, &r) in out_rows.iter().enumerate() {
+        let (src, dst) = (r * d, i * d);
+        ws.h[dst..dst + d].copy_from_slice(&ws.x[src..src + d]);
+    }
+    rms_norm_inplace(&mut ws.h[..n_out * d], &w.output_norm, hp.rms_eps);
+    let logits = &mut logits[..n_out * hp.n_vocab];
+    matmul(&w.output, &ws.h, n_out, logits, &mut ws.mm, threads);
+    if let Some(b) = &w.output_b {
+        add_bias(logits, b);
+    }
+}
+
+/// tanh soft-capping of logits: cap · tanh(l / cap) (Gemma 2 and 3).
+pub fn softcap_logits(logits: &mut [f32], cap: f32) {
+    for l in logits.iter_mut() {
+        *l = (*l / cap).tanh() * cap;
+    }
 }
 
 /// A gated activation: x = act(x) * y over rows of the given length (ggml applies some of
@@ -80,7 +179,7 @@ const ELEMENTWISE_CHUNK: usize = 8192;
 /// arithmetic is its own). With several tokens, the activation of a 4864-wide FFN is
 /// otherwise a serial step the other thread waits through (measured: 3 % of an 8-sequence
 /// decode step, and as much again spinning).
-fn rows_on_threads(act: Activation, x: &mut [f32], y: &[f32], row: usize, threads: &Threads) {
+pub fn rows_on_threads(act: Activation, x: &mut [f32], y: &[f32], row: usize, threads: &Threads) {
     assert!(x.len() == y.len() && row > 0 && x.len() % row == 0, "element-wise operands of whole rows, of one length");
     let chunk = row * (ELEMENTWISE_CHUNK / row).max(1);
     let n_chunks = x.len().div_ceil(chunk);
@@ -95,4 +194,52 @@ fn rows_on_threads(act: Activation, x: &mut [f32], y: &[f32], row: usize, thread
         let part = unsafe { std::slice::from_raw_parts_mut(xs.get().add(range.start), range.len()) };
         act(part, &y[range], row);
     });
+}
+
+/// How an architecture arranges the shared blocks of a decoder layer. Every layer runs:
+/// pre-norm (or none) → Q/K/V → Q/K norms (where present) → RoPE → attention → post-norm
+/// (where present) → residual, then pre-norm → FFN → post-norm → residual; the optional
+/// tensors the architecture loaded decide which steps apply.
+pub struct DecoderStyle {
+    /// Scale Q by the attention scale after RoPE and attend with a scale of 1 (Gemma, Phi-3),
+    /// instead of scaling the scores.
+    pub q_prescale: bool,
+    pub act: Activation,
+}
+
+/// The forward pass of a decoder made of the shared blocks in `style`'s arrangement.
+pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView,
+                       threads: &Threads, logits: &mut [f32], style: &DecoderStyle) {
+    let hp = &model.hparams;
+    let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
+    embed(w, ws, ub, d, hp.embedding_scale);
+    fill_rope_caches(hp, ws, ub);
+    for (il, lw) in w.layers.iter().enumerate() {
+        pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
+        project_qkv(lw, ws, n, threads);
+        qk_norm(lw, ws, n, eps);
+        rope_layer_and_store(hp, lw, ws, kv, ub, il);
+        let scale = if style.q_prescale {
+            scale_inplace(&mut ws.q[..n * lw.wq.rows], hp.attn_scale);
+            1.0
+        } else {
+            hp.attn_scale
+        };
+        attend(hp, lw, ws, kv, ub, il, scale, hp.attn_logit_softcap, threads);
+        residual(ws, lw.post_attn_norm.as_deref(), eps, hp.residual_scale, n, d);
+        pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
+        ffn(hp, lw, ws, n, style.act, threads);
+        residual(ws, lw.post_ffn_norm.as_deref(), eps, hp.residual_scale, n, d);
+        if let Some(cv) = ub.cvec {
+            cv.apply(il, &mut ws.x[..n * d]);
+        }
+    }
+    output(hp, w, ws, ub.out_rows, threads, logits);
+    let logits = &mut logits[..ub.out_rows.len() * hp.n_vocab];
+    if hp.logit_scale != 1.0 {
+        scale_inplace(logits, 1.0 / hp.logit_scale);
+    }
+    if hp.final_logit_softcap > 0.0 {
+        softcap_logits(logits, hp.final_logit_softcap);
+    }
 }

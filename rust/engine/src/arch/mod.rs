@@ -1,37 +1,62 @@
-//! The architectures: one file each, written against the shared ops, and one table row each.
+//! The architectures: one file each, composing the shared blocks (blocks.rs, the experts in
+//! moe.rs), and one table row each.
 
-mod blocks;
+pub(crate) mod blocks;
+pub mod gemma2;
 pub mod gemma3;
+pub mod granite;
 pub mod llama;
+pub mod olmo2;
+pub mod phi3;
+pub mod qwen3;
+
+use ferrollama_gguf::GgufFile;
+use ferrollama_tensor::Threads;
 
 use crate::error::{EngineError, Result};
+use crate::graph::{UBatchView, Workspace};
+use crate::hparams::HParams;
+use crate::kvstore::KvStore;
+use crate::model::{Loader, Model, Weights};
 
-/// How an architecture's graph is built; each variant names the file that implements it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Graph {
-    /// llama.rs: pre-norm decoder, SwiGLU FFN (llama, qwen2, ...).
-    Llama,
-    /// gemma3.rs: scaled embeddings, Q/K norms, post norms, GeGLU, interleaved sliding window.
-    Gemma3,
-}
+/// Runs a micro-batch through the model, storing K/V in the cache and writing the logits of
+/// `ub.out_rows` (n_out rows of n_vocab).
+pub type Forward = fn(&Model, &Weights, &mut Workspace, &mut KvStore, &UBatchView, &Threads, &mut [f32]);
 
 /// One row per supported `general.architecture`.
 pub struct ArchInfo {
     pub name: &'static str,
-    pub graph: Graph,
-    /// RoPE NEOX mode (rotate halves) instead of adjacent pairs.
+    /// RoPE NEOX mode (rotate halves) instead of adjacent pairs (llama_model_rope_type).
     pub rope_neox: bool,
+    /// Reads the architecture's own metadata into the hyper-parameters.
+    pub hparams: fn(&mut HParams, &GgufFile) -> Result<()>,
+    /// Loads exactly the tensors the graph uses.
+    pub load: fn(&Loader, &HParams) -> Result<Weights>,
+    pub forward: Forward,
 }
 
 pub const ARCHS: &[ArchInfo] = &[
-    ArchInfo { name: "llama", graph: Graph::Llama, rope_neox: false },
-    ArchInfo { name: "qwen2", graph: Graph::Llama, rope_neox: true },
-    ArchInfo { name: "gemma3", graph: Graph::Gemma3, rope_neox: true },
+    llama::LLAMA,
+    llama::QWEN2,
+    qwen3::QWEN3,
+    qwen3::QWEN3MOE,
+    gemma2::GEMMA2,
+    gemma3::GEMMA3,
+    phi3::PHI3,
+    granite::GRANITE,
+    olmo2::OLMO2,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {
     ARCHS.iter().find(|a| a.name == name).ok_or_else(|| {
-        let known: Vec<_> = ARCHS.iter().map(|a| a.name).collect();
-        EngineError::Unsupported(format!("architecture '{name}' is not supported (supported: {})", known.join(", ")))
+        EngineError::Unsupported(format!("architecture '{name}' is not supported (supported: {})", known_names()))
     })
 }
+
+/// The names of the architectures the engine runs, for messages.
+pub fn known_names() -> String {
+    ARCHS.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
+}
+
+/// No metadata beyond the common keys.
+pub(crate) fn no_extra_hparams(_: &mut HParams, _: &GgufFile) -> Result<()> { Ok(()) }

@@ -1,0 +1,205 @@
+//! The mixture-of-experts feed-forward block (llama.cpp's build_moe_ffn): a router picks
+//! `n_expert_used` experts per token; the tokens of a micro-batch are grouped by expert, so
+//! that each expert's matrices are read once per micro-batch (ggml's mul_mat_id) through the
+//! same products as dense matrices; each token's expert outputs are weighted and summed in
+//! the order of its choices, as ggml adds them.
+
+use ferrollama_tensor::{matmul, Threads};
+
+use crate::arch::blocks::{rows_on_threads, Activation};
+use crate::graph::Workspace;
+use crate::hparams::{HParams, MoeGating};
+use crate::model::Experts;
+use crate::ops::add_inplace;
+
+/// The buffers of the block, sized for a micro-batch of n_ubatch tokens.
+#[derive(Default)]
+pub struct MoeScratch {
+    /// The router's logits (then probabilities): n tokens × n_expert.
+    logits: Vec<f32>,
+    /// Each token's chosen experts and their weights, in order of choice: n × n_expert_used.
+    chosen: Vec<u32>,
+    weights: Vec<f32>,
+    /// The (token, choice) pairs routed to the expert being computed.
+    routed: Vec<(u32, u32)>,
+    /// Their inputs, gate and up activations, and down outputs.
+    x: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+    /// Each (token, choice)'s weighted expert output: n × n_expert_used × n_embd.
+    outs: Vec<f32>,
+}
+
+impl MoeScratch {
+    pub fn new(hp: &HParams, n_ubatch: usize) -> MoeScratch {
+        let (d, ne, k, ff) = (hp.n_embd, hp.n_expert, hp.n_expert_used, hp.n_ff_exp);
+        if ne == 0 {
+            return MoeScratch::default();
+        }
+        MoeScratch {
+            logits: vec![0.0; n_ubatch * ne],
+            chosen: vec![0; n_ubatch * k],
+            weights: vec![0.0; n_ubatch * k],
+            routed: Vec::with_capacity(n_ubatch * k),
+            x: vec![0.0; n_ubatch * d],
+            gate: vec![0.0; n_ubatch * ff],
+            up: vec![0.0; n_ubatch * ff],
+            down: vec![0.0; n_ubatch * d],
+            outs: vec![0.0; n_ubatch * k * d],
+        }
+    }
+}
+
+/// ws.o = the experts' FFN of ws.h for n tokens.
+pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Activation, threads: &Threads) {
+    let (d, ne, k) = (hp.n_embd, hp.n_expert, hp.n_expert_used);
+    let s = &mut ws.moe;
+    matmul(&ex.router, &ws.h, n, &mut s.logits[..n * ne], &mut ws.mm, threads);
+    for t in 0..n {
+        let logits = &mut s.logits[t * ne..(t + 1) * ne];
+        if let Some(b) = &ex.router_b {
+            add_inplace(logits, b);
+        }
+        route(hp.moe_gating, logits, &mut s.chosen[t * k..(t + 1) * k], &mut s.weights[t * k..(t + 1) * k]);
+        if hp.expert_weights_scale != 0.0 && hp.expert_weights_scale != 1.0 {
+            s.weights[t * k..(t + 1) * k].iter_mut().for_each(|w| *w *= hp.expert_weights_scale);
+        }
+    }
+    for e in 0..ne {
+        run_expert(ex, e, &ws.h, &mut ws.moe, &mut ws.mm, d, k, n, act, threads);
+    }
+    let s = &ws.moe;
+    for t in 0..n {
+        let o = &mut ws.o[t * d..(t + 1) * d];
+        o.copy_from_slice(&s.outs[t * k * d..(t * k + 1) * d]);
+        for c in 1..k {
+            add_inplace(o, &s.outs[(t * k + c) * d..(t * k + c + 1) * d]);
+        }
+    }
+}
+
+/// Expert e over the tokens that chose it: gathers their inputs, runs the gated FFN on them
+/// at once, and writes each weighted output to its (token, choice) slot.
+#[allow(clippy::too_many_arguments)]
+fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mm: &mut ferrollama_tensor::MatmulScratch,
+              d: usize, k: usize, n: usize, act: Activation, threads: &Threads) {
+    s.routed.clear();
+    for (slot, &c) in s.chosen[..n * k].iter().enumerate() {
+        if c as usize == e {
+            s.routed.push(((slot / k) as u32, (slot % k) as u32));
+        }
+    }
+    let m = s.routed.len();
+    if m == 0 {
+        return;
+    }
+    for (i, &(t, _)) in s.routed.iter().enumerate() {
+        s.x[i * d..(i + 1) * d].copy_from_slice(&h[t as usize * d..(t as usize + 1) * d]);
+    }
+    let ff = ex.up[e].rows;
+    matmul(&ex.gate[e], &s.x, m, &mut s.gate[..m * ff], mm, threads);
+    matmul(&ex.up[e], &s.x, m, &mut s.up[..m * ff], mm, threads);
+    add_expert_bias(&mut s.gate[..m * ff], ex.gate_b.as_deref(), e, ff);
+    add_expert_bias(&mut s.up[..m * ff], ex.up_b.as_deref(), e, ff);
+    rows_on_threads(act, &mut s.gate[..m * ff], &s.up[..m * ff], ff, threads);
+    matmul(&ex.down[e], &s.gate, m, &mut s.down[..m * d], mm, threads);
+    add_expert_bias(&mut s.down[..m * d], ex.down_b.as_deref(), e, d);
+    for (i, &(t, c)) in s.routed.iter().enumerate() {
+        let slot = t as usize * k + c as usize;
+        let w = s.weights[slot];
+        for (o, &v) in s.outs[slot * d..(slot + 1) * d].iter_mut().zip(&s.down[i * d..(i + 1) * d]) {
+            *o = v * w;
+        }
+    }
+}
+
+/// Adds expert e's row of a per-expert bias (n_expert rows of `len`) to each row of `x`.
+fn add_expert_bias(x: &mut [f32], bias: Option<&[f32]>, e: usize, len: usize) {
+    if let Some(b) = bias {
+        crate::ops::add_bias(x, &b[e * len..(e + 1) * len]);
+    }
+}
+
+/// A token's choice of experts from its router logits (overwritten): `chosen` receives the
+/// experts in order of decreasing score, `weights` their weights.
+fn route(gating: MoeGating, logits: &mut [f32], chosen: &mut [u32], weights: &mut [f32]) {
+    if let MoeGating::Softmax { .. } = gating {
+        softmax(logits);
+    }
+    top_k(logits, chosen);
+    for (w, &c) in weights.iter_mut().zip(chosen.iter()) {
+        *w = logits[c as usize];
+    }
+    match gating {
+        MoeGating::Softmax { norm: true } => {
+            // ggml_sum_rows, clamped at f16's smallest normal, then a division.
+            let sum = weights.iter().sum::<f32>().max(6.103_515_6e-5);
+            weights.iter_mut().for_each(|w| *w /= sum);
+        }
+        MoeGating::Softmax { norm: false } => {}
+        MoeGating::SoftmaxOfChosen => softmax(weights),
+    }
+}
+
+/// ggml_soft_max of one row: exp(x - max), summed in f64, scaled by 1 / sum.
+fn softmax(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// The indices of the `out.len()` largest scores, largest first (ggml_argsort_top_k; equal
+/// scores keep index order).
+fn top_k(scores: &[f32], out: &mut [u32]) {
+    let k = out.len();
+    let mut filled = 0;
+    for (i, &s) in scores.iter().enumerate() {
+        // Insertion into the sorted prefix: k is small (8 of 128 at most in the models in use).
+        let mut at = filled;
+        while at > 0 && scores[out[at - 1] as usize] < s {
+            at -= 1;
+        }
+        if at >= k {
+            continue;
+        }
+        let end = filled.min(k - 1);
+        out.copy_within(at..end, at + 1);
+        out[at] = i as u32;
+        filled = (filled + 1).min(k);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_orders_by_score_and_keeps_index_order_on_ties() {
+        let mut out = [0u32; 3];
+        top_k(&[0.1, 0.5, 0.3, 0.5, 0.9, -1.0], &mut out);
+        assert_eq!(out, [4, 1, 3]);
+        let mut one = [0u32; 1];
+        top_k(&[2.0, 3.0, 1.0], &mut one);
+        assert_eq!(one, [1]);
+    }
+
+    #[test]
+    fn softmax_routing_renormalizes_the_chosen_weights() {
+        let mut logits = [1.0f32, 2.0, 3.0, 0.0];
+        let (mut chosen, mut w) = ([0u32; 2], [0f32; 2]);
+        route(MoeGating::Softmax { norm: true }, &mut logits, &mut chosen, &mut w);
+        assert_eq!(chosen, [2, 1]);
+        let e = (1.0f64).exp();
+        assert!(((w[0] as f64) - e / (e + 1.0)).abs() < 1e-6 && ((w[0] + w[1]) - 1.0).abs() < 1e-6);
+        let mut logits = [1.0f32, 2.0, 3.0, 0.0];
+        route(MoeGating::SoftmaxOfChosen, &mut logits, &mut chosen, &mut w);
+        assert_eq!(chosen, [2, 1]);
+        assert!(((w[0] as f64) - e / (e + 1.0)).abs() < 1e-6);
+    }
+}

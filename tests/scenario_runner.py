@@ -176,8 +176,8 @@ def compare(name: str, scn: dict, got: list[dict], cache_type: str) -> Compariso
 def check(cmp: Comparison, model_file: str, arch: str) -> list[str]:
     """The tolerance violations of a comparison (empty when it passes)."""
     bad = list(cmp.exact_failures)
-    if model_file.startswith("tiny-llama-"):
-        wtype = model_file[len("tiny-llama-"):-len(".gguf")]
+    if model_file.startswith("tiny-"):
+        wtype = model_file[:-len(".gguf")].rsplit("-", 1)[1]
         if wtype in FLOAT_TYPES:
             if cmp.max_abs > TOL_TINY_FLOAT_MAX:
                 bad.append(f"max |dlogit| {cmp.max_abs:.4f} > {TOL_TINY_FLOAT_MAX}")

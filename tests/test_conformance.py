@@ -16,7 +16,10 @@ KV_CACHE = ("multi-seq-batch", "shared-prefix-keep", "seq-cp-diverge", "seq-rm-r
             "seq-div", "seq-add-free", "ring-wrap", "clear-reuse", "context-shift", "self-extend",
             "qwen2-context-shift")
 GEMMA3 = ("gemma3-",)
-NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3)
+#: tiny models of each further architecture (tests/data/make_tiny_archs.py), F32 and Q8_0
+ARCHS = ("arch-",)
+NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3 + ARCHS)
+ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "granite", "olmo2")
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
@@ -37,4 +40,6 @@ def test_every_spine_and_kv_scenario_is_collected() -> None:
         assert any(n.startswith(prefix) for n in NAMES), prefix
     assert len([n for n in NAMES if n.startswith("forward-")]) == 15
     assert len([n for n in NAMES if n.startswith("gemma3-")]) == 6
-    assert len(NAMES) == 39  # every recorded scenario
+    assert sorted(n for n in NAMES if n.startswith("arch-")) == sorted(
+        f"arch-{a}-{t}" for a in ARCH_NAMES for t in ("f32", "q8_0"))
+    assert len(NAMES) == 39 + 16  # every recorded scenario

@@ -8,6 +8,8 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+#: The general.architecture values the engine runs.
+SUPPORTED_ARCHITECTURES: tuple[str, ...]
 
 class Error(Exception): ...
 class GGUFError(Error): ...

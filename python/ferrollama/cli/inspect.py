@@ -233,12 +233,24 @@ def print_dump(path: str, h: GGUFHeader, tensors: bool = True, out=None) -> None
     p(f"* Dumping {len(h.fields)} key/value pair(s)")
     for n, f in enumerate(h.fields, 1):
         p(f"  {n:5}: {f.type:10} | {f.count:8} | {f.name} = {_pretty_value(f)}")
+    p(f"* {architecture_line(h)}")
     if not tensors:
         return
     p(f"* Dumping {len(h.tensors)} tensor(s)")
     for n, t in enumerate(h.tensors, 1):
         dims = ", ".join(f"{d:5}" for d in t.shape + [1] * (4 - len(t.shape)))
         p(f"  {n:5}: {t.n_elements:10} | {dims} | {t.type:7} | {t.name}")
+
+
+def architecture_line(h: GGUFHeader) -> str:
+    """Whether the engine runs the file's architecture, naming the ones it knows when not."""
+    from .._core import SUPPORTED_ARCHITECTURES
+
+    arch = next((f.value for f in h.fields if f.name == "general.architecture"), None)
+    if arch in SUPPORTED_ARCHITECTURES:
+        return f"Architecture {arch}: supported by ferrollama"
+    what = "no general.architecture key" if arch is None else f"architecture {arch!r} is not supported by ferrollama"
+    return f"{what[0].upper()}{what[1:]} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
 
 
 def as_json(h: GGUFHeader) -> dict:

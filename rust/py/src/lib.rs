@@ -21,5 +21,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     samplers::register(m)?;
     m.add_function(wrap_pyfunction!(quantize::quantize, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    let archs: Vec<&str> = ferrollama_engine::arch::ARCHS.iter().map(|a| a.name).collect();
+    m.add("SUPPORTED_ARCHITECTURES", pyo3::types::PyTuple::new(m.py(), archs)?)?;
     Ok(())
 }

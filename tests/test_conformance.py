@@ -19,7 +19,7 @@ GEMMA3 = ("gemma3-",)
 #: tiny models of each further architecture (tests/data/make_tiny_archs.py), F32 and Q8_0
 ARCHS = ("arch-",)
 NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3 + ARCHS)
-ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "granite", "olmo2")
+ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "granite", "olmo2", "gpt-oss")
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
@@ -42,4 +42,4 @@ def test_every_spine_and_kv_scenario_is_collected() -> None:
     assert len([n for n in NAMES if n.startswith("gemma3-")]) == 6
     assert sorted(n for n in NAMES if n.startswith("arch-")) == sorted(
         f"arch-{a}-{t}" for a in ARCH_NAMES for t in ("f32", "q8_0"))
-    assert len(NAMES) == 39 + 16  # every recorded scenario
+    assert len(NAMES) == 39 + 18  # every recorded scenario

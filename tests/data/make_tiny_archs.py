@@ -40,6 +40,10 @@ class Spec:
     post_norms: bool = False
     fused: bool = False          # attn_qkv and a 2 n_ff ffn_up (Phi-3)
     qkv_bias: bool = False
+    o_bias: bool = False
+    sinks: bool = False
+    expert_bias: bool = False
+    ffn_norm: str = "ffn_norm.weight"
     experts: int = 0
     experts_used: int = 0
     n_ff_exp: int = 0
@@ -88,6 +92,11 @@ def specs() -> list[Spec]:
         Spec("granite", "granite", {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.015625,
                                     "logit_scale": 8.0}),
         Spec("olmo2", "olmo2", {}, pre_norms=False, qk_norm="whole", post_norms=True),
+        Spec("gpt-oss", "gpt-oss", {"attention.sliding_window": 16, "expert_feed_forward_length": 128,
+                                    "rope.freq_base": 150000.0, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                    "rope.scaling.original_context_length": 64},
+             qkv_bias=True, o_bias=True, sinks=True, expert_bias=True, ffn_norm="post_attention_norm.weight",
+             experts=4, experts_used=2, n_ff_exp=128),
     ]
 
 
@@ -159,7 +168,7 @@ def add_layer(wt: Weights, s: Spec, il: int) -> None:
     q_dim, kv_dim = N_HEAD * s.head_dim, N_HEAD_KV * s.head_dim
     if s.pre_norms:
         wt.norm(p + "attn_norm.weight", N_EMBD)
-        wt.norm(p + "ffn_norm.weight", N_EMBD)
+        wt.norm(p + s.ffn_norm, N_EMBD)
     if s.fused:
         wt.matrix(p + "attn_qkv.weight", q_dim + 2 * kv_dim, N_EMBD, std=0.06)
     else:
@@ -167,6 +176,14 @@ def add_layer(wt: Weights, s: Spec, il: int) -> None:
         wt.matrix(p + "attn_k.weight", kv_dim, N_EMBD, std=0.06)
         wt.matrix(p + "attn_v.weight", kv_dim, N_EMBD, std=0.08)
     wt.matrix(p + "attn_output.weight", N_EMBD, q_dim, std=0.05)
+    if s.qkv_bias:
+        wt.bias(p + "attn_q.bias", q_dim)
+        wt.bias(p + "attn_k.bias", kv_dim)
+        wt.bias(p + "attn_v.bias", kv_dim)
+    if s.o_bias:
+        wt.bias(p + "attn_output.bias", N_EMBD)
+    if s.sinks:
+        wt.vector(p + "attn_sinks.weight", wt.rng.standard_normal(N_HEAD) * 2.0)
     if s.qk_norm == "head":
         wt.norm(p + "attn_q_norm.weight", s.head_dim)
         wt.norm(p + "attn_k_norm.weight", s.head_dim)
@@ -182,6 +199,11 @@ def add_layer(wt: Weights, s: Spec, il: int) -> None:
         wt.matrix(p + "ffn_gate_exps.weight", s.experts, ff, N_EMBD, std=0.08)
         wt.matrix(p + "ffn_up_exps.weight", s.experts, ff, N_EMBD, std=0.08)
         wt.matrix(p + "ffn_down_exps.weight", s.experts, N_EMBD, ff, std=0.05)
+        if s.expert_bias:
+            wt.bias(p + "ffn_gate_inp.bias", s.experts)
+            wt.vector(p + "ffn_gate_exps.bias", wt.rng.standard_normal((s.experts, ff)) * 0.1)
+            wt.vector(p + "ffn_up_exps.bias", wt.rng.standard_normal((s.experts, ff)) * 0.1)
+            wt.vector(p + "ffn_down_exps.bias", wt.rng.standard_normal((s.experts, N_EMBD)) * 0.1)
     elif s.fused:
         wt.matrix(p + "ffn_up.weight", 2 * N_FF, N_EMBD, std=0.08)
         wt.matrix(p + "ffn_down.weight", N_EMBD, N_FF, std=0.05)

@@ -258,15 +258,27 @@ fn rope_params(m: &Meta, n_rot: usize) -> Result<RopeParams> {
     let n_ctx_orig = m.opt_usize("rope.scaling.original_context_length")?
         .or(m.opt_usize("context_length")?).unwrap_or(2048);
     let yarn = scaling == "yarn";
+    let mut attn_factor = m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0);
+    if yarn {
+        attn_factor *= yarn_attn_factor(1.0 / freq_scale, m.opt_f32("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0));
+    }
     Ok(RopeParams {
         n_dims: n_rot,
         neox: false,
         freq_base,
         freq_scale,
         ext_factor: if yarn { 1.0 } else { 0.0 },
-        attn_factor: m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
+        attn_factor,
         beta_fast: m.opt_f32("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
         beta_slow: m.opt_f32("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
         n_ctx_orig,
     })
+}
+
+/// llama_context's YaRN attention factor before rope.scaling.attn_factor: the magnitude
+/// scale of YaRN (get_mscale), divided by the one ggml's rope_yarn multiplies in again.
+fn yarn_attn_factor(factor: f32, log_mul: f32) -> f32 {
+    let mscale = |scale: f32, m: f32| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+    let f = if log_mul != 0.0 { mscale(factor, 1.0) / mscale(factor, log_mul) } else { mscale(factor, 1.0) };
+    f * (1.0 / (1.0 + 0.1 * factor.ln()))
 }

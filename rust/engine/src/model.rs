@@ -213,6 +213,8 @@ pub struct LayerParts {
     pub output_bias: bool,
     /// The output projection is the token embedding, whatever the file holds.
     pub tied_output: bool,
+    /// The tensor of the norm before the FFN (gpt-oss calls it post_attention_norm).
+    pub ffn_norm_name: &'static str,
 }
 
 impl LayerParts {
@@ -220,6 +222,7 @@ impl LayerParts {
     pub const PRE_NORM: LayerParts = LayerParts {
         pre_norms: true, o_bias: false, qk_norm: None, post_norms: false, fused_gate_up: false, ffn_bias: false,
         sinks: false, rope_freqs: false, long_rope: false, output_bias: false, tied_output: false,
+        ffn_norm_name: "ffn_norm.weight",
     };
 }
 
@@ -284,7 +287,7 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         k_norm: opt(parts.qk_norm.is_some(), "attn_k_norm.weight", k_norm_len)?,
         post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
         sinks: opt(parts.sinks, "attn_sinks.weight", hp.n_head)?,
-        ffn_norm: norm(parts.pre_norms, "ffn_norm.weight")?,
+        ffn_norm: norm(parts.pre_norms, parts.ffn_norm_name)?,
         ffn: if hp.n_expert > 0 { Ffn::Experts(load_experts(ld, hp, parts, il)?) } else { Ffn::Gated(load_gated(ld, hp, parts, il)?) },
         post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,
     })

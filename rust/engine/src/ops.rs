@@ -151,6 +151,18 @@ pub fn swiglu(x: &mut [f32], y: &[f32], row: usize) {
     ferrollama_tensor::glu::swiglu(x, y, row);
 }
 
+/// x = swiglu_oai(x, y) (gpt-oss's experts, ggml_swiglu_oai with alpha 1.702 and limit 7):
+/// x clamped above at 7, y clamped to ±7, x · sigmoid(1.702 x) · (y + 1).
+pub fn swiglu_oai(x: &mut [f32], y: &[f32], _row: usize) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (a, &b) in x.iter_mut().zip(y) {
+        let g = a.min(LIMIT);
+        let u = b.clamp(-LIMIT, LIMIT);
+        *a = g / (1.0 + (ALPHA * -g).exp()) * (u + 1.0);
+    }
+}
+
 /// The tanh approximation of GELU (ggml_gelu_f32).
 fn gelu_f32(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;

@@ -4,6 +4,7 @@
 pub(crate) mod blocks;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
 pub mod olmo2;
@@ -45,6 +46,7 @@ pub const ARCHS: &[ArchInfo] = &[
     phi3::PHI3,
     granite::GRANITE,
     olmo2::OLMO2,
+    gpt_oss::GPT_OSS,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -101,6 +101,18 @@ pub enum Pooling {
 }
 
 impl Pooling {
+    /// The pooling type a model's file names (`{arch}.pooling_type`; none when absent).
+    pub fn of_model(hp: &crate::hparams::HParams) -> Result<Pooling> {
+        Ok(match hp.pooling_type {
+            0 => Pooling::None,
+            1 => Pooling::Mean,
+            2 => Pooling::Cls,
+            3 => Pooling::Last,
+            4 => return Err(EngineError::Unsupported("rank pooling (a reranker's classifier head)".into())),
+            t => return Err(EngineError::Unsupported(format!("{}.pooling_type {t}", hp.arch))),
+        })
+    }
+
     pub fn parse(s: &str) -> Result<Pooling> {
         Ok(match s {
             "none" => Pooling::None,
@@ -121,6 +133,13 @@ impl Context {
         }
         if params.n_ctx == 0 {
             params.n_ctx = hp.n_ctx_train;
+        }
+        if model.arch.is_some_and(|a| a.encoder) {
+            // An encoder computes embeddings only (llama.cpp turns them on for it too), and its
+            // K and V are the batch's own f32 values (llama.cpp keeps no cache for it).
+            params.embeddings = true;
+            params.type_k = GgmlType::F32;
+            params.type_v = GgmlType::F32;
         }
         let bad = |m: String| Err(EngineError::InvalidArgument(m));
         if params.n_seq_max == 0 || params.n_seq_max > MAX_SEQ {
@@ -157,6 +176,7 @@ impl Context {
 
     /// Logits of batch index `i` of the last decode (negative: counted from the last output).
     pub fn logits_ith(&self, i: i64) -> Result<&[f32]> {
+        self.check_has_logits()?;
         let row = self.output_row(i)?;
         let nv = self.n_vocab();
         Ok(&self.logits[row * nv..(row + 1) * nv])
@@ -238,12 +258,95 @@ impl Context {
         }
     }
 
-    /// All outputs of the last decode, n_outputs rows of n_vocab.
-    pub fn logits_all(&self) -> &[f32] { &self.logits[..self.n_outputs * self.n_vocab()] }
+    /// All outputs of the last decode, n_outputs rows of n_vocab (none for an encoder).
+    pub fn logits_all(&self) -> &[f32] { &self.logits[..self.logits.len().min(self.n_outputs * self.n_vocab())] }
+
+    /// An encoder computes embeddings, not logits.
+    pub fn check_has_logits(&self) -> Result<()> {
+        if self.is_encoder() {
+            return Err(EngineError::InvalidArgument(format!(
+                "'{}' is an encoder: it has no logits (read ctx.embeddings or ctx.embeddings_seq)", self.model.hparams.arch)));
+        }
+        Ok(())
+    }
+
+    /// Which batch indices give outputs (all of them for pooled embeddings, as llama.cpp
+    /// overrides the flags); sizes the logits and embeddings and maps indices to rows.
+    fn prepare_outputs(&mut self, batch: &Batch) -> Vec<bool> {
+        let all_out = self.params.embeddings && self.params.pooling != Pooling::None;
+        let want: Vec<bool> = batch.logits.iter().map(|&l| l || all_out).collect();
+        let n_outputs = want.iter().filter(|&&l| l).count();
+        let nv = if self.is_encoder() { 0 } else { self.n_vocab() };
+        self.logits.resize(n_outputs * nv, 0.0);
+        self.output_ids.clear();
+        let mut next_out = 0i32;
+        for &l in &want {
+            self.output_ids.push(if l { next_out += 1; next_out - 1 } else { -1 });
+        }
+        self.n_outputs = n_outputs;
+        if self.params.embeddings {
+            self.embd.resize(n_outputs * self.model.hparams.n_embd, 0.0);
+        }
+        want
+    }
+
+    /// Whether the model is an encoder (BERT): embeddings only, no cache kept.
+    pub fn is_encoder(&self) -> bool { self.model.arch.is_some_and(|a| a.encoder) }
+
+    /// An encoder's decode: the whole batch in one micro-batch, each token attending to every
+    /// token of its sequences in the batch, nothing kept in the cache.
+    fn decode_encoder(&mut self, batch: &Batch) -> Result<()> {
+        let n = batch.len();
+        if n > self.params.n_ubatch {
+            return Err(EngineError::InvalidArgument(format!(
+                "an encoder attends over its whole input at once: a batch of {n} tokens needs n_ubatch >= {n} (it is {})",
+                self.params.n_ubatch)));
+        }
+        let want = self.prepare_outputs(batch);
+        // Attention covers the batch's cells, padded to whole kernel blocks (masked).
+        let n_kv = n.next_multiple_of(32).min(self.store.layers[0].cells);
+        let mask = &mut self.masks[0];
+        mask.clear();
+        mask.resize(n * n_kv, f32::NEG_INFINITY);
+        for (i, si) in batch.seq_ids.iter().enumerate() {
+            for (j, sj) in batch.seq_ids.iter().enumerate() {
+                if si.iter().any(|s| sj.contains(s)) {
+                    mask[i * n_kv + j] = 0.0;
+                }
+            }
+        }
+        let slots: Vec<u32> = (0..n as u32).collect();
+        let out_rows: Vec<usize> = (0..n).filter(|&i| want[i]).collect();
+        let model = self.model.clone();
+        let w = model.weights.as_ref().expect("checked at context creation");
+        let views = [KvView { slots: &slots, mask: &self.masks[0], n_kv }];
+        let ub = UBatchView {
+            tokens: &batch.tokens, pos: &batch.pos, out_rows: &out_rows, caches: &views, layer_cache: &self.layer_cache,
+            cvec: None, rope_factors: None,
+        };
+        let threads = match (&self.threads_batch, n > 1) {
+            (Some(tb), true) => tb,
+            _ => &self.threads,
+        };
+        let arch = model.arch.expect("checked at context creation");
+        (arch.forward)(&model, w, &mut self.ws, &mut self.store, &ub, threads, &mut []);
+        let rows = out_rows.len() * model.hparams.n_embd;
+        self.embd[..rows].copy_from_slice(&self.ws.h[..rows]);
+        if self.params.pooling != Pooling::None {
+            self.pool_embeddings(batch);
+        }
+        Ok(())
+    }
 
     pub fn decode(&mut self, batch: &Batch) -> Result<()> {
         let t0 = Instant::now();
         self.validate(batch)?;
+        if self.is_encoder() {
+            let r = self.decode_encoder(batch);
+            self.perf.n_p_eval += batch.len() as u64;
+            self.perf.t_p_eval_ms += t0.elapsed().as_secs_f64() * 1e3;
+            return r;
+        }
         self.apply_pending_shifts();
         if self.params.defrag_thold > 0.0 {
             let thold = self.params.defrag_thold;
@@ -265,22 +368,8 @@ impl Context {
             )))?);
         }
 
-        // Pooled embeddings need every token's hidden state (llama.cpp overrides the flags).
-        let all_out = self.params.embeddings && self.params.pooling != Pooling::None;
-        let want: Vec<bool> = batch.logits.iter().map(|&l| l || all_out).collect();
-        let n_outputs = want.iter().filter(|&&l| l).count();
-        let nv = self.n_vocab();
-        self.logits.resize(n_outputs * nv, 0.0);
-        self.output_ids.clear();
-        let mut next_out = 0i32;
-        for &l in &want {
-            self.output_ids.push(if l { next_out += 1; next_out - 1 } else { -1 });
-        }
-        self.n_outputs = n_outputs;
+        let want = self.prepare_outputs(batch);
         let d = self.model.hparams.n_embd;
-        if self.params.embeddings {
-            self.embd.resize(n_outputs * d, 0.0);
-        }
 
         let mut out_row0 = 0;
         for (u, (range, view)) in ubatches.iter().zip(&views).enumerate() {

@@ -44,6 +44,11 @@ pub struct HParams {
     pub embedding_scale: f32,
     pub residual_scale: f32,
     pub logit_scale: f32,
+    /// LayerNorm epsilon (attention.layer_norm_epsilon; BERT).
+    pub norm_eps: f32,
+    /// The file's pooling type (llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank),
+    /// which a context uses unless told otherwise.
+    pub pooling_type: u32,
     /// How the router's logits become expert weights.
     pub moe_gating: MoeGating,
     /// A multiplier of the expert weights (0 or 1: none).
@@ -162,6 +167,8 @@ impl HParams {
             n_ctx_orig: rope.n_ctx_orig,
             moe_gating: MoeGating::Softmax { norm: true },
             expert_weights_scale: m.opt_f32("expert_weights_scale")?.unwrap_or(0.0),
+            norm_eps: m.opt_f32("attention.layer_norm_epsilon")?.unwrap_or(1e-5),
+            pooling_type: m.opt_usize("pooling_type")?.unwrap_or(0) as u32,
         })
     }
 
@@ -226,6 +233,7 @@ impl HParams {
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
+            norm_eps: 1e-5, pooling_type: 0,
         }
     }
 

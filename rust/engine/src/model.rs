@@ -35,6 +35,24 @@ pub struct LayerWeights {
     pub ffn_norm: Option<Vec<f32>>,
     pub ffn: Ffn,
     pub post_ffn_norm: Option<Vec<f32>>,
+    /// BERT's LayerNorms after the attention's and the FFN's residual adds.
+    pub attn_out_norm: Option<LayerNorm>,
+    pub layer_out_norm: Option<LayerNorm>,
+}
+
+/// The weights and biases of a LayerNorm.
+pub struct LayerNorm {
+    pub w: Vec<f32>,
+    pub b: Vec<f32>,
+}
+
+/// What an encoder (BERT) adds to the token embeddings before its first layer.
+pub struct EncoderInputs {
+    /// Learned position embeddings (BERT; nomic-bert rotates instead).
+    pub pos_embd: Option<QMatrix>,
+    /// The first token type's embedding (llama.cpp gives every token type 0).
+    pub type_row0: Option<Vec<f32>>,
+    pub norm: LayerNorm,
 }
 
 /// A block's feed-forward network.
@@ -43,6 +61,15 @@ pub enum Ffn {
     Gated(GatedFfn),
     /// A mixture of experts: each token through the experts its router picks.
     Experts(Experts),
+    /// down(act(up·x + b_up)) + b_down, not gated (BERT's GELU).
+    Plain(PlainFfn),
+}
+
+pub struct PlainFfn {
+    pub up: QMatrix,
+    pub down: QMatrix,
+    pub up_b: Option<Vec<f32>>,
+    pub down_b: Option<Vec<f32>>,
 }
 
 pub struct GatedFfn {
@@ -97,6 +124,8 @@ pub struct Weights {
     pub output_b: Option<Vec<f32>>,
     pub layers: Vec<LayerWeights>,
     pub rope_factors: RopeFactors,
+    /// An encoder's input additions (None for decoders).
+    pub encoder: Option<EncoderInputs>,
 }
 
 pub struct Model {
@@ -245,7 +274,7 @@ pub(crate) fn load_decoder(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Res
     let layers = (0..hp.n_layer).map(|il| load_layer(ld, hp, parts, il)).collect::<Result<Vec<_>>>()?;
     let output_norm = ld.vector("output_norm.weight", n_embd)?;
     let rope_factors = load_rope_factors(ld, hp, parts)?;
-    Ok(Weights { tok_embd, output_norm, output, output_b, layers, rope_factors })
+    Ok(Weights { tok_embd, output_norm, output, output_b, layers, rope_factors, encoder: None })
 }
 
 fn load_rope_factors(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Result<RopeFactors> {
@@ -290,11 +319,13 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         ffn_norm: norm(parts.pre_norms, parts.ffn_norm_name)?,
         ffn: if hp.n_expert > 0 { Ffn::Experts(load_experts(ld, hp, parts, il)?) } else { Ffn::Gated(load_gated(ld, hp, parts, il)?) },
         post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,
+        attn_out_norm: None,
+        layer_out_norm: None,
     })
 }
 
 /// Q, K and V: separate matrices, or views of the rows of one `attn_qkv`.
-fn load_qkv(ld: &Loader, n: &dyn Fn(&str) -> String, n_embd: usize, dims: [usize; 3]) -> Result<[QMatrix; 3]> {
+pub(crate) fn load_qkv(ld: &Loader, n: &dyn Fn(&str) -> String, n_embd: usize, dims: [usize; 3]) -> Result<[QMatrix; 3]> {
     if !ld.has(&n("attn_qkv.weight")) {
         let [q, k, v] = dims;
         return Ok([ld.matrix(&n("attn_q.weight"), n_embd, q)?, ld.matrix(&n("attn_k.weight"), n_embd, k)?,
@@ -307,7 +338,7 @@ fn load_qkv(ld: &Loader, n: &dyn Fn(&str) -> String, n_embd: usize, dims: [usize
 }
 
 /// The optional biases of Q, K and V: separate, or one `attn_qkv.bias` split in three.
-fn load_qkv_biases(ld: &Loader, n: &dyn Fn(&str) -> String, dims: [usize; 3]) -> Result<[Option<Vec<f32>>; 3]> {
+pub(crate) fn load_qkv_biases(ld: &Loader, n: &dyn Fn(&str) -> String, dims: [usize; 3]) -> Result<[Option<Vec<f32>>; 3]> {
     let [q, k, v] = dims;
     if let Some(all) = ld.opt_vector(&n("attn_qkv.bias"), q + k + v)? {
         return Ok([Some(all[..q].to_vec()), Some(all[q..q + k].to_vec()), Some(all[q + k..].to_vec())]);

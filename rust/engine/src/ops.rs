@@ -177,6 +177,39 @@ fn gelu_table() -> &'static [f32] {
     TABLE.get_or_init(|| (0..=u16::MAX).map(|b| f16::from_f32(gelu_f32(f16::from_bits(b).to_f32())).to_f32()).collect())
 }
 
+/// x = gelu(x) (ggml_vec_gelu_f32 with GGML_GELU_FP16: x rounded to f16 and looked up in the
+/// f16 GELU table, the exact limits outside [-10, 10]).
+pub fn gelu_inplace(x: &mut [f32]) {
+    let table = gelu_table();
+    for v in x.iter_mut() {
+        *v = if *v <= -10.0 {
+            0.0
+        } else if *v >= 10.0 {
+            *v
+        } else {
+            table[f16::from_f32(*v).to_bits() as usize]
+        };
+    }
+}
+
+/// LayerNorm of each row of x in place (ggml_norm: mean, then the variance of the centred
+/// values, both summed in f64), then times w plus b.
+pub fn layer_norm_inplace(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let n = w.len();
+    for row in x.chunks_exact_mut(n) {
+        let mean = (row.iter().fold(0f64, |s, &v| s + v as f64) / n as f64) as f32;
+        let mut sum2 = 0f64;
+        for v in row.iter_mut() {
+            *v -= mean;
+            sum2 += (*v * *v) as f64;
+        }
+        let scale = 1.0 / ((sum2 / n as f64) as f32 + eps).sqrt();
+        for ((v, &g), &c) in row.iter_mut().zip(w).zip(b) {
+            *v = *v * scale * g + c;
+        }
+    }
+}
+
 /// Values a GeGLU pass rounds to f16 at once.
 const GEGLU_CHUNK: usize = 256;
 

@@ -132,6 +132,9 @@ impl Loader {
     /// An error about the file.
     pub fn error(&self, msg: impl Into<String>) -> EngineError { self.file.error(msg.into()).into() }
 
+    /// The shape of a tensor, if the file has it.
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> { self.file.tensor(name).map(|t| t.shape.clone()) }
+
     /// Whether the file has a tensor of this name.
     pub fn has(&self, name: &str) -> bool { self.file.tensor(name).is_some() }
 

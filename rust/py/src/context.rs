@@ -100,8 +100,12 @@ impl PyContext {
             p.swa_full = swa_full;
             p.embeddings = embeddings;
             p.defrag_thold = defrag_thold;
-            p.pooling = Pooling::parse(pooling.unwrap_or("none")).map_err(to_py)?;
             let m = model.get().inner.clone();
+            // Unspecified: the model's own pooling type (llama.cpp's LLAMA_POOLING_TYPE_UNSPECIFIED).
+            p.pooling = match pooling {
+                Some(name) => Pooling::parse(name),
+                None => Pooling::of_model(&m.hparams),
+            }.map_err(to_py)?;
             let ctx = py.allow_threads(|| Context::new(m, p)).map_err(to_py)?;
             Ok(PyContext { inner: Mutex::new(ctx), model })
         })
@@ -153,6 +157,7 @@ impl PyContext {
     /// All outputs of the last decode, shape (n_outputs, n_vocab), in batch order.
     fn logits_all<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let ctx = self.lock()?;
+        ctx.check_has_logits().map_err(to_py)?;
         let nv = ctx.n_vocab();
         let flat = PyArray1::from_slice(py, ctx.logits_all());
         flat.reshape([ctx.n_outputs(), nv])

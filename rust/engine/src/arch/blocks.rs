@@ -126,7 +126,18 @@ pub fn ffn(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, n: usize, act: A
     match &lw.ffn {
         Ffn::Gated(f) => gated_ffn(hp, f, ws, n, act, threads),
         Ffn::Experts(e) => crate::moe::moe_ffn(hp, e, ws, n, act, threads),
+        Ffn::Plain(f) => plain_ffn(hp, f, ws, n, threads),
     }
+}
+
+/// ws.o = W_down · gelu(W_up·ws.h + b_up) + b_down (BERT).
+pub fn plain_ffn(hp: &HParams, f: &crate::model::PlainFfn, ws: &mut Workspace, n: usize, threads: &Threads) {
+    let (d, ff) = (hp.n_embd, f.up.rows);
+    matmul(&f.up, &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, threads);
+    if let Some(b) = &f.up_b { add_bias(&mut ws.up[..n * ff], b); }
+    crate::ops::gelu_inplace(&mut ws.up[..n * ff]);
+    matmul(&f.down, &ws.up, n, &mut ws.o[..n * d], &mut ws.mm, threads);
+    if let Some(b) = &f.down_b { add_bias(&mut ws.o[..n * d], b); }
 }
 
 /// ws.o = W_down · act(W_gate·ws.h, W_up·ws.h) (+ biases), with `act` the gated activation.

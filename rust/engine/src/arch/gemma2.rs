@@ -15,7 +15,7 @@ use crate::kvstore::KvStore;
 use crate::model::{load_decoder, LayerParts, Loader, Model, Weights};
 use crate::ops::geglu;
 
-pub const GEMMA2: ArchInfo = ArchInfo { name: "gemma2", rope_neox: true, hparams, load, forward };
+pub const GEMMA2: ArchInfo = ArchInfo { name: "gemma2", rope_neox: true, hparams, load, forward, encoder: false };
 
 const STYLE: DecoderStyle = DecoderStyle { q_prescale: true, act: geglu };
 

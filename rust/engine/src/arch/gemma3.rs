@@ -15,7 +15,7 @@ use crate::kvstore::KvStore;
 use crate::model::{load_decoder, LayerParts, Loader, Model, QkNorm, Weights};
 use crate::ops::geglu;
 
-pub const GEMMA3: ArchInfo = ArchInfo { name: "gemma3", rope_neox: true, hparams, load, forward };
+pub const GEMMA3: ArchInfo = ArchInfo { name: "gemma3", rope_neox: true, hparams, load, forward, encoder: false };
 
 const STYLE: DecoderStyle = DecoderStyle { q_prescale: true, act: geglu };
 

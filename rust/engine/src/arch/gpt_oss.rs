@@ -16,7 +16,7 @@ use crate::kvstore::KvStore;
 use crate::model::{load_decoder, LayerParts, Loader, Model, Weights};
 use crate::ops::swiglu_oai;
 
-pub const GPT_OSS: ArchInfo = ArchInfo { name: "gpt-oss", rope_neox: true, hparams, load, forward };
+pub const GPT_OSS: ArchInfo = ArchInfo { name: "gpt-oss", rope_neox: true, hparams, load, forward, encoder: false };
 
 const STYLE: DecoderStyle = DecoderStyle { q_prescale: false, act: swiglu_oai };
 

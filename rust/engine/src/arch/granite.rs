@@ -14,7 +14,7 @@ use crate::kvstore::KvStore;
 use crate::model::{load_decoder, LayerParts, Loader, Model, Weights};
 use crate::ops::swiglu;
 
-pub const GRANITE: ArchInfo = ArchInfo { name: "granite", rope_neox: false, hparams, load, forward };
+pub const GRANITE: ArchInfo = ArchInfo { name: "granite", rope_neox: false, hparams, load, forward, encoder: false };
 
 const STYLE: DecoderStyle = DecoderStyle { q_prescale: false, act: swiglu };
 

@@ -14,8 +14,8 @@ use crate::kvstore::KvStore;
 use crate::model::{load_decoder, LayerParts, Loader, Model, Weights};
 use crate::ops::swiglu;
 
-pub const LLAMA: ArchInfo = ArchInfo { name: "llama", rope_neox: false, hparams: llama_hparams, load: load_llama, forward };
-pub const QWEN2: ArchInfo = ArchInfo { name: "qwen2", rope_neox: true, hparams: no_extra_hparams, load: load_qwen2, forward };
+pub const LLAMA: ArchInfo = ArchInfo { name: "llama", rope_neox: false, hparams: llama_hparams, load: load_llama, forward, encoder: false };
+pub const QWEN2: ArchInfo = ArchInfo { name: "qwen2", rope_neox: true, hparams: no_extra_hparams, load: load_qwen2, forward, encoder: false };
 
 const STYLE: DecoderStyle = DecoderStyle { q_prescale: false, act: swiglu };
 

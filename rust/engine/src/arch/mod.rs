@@ -3,6 +3,7 @@
 
 pub(crate) mod blocks;
 pub mod gemma2;
+pub mod bert;
 pub mod gemma3;
 pub mod gpt_oss;
 pub mod granite;
@@ -34,6 +35,9 @@ pub struct ArchInfo {
     /// Loads exactly the tensors the graph uses.
     pub load: fn(&Loader, &HParams) -> Result<Weights>,
     pub forward: Forward,
+    /// Attention over the whole sequence without a cache, and no output head (BERT): the
+    /// context computes embeddings only.
+    pub encoder: bool,
 }
 
 pub const ARCHS: &[ArchInfo] = &[
@@ -47,6 +51,8 @@ pub const ARCHS: &[ArchInfo] = &[
     granite::GRANITE,
     olmo2::OLMO2,
     gpt_oss::GPT_OSS,
+    bert::BERT,
+    bert::NOMIC_BERT,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -14,7 +14,7 @@ use crate::kvstore::KvStore;
 use crate::model::{load_decoder, LayerParts, Loader, Model, QkNorm, Weights};
 use crate::ops::swiglu;
 
-pub const OLMO2: ArchInfo = ArchInfo { name: "olmo2", rope_neox: true, hparams, load, forward };
+pub const OLMO2: ArchInfo = ArchInfo { name: "olmo2", rope_neox: true, hparams, load, forward, encoder: false };
 
 const STYLE: DecoderStyle = DecoderStyle { q_prescale: false, act: swiglu };
 

@@ -15,7 +15,7 @@ use crate::kvstore::KvStore;
 use crate::model::{load_decoder, LayerParts, Loader, Model, Weights};
 use crate::ops::swiglu;
 
-pub const PHI3: ArchInfo = ArchInfo { name: "phi3", rope_neox: true, hparams, load, forward };
+pub const PHI3: ArchInfo = ArchInfo { name: "phi3", rope_neox: true, hparams, load, forward, encoder: false };
 
 const STYLE: DecoderStyle = DecoderStyle { q_prescale: true, act: swiglu };
 

@@ -13,8 +13,8 @@ use crate::kvstore::KvStore;
 use crate::model::{load_decoder, LayerParts, Loader, Model, QkNorm, Weights};
 use crate::ops::swiglu;
 
-pub const QWEN3: ArchInfo = ArchInfo { name: "qwen3", rope_neox: true, hparams: no_extra_hparams, load: load_dense, forward };
-pub const QWEN3MOE: ArchInfo = ArchInfo { name: "qwen3moe", rope_neox: true, hparams: no_extra_hparams, load: load_moe, forward };
+pub const QWEN3: ArchInfo = ArchInfo { name: "qwen3", rope_neox: true, hparams: no_extra_hparams, load: load_dense, forward, encoder: false };
+pub const QWEN3MOE: ArchInfo = ArchInfo { name: "qwen3moe", rope_neox: true, hparams: no_extra_hparams, load: load_moe, forward, encoder: false };
 
 const STYLE: DecoderStyle = DecoderStyle { q_prescale: false, act: swiglu };
 const PARTS: LayerParts = LayerParts { qk_norm: Some(QkNorm::PerHead), ..LayerParts::PRE_NORM };

@@ -27,6 +27,8 @@ from typing import Callable, Optional, Sequence
 MODELS = {
     "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     "gemma-3-270m": "gemma-3-270m-q4_k_m.gguf",
+    # benches/make_moe_model.py writes it (pass its --out-dir as --model-dir)
+    "moe-synthetic": "synthetic-moe-q4_k.gguf",
 }
 
 REPO = Path(__file__).resolve().parent.parent

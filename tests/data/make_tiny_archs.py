@@ -27,6 +27,21 @@ N_VOCAB, N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_FF, N_CTX = 512, 256, 4, 2, 2, 51
 TYPES = ("f32", "q8_0")
 
 
+@dataclass(frozen=True)
+class Dims:
+    """A model's sizes (the tiny models' by default; benches/make_moe_model.py scales them up)."""
+
+    n_embd: int = N_EMBD
+    n_head: int = N_HEAD
+    n_head_kv: int = N_HEAD_KV
+    n_layer: int = N_LAYER
+    n_ff: int = N_FF
+    n_ctx: int = N_CTX
+
+
+TINY = Dims()
+
+
 @dataclass
 class Spec:
     """One architecture's tiny model: its metadata beyond the common keys, its layer layout."""
@@ -108,7 +123,9 @@ class Weights:
 
     def matrix(self, name: str, *shape: int, std: float = 0.07) -> None:
         data = (self.rng.standard_normal(shape) * std).astype(np.float32)
-        if self.qtype == "q8_0":
+        if self.qtype == "f16":
+            self.w.add_tensor(name, data.astype(np.float16))
+        elif self.qtype == "q8_0":
             q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
             self.w.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
@@ -139,14 +156,14 @@ def copy_vocab(w: gguf.GGUFWriter) -> None:
     w.add_add_eos_token(f["tokenizer.ggml.add_eos_token"].contents())
 
 
-def add_metadata(w: gguf.GGUFWriter, s: Spec) -> None:
+def add_metadata(w: gguf.GGUFWriter, s: Spec, dims: Dims) -> None:
     a = s.arch
-    w.add_uint32(f"{a}.context_length", N_CTX)
-    w.add_uint32(f"{a}.embedding_length", N_EMBD)
-    w.add_uint32(f"{a}.block_count", N_LAYER)
-    w.add_uint32(f"{a}.feed_forward_length", N_FF)
-    w.add_uint32(f"{a}.attention.head_count", N_HEAD)
-    w.add_uint32(f"{a}.attention.head_count_kv", N_HEAD_KV)
+    w.add_uint32(f"{a}.context_length", dims.n_ctx)
+    w.add_uint32(f"{a}.embedding_length", dims.n_embd)
+    w.add_uint32(f"{a}.block_count", dims.n_layer)
+    w.add_uint32(f"{a}.feed_forward_length", dims.n_ff)
+    w.add_uint32(f"{a}.attention.head_count", dims.n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", dims.n_head_kv)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
     if s.experts:
@@ -163,9 +180,10 @@ def add_metadata(w: gguf.GGUFWriter, s: Spec) -> None:
             w.add_float32(f"{a}.{k}", v)
 
 
-def add_layer(wt: Weights, s: Spec, il: int) -> None:
+def add_layer(wt: Weights, s: Spec, il: int, dims: Dims) -> None:
     p = f"blk.{il}."
-    q_dim, kv_dim = N_HEAD * s.head_dim, N_HEAD_KV * s.head_dim
+    N_EMBD, N_FF = dims.n_embd, dims.n_ff  # noqa: N806 - the sizes as the tiny models name them
+    q_dim, kv_dim = dims.n_head * s.head_dim, dims.n_head_kv * s.head_dim
     if s.pre_norms:
         wt.norm(p + "attn_norm.weight", N_EMBD)
         wt.norm(p + s.ffn_norm, N_EMBD)
@@ -183,7 +201,7 @@ def add_layer(wt: Weights, s: Spec, il: int) -> None:
     if s.o_bias:
         wt.bias(p + "attn_output.bias", N_EMBD)
     if s.sinks:
-        wt.vector(p + "attn_sinks.weight", wt.rng.standard_normal(N_HEAD) * 2.0)
+        wt.vector(p + "attn_sinks.weight", wt.rng.standard_normal(dims.n_head) * 2.0)
     if s.qk_norm == "head":
         wt.norm(p + "attn_q_norm.weight", s.head_dim)
         wt.norm(p + "attn_k_norm.weight", s.head_dim)
@@ -213,23 +231,23 @@ def add_layer(wt: Weights, s: Spec, il: int) -> None:
         wt.matrix(p + "ffn_down.weight", N_EMBD, N_FF, std=0.05)
 
 
-def write_model(s: Spec, qtype: str, path: Path) -> None:
+def write_model(s: Spec, qtype: str, path: Path, dims: Dims = TINY) -> None:
     w = gguf.GGUFWriter(str(path), s.arch)
     # No architecture in the name: llama.cpp sets token attributes by name ("phi3" needs tokens
     # this vocabulary lacks).
     w.add_name(f"tiny random model {qtype}")
-    add_metadata(w, s)
+    add_metadata(w, s, dims)
     copy_vocab(w)
     rng = np.random.default_rng(sum(map(ord, s.name)))
     wt = Weights(w, rng, qtype)
-    wt.matrix("token_embd.weight", N_VOCAB, N_EMBD, std=1.0)
-    wt.norm("output_norm.weight", N_EMBD)
+    wt.matrix("token_embd.weight", N_VOCAB, dims.n_embd, std=1.0)
+    wt.norm("output_norm.weight", dims.n_embd)
     if not s.tied:
-        wt.matrix("output.weight", N_VOCAB, N_EMBD, std=0.08)
+        wt.matrix("output.weight", N_VOCAB, dims.n_embd, std=0.08)
     for name, values in s.global_tensors.items():
         wt.vector(name, values)
-    for il in range(N_LAYER):
-        add_layer(wt, s, il)
+    for il in range(dims.n_layer):
+        add_layer(wt, s, il, dims)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -21,12 +21,14 @@ from ._core import (
 )
 from . import samplers
 from .llama import Llama, LlamaState
+from .speculative import DraftModel, PromptLookupDecoding
 
 __all__ = [
     "Batch",
     "BusyError",
     "Context",
     "DecodeError",
+    "DraftModel",
     "Error",
     "GGUFError",
     "GrammarError",
@@ -34,6 +36,7 @@ __all__ = [
     "Llama",
     "LlamaState",
     "Model",
+    "PromptLookupDecoding",
     "StateError",
     "StreamDecoder",
     "TensorInfo",

@@ -378,7 +378,7 @@ class Llama:
                  n_threads_batch: int | None = None, seed: int = DEFAULT_SEED, embedding: bool = False,
                  pooling: str = "mean", type_k: str = "f16", type_v: str = "f16",
                  chat_template: str | None = None, use_mmap: bool = True, verbose: bool = False,
-                 **context_params: Any):
+                 draft_model: Any = None, **context_params: Any):
         self.model_path = _model_path(model_path)
         self.model = Model(self.model_path, use_mmap=use_mmap)
         self.verbose = verbose
@@ -397,6 +397,13 @@ class Llama:
         self._chat_template_source = chat_template
         self._chat_template = None
         self._add_bos: bool | None = None
+        #: speculative decoding's drafter (ferrollama.PromptLookupDecoding or DraftModel), or None
+        self.draft_model = draft_model
+        if hasattr(draft_model, "check_vocab"):
+            draft_model.check_vocab(self.model)
+        from .speculative import SpeculativeStats
+        #: drafted and accepted tokens since the Llama was made
+        self.speculative_stats = SpeculativeStats()
 
     # --- basics ---
     @property
@@ -496,7 +503,11 @@ class Llama:
 
     def _sample_loop(self, sampler: Sampler, on_logits: Callable[[np.ndarray, int], None] | None,
                      logits: np.ndarray) -> Iterator[int]:
-        """Samples from logits (those after the last cached token), then decodes each sampled token."""
+        """Samples from logits (those after the last cached token), then decodes each sampled token
+        (with a draft model, several at a time: ferrollama.speculative)."""
+        if self.draft_model is not None:
+            yield from self._speculative_loop(sampler, on_logits, logits)
+            return
         while True:
             token = sampler.sample_logits(logits)
             sampler.accept(token)
@@ -507,6 +518,18 @@ class Llama:
                 return
             self.eval([token])
             logits = self.ctx.logits(-1)
+
+    def _speculative_loop(self, sampler: Sampler, on_logits: Callable[[np.ndarray, int], None] | None,
+                          logits: np.ndarray) -> Iterator[int]:
+        from .speculative import speculative_tokens
+
+        def sample(row: np.ndarray) -> int:
+            token = sampler.sample_logits(row)
+            sampler.accept(token)
+            return token
+
+        yield from speculative_tokens(self.ctx, self.input_ids, logits, sample, self.draft_model, self.n_ctx,
+                                      on_logits, self.speculative_stats)
 
     # --- completion ---
     def create_completion(self, prompt: str | Sequence[int], suffix: str | None = None,

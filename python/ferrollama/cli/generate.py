@@ -24,6 +24,7 @@ from .common import (CLIError, add_context_args, add_model_args, add_sampling_ar
                      load_model, log, make_context, print_timings, process_escapes, progress, read_text_file,
                      sampling_params, warmup)
 from .control_vector import add_control_vector_args, apply_control_vectors
+from .speculative import add_speculative_args, run_speculative, wants_speculation
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cfg-negative-prompt", default="", metavar="PROMPT", help="negative prompt for classifier-free guidance")
     g.add_argument("--cfg-scale", type=float_value, default=1.0, metavar="N", help="strength of the guidance (default: 1.0, off)")
     add_control_vector_args(p)
+    add_speculative_args(p)
 
 
 class _Output:
@@ -500,4 +502,7 @@ def read_input(multiline: bool) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return Generation(args).run()
+    gen = Generation(args)
+    if wants_speculation(args):
+        return run_speculative(args, gen)
+    return gen.run()

@@ -178,7 +178,9 @@ struct Header {
 fn parse_header(bytes: &[u8]) -> Result<Header, String> {
     let mut r = Reader::new(bytes);
     if bytes.len() < 4 || &bytes[..4] != MAGIC {
-        return Err(format!("not a GGUF file (magic {:?})", &bytes[..bytes.len().min(4)]));
+        // The four bytes as text (b"PK\x03\x04" for a zip), which says what the file is.
+        let magic = bytes[..bytes.len().min(4)].escape_ascii();
+        return Err(format!("not a GGUF file (it starts with \"{magic}\", not \"GGUF\")"));
     }
     r.u32("magic")?;
     let version = r.u32("version")?;

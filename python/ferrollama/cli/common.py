@@ -45,6 +45,15 @@ def int_value(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def n_predict_value(text: str) -> int:
+    """llama.cpp's -n: N >= 0 tokens, -1 infinite, -2 until the context is full."""
+    value = int_value(text)
+    if value < -2:
+        raise argparse.ArgumentTypeError(
+            f"expected N >= 0, -1 (infinite) or -2 (until the context is full), got {text!r}")
+    return value
+
+
 def float_value(text: str) -> float:
     try:
         value = float(text)

@@ -21,6 +21,7 @@ from ._core import (
 )
 from . import samplers
 from .llama import Llama, LlamaState
+from .models import default_model_path
 
 __all__ = [
     "Batch",
@@ -39,5 +40,6 @@ __all__ = [
     "TensorInfo",
     "UnsupportedError",
     "__version__",
+    "default_model_path",
     "samplers",
 ]

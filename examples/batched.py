@@ -13,7 +13,7 @@ from ferrollama import samplers as S
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("-m", "--model", default=None, help="a GGUF model (default: Gemma 3 270M)")
+    ap.add_argument("-m", "--model", default=None, help="a GGUF model (default: Qwen2.5-Coder-0.5B-Instruct)")
     ap.add_argument("-p", "--prompt", default="Hello my name is")
     ap.add_argument("-np", "--n-parallel", type=int, default=4)
     ap.add_argument("-n", "--n-predict", type=int, default=32, help="length of each sequence, prompt included")

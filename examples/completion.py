@@ -9,7 +9,7 @@ from ferrollama.llama import Llama
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("-m", "--model", default=None, help="a GGUF model (default: Gemma 3 270M)")
+    ap.add_argument("-m", "--model", default=None, help="a GGUF model (default: Qwen2.5-Coder-0.5B-Instruct)")
     ap.add_argument("-p", "--prompt", default="The capital of France is")
     ap.add_argument("-n", "--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")

@@ -11,7 +11,7 @@ from ferrollama.llama import Llama
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("-m", "--model", default=None, help="a GGUF model (default: Gemma 3 270M)")
+    ap.add_argument("-m", "--model", default=None, help="a GGUF model (default: Qwen2.5-Coder-0.5B-Instruct)")
     ap.add_argument("texts", nargs="*", default=["The cat sat on the mat.", "A cat was sitting on a rug.",
                                                   "Stock markets fell sharply today."])
     args = ap.parse_args()

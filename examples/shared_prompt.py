@@ -15,7 +15,7 @@ import ferrollama as fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("-m", "--model", default=None, help="a GGUF model (default: Gemma 3 270M)")
+    ap.add_argument("-m", "--model", default=None, help="a GGUF model (default: Qwen2.5-Coder-0.5B-Instruct)")
     ap.add_argument("-n", "--n-predict", type=int, default=16)
     ap.add_argument("--prefix", default="Here is a list of fruits and their colours.\n")
     ap.add_argument("suffixes", nargs="*", default=["Banana:", "Cherry:", "Lime:"])

@@ -12,7 +12,7 @@ from ferrollama.llama import Llama
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("-m", "--model", default=None, help="a GGUF model (default: Gemma 3 270M)")
+    ap.add_argument("-m", "--model", default=None, help="a GGUF model (default: Qwen2.5-Coder-0.5B-Instruct)")
     ap.add_argument("-n", "--max-tokens", type=int, default=64)
     ap.add_argument("messages", nargs="*", default=["Write a haiku about Rust.", "Now one about Python."])
     args = ap.parse_args()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import model_path
+from ferrollama.cli.common import CLIError
 from test_cli_generate import read_until, spawn, stable_text, wait
 
 DATA = Path(__file__).parent / "data"
@@ -33,11 +34,17 @@ def chat_case(name: str) -> dict:
 def test_single_turn_answer_is_llama_cpp_s(model, fixture):
     case = chat_case(fixture)
     (message,) = case["messages"]
+    # Gemma 3 270M has no template: the record is of llama.cpp's ChatML fallback, chosen here by name.
+    fallback = ["--chat-template", "chatml"] if "gemma" in model else []
     r = ferrollama("chat", "-m", model_path(model), "-p", message["content"], "-st", "--temp", "0",
-                   "-n", len(case["generated_tokens"]), "-c", case["context"]["n_ctx"])
+                   "-n", len(case["generated_tokens"]), "-c", case["context"]["n_ctx"], *fallback)
     assert r.returncode == 0, r.stderr
     text, whole = stable_text(case)         # up to llama.cpp's first near-tie (see test_cli_generate)
-    if whole:
+    if whole and "<|im_end|>" in case["text"]:
+        # llama.cpp runs on into a turn it makes up (<|im_end|> is text to Gemma's vocab); the
+        # answer ends at the template's end-of-turn marker, after the same text.
+        assert r.stdout == case["text"][:case["text"].index("<|im_end|>")] + "\n"
+    elif whole:
         assert r.stdout == case["text"] + "\n"
     else:
         assert r.stdout.startswith(text) and len(text) >= 4
@@ -121,3 +128,48 @@ def test_single_turn_needs_a_prompt():
 
 
 del argparse
+
+
+def test_the_default_model_answers_a_factual_question():
+    """No -m: the default model (instruction-tuned, with a chat template) answers and stops at the
+    end of its turn."""
+    r = ferrollama("chat", "-p", "What is the capital of France?", "-st", "--temp", "0", "-c", 512, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "The capital of France is Paris.\n"
+    assert "warning" not in r.stderr
+
+
+def test_a_message_longer_than_the_context_is_refused_and_the_conversation_goes_on():
+    conv = conversation("-n", "4", "-c", "256")
+    long_message = "word " * 400
+    with pytest.raises(CLIError, match=r"the message is too long \(\d+ tokens with the template's, max 251 for a "
+                                       r"context of 256\); use a larger -c"):
+        conv.answer(long_message, Sink())
+    assert conv.messages == [] and conv.full == [] and conv.ctx.kv.used == 0
+    out = Sink()
+    conv.answer("Hello there", out)
+    assert conv.messages[0] == {"role": "user", "content": "Hello there"} and len(conv.messages) == 2
+    assert len(conv.full) == len(conv.template.tokens(conv.model, conv.messages[:1])) + 4
+
+
+def test_chat_refuses_a_too_long_first_message_as_generate_does():
+    r = ferrollama("chat", "-m", TINY, "-p", "word " * 400, "-st", "-c", 256, "--no-warmup")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("warning: this llama model has no chat template")
+    assert r.stderr.splitlines()[-1].startswith("error: the message is too long (")
+    interactive = ferrollama("chat", "-m", TINY, "-c", 256, "-n", 4, "--temp", "0", "--no-warmup",
+                             input="word " * 400 + "\nHello\n")
+    assert interactive.returncode == 0, interactive.stderr
+    assert "error: the message is too long (" in interactive.stderr
+    assert interactive.stdout.count("> ") == 3          # the refused message, "Hello", and the end of input
+
+
+def test_chat_stops_at_the_template_s_turn_markers(gemma_model):
+    """Gemma 3 270M has no template: it gets llama.cpp's built-in gemma format, whose turn markers
+    are tokens that end an answer (<end_of_turn> is an end-of-generation token too)."""
+    from ferrollama.chat import GEMMA, ChatTemplate
+
+    template = ChatTemplate.from_model(gemma_model)
+    assert template.source == GEMMA
+    start, end = (gemma_model.tokenize(t, add_special=False, parse_special=True) for t in ("<start_of_turn>", "<end_of_turn>"))
+    assert template.stop_tokens(gemma_model) == frozenset(start + end)

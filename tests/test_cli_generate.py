@@ -426,14 +426,62 @@ def test_unsupported_tensor_type(tmp_path):
     one_line_error(ferrollama("generate", "-m", path, "-p", "x"), "IQ2_XXS")
 
 
-def test_default_model_is_assembled_and_generates(tmp_path):
-    """The README's first command: no -m, the Gemma 3 270M package is assembled into an empty
-    cache (sha256 checked) and greedy text is llama.cpp's up to the record's first near-tie."""
-    case = next(c for c in greedy_cases("gemma-3-270m") if c["prompt"] == "The capital of France is")
+def test_default_model_is_read_in_place_and_generates(tmp_path):
+    """The README's first command: no -m, the default model's installed packages are read where
+    pip put them (the cache gets a list of the pieces, sha256 checked, not a copy), and greedy
+    text is llama.cpp's up to the record's first near-tie."""
+    case = next(c for c in greedy_cases("qwen2.5-coder-0.5b") if c["prompt"] == "The capital of France is")
     text, _ = stable_text(case)
     env = dict(os.environ, FERROLLAMA_CACHE=str(tmp_path), FERROLLAMA_MODELS_DIR=str(tmp_path / "none"))
     r = ferrollama("generate", "-p", case["prompt"], "-n", "8", "--temp", "0", env=env)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / GEMMA).stat().st_size == 253113024
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{QWEN}.pieces", f"{QWEN}.pieces.sha256"]
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) < 2000
     want = case["prompt"] + text
     assert r.stdout.startswith(want[:len(r.stdout.rstrip("\n"))]) and len(r.stdout) > len(case["prompt"]) + 8
+
+
+@pytest.mark.parametrize("n", ["-3", "-5", "-1000"])
+def test_n_predict_below_minus_two_is_an_error(n):
+    r = ferrollama("generate", "-m", TINY, "-p", "Hello", "-n", n, timeout=60)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (f"error: ferrollama generate: argument -n/--n-predict: expected N >= 0, -1 (infinite) "
+                        f"or -2 (until the context is full), got '{n}'\n")
+
+
+@pytest.mark.parametrize("n", ["-1", "-2"])
+def test_infinite_generation_stops_at_a_full_context_without_context_shift(n):
+    """llama-cli: with context shift off (its default), -1 and -2 both stop when the context is full."""
+    r = ferrollama("generate", "-m", TINY, "-p", "Once upon a time", "-n", n, "-c", 256, "--temp", "0",
+                   "--ignore-eos", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "context full" in r.stderr
+    prompt = len(fl_model(TINY).tokenize("Once upon a time", add_special=True, parse_special=True))
+    runs = int(re.search(r"        eval time = .* / +(\d+) runs", r.stderr).group(1))
+    assert runs == 256 - prompt - 1     # the last sampled token would not fit: n_past + 1 >= n_ctx
+
+
+def fl_model(path):
+    import ferrollama as fl
+
+    return fl.Model(str(path))
+
+
+def test_unknown_flag_names_the_command():
+    r = ferrollama("generate", "-m", TINY, "-p", "Hello", "--bogus", "1")
+    assert r.returncode == 1
+    assert r.stderr == "error: ferrollama generate: unrecognized arguments: --bogus 1\n"
+
+
+def test_json_schema_output_is_llama_cpp_s_whitespace_included():
+    """The grammar's space rule is llama.cpp's SPACE_RULE (at most 22 characters of whitespace
+    between tokens); llama.cpp's greedy output under the same grammar ends in the same 20."""
+    case = json.loads((DATA / "fixtures" / "json_whitespace_gemma-3-270m.json").read_text())
+    from ferrollama import samplers as S
+
+    assert S.Grammar.json_schema_to_gbnf(case["schema"]) + "\n" == case["gbnf"]   # (recorded from a file printed with its newline)
+    assert 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}' in case["gbnf"]
+    r = ferrollama("generate", "-m", model_path(case["model"]), "-p", case["prompt"], "-n", case["max_tokens"],
+                   "--temp", "0", "-c", 512, "-j", json.dumps(case["schema"]), "--no-display-prompt")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == case["text"] + " [end of text]\n\n"

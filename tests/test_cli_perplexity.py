@@ -77,7 +77,10 @@ def test_too_short_a_text(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("just a few words")
     r = ferrollama("perplexity", "-m", TINY, "-f", short, "-c", 64)
-    assert r.returncode == 1 and "you need at least 128 tokens" in r.stderr
+    n_tokens = len(fl.Model(str(TINY)).tokenize("just a few words", add_special=True, parse_special=False))
+    assert r.returncode == 1
+    assert r.stderr == (f"error: you need at least 128 tokens to evaluate perplexity with a context of 64; the text "
+                        f"has {n_tokens}: pass -c {n_tokens // 2} (or less) or a longer text\n")
 
 
 def test_compressed_log_probs_round_trip():

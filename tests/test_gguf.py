@@ -67,6 +67,14 @@ def test_missing_file_is_a_gguf_error(tmp_path: Path) -> None:
         fl.Model(tmp_path / "missing.gguf")
 
 
+def test_bad_magic_shows_the_four_bytes_as_text(tmp_path: Path) -> None:
+    zipped = tmp_path / "model.zip"
+    zipped.write_bytes(b"PK\x03\x04" + bytes(60))
+    with pytest.raises(fl.GGUFError) as e:
+        fl.Model(zipped)
+    assert str(e.value) == f'{zipped}: not a GGUF file (it starts with "PK\\x03\\x04", not "GGUF")'
+
+
 def mutants(raw: bytes, n: int, seed: int):
     rng = random.Random(seed)
     header = 4096 if len(raw) > 4096 else len(raw)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ferrollama.chat import CHATML, ChatTemplate, ChatTemplateError
+from ferrollama.chat import CHATML, GEMMA, ChatTemplate, ChatTemplateError, ChatTemplateWarning
 from ferrollama.llama import StopScanner, Utf8Stream, utf8_complete_len
 
 DATA = Path(__file__).parent / "data"
@@ -94,6 +94,44 @@ def test_chatml_fallback_renders_as_the_recorded_prompt():
     case = next(c for c in fixture("greedy_gemma-3-270m.json")["cases"] if c["kind"] == "chat")
     t = ChatTemplate(CHATML, bos_token="<bos>", eos_token="<eos>", add_bos=True)
     assert t.apply(case["messages"], add_generation_prompt=True) == case["prompt"]
+
+
+def test_gemma_builtin_renders_as_llama_cpp_s():
+    """llama.cpp's built-in gemma format (llama_chat_apply_template with "gemma"): the system
+    message folded into the first user turn, "assistant" written "model"."""
+    data = fixture("chat_templates.json")
+    t = ChatTemplate(GEMMA)
+    expected = data["models"]["gemma-3-270m"]["llama_chat_apply_template_gemma_builtin"]
+    assert t.render(data["messages"], add_generation_prompt=True) == expected
+
+
+def test_a_model_without_a_template_gets_its_family_s_or_chatml_with_one_warning(gemma_model, tiny_model):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                          # Gemma: llama.cpp's gemma format, silently
+        assert ChatTemplate.from_model(gemma_model).source == GEMMA
+    with pytest.warns(ChatTemplateWarning) as caught:           # llama: no family format in llama.cpp
+        assert ChatTemplate.from_model(tiny_model).source == CHATML
+    (warning,) = caught
+    message = str(warning.message)
+    assert message.startswith("this llama model has no chat template (tokenizer.chat_template) and llama.cpp "
+                              "knows no format for its family: using ChatML")
+    assert "--chat-template NAME|JINJA" in message and "chat_format=NAME" in message
+    assert ChatTemplate.from_model(tiny_model, "gemma").source == GEMMA     # a name picks a built-in format
+
+
+def test_chat_format_picks_a_builtin_format():
+    from ferrollama.llama import Llama
+
+    assert Llama(TINY, n_ctx=256, chat_format="gemma").chat_template.source == GEMMA
+    with pytest.raises(ValueError, match="unknown chat_format 'vicuna'; known: chatml, gemma"):
+        Llama(TINY, n_ctx=256, chat_format="vicuna")
+
+
+def test_stop_strings_of_a_template_are_its_turn_markers():
+    assert ChatTemplate(CHATML).stop_strings() == ["<|im_end|>", "<|im_start|>"]
+    assert ChatTemplate(GEMMA).stop_strings() == ["<end_of_turn>", "<start_of_turn>"]
 
 
 def test_tools_render_with_hf_tojson():
@@ -241,6 +279,14 @@ def test_chat_completion_is_llama_cpp_s(qwen):
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == content
     assert chunks[-1]["choices"][0]["finish_reason"] == out["choices"][0]["finish_reason"]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+def test_chat_without_max_tokens_ends_with_the_turn(qwen):
+    """max_tokens=None: the answer ends at the template's end of turn, not at the context's end."""
+    out = qwen.create_chat_completion([{"role": "user", "content": "What is the capital of France?"}],
+                                      temperature=0.0)
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["choices"][0]["message"]["content"] == "The capital of France is Paris."
 
 
 def test_json_schema_response(qwen):

@@ -21,6 +21,7 @@ from ._core import (
 )
 from . import samplers
 from .llama import Llama, LlamaState
+from .models import default_model_path
 from .speculative import DraftModel, PromptLookupDecoding
 
 __all__ = [
@@ -42,5 +43,6 @@ __all__ = [
     "TensorInfo",
     "UnsupportedError",
     "__version__",
+    "default_model_path",
     "samplers",
 ]

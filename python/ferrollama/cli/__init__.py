@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 import traceback
+import warnings
 from typing import Sequence
 
 from .common import ArgumentParser, CLIError
@@ -38,8 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(f"{__name__}.{module}")
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The arguments; an unknown flag is reported by its command's parser ("ferrollama generate:
+    unrecognized arguments"), which argparse would leave to the top-level one."""
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:
+        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line on stderr, as llama.cpp's tools print theirs."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def _error_message(exc: BaseException) -> str:
@@ -52,8 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in argv or "--verbose" in argv
     try:
-        args = build_parser().parse_args(argv)
-        return int(args._run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            args = parse_args(argv)
+            return int(args._run(args) or 0)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

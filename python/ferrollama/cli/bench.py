@@ -54,7 +54,7 @@ def _cache_types(text: str) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", metavar="FNAME", help="the GGUF model (default: Gemma 3 270M)")
+    p.add_argument("-m", "--model", metavar="FNAME", help="the GGUF model (default: Qwen2.5-Coder-0.5B-Instruct)")
     p.add_argument("-p", "--n-prompt", type=_int_list, action="append", metavar="N", help="prompt lengths (default: 512)")
     p.add_argument("-n", "--n-gen", type=_int_list, action="append", metavar="N", help="generation lengths (default: 128)")
     p.add_argument("-pg", type=_pg_list, action="append", metavar="PP,TG", help="prompt then generation (default: none)")

@@ -15,9 +15,10 @@ import time
 
 from .._core import Batch
 from ..chat import ChatTemplate
-from ..llama import Sampler, Utf8Stream, add_bos_of, common_prefix_len
+from ..llama import Sampler, StopScanner, add_bos_of, common_prefix_len
 from .common import (CLIError, add_context_args, add_model_args, add_sampling_args, int_value, load_model,
-                     make_context, print_timings, process_escapes, read_text_file, sampling_params, warmup)
+                     make_context, n_predict_value, print_timings, process_escapes, read_text_file, sampling_params,
+                     warmup)
 from .generate import read_input
 
 
@@ -29,11 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("-sys", "--system-prompt", default="", metavar="PROMPT", help="the system message")
     g.add_argument("-p", "--prompt", default=None, help="the first user message")
     g.add_argument("-st", "--single-turn", action="store_true", help="answer -p and exit")
-    g.add_argument("-n", "--n-predict", type=int_value, default=-1, metavar="N",
-                   help="most tokens per answer (default: -1, until the model ends it)")
+    g.add_argument("-n", "--n-predict", type=n_predict_value, default=-1, metavar="N",
+                   help="most tokens per answer (default: -1, until the model ends it; -2: or the context is full)")
     g.add_argument("--keep", type=int_value, default=0, metavar="N",
                    help="tokens kept at the start when the context shifts (default: 0, BOS only; -1: the system prompt)")
-    g.add_argument("--chat-template", default=None, metavar="JINJA", help="use this template instead of the model's")
+    g.add_argument("--chat-template", default=None, metavar="NAME|JINJA",
+                   help="use this template instead of the model's: a built-in format (chatml, gemma) or a Jinja source")
     g.add_argument("--chat-template-file", default=None, metavar="FNAME", help="read the template from a file")
     g.add_argument("-mli", "--multiline-input", action="store_true", help="multi-line input: end it with '\\'")
     g.add_argument("--no-escape", dest="escape", action="store_false", default=True, help="do not process escapes")
@@ -52,6 +54,7 @@ class Conversation:
         if args.chat_template_file:
             override = read_text_file(args.chat_template_file, "chat template file")
         self.template = ChatTemplate.from_model(self.model, override)
+        self.stop_tokens = self.template.stop_tokens(self.model)
         self.params = sampling_params(args, self.model)
         self.sampler = Sampler(self.model, self.params)
         self.messages: list[dict] = []
@@ -114,9 +117,21 @@ class Conversation:
         return new
 
     # --- a turn ---
+    def max_turn_tokens(self) -> int:
+        """The most tokens one turn may add: what the context holds past the kept ones, less
+        llama-cli's margin of 4."""
+        return self.ctx.n_ctx - 4 - self.n_keep
+
     def answer(self, user_text: str, out) -> str:
+        """Answers a message; a message too long for the context is refused (CLIError) and the
+        conversation stays as it was."""
+        prompt = self.template.tokens(self.model, self.messages + [{"role": "user", "content": user_text}],
+                                      add_generation_prompt=True)
+        n_turn = len(prompt) - common_prefix_len(self.full, prompt)
+        if n_turn > self.max_turn_tokens():
+            raise CLIError(f"the message is too long ({n_turn} tokens with the template's, max "
+                           f"{self.max_turn_tokens()} for a context of {self.ctx.n_ctx}); use a larger -c")
         self.messages.append({"role": "user", "content": user_text})
-        prompt = self.template.tokens(self.model, self.messages, add_generation_prompt=True)
         self.generating, self.interrupted = True, False
         try:
             self.sampler.reset()
@@ -129,23 +144,28 @@ class Conversation:
         return text
 
     def _generate(self, out) -> str:
-        stream, pieces, n = Utf8Stream(), [], 0
+        """Streams the answer until an end-of-generation token or a turn marker of the template
+        (as a token or as text), -n tokens, the end of a context that may not shift, or Ctrl-C."""
+        scanner, n = StopScanner(self.template.stop_strings()), 0
         limit = self.args.n_predict
         while (limit < 0 or n < limit) and not self.interrupted:
             token = self.sampler.sample(self.ctx, -1)
             self.sampler.accept(token)
-            if self.model.is_eog(token):
+            if self.model.is_eog(token) or token in self.stop_tokens:
                 break
-            piece = self.model.token_to_piece(token, False)
-            pieces.append(piece)
-            out.write(stream.push(piece))
+            text, stopped = scanner.push(self.model.token_to_piece(token, False))
+            out.write(text)
             out.flush()
-            self.feed([token])
+            if stopped:
+                break
             n += 1
-        out.write(stream.flush())
+            if limit == -2 and self.n_past + 1 > self.ctx.n_ctx:
+                break
+            self.feed([token])
+        out.write(scanner.flush())
         out.write("\n")
         out.flush()
-        return b"".join(pieces).decode("utf-8", errors="replace")
+        return scanner.text
 
     # --- the session ---
     def install_sigint(self) -> None:
@@ -185,7 +205,10 @@ class Conversation:
             text = text.rstrip("\n")
             if not text:
                 continue
-            self.answer(self._escape(text), out)
+            try:
+                self.answer(self._escape(text), out)
+            except CLIError as e:
+                print(f"error: {e}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -45,6 +45,15 @@ def int_value(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def n_predict_value(text: str) -> int:
+    """llama.cpp's -n: N >= 0 tokens, -1 infinite, -2 until the context is full."""
+    value = int_value(text)
+    if value < -2:
+        raise argparse.ArgumentTypeError(
+            f"expected N >= 0, -1 (infinite) or -2 (until the context is full), got {text!r}")
+    return value
+
+
 def float_value(text: str) -> float:
     try:
         value = float(text)
@@ -129,7 +138,7 @@ def read_text_file(path: str, what: str = "file") -> str:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("-m", "--model", metavar="FNAME", help="the GGUF model (default: Gemma 3 270M, from PyPI)")
+    g.add_argument("-m", "--model", metavar="FNAME", help="the GGUF model (default: Qwen2.5-Coder-0.5B-Instruct, from PyPI)")
     g.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
     g.add_argument("-v", "--verbose", action="store_true", help="print more, and tracebacks on errors")
 

@@ -21,8 +21,8 @@ import numpy as np
 from .._core import Batch, Context, StateError
 from ..llama import Sampler, Utf8Stream, add_bos_of
 from .common import (CLIError, add_context_args, add_model_args, add_sampling_args, float_value, int_value,
-                     load_model, log, make_context, print_timings, process_escapes, progress, read_text_file,
-                     sampling_params, warmup)
+                     load_model, log, make_context, n_predict_value, print_timings, process_escapes, progress,
+                     read_text_file, sampling_params, warmup)
 from .control_vector import add_control_vector_args, apply_control_vectors
 from .speculative import add_speculative_args, run_speculative, wants_speculation
 
@@ -34,11 +34,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("generation")
     g.add_argument("-p", "--prompt", default=None, help="the prompt")
     g.add_argument("-f", "--file", metavar="FNAME", default=None, help="a file holding the prompt")
-    g.add_argument("-n", "--n-predict", type=int_value, default=-1, metavar="N",
-                   help="tokens to predict (default: -1, infinite; -2: until the context is full)")
-    g.add_argument("--keep", type=int_value, default=0, metavar="N",
-                   help="prompt tokens kept when the context shifts (default: 0, -1 = all)")
-    g.add_argument("--no-context-shift", action="store_true", help="stop when the context is full instead of shifting")
+    g.add_argument("-n", "--n-predict", type=n_predict_value, default=-1, metavar="N",
+                   help="tokens to predict (default: -1, infinite: until the end of generation or a full context; "
+                        "-2: until the context is full)")
+    g.add_argument("--keep", type=int_value, default=None, metavar="N",
+                   help="prompt tokens kept when the context shifts; turns context shift on (default: 0, -1 = all)")
+    g.add_argument("--context-shift", dest="context_shift", action="store_true", default=None,
+                   help="when the context is full, drop half of the tokens after --keep and go on "
+                        "(default: off, as in llama.cpp, unless --keep is given)")
+    g.add_argument("--no-context-shift", dest="context_shift", action="store_false",
+                   help="stop when the context is full (even with --keep)")
     g.add_argument("-gan", "--grp-attn-n", type=int_value, default=1, metavar="N", help="Self-Extend group factor (default: 1, off)")
     g.add_argument("-gaw", "--grp-attn-w", type=int_value, default=512, metavar="N", help="Self-Extend group width (default: 512)")
     g.add_argument("--prompt-cache", metavar="FNAME", default=None, help="a file to cache the prompt state in")
@@ -201,7 +206,8 @@ class Generation:
         session = self.load_session()
         embd_inp = self.tokenize_prompt(prompt, session)
         n_matching = self.match_session(session, embd_inp)
-        n_keep = len(embd_inp) if a.keep < 0 or a.keep > len(embd_inp) else a.keep + int(self.add_bos)
+        keep = 0 if a.keep is None else a.keep
+        n_keep = len(embd_inp) if keep < 0 or keep > len(embd_inp) else keep + int(self.add_bos)
         guidance = _Guidance(a, self.model, prompt) if a.cfg_negative_prompt and a.cfg_scale != 1.0 else None
         antiprompt_tokens = [ids[0] for ids in (self.model.tokenize(r, add_special=False, parse_special=True)
                                                  for r in a.reverse_prompt) if len(ids) == 1]
@@ -270,8 +276,11 @@ class Generation:
             return True
         if st.n_past + len(st.embd) < self.n_ctx:
             return True
-        if a.no_context_shift or a.n_predict == -2:
-            log("\ncontext full, stopping")
+        if not self.context_shift():
+            log("\ncontext full and context shift is off, stopping (--context-shift or --keep N to go on)")
+            return False
+        if a.n_predict == -2:
+            log("\ncontext full and -n is -2, stopping")
             return False
         n_discard = (st.n_past - st.n_keep) // 2
         kv = self.ctx.kv
@@ -282,6 +291,12 @@ class Generation:
             guidance.shift(st.n_keep, n_discard)
         st.path_session = False  # the cache no longer matches a prefix of the tokens
         return True
+
+    def context_shift(self) -> bool:
+        """Whether a full context shifts: --context-shift, or --keep (which only means something
+        with a shift) unless --no-context-shift; off by default, as in llama.cpp."""
+        a = self.args
+        return a.context_shift if a.context_shift is not None else a.keep is not None
 
     def self_extend(self, st: "_LoopState") -> None:
         """llama-cli's Self-Extend: group positions past each window of ga_w."""

@@ -14,10 +14,12 @@ import os
 import struct
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..models import listed_pieces
 from .common import CLIError
 
 # GGUF metadata value types.
@@ -176,6 +178,9 @@ def read_header(path: str) -> GGUFHeader:
     with f:
         if os.fstat(f.fileno()).st_size == 0:
             raise GGUFFormatError(f"{path}: the file is empty, not a GGUF file")
+        pieces = listed_pieces(Path(path))
+        if pieces is not None:                # a model read in place from its pieces (models.py)
+            return _parse(_Reader(memoryview(b"".join(p.read_bytes() for p in pieces)), path))
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _parse(_Reader(memoryview(buf), path))
 

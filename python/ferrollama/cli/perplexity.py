@@ -60,8 +60,10 @@ def make_plan(n_tokens: int, n_ctx: int, n_batch: int, chunks: int) -> Plan:
     if n_ctx <= 0:
         raise CLIError("perplexity needs a context size: -c N with N > 0")
     if n_tokens < 2 * n_ctx:
+        # Two chunks at least (llama-perplexity's rule): the largest context this text allows is half of it.
+        fits = f"pass -c {n_tokens // 2} (or less) or a longer text" if n_tokens >= 4 else "pass a longer text"
         raise CLIError(f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a context of {n_ctx}; "
-                       f"the text has {n_tokens}")
+                       f"the text has {n_tokens}: {fits}")
     n_seq = max(1, n_batch // n_ctx)
     n_batch = min(n_batch, n_seq * n_ctx)
     if not (n_batch < n_ctx or n_batch % n_ctx == 0):

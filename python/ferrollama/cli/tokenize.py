@@ -12,7 +12,7 @@ from .common import CLIError, load_model, process_escapes, read_text_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", metavar="FNAME", help="the GGUF model (default: Gemma 3 270M)")
+    p.add_argument("-m", "--model", metavar="FNAME", help="the GGUF model (default: Qwen2.5-Coder-0.5B-Instruct)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", default=None, help="the text")
     src.add_argument("-f", "--file", metavar="FNAME", default=None, help="a file holding the text")

@@ -4,6 +4,7 @@
 //! against the bytes that remain before it sizes an allocation, and every tensor's data
 //! must lie inside the file. Tensor data is never copied: `tensor_data` returns a view.
 
+mod pieces;
 mod reader;
 mod strings;
 mod types;
@@ -12,6 +13,7 @@ mod value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+pub use pieces::PIECES_HEADER;
 pub use types::GgmlType;
 pub use strings::Strings;
 pub use value::{Array, Value};
@@ -53,6 +55,9 @@ impl TensorInfo {
 /// The bytes of the file: mapped, or read into memory when mapping is not wanted.
 enum Storage {
     Mapped(memmap2::Mmap),
+    /// The pieces of a file, mapped side by side (pieces.rs).
+    #[cfg(unix)]
+    Pieces(pieces::PieceMap),
     Owned(Vec<u8>),
 }
 
@@ -60,9 +65,31 @@ impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
             Storage::Mapped(m) => m,
+            #[cfg(unix)]
+            Storage::Pieces(m) => m.bytes(),
             Storage::Owned(v) => v,
         }
     }
+
+    /// The pieces a list names: mapped when they can be, else read into memory.
+    fn of_pieces(list: &Path, use_mmap: bool) -> Result<Storage, String> {
+        let pieces = pieces::read_list(list)?;
+        #[cfg(unix)]
+        if use_mmap {
+            if let Some(map) = pieces::PieceMap::map(&pieces)? {
+                return Ok(Storage::Pieces(map));
+            }
+        }
+        let _ = use_mmap;
+        pieces::read_all(&pieces).map(Storage::Owned)
+    }
+}
+
+/// Whether a file starts as a list of pieces does (read apart: the caller's file stays at 0).
+fn starts_as_pieces_list(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; PIECES_HEADER.len()];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok() && pieces::is_pieces_list(&head)
 }
 
 /// A parsed GGUF file.
@@ -81,12 +108,15 @@ pub struct GgufFile {
 }
 
 impl GgufFile {
-    /// Opens and parses a file; `use_mmap = false` reads it into memory instead.
+    /// Opens and parses a file; `use_mmap = false` reads it into memory instead. The file may be
+    /// a list of the pieces of a GGUF file (see pieces.rs): the pieces are read as one file.
     pub fn open(path: impl AsRef<Path>, use_mmap: bool) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         let err = |message: String| GgufError { path: path.display().to_string(), message };
         let file = std::fs::File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
-        let storage = if use_mmap {
+        let storage = if starts_as_pieces_list(path) {
+            Storage::of_pieces(path, use_mmap).map_err(err)?
+        } else if use_mmap {
             // SAFETY: the map is read-only; a file changed underneath us by another process
             // is outside what any mmap-based loader (llama.cpp included) can defend against.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot map: {e}")))?;
@@ -136,6 +166,10 @@ impl GgufFile {
     /// is read back from the file. For data the caller has copied (repacked weights), so
     /// that the process does not hold it twice.
     pub fn release(&self, start: usize, len: usize) {
+        #[cfg(unix)]
+        if let Storage::Pieces(m) = &self.storage {
+            m.release(start, len);
+        }
         if let Storage::Mapped(m) = &self.storage {
             if start.checked_add(len).is_some_and(|end| end <= m.len()) {
                 // SAFETY: the map is a read-only private mapping of a file, never written:
@@ -144,7 +178,14 @@ impl GgufFile {
             }
         }
     }
-    pub fn is_mapped(&self) -> bool { matches!(self.storage, Storage::Mapped(_)) }
+    pub fn is_mapped(&self) -> bool {
+        match self.storage {
+            Storage::Mapped(_) => true,
+            #[cfg(unix)]
+            Storage::Pieces(_) => true,
+            Storage::Owned(_) => false,
+        }
+    }
 
     pub fn get(&self, key: &str) -> Option<&Value> { self.index.get(key).map(|&i| &self.metadata[i].1) }
     pub fn get_str(&self, key: &str) -> Option<&str> { self.get(key).and_then(Value::as_str) }
@@ -178,7 +219,9 @@ struct Header {
 fn parse_header(bytes: &[u8]) -> Result<Header, String> {
     let mut r = Reader::new(bytes);
     if bytes.len() < 4 || &bytes[..4] != MAGIC {
-        return Err(format!("not a GGUF file (magic {:?})", &bytes[..bytes.len().min(4)]));
+        // The four bytes as text (b"PK\x03\x04" for a zip), which says what the file is.
+        let magic = bytes[..bytes.len().min(4)].escape_ascii();
+        return Err(format!("not a GGUF file (it starts with \"{magic}\", not \"GGUF\")"));
     }
     r.u32("magic")?;
     let version = r.u32("version")?;

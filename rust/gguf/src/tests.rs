@@ -111,7 +111,9 @@ fn rejects_bad_headers() {
     let good = every_type_file();
     let msg = |b: Vec<u8>| GgufFile::from_bytes("x.gguf", b).err().expect("must fail").to_string();
     let mut b = good.clone(); b[0] = b'X';
-    assert!(msg(b).contains("not a GGUF file"));
+    assert!(msg(b).contains("not a GGUF file (it starts with \"XGUF\", not \"GGUF\")"));
+    // A zip: the bytes that are not printable are escaped, not listed as numbers.
+    assert!(msg(b"PK\x03\x04rest".to_vec()).contains("(it starts with \"PK\\x03\\x04\", not \"GGUF\")"));
     let mut b = good.clone(); b[4] = 9;
     assert!(msg(b).contains("unsupported GGUF version 9"));
     let mut b = good.clone(); b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());

@@ -95,7 +95,9 @@ def run_ferrollama(path: Path, drafter) -> dict:  # noqa: ANN001
 def run_llama_cpp(path: Path, lookup: bool) -> dict:
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-    llm = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=2, n_threads_batch=2, verbose=False,
+    # logits_all: llama-cpp-python's speculative path writes every verified row into its score
+    # array, which without it holds n_batch rows only (a broadcast error mid-generation).
+    llm = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=2, n_threads_batch=2, verbose=False, logits_all=lookup,
                           draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None)
     text, n, secs = timed_stream(llm.create_chat_completion(MESSAGES, max_tokens=MAX_TOKENS, temperature=0.0, stream=True))
     return {"text": text, "tokens": n, "seconds": secs}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+
 import ferrollama as fl
 from ferrollama.models import fetch
 
@@ -36,6 +38,17 @@ def run(path: str, prompt: str, drafter) -> tuple[list[int], fl.Llama]:  # noqa:
     return out, llm
 
 
+def gap_at(path: str, prompt: str, plain: list[int], k: int) -> tuple[float, float]:
+    """Plain decoding's logits at the first differing token k: the gap between its top two
+    logits, and the rank-2 logit's distance below the top in log-probability."""
+    llm = fl.Llama(path, n_ctx=1024)
+    tokens = llm.tokenize(prompt, add_bos=True, special=False) + plain[:k]
+    llm.eval(tokens)
+    logits = llm.ctx.logits(-1).astype(np.float64)
+    top2 = np.sort(logits)[-2:]
+    return float(top2[1] - top2[0]), float(np.log(np.exp(logits - logits.max()).sum()))
+
+
 def main() -> int:
     path = str(fetch("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
     differ = 0
@@ -48,8 +61,11 @@ def main() -> int:
             same = got == plain
             first = next((k for k, (a, b) in enumerate(zip(got, plain)) if a != b), None)
             differ += not same
-            print(f"prompt {i} {name}: {'same' if same else f'DIFFERS at token {first}'}"
-                  f" (accepted {llm.speculative_stats.n_accepted}/{llm.speculative_stats.n_drafted})")
+            where = "same"
+            if not same:
+                gap, _ = gap_at(path, prompt, plain, first)
+                where = f"DIFFERS at token {first}: plain decoding's top two logits there are {gap:.4f} apart"
+            print(f"prompt {i} {name}: {where} (accepted {llm.speculative_stats.n_accepted}/{llm.speculative_stats.n_drafted})")
     print(f"{differ} of {2 * len(rows)} texts differ from plain greedy decoding")
     return 0
 

@@ -23,8 +23,13 @@ def run_snippet(source: str) -> str:
 
 def test_every_snippet_runs_on_the_default_model():
     snippets = python_snippets()
-    assert len(snippets) == 3
+    assert len(snippets) == 4
     outputs = [run_snippet(s) for s in snippets]
+    # speculative decoding: the renamed function, and drafts that were accepted
+    assert "width" in outputs[0] and "<|im_" not in outputs[0]
+    stats = outputs[0].splitlines()[-1]
+    assert stats.startswith("SpeculativeStats(") and "n_accepted=0," not in stats
+    outputs = outputs[1:]
     assert outputs[0] == ""
     assert outputs[1].strip() and "<|im_" not in outputs[1]
     assert outputs[2].splitlines()[-1] == repr("{}\n\n")    # the greedy token that opens (and closes) an object

@@ -1,0 +1,57 @@
+"""``ferrollama serve``: the OpenAI-compatible server (llama-server's flag names).
+
+Parses the flags, loads the model, makes the scheduler and runs the ASGI app with uvicorn.
+Needs ``pip install 'ferrollama[server]'``.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .common import CLIError, add_model_args, cache_type, load_model, log, positive_int
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    g.add_argument("--port", type=positive_int, default=8080, help="port to listen on (default: 8080)")
+    g.add_argument("-np", "--parallel", type=positive_int, default=4, metavar="N",
+                   help="slots: requests decoded together (default: 4)")
+    g.add_argument("-c", "--ctx-size", type=positive_int, default=8192, metavar="N",
+                   help="the whole KV cache, shared by the slots: each holds N/np tokens (default: 8192)")
+    g.add_argument("-b", "--batch-size", type=positive_int, default=512, metavar="N",
+                   help="tokens per decode step; prompts are read in chunks of what is left (default: 512)")
+    g.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
+                   help="threads (default: the physical cores)")
+    g.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", type=cache_type, default="f16", metavar="TYPE")
+    g.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", type=cache_type, default="f16", metavar="TYPE")
+    g.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
+                   help="requests that may wait for a slot; more are answered 503 (default: 64)")
+    g.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'")
+    g.add_argument("-a", "--alias", default=None, metavar="NAME", help="the model's name in the API (default: the file name)")
+
+
+def build_app(args: argparse.Namespace):
+    """The ASGI app for the flags (tests start it with uvicorn themselves)."""
+    try:
+        from ..server.app import create_app
+    except ImportError as e:
+        raise CLIError(f"the server needs its extra: pip install 'ferrollama[server]' ({e.name} is missing)") from None
+    from ..server.scheduler import Scheduler
+
+    if args.ctx_size < args.parallel:
+        raise CLIError(f"--ctx-size {args.ctx_size} is smaller than --parallel {args.parallel}")
+    model = load_model(args)
+    scheduler = Scheduler(model, n_ctx=args.ctx_size, n_seq=args.parallel, n_batch=args.batch_size,
+                          n_threads=args.threads, queue_size=args.queue_size,
+                          type_k=args.cache_type_k, type_v=args.cache_type_v)
+    return create_app(scheduler, model_name=args.alias, api_key=args.api_key)
+
+
+def run(args: argparse.Namespace) -> int:
+    app = build_app(args)
+    import uvicorn
+
+    log(f"ferrollama serve: http://{args.host}:{args.port}/v1 ({args.parallel} slots)")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
+    return 0

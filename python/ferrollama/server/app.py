@@ -559,6 +559,8 @@ async def _completion_chunks(engine: Engine, jobs: list, meta: dict, echoes: lis
 async def embeddings(request: HttpRequest) -> Response:
     engine: Engine = request.app.state.engine
     req = await parse_body(request, EmbeddingRequest)
+    if req.input == "" or (isinstance(req.input, list) and "" in req.input):
+        raise bad_request("input: an empty string has no embedding", "invalid_input")
     inputs = _prompts(engine, req.input)
     try:
         vectors = await asyncio.to_thread(engine.embedder.embed, inputs)

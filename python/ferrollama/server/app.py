@@ -30,7 +30,7 @@ from ..chat import ChatTemplate, ChatTemplateError
 from ..llama import DEFAULT_SEED, Sampler, SamplingParams
 from . import tools as T
 from .metrics import Metrics
-from .scheduler import JobFailed, Output, QueueFull, Request, Scheduler
+from .scheduler import JobFailed, Output, QueueFull, Request, Scheduler, completion_logprobs
 from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, Message,
                       SamplingFields, TokenizeRequest)
 
@@ -498,16 +498,6 @@ def _prompts(engine: Engine, prompt: Any) -> list[list[int]]:
     return out
 
 
-def _completion_logprobs(engine: Engine, outs: Sequence[Output], offset0: int) -> dict:
-    piece = lambda t: engine.model.token_to_piece(t, False).decode("utf-8", "replace")  # noqa: E731
-    entries = [o.logprob for o in outs if o.logprob is not None and not engine.model.is_eog(o.token)]
-    tokens = [piece(e.token) for e in entries]
-    offsets = list(np.cumsum([0] + [len(t) for t in tokens[:-1]]) + offset0) if tokens else []
-    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{piece(t): lp for t, lp in e.top} for e in entries],
-            "text_offset": [int(x) for x in offsets]}
-
-
 async def completions(request: HttpRequest) -> Response:
     engine: Engine = request.app.state.engine
     req = await parse_body(request, CompletionRequest)
@@ -528,7 +518,7 @@ async def completions(request: HttpRequest) -> Response:
     except JobFailed as e:
         raise _job_failed(e) from None
     choices = [{"index": i, "text": echoes[i] + "".join(o.text for o in out),
-                "logprobs": _completion_logprobs(engine, out, len(echoes[i])) if req.logprobs is not None else None,
+                "logprobs": completion_logprobs(engine.model, out, len(echoes[i])) if req.logprobs is not None else None,
                 "finish_reason": out[-1].finish_reason} for i, out in enumerate(outs)]
     return JSONResponse({**meta, "choices": choices, "usage": _sum_usage([o[-1] for o in outs], req.n)})
 
@@ -543,7 +533,7 @@ async def _completion_chunks(engine: Engine, jobs: list, meta: dict, echoes: lis
     offsets = [len(e) for e in echoes]
     lasts: list[Output] = [Output("")] * len(jobs)
     async for i, out in merged(jobs):
-        logprobs = _completion_logprobs(engine, [out], offsets[i]) if req.logprobs is not None else None
+        logprobs = completion_logprobs(engine.model, [out], offsets[i]) if req.logprobs is not None else None
         offsets[i] += len(out.text)
         if out.finish_reason is None:
             yield chunk(i, out.text, logprobs=logprobs)

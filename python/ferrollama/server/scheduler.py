@@ -30,7 +30,7 @@ import numpy as np
 from .._core import Batch, Context, DecodeError, Model
 from ..llama import Sampler, SamplingParams, StopScanner, common_prefix_len, log_softmax
 
-__all__ = ["Request", "Output", "Job", "Scheduler", "QueueFull", "JobFailed"]
+__all__ = ["Request", "Output", "Job", "Scheduler", "QueueFull", "JobFailed", "completion_logprobs"]
 
 
 class QueueFull(Exception):
@@ -538,3 +538,17 @@ class Scheduler:
             waiting, self._queue = list(self._queue), collections.deque()
         for job in waiting:
             job._push(error)
+
+
+def completion_logprobs(model: Model, outs: Sequence[Output], offset0: int = 0) -> dict:
+    """OpenAI's completion logprobs (tokens, token_logprobs, top_logprobs, text_offset) of outputs
+    whose text starts at offset0."""
+    piece = lambda t: model.token_to_piece(t, False).decode("utf-8", "replace")  # noqa: E731
+    entries = [o.logprob for o in outs if o.logprob is not None and not model.is_eog(o.logprob.token)]
+    tokens = [piece(e.token) for e in entries]
+    offsets, at = [], offset0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{piece(t): lp for t, lp in e.top} for e in entries], "text_offset": offsets}

@@ -266,14 +266,17 @@ def required_call_grammar(tools: list[dict], fmt: str, json_schema_to_gbnf, para
         raise ValueError("tool_choice 'required' or a named function is not supported for gpt-oss templates")
     gbnf = json_schema_to_gbnf(_call_schema(tools, fmt))
     body = re.sub(r"^root ::=", "tool-call-json ::=", gbnf, count=1, flags=re.M)
-    more = "*" if parallel else ""
+    def repeated(item: str, sep: str) -> str:
+        return item + (" (" + sep + " " + item + ")*" if parallel else "")
+
+    newline = '"\\n"'
     if fmt == "hermes":
-        one = f'{_gbnf_literal("<tool_call>")} "\\n" tool-call-json "\\n" {_gbnf_literal("</tool_call>")}'
-        root = f'root ::= tool-call ("\\n" tool-call){more}\ntool-call ::= {one}\n'
+        one = _gbnf_literal("<tool_call>") + " " + newline + " tool-call-json " + newline + " " + _gbnf_literal("</tool_call>")
+        root = "root ::= " + repeated("tool-call", newline) + "\ntool-call ::= " + one + "\n"
     elif fmt == "mistral":
-        root = f'root ::= {_gbnf_literal("[TOOL_CALLS]")} "[" tool-call-json ("," " "? tool-call-json){more} "]"\n'
+        root = "root ::= " + _gbnf_literal("[TOOL_CALLS]") + ' "[" ' + repeated("tool-call-json", '"," " "?') + ' "]"\n'
     else:
-        root = f'root ::= tool-call-json ("\\n" tool-call-json){more}\n'
+        root = "root ::= " + repeated("tool-call-json", newline) + "\n"
     return root + body
 
 

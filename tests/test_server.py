@@ -279,6 +279,34 @@ def test_a_full_queue_answers_503_with_retry_after():
         scheduler.close()
 
 
+def test_the_command_serves_with_llama_server_flags(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "ferrollama.cli", "serve", "-m", str(model_path(REAL_MODELS["qwen2"])),
+                             "--port", str(port), "-np", "2", "-c", "1024", "-t", "2", "-a", "coder", "--api-key", "k"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url, headers = f"http://127.0.0.1:{port}", {"Authorization": "Bearer k"}
+        for _ in range(600):
+            try:
+                models = httpx.get(url + "/v1/models", headers=headers, timeout=1).json()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stderr.read()
+                time.sleep(0.1)
+        assert models["data"][0]["id"] == "coder"
+        assert (models["data"][0]["meta"]["n_slots"], models["data"][0]["meta"]["n_ctx_slot"]) == (2, 512)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    bad = subprocess.run([sys.executable, "-m", "ferrollama.cli", "serve", "-m", str(tmp_path / "none.gguf")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "no such model file" in bad.stderr
+
+
 def test_mixed_requests_leave_the_server_healthy(served, http):
     """A bounded soak: concurrent good, malformed and hung-up requests; then every slot is idle."""
     import concurrent.futures as cf

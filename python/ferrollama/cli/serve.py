@@ -7,24 +7,24 @@ from __future__ import annotations
 
 import argparse
 
-from .common import CLIError, add_model_args, cache_type, load_model, log, positive_int
+from .common import CLIError, add_context_args, add_model_args, load_model, log, positive_int, warmup
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
+    add_context_args(p, n_ctx=8192)
+    # a decode step holds every slot's next token and prompt chunks: smaller steps keep streams flowing
+    p.set_defaults(batch_size=512)
+    for action in p._actions:
+        if action.dest == "batch_size":
+            action.help = "tokens per decode step: every slot's next token, then prompt chunks (default: 512)"
+        elif action.dest == "ctx_size":
+            action.help = "the KV cache, shared by the slots: each holds N/np tokens (default: 8192, 0 = from the model)"
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     g.add_argument("--port", type=positive_int, default=8080, help="port to listen on (default: 8080)")
     g.add_argument("-np", "--parallel", type=positive_int, default=4, metavar="N",
-                   help="slots: requests decoded together (default: 4)")
-    g.add_argument("-c", "--ctx-size", type=positive_int, default=8192, metavar="N",
-                   help="the whole KV cache, shared by the slots: each holds N/np tokens (default: 8192)")
-    g.add_argument("-b", "--batch-size", type=positive_int, default=512, metavar="N",
-                   help="tokens per decode step; prompts are read in chunks of what is left (default: 512)")
-    g.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
-                   help="threads (default: the physical cores)")
-    g.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", type=cache_type, default="f16", metavar="TYPE")
-    g.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", type=cache_type, default="f16", metavar="TYPE")
+                   help="slots: requests decoded together; each holds ctx-size/N tokens (default: 4)")
     g.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
                    help="requests that may wait for a slot; more are answered 503 (default: 64)")
     g.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'")
@@ -39,12 +39,15 @@ def build_app(args: argparse.Namespace):
         raise CLIError(f"the server needs its extra: pip install 'ferrollama[server]' ({e.name} is missing)") from None
     from ..server.scheduler import Scheduler
 
-    if args.ctx_size < args.parallel:
-        raise CLIError(f"--ctx-size {args.ctx_size} is smaller than --parallel {args.parallel}")
     model = load_model(args)
-    scheduler = Scheduler(model, n_ctx=args.ctx_size, n_seq=args.parallel, n_batch=args.batch_size,
-                          n_threads=args.threads, queue_size=args.queue_size,
+    n_ctx = args.ctx_size if args.ctx_size > 0 else model.n_ctx_train
+    if n_ctx < args.parallel:
+        raise CLIError(f"--ctx-size {n_ctx} is smaller than --parallel {args.parallel}")
+    scheduler = Scheduler(model, n_ctx=n_ctx, n_seq=args.parallel, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
+                          n_threads=args.threads, n_threads_batch=args.threads_batch, queue_size=args.queue_size,
                           type_k=args.cache_type_k, type_v=args.cache_type_v)
+    if not args.no_warmup:
+        warmup(scheduler.ctx, model)
     return create_app(scheduler, model_name=args.alias, api_key=args.api_key)
 
 

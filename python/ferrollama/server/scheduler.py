@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import math
 import threading
 import time
@@ -31,6 +32,8 @@ from .._core import Batch, Context, DecodeError, Model
 from ..llama import Sampler, SamplingParams, StopScanner, common_prefix_len, log_softmax
 
 __all__ = ["Request", "Output", "Job", "Scheduler", "QueueFull", "JobFailed", "completion_logprobs"]
+
+log = logging.getLogger("ferrollama.server")
 
 
 class QueueFull(Exception):
@@ -313,6 +316,7 @@ class Scheduler:
             try:
                 self.step()
             except Exception as e:  # a bug must not stop the loop that serves everybody else
+                log.exception("scheduler step failed; the running jobs fail")
                 self._fail_all(JobFailed(f"internal error: {type(e).__name__}: {e}"), keep_queue=True)
         self._fail_all(RuntimeError("the server is shutting down"))
 
@@ -456,6 +460,7 @@ class Scheduler:
             self.ctx.decode(self._batch)
             return True
         except DecodeError as e:
+            log.error("decode failed twice (%s); failing %d jobs", e, len(rows))
             for slot in rows:
                 self._fail(slot, JobFailed(f"the engine failed to decode: {e}"))
             return False
@@ -474,6 +479,7 @@ class Scheduler:
         try:
             self._sample(slot)
         except Exception as e:  # a sampler error (a grammar with no way out) ends this job only
+            log.warning("sampling failed in slot %d: %s", slot.seq_id, e)
             self._fail(slot, JobFailed(f"sampling failed: {e}"))
 
     def _sample(self, slot: Slot) -> None:

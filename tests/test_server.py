@@ -63,6 +63,19 @@ def test_greedy_completion_equals_ferrollama_generate(client):
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (5, 32)
 
 
+def test_stop_strings_and_seeds(client):
+    prompt, fresh = "def is_prime(n):\n", {"cache_prompt": False}
+    whole = client.completions.create(model="qwen", prompt=prompt, max_tokens=32, temperature=0, extra_body=fresh)
+    text = whole.choices[0].text
+    cut = client.completions.create(model="qwen", prompt=prompt, max_tokens=32, temperature=0, stop=["return", "zzz"],
+                                    extra_body=fresh)
+    assert "return" in text and cut.choices[0].text == text[:text.index("return")]
+    assert cut.choices[0].finish_reason == "stop"
+    seeded = [client.completions.create(model="qwen", prompt=prompt, max_tokens=12, temperature=1.0, seed=42,
+                                        extra_body=fresh).choices[0].text for _ in range(2)]
+    assert seeded[0] == seeded[1]
+
+
 def test_chat_plain_and_streamed_agree_and_reuse_the_prompt(client):
     plain = client.chat.completions.create(model="qwen", messages=user("Name a colour."), max_tokens=12, temperature=0)
     assert plain.object == "chat.completion" and plain.choices[0].message.role == "assistant"

@@ -138,12 +138,13 @@ def _stops(req: SamplingFields) -> list[str]:
     return stops
 
 
-def sampling_params(engine: Engine, req: SamplingFields, grammar: str | None = None) -> SamplingParams:
+def sampling_params(engine: Engine, req: SamplingFields, tool_grammar: str | None = None) -> SamplingParams:
+    """The sampling of a request; tool_grammar forces a tool call (tool_choice "required" or named)."""
     schema = _json_schema(req)
-    grammar = grammar or req.grammar or ""
-    given = sum(x is not None and x != "" for x in (schema, req.grammar, grammar if grammar != req.grammar else None))
-    if given > 1:
+    constraints = [c for c in (schema, req.grammar, tool_grammar) if c]
+    if len(constraints) > 1:
         raise bad_request("give one of grammar, response_format (JSON) and a required tool call, not several")
+    grammar = req.grammar or tool_grammar or ""
     return SamplingParams(
         seed=DEFAULT_SEED if req.seed in (None, -1) else req.seed, temp=req.temperature, top_p=req.top_p,
         top_k=req.top_k, min_p=req.min_p, penalty_repeat=req.repeat_penalty, penalty_freq=req.frequency_penalty,
@@ -351,8 +352,7 @@ def plan_chat(engine: Engine, req: ChatRequest) -> ChatPlan:
 
 
 def _chat_logprobs(engine: Engine, outs: Sequence[Output]) -> dict | None:
-    entries = [o.logprob for o in outs if o.logprob is not None and o.finish_reason in (None, "length", "stop")
-               and not (o.finish_reason == "stop" and engine.model.is_eog(o.token))]
+    entries = [o.logprob for o in outs if o.logprob is not None and not engine.model.is_eog(o.logprob.token)]
     if not entries:
         return None
 

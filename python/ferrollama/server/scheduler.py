@@ -354,13 +354,13 @@ class Scheduler:
         job._push(Output("", finish_reason="cancelled"))
 
     def _admit(self) -> None:
-        while True:
-            with self._lock:
+        # under the lock: a job is always either queued or in a busy slot for submit's count
+        with self._lock:
+            while self._queue:
                 free = [s for s in self.slots if not s.busy]
-                if not free or not self._queue:
+                if not free:
                     return
-                job = self._queue.popleft()
-            self._assign(job, free)
+                self._assign(self._queue.popleft(), free)
 
     def _assign(self, job: Job, free: list[Slot]) -> None:
         """Puts a job in the idle slot whose cache shares most with its prompt (else the least

@@ -416,6 +416,8 @@ class Llama:
         from .speculative import SpeculativeStats
         #: drafted and accepted tokens since the Llama was made
         self.speculative_stats = SpeculativeStats()
+        #: the scheduler that decodes a list of prompts together (made at the first such call)
+        self._batcher = None
 
     # --- basics ---
     @property
@@ -544,7 +546,7 @@ class Llama:
                                       on_logits, self.speculative_stats)
 
     # --- completion ---
-    def create_completion(self, prompt: str | Sequence[int], suffix: str | None = None,
+    def create_completion(self, prompt: str | Sequence[int] | list[str] | list[list[int]], suffix: str | None = None,
                           max_tokens: int | None = 16, temperature: float = 0.8, top_p: float = 0.95,
                           min_p: float = 0.05, typical_p: float = 1.0, logprobs: int | None = None,
                           echo: bool = False, stop: str | Sequence[str] | None = None,
@@ -558,6 +560,8 @@ class Llama:
 
         ``max_tokens`` None or <= 0: until an end of generation or the end of the context.
         ``stop_tokens`` end the completion as the model's end-of-generation tokens do.
+        A list of prompts (texts or token lists) is decoded together, one sequence each (continuous
+        batching, ferrollama.server.Scheduler): one choice per prompt, in order.
         """
         if suffix:
             raise ValueError("suffix (fill-in-the-middle) is not supported")
@@ -566,8 +570,12 @@ class Llama:
             penalty_repeat=repeat_penalty, penalty_freq=frequency_penalty, penalty_present=presence_penalty,
             mirostat=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
             logit_bias=dict(logit_bias or {}), grammar=grammar or "", json_schema=json_schema)
-        tokens = self._prompt_tokens(prompt)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if _is_prompt_list(prompt):
+            chunks = self._batched_chunks([self._prompt_tokens(p) for p in prompt], params, seed, max_tokens, stops,
+                                          logprobs, model or self.model_path)
+            return chunks if stream else _merge_choices(list(chunks))
+        tokens = self._prompt_tokens(prompt)
         chunks = self._completion_chunks(tokens, params, seed, max_tokens, stops, logprobs, echo,
                                          model or self.model_path, frozenset(int(t) for t in stop_tokens))
         if stream:
@@ -612,6 +620,43 @@ class Llama:
         tail = scanner.flush()
         usage = {"prompt_tokens": len(tokens), "completion_tokens": n_out, "total_tokens": len(tokens) + n_out}
         yield _chunk(cid, created, model_name, tail, lp.take(tail) if tail else None, finish, usage)
+
+    def _batched_chunks(self, prompts: list[list[int]], params: SamplingParams, seed: int | None,
+                        max_tokens: int | None, stops: list[str], logprobs: int | None, model_name: str) -> Iterator[dict]:
+        """Completion chunks of several prompts decoded together, choice by choice."""
+        from .server.scheduler import Request, completion_logprobs
+
+        limit = None if max_tokens is None or max_tokens <= 0 else max_tokens
+        sched = self._batch_scheduler(len(prompts))
+        jobs = sched.submit_many([Request(t, params, limit, stops, logprobs) for t in prompts],
+                                 [self._sampler(params, seed) for _ in prompts])
+        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
+        for i, job in enumerate(jobs):
+            offset = 0
+            for out in job:
+                lp = completion_logprobs(self.model, [out], offset) if logprobs is not None else None
+                offset += len(out.text)
+                usage = None if out.usage is None else {
+                    "prompt_tokens": out.usage["prompt_tokens"], "completion_tokens": out.usage["completion_tokens"],
+                    "total_tokens": out.usage["prompt_tokens"] + out.usage["completion_tokens"]}
+                chunk = _chunk(cid, created, model_name, out.text, lp, out.finish_reason, usage)
+                chunk["choices"][0]["index"] = i
+                yield chunk
+
+    def _batch_scheduler(self, n_prompts: int):
+        """A scheduler with a sequence per prompt (at most 16; more wait for a free one), each
+        holding n_ctx tokens; kept for the next batch."""
+        from .server.scheduler import Scheduler
+
+        n_seq = min(max(n_prompts, 1), 16)
+        if self._batcher is None or self._batcher.n_seq < n_seq:
+            if self._batcher is not None:
+                self._batcher.close()
+            kw = self._context_kwargs
+            self._batcher = Scheduler(self.model, n_ctx=kw["n_ctx"] * n_seq, n_seq=n_seq, n_batch=kw["n_batch"],
+                                      n_threads=kw["n_threads"], queue_size=1 << 30, type_k=kw["type_k"],
+                                      type_v=kw["type_v"])
+        return self._batcher
 
     # --- chat ---
     @property
@@ -748,6 +793,22 @@ def _merge_completion(chunks: list[dict]) -> dict:
             "choices": [{"text": text, "index": 0, "logprobs": logprobs,
                          "finish_reason": last["choices"][0]["finish_reason"]}],
             "usage": last["usage"]}
+
+
+def _is_prompt_list(prompt: Any) -> bool:
+    """A list of prompts (texts or token lists), not one prompt of token ids."""
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(isinstance(p, (str, list, tuple)) for p in prompt)
+
+
+def _merge_choices(chunks: list[dict]) -> dict:
+    """One completion dict with a choice per prompt from the chunks of several."""
+    by_choice: dict[int, list[dict]] = {}
+    for c in chunks:
+        by_choice.setdefault(c["choices"][0]["index"], []).append(c)
+    merged = [_merge_completion(by_choice[i]) for i in sorted(by_choice)]
+    choices = [{**m["choices"][0], "index": i} for i, m in enumerate(merged)]
+    usage = {k: sum(m["usage"][k] for m in merged) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    return {**merged[0], "choices": choices, "usage": usage}
 
 
 def _chat_response(completion: dict) -> dict:

@@ -25,6 +25,7 @@ COMMANDS = {
     "perplexity": ("perplexity", "perplexity and KL divergence over a text (llama-perplexity)"),
     "quantize": ("quantize", "convert an F32/F16/BF16 model to another type (llama-quantize)"),
     "embed": ("embed", "print embeddings of texts (llama-embedding)"),
+    "serve": ("serve", "an OpenAI-compatible HTTP server batching concurrent requests (llama-server)"),
 }
 
 

@@ -1,0 +1,348 @@
+"""`ferrollama serve` driven over HTTP: the official openai client for what works, raw httpx for
+bad input, hang-ups, the full queue and the API key. One server (Qwen2.5-Coder 0.5B instruct,
+4 slots) for the module; a second one with one slot and no queue for the 503."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import jsonschema
+import numpy as np
+import openai
+import pytest
+
+from conftest import REAL_MODELS, load_model, model_path
+from serving import start_server, wait_idle
+
+KEY = "test-key"
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def served():
+    server, scheduler = start_server(load_model(REAL_MODELS["qwen2"]), api_key=KEY)
+    yield server, scheduler
+    server.stop()
+    scheduler.close()
+
+
+@pytest.fixture(scope="module")
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served[0].url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def http(served):
+    with httpx.Client(base_url=served[0].url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as c:
+        yield c
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+# --- what works, through the openai client -----------------------------------------------------
+
+def test_greedy_completion_equals_ferrollama_generate(client):
+    prompt = "def is_prime(n):\n"
+    cli = subprocess.run([sys.executable, "-m", "ferrollama.cli", "generate", "-m", str(model_path(REAL_MODELS["qwen2"])),
+                          "-p", prompt.replace("\n", "\\n"), "-n", "32", "--temp", "0", "--no-display-prompt", "-t", "2"],
+                         capture_output=True, text=True, encoding="utf-8")
+    assert cli.returncode == 0, cli.stderr
+    r = client.completions.create(model="qwen", prompt=prompt, max_tokens=32, temperature=0,
+                                  extra_body={"cache_prompt": False})
+    assert r.choices[0].text + "\n" == cli.stdout
+    assert r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (5, 32)
+
+
+def test_stop_strings_and_seeds(client):
+    prompt, fresh = "def is_prime(n):\n", {"cache_prompt": False}
+    whole = client.completions.create(model="qwen", prompt=prompt, max_tokens=32, temperature=0, extra_body=fresh)
+    text = whole.choices[0].text
+    cut = client.completions.create(model="qwen", prompt=prompt, max_tokens=32, temperature=0, stop=["return", "zzz"],
+                                    extra_body=fresh)
+    assert "return" in text and cut.choices[0].text == text[:text.index("return")]
+    assert cut.choices[0].finish_reason == "stop"
+    seeded = [client.completions.create(model="qwen", prompt=prompt, max_tokens=12, temperature=1.0, seed=42,
+                                        extra_body=fresh).choices[0].text for _ in range(2)]
+    assert seeded[0] == seeded[1]
+
+
+def test_chat_plain_and_streamed_agree_and_reuse_the_prompt(client):
+    plain = client.chat.completions.create(model="qwen", messages=user("Name a colour."), max_tokens=12, temperature=0)
+    assert plain.object == "chat.completion" and plain.choices[0].message.role == "assistant"
+    assert plain.choices[0].finish_reason in ("stop", "length") and plain.choices[0].message.content
+    stream = client.chat.completions.create(model="qwen", messages=user("Name a colour."), max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text == plain.choices[0].message.content
+    assert finishes == [plain.choices[0].finish_reason]
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.completion_tokens == plain.usage.completion_tokens
+    # the second time, every prompt token but the last comes from the slot's cache
+    assert usage.prompt_tokens == plain.usage.prompt_tokens
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
+
+
+def test_completion_logprobs_and_n(client):
+    r = client.completions.create(model="qwen", prompt="The capital of France is", max_tokens=4, temperature=0,
+                                  logprobs=3, n=2)
+    assert [c.index for c in r.choices] == [0, 1]
+    for c in r.choices:
+        lp = c.logprobs
+        assert "".join(lp.tokens) == c.text and len(lp.tokens) == 4
+        assert all(len(top) == 3 for top in lp.top_logprobs)
+        # greedy: each chosen token is the most likely one
+        assert [max(top, key=top.get) for top in lp.top_logprobs] == lp.tokens
+        assert lp.token_logprobs == [top[t] for top, t in zip(lp.top_logprobs, lp.tokens)]
+        assert lp.text_offset == list(np.cumsum([0] + [len(t) for t in lp.tokens[:-1]]))
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens == 5
+
+
+def test_chat_logprobs_and_several_choices(client):
+    r = client.chat.completions.create(model="qwen", messages=user("Say hello."), max_tokens=3, temperature=0.7,
+                                       seed=5, n=3, logprobs=True, top_logprobs=2)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for c in r.choices:
+        content = c.logprobs.content
+        assert "".join(e.token for e in content) == c.message.content and len(content) == 3
+        assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob for e in content)
+        assert all(bytes(e.bytes).decode() == e.token for e in content)
+    assert r.usage.completion_tokens == 9
+
+
+def test_json_schema_is_enforced(client):
+    r = client.chat.completions.create(
+        model="qwen", messages=user("Invent a person."), max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    r = client.chat.completions.create(model="qwen", messages=user("Reply with JSON."), max_tokens=40, temperature=0,
+                                       response_format={"type": "json_object"})
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_tool_calls_auto_and_required(client):
+    auto = client.chat.completions.create(model="qwen", messages=user("What is the weather in Paris?"), tools=WEATHER,
+                                          max_tokens=48, temperature=0)
+    call = auto.choices[0].message.tool_calls[0]
+    assert auto.choices[0].finish_reason == "tool_calls" and auto.choices[0].message.content is None
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == ("function", "get_weather", {"city": "Paris"})
+    forced = client.chat.completions.create(model="qwen", messages=user("Hello!"), tools=WEATHER, tool_choice="required",
+                                            max_tokens=48, temperature=0, parallel_tool_calls=False)
+    calls = forced.choices[0].message.tool_calls
+    assert forced.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+    assert calls[0].function.name == "get_weather" and set(json.loads(calls[0].function.arguments)) == {"city"}
+
+
+def test_tool_call_streamed_and_answered(client):
+    chunks = list(client.chat.completions.create(model="qwen", messages=user("What is the weather in Paris?"),
+                                                 tools=WEATHER, max_tokens=48, temperature=0, stream=True))
+    deltas = [c.choices[0].delta for c in chunks]
+    calls = [t for d in deltas for t in (d.tool_calls or [])]
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "tool_calls"
+    assert "".join(d.content or "" for d in deltas) == ""
+    assert [(c.index, c.function.name, json.loads(c.function.arguments)) for c in calls] == [(0, "get_weather", {"city": "Paris"})]
+    # the call and its result go back through the template
+    history = user("What is the weather in Paris?") + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": calls[0].id, "type": "function",
+                                                             "function": {"name": "get_weather", "arguments": calls[0].function.arguments}}]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "22 degrees and sunny"}]
+    answer = client.chat.completions.create(model="qwen", messages=history, tools=WEATHER, max_tokens=2, temperature=0)
+    from ferrollama.chat import ChatTemplate
+
+    model = load_model(REAL_MODELS["qwen2"])
+    history[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}  # templates write the object
+    expected = ChatTemplate.from_model(model).tokens(model, history, tools=WEATHER)
+    assert b'<tool_response>\n22 degrees and sunny\n</tool_response>' in model.detokenize(expected).encode()
+    assert answer.usage.prompt_tokens == len(expected)
+
+
+def test_embeddings_are_normalized_and_match_llama(client):
+    r = client.embeddings.create(model="qwen", input=["hello world", "goodbye"])
+    vectors = [np.asarray(d.embedding) for d in r.data]
+    assert [d.index for d in r.data] == [0, 1] and all(v.shape == (896,) for v in vectors)
+    np.testing.assert_allclose([np.linalg.norm(v) for v in vectors], [1.0, 1.0], rtol=1e-5)
+    from ferrollama import Llama
+
+    llm = Llama(str(model_path(REAL_MODELS["qwen2"])), embedding=True, n_ctx=512, n_threads=2)
+    expected = llm.embed(["hello world", "goodbye"], normalize=True)
+    np.testing.assert_allclose(vectors, expected, rtol=1e-5, atol=1e-6)
+    assert r.usage.prompt_tokens == len(llm.tokenize(b"hello world")) + len(llm.tokenize(b"goodbye"))
+
+
+def test_models_tokenize_detokenize_health_metrics(client, http):
+    assert [m.id for m in client.models.list().data] == ["qwen"]
+    tokens = http.post("/tokenize", json={"content": "Hello world"}).json()["tokens"]
+    assert tokens == [9707, 1879]
+    pieces = http.post("/tokenize", json={"content": "Hello world", "with_pieces": True}).json()["tokens"]
+    assert pieces == [{"id": 9707, "piece": "Hello"}, {"id": 1879, "piece": " world"}]
+    assert http.post("/detokenize", json={"tokens": tokens}).json() == {"content": "Hello world"}
+    assert httpx.get(http.base_url.join("/health")).json()["status"] == "ok"   # no key needed
+    text = http.get("/metrics").text
+    assert 'ferrollama_requests_total{path="/v1/chat/completions",status="200"}' in text
+    assert "ferrollama_slots_total 4.0" in text and "ferrollama_slots_busy 0.0" in text
+    assert "ferrollama_tokens_predicted_total" in text and "ferrollama_predicted_tokens_seconds" in text
+
+
+# --- bad input: a 400 with OpenAI's error body, and the server keeps serving ------------------------
+
+BAD = [
+    (b"{not json", "invalid_json"),
+    (b'["a list"]', "invalid_value"),
+    ({"messages": "hello"}, "invalid_value"),
+    ({"messages": []}, "invalid_value"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "invalid_value"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}, "invalid_value"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, "invalid_value"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}, "max_tokens_too_large"),
+    ({"messages": [{"role": "user", "content": "hi " * 1500}]}, "invalid_prompt"),
+    ({"messages": [{"role": "user", "content": "hi"}], "grammar": "root ::= ("}, "invalid_grammar"),
+    ({"messages": [{"role": "user", "content": "hi"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}, "invalid_grammar"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"999999999": 1}}, "invalid_value"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "invalid_value"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "invalid_value"),
+    ({"messages": [{"role": "user", "content": "hi"}], "modalities": ["audio"]}, "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "invalid_value"),
+]
+
+
+@pytest.mark.parametrize("body, code", BAD, ids=[c for _, c in BAD])
+def test_bad_chat_requests_are_400(http, body, code):
+    r = http.post("/v1/chat/completions", content=body if isinstance(body, bytes) else json.dumps(body),
+                  headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "code"} and error["type"] == "invalid_request_error"
+    assert error["code"] == code and error["message"]
+
+
+def test_bad_completion_embedding_and_token_requests_are_400(http):
+    cases = [("/v1/completions", {"prompt": "hi", "suffix": "x"}), ("/v1/completions", {"prompt": [10**8]}),
+             ("/v1/completions", {"prompt": []}), ("/v1/completions", {"prompt": "hi", "stop": [""]}),
+             ("/v1/embeddings", {"input": "hi " * 3000}), ("/v1/embeddings", {"input": ""}),
+             ("/detokenize", {"tokens": [-1]}), ("/tokenize", {"content": 5})]
+    for path, body in cases:
+        r = http.post(path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", (path, body, r.text)
+    assert http.get("/health").json()["status"] == "ok"
+
+
+def test_the_api_key_is_required(served):
+    r = httpx.post(served[0].url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = httpx.get(served[0].url + "/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+
+
+# --- hang-ups and the full queue ---------------------------------------------------------------
+
+def _cancelled(scheduler) -> int:
+    return scheduler.stats.requests_cancelled
+
+
+def test_a_streaming_client_that_hangs_up_frees_its_slot(served, http):
+    server, scheduler = served
+    before = _cancelled(scheduler)
+    body = {"prompt": "Once upon a time", "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: ")).startswith("data: {")
+    assert wait_idle(scheduler)
+    assert _cancelled(scheduler) == before + 1
+    assert scheduler.stats.generated_tokens > 0
+
+
+def test_a_waiting_client_that_hangs_up_frees_its_slot(served):
+    server, scheduler = served
+    before = _cancelled(scheduler)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=1.0,
+                   json={"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True})
+    assert wait_idle(scheduler)
+    assert _cancelled(scheduler) == before + 1
+
+
+def test_a_full_queue_answers_503_with_retry_after():
+    server, scheduler = start_server(load_model(REAL_MODELS["qwen2"]), n_seq=1, n_ctx=512, queue_size=0)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            with http.stream("POST", "/v1/completions", json={"prompt": "Hi", "max_tokens": 300, "stream": True,
+                                                               "ignore_eos": True}) as first:
+                line = next(line for line in first.iter_lines() if line.startswith("data: "))
+                r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1})
+                assert r.status_code == 503 and r.headers["Retry-After"] == "1", (line, r.text)
+                assert r.json()["error"]["code"] == "queue_full"
+            assert wait_idle(scheduler)
+            assert http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1}).status_code == 200
+    finally:
+        server.stop()
+        scheduler.close()
+
+
+def test_the_command_serves_with_llama_server_flags(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "ferrollama.cli", "serve", "-m", str(model_path(REAL_MODELS["qwen2"])),
+                             "--port", str(port), "-np", "2", "-c", "1024", "-t", "2", "-a", "coder", "--api-key", "k"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url, headers = f"http://127.0.0.1:{port}", {"Authorization": "Bearer k"}
+        for _ in range(600):
+            try:
+                models = httpx.get(url + "/v1/models", headers=headers, timeout=1).json()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stderr.read()
+                time.sleep(0.1)
+        assert models["data"][0]["id"] == "coder"
+        assert (models["data"][0]["meta"]["n_slots"], models["data"][0]["meta"]["n_ctx_slot"]) == (2, 512)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    bad = subprocess.run([sys.executable, "-m", "ferrollama.cli", "serve", "-m", str(tmp_path / "none.gguf")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "no such model file" in bad.stderr
+
+
+def test_mixed_requests_leave_the_server_healthy(served, http):
+    """A bounded soak: concurrent good, malformed and hung-up requests; then every slot is idle."""
+    import concurrent.futures as cf
+
+    server, scheduler = served
+    good = {"prompt": "Count: 1, 2,", "max_tokens": 6, "temperature": 0}
+
+    def one(k: int) -> int:
+        if k % 3 == 1:
+            return http.post("/v1/completions", content=b'{"prompt": ', headers={"Content-Type": "application/json"}).status_code
+        if k % 3 == 2:
+            try:
+                httpx.post(server.url + "/v1/completions", json={**good, "max_tokens": 200},
+                           headers={"Authorization": f"Bearer {KEY}"}, timeout=0.3)
+            except httpx.ReadTimeout:
+                return 0
+            return -1
+        return http.post("/v1/completions", json=good).status_code
+
+    with cf.ThreadPoolExecutor(6) as pool:
+        statuses = list(pool.map(one, range(18)))
+    assert statuses == [200, 400, 0] * 6
+    assert wait_idle(scheduler)
+    assert http.get("/health").json() == {"status": "ok", "slots_idle": 4, "slots_processing": 0, "queue_length": 0}
+    r = http.post("/v1/completions", json=good)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6

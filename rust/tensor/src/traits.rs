@@ -55,7 +55,7 @@ pub struct TypeTraits {
     pub vec_dot_tiled_x4: Option<VecDotX4>,
     /// The portable `vec_dot_tiled` (the specification).
     pub vec_dot_tiled_scalar: Option<VecDot>,
-    /// For Q4_0, IQ4_NL and Q4_K: each output of llama.cpp's repacked x86 kernels, which it
+    /// For Q4_0, IQ4_NL, MXFP4 and Q4_K: each output of llama.cpp's repacked x86 kernels, which it
     /// runs for matrices whose row count is a multiple of 8 (`scalar::repacked`). Same
     /// integers as `vec_dot`, one float accumulator (two for Q4_K) instead of eight lanes.
     pub vec_dot_repacked: Option<VecDot>,
@@ -97,6 +97,7 @@ fn scalar_rows() -> Vec<Row> {
         (T::Q6_K, k::dequantize_q6_k, Some(kq::quantize_q6_k), Some(kq::quantize_q6_k), T::Q8_K, k::vec_dot_q6_k_q8_k),
         (T::Q8_K, k::dequantize_q8_k, Some(k::quantize_q8_k), Some(k::quantize_q8_k), T::Q8_K, q8_k_self_dot),
         (T::IQ4_NL, l::dequantize_iq4_nl, Some(kq::quantize_iq4_nl), Some(kq::quantize_iq4_nl), T::Q8_0, l::vec_dot_iq4_nl_q8_0),
+        (T::MXFP4, l::dequantize_mxfp4, Some(l::quantize_mxfp4), Some(l::quantize_mxfp4), T::Q8_0, l::vec_dot_mxfp4_q8_0),
         (T::IQ4_XS, k::dequantize_iq4_xs, Some(kq::quantize_iq4_xs), Some(kq::quantize_iq4_xs), T::Q8_K, k::vec_dot_iq4_xs_q8_k),
     ]
 }
@@ -124,6 +125,7 @@ fn scalar_repacked(ty: GgmlType) -> Option<VecDot> {
     Some(match ty {
         GgmlType::Q4_0 => rp::vec_dot_q4_0_q8_0,
         GgmlType::IQ4_NL => rp::vec_dot_iq4_nl_q8_0,
+        GgmlType::MXFP4 => rp::vec_dot_mxfp4_q8_0,
         GgmlType::Q4_K => rp::vec_dot_q4_k_q8_k,
         _ => return None,
     })

@@ -1,7 +1,7 @@
 //! (d) The matrix product over any number of threads equals the single-thread result
 //! exactly, whatever the number of tokens, and each output is the row dot llama.cpp uses
 //! of its row with the quantized activation row: the type's vec_dot, or for the types
-//! llama.cpp repacks (Q4_0, IQ4_NL, Q4_K with a multiple of 8 rows, on AVX2+) its repacked
+//! llama.cpp repacks (Q4_0, IQ4_NL, MXFP4, Q4_K with a multiple of 8 rows, on AVX2+) its repacked
 //! arithmetic, or from 8 tokens for Q3_K, Q5_K and IQ4_XS its tiled product's, and from 8
 //! tokens for Q8_0 and Q5_0 ferrollama's one accumulator fed exact block sums; packed and
 //! plain rows of one matrix agree with it alike.
@@ -105,15 +105,15 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
     let pools = [Threads::new(1), Threads::new(2)];
     let cases: &[(GgmlType, usize)] = &[
         (GgmlType::Q8_0, 96), (GgmlType::Q5_0, 96), (GgmlType::Q4_0, 64), (GgmlType::IQ4_NL, 64),
-        (GgmlType::Q4_K, 512), (GgmlType::Q6_K, 512),
+        (GgmlType::Q4_K, 512), (GgmlType::Q6_K, 512), (GgmlType::MXFP4, 64),
     ];
     for &(ty, cols) in cases {
         // 56 rows: three packed groups and 8 plain rows (still a multiple of 8).
         let m = random_matrix(ty, 56, cols, &mut rng);
-        // The types this CPU packs: all six with AVX-512 VNNI, Q8_0, Q5_0 and Q4_K with AVX2.
+        // The types this CPU packs: all six but MXFP4 with AVX-512 VNNI, Q8_0, Q5_0 and Q4_K with AVX2.
         let isa = ferrollama_tensor::dispatch::active_isa();
         let packs = !repack_off() && match isa {
-            ferrollama_tensor::Isa::Avx512 => true,
+            ferrollama_tensor::Isa::Avx512 => ty != GgmlType::MXFP4,
             ferrollama_tensor::Isa::Avx2 => matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K),
             ferrollama_tensor::Isa::Scalar => false,
         };
@@ -122,6 +122,7 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
         let expected_dot = |n_tokens: usize| match ty {
             GgmlType::Q4_0 if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_q4_0_q8_0,
             GgmlType::IQ4_NL if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_iq4_nl_q8_0,
+            GgmlType::MXFP4 if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_mxfp4_q8_0,
             GgmlType::Q4_K if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_q4_k_q8_k,
             GgmlType::Q8_0 if n_tokens >= TILED_TOKENS => rp::vec_dot_q8_0_q8_0_blocks,
             GgmlType::Q5_0 if n_tokens >= TILED_TOKENS => rp::vec_dot_q5_0_q8_0_blocks,

@@ -46,6 +46,8 @@ fn unit_scales(ty: GgmlType, bytes: &mut [u8]) {
                 b[82..84].copy_from_slice(&one);
             }
             GgmlType::Q3_K => b[108..110].copy_from_slice(&one),
+            // The E8M0 exponent of 2^0 (its halved scale times the doubled levels).
+            GgmlType::MXFP4 => b[0] = 128,
             GgmlType::IQ4_XS | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => b[0..2].copy_from_slice(&one),
             _ => {}
         }
@@ -182,7 +184,7 @@ fn tiled_kernels_equal_the_scalar_specification_bit_for_bit() {
 #[test]
 fn repacked_kernels_equal_the_scalar_specification_bit_for_bit() {
     use GgmlType as T;
-    order_equals_its_specification("repacked", &[T::Q4_0, T::Q4_K, T::IQ4_NL], |e| {
+    order_equals_its_specification("repacked", &[T::Q4_0, T::Q4_K, T::IQ4_NL, T::MXFP4], |e| {
         Some((e.vec_dot_repacked?, e.vec_dot_repacked_x4, e.vec_dot_repacked_scalar?))
     });
 }
@@ -231,7 +233,7 @@ fn four_token_kernels_equal_the_one_token_kernel_bit_for_bit() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 12 * levels().len(), "every quantized weight type has a four-token kernel");
+    assert_eq!(checked, 13 * levels().len(), "every quantized weight type has a four-token kernel");
 }
 
 #[test]

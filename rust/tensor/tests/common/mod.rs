@@ -23,13 +23,14 @@ pub const MODEL_TYPES: &[(&str, GgmlType)] = &[
     ("q6_k", GgmlType::Q6_K),
     ("iq4_nl", GgmlType::IQ4_NL),
     ("iq4_xs", GgmlType::IQ4_XS),
+    ("mxfp4", GgmlType::MXFP4),
 ];
 
 /// Every weight type of the table (the activation-only Q8_1/Q8_K excluded).
 pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
     GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
 ];
 
 pub fn model_path(suffix: &str) -> String {

@@ -1,0 +1,95 @@
+"""Writes the dot-product fixtures of the tensor types added in issue 27 (MXFP4, ternary,
+i-quants): tests/data/quants/lowbit_vec_dot.fix and lowbit_repacked.fix.
+
+Unlike vec_dot.fix (gen_dot_fixtures.py, recorded on an AVX-512 machine), these numbers come
+from llama-cpp-python 0.3.36 built on this AVX2 machine: ggml's AVX2 `ggml_vec_dot_*` of
+each type against its activation type, and for MXFP4 (which llama.cpp repacks on AVX2 when a
+matrix has a multiple of 8 rows) its repacked kernel `ggml_gemv_mxfp4_8x8_q8_0` over groups
+of 8 rows. The file layout is vec_dot.fix's (see gen_dot_fixtures.py), under b"FVDX" and
+b"FRPX". Rows: real rows of the tiny models plus random blocks (every code value, sane scales).
+
+Run from the repository root after tests/data/make_tiny_types.py models:
+/work/bench-venv/bin/python rust/tensor/tests/gen_lowbit_fixtures.py
+"""
+
+import ctypes
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gen_dot_fixtures as G  # noqa: E402
+
+OUT = G.ROOT / "tests" / "data" / "quants" / "lowbit_vec_dot.fix"
+OUT_REPACKED = G.ROOT / "tests" / "data" / "quants" / "lowbit_repacked.fix"
+
+
+def mxfp4_scales(rng: np.random.Generator, b: np.ndarray) -> None:
+    """E8M0 exponents whose halved scale lies between 2^-11 and 2^9."""
+    b[:, 0] = rng.integers(117, 138, size=len(b))
+
+
+# name, ggml type id, vec_dot function, activation type, block elements, block bytes, how
+# random blocks get sane scales
+TYPES = [
+    ("mxfp4", 39, "ggml_vec_dot_mxfp4_q8_0", "q8_0", 32, 17, mxfp4_scales),
+]
+
+
+def random_rows(rng: np.random.Generator, count: int, blocks: int, size: int, scales) -> list[bytes]:  # noqa: ANN001
+    rows = []
+    for _ in range(count):
+        b = rng.integers(0, 256, size=(blocks, size), dtype=np.uint8)
+        scales(rng, b)
+        rows.append(b.tobytes())
+    return rows
+
+
+def mxfp4_interleaved(rows: list[bytes], nb: int) -> bytes:
+    """Eight MXFP4 rows as repack.cpp's block_mxfp4x8 (make_block_mxfp4x8, interleave 8): per
+    block index, the eight exponents, then 16 chunks of 8 bytes, chunk i from row i % 8 at
+    byte 8 * (i // 8) of its quants."""
+    out = bytearray()
+    for b in range(nb):
+        blocks = [r[17 * b:17 * (b + 1)] for r in rows]
+        out += bytes(blk[0] for blk in blocks)
+        for i in range(16):
+            qs = blocks[i % 8][1:]
+            out += qs[8 * (i // 8):8 * (i // 8) + 8]
+    return bytes(out)
+
+
+def gemv_mxfp4(n: int, rows: list[bytes], xq: bytes) -> list[float]:
+    """ggml_gemv_mxfp4_8x8_q8_0 of eight rows with one activation row."""
+    s = (ctypes.c_float * 8)()
+    packed = mxfp4_interleaved(rows, n // 32)
+    G.CPU.ggml_gemv_mxfp4_8x8_q8_0(ctypes.c_int(n), s, ctypes.c_size_t(8), ctypes.c_char_p(packed),
+                                   ctypes.c_char_p(xq), ctypes.c_int(1), ctypes.c_int(8))
+    return list(s)
+
+
+def repacked_section(n: int, rows: list[bytes]) -> bytes:
+    assert len(rows) % 8 == 0
+    acts = [G.quantize("q8_0", G.activation(n, s)) for s in G.SEEDS]
+    per_act = [sum((gemv_mxfp4(n, rows[g:g + 8], xq) for g in range(0, len(rows), 8)), []) for xq in acts]
+    results = [per_act[a][r] for r in range(len(rows)) for a in range(len(acts))]
+    head = struct.pack("<IIII", 39, n, len(rows), len(acts)) + struct.pack(f"<{len(G.SEEDS)}I", *G.SEEDS)
+    return head + b"".join(rows) + b"".join(acts) + struct.pack(f"<{len(results)}f", *results)
+
+
+def main() -> None:
+    rng = np.random.default_rng(20261125)
+    sections = G.dot_sections(TYPES, lambda ty, count, nb: random_rows(rng, count, nb, ty[5], ty[6]))
+    OUT.write_bytes(b"FVDX" + struct.pack("<I", len(sections)) + b"".join(sections))
+    print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(sections)} sections)")
+
+    model = G.model_rows("mxfp4", "blk.1.ffn_down.weight", list(range(16, 24)), 16 * 17)
+    repacked = [repacked_section(512, model + random_rows(rng, 8, 16, 17, mxfp4_scales))]
+    OUT_REPACKED.write_bytes(b"FRPX" + struct.pack("<I", len(repacked)) + b"".join(repacked))
+    print(f"wrote {OUT_REPACKED} ({OUT_REPACKED.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()

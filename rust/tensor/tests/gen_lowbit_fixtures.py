@@ -7,6 +7,7 @@ each type against its activation type, and for MXFP4 (which llama.cpp repacks on
 matrix has a multiple of 8 rows) its repacked kernel `ggml_gemv_mxfp4_8x8_q8_0` over groups
 of 8 rows. The file layout is vec_dot.fix's (see gen_dot_fixtures.py), under b"FVDX" and
 b"FRPX". Rows: real rows of the tiny models plus random blocks (every code value, sane scales).
+Also lowbit_dequant.fix: random blocks of each type and gguf.quants.dequantize's values.
 
 Run from the repository root after tests/data/make_tiny_types.py models:
 /work/bench-venv/bin/python rust/tensor/tests/gen_lowbit_fixtures.py
@@ -24,6 +25,7 @@ import gen_dot_fixtures as G  # noqa: E402
 
 OUT = G.ROOT / "tests" / "data" / "quants" / "lowbit_vec_dot.fix"
 OUT_REPACKED = G.ROOT / "tests" / "data" / "quants" / "lowbit_repacked.fix"
+OUT_DEQUANT = G.ROOT / "tests" / "data" / "quants" / "lowbit_dequant.fix"
 
 
 def mxfp4_scales(rng: np.random.Generator, b: np.ndarray) -> None:
@@ -31,10 +33,21 @@ def mxfp4_scales(rng: np.random.Generator, b: np.ndarray) -> None:
     b[:, 0] = rng.integers(117, 138, size=len(b))
 
 
+def f16_scale_at(offset: int):  # noqa: ANN201
+    """Random blocks' f16 scale at `offset`: |d| between about 2^-7 and 2^1, either sign."""
+    def fix(rng: np.random.Generator, b: np.ndarray) -> None:
+        h = (0x2000 + rng.integers(0, 0x2400, size=len(b))) | (rng.integers(0, 2, size=len(b)) << 15)
+        b[:, offset] = h & 0xFF
+        b[:, offset + 1] = h >> 8
+    return fix
+
+
 # name, ggml type id, vec_dot function, activation type, block elements, block bytes, how
 # random blocks get sane scales
 TYPES = [
     ("mxfp4", 39, "ggml_vec_dot_mxfp4_q8_0", "q8_0", 32, 17, mxfp4_scales),
+    ("tq1_0", 34, "ggml_vec_dot_tq1_0_q8_K", "q8_K", 256, 54, f16_scale_at(52)),
+    ("tq2_0", 35, "ggml_vec_dot_tq2_0_q8_K", "q8_K", 256, 66, f16_scale_at(64)),
 ]
 
 
@@ -79,11 +92,24 @@ def repacked_section(n: int, rows: list[bytes]) -> bytes:
     return head + b"".join(rows) + b"".join(acts) + struct.pack(f"<{len(results)}f", *results)
 
 
+def dequant_section(ty: tuple, rows: list[bytes], n: int) -> bytes:
+    """Random rows and their values by gguf.quants.dequantize (b"FDQX" sections: u32 type id,
+    u32 n, u32 row count, the rows, then the f32 values)."""
+    _, tid, _, _, _, _, _ = ty
+    data = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), -1)
+    values = G.gguf.quants.dequantize(data, G.gguf.GGMLQuantizationType(tid)).astype("<f4")
+    return struct.pack("<III", tid, n, len(rows)) + data.tobytes() + values.tobytes()
+
+
 def main() -> None:
     rng = np.random.default_rng(20261125)
     sections = G.dot_sections(TYPES, lambda ty, count, nb: random_rows(rng, count, nb, ty[5], ty[6]))
     OUT.write_bytes(b"FVDX" + struct.pack("<I", len(sections)) + b"".join(sections))
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(sections)} sections)")
+
+    dequant = [dequant_section(ty, random_rows(rng, 4, 512 // ty[4], ty[5], ty[6]), 512) for ty in TYPES]
+    OUT_DEQUANT.write_bytes(b"FDQX" + struct.pack("<I", len(dequant)) + b"".join(dequant))
+    print(f"wrote {OUT_DEQUANT} ({OUT_DEQUANT.stat().st_size} bytes)")
 
     model = G.model_rows("mxfp4", "blk.1.ffn_down.weight", list(range(16, 24)), 16 * 17)
     repacked = [repacked_section(512, model + random_rows(rng, 8, 16, 17, mxfp4_scales))]

@@ -48,6 +48,8 @@ fn unit_scales(ty: GgmlType, bytes: &mut [u8]) {
             GgmlType::Q3_K => b[108..110].copy_from_slice(&one),
             // The E8M0 exponent of 2^0 (its halved scale times the doubled levels).
             GgmlType::MXFP4 => b[0] = 128,
+            GgmlType::TQ1_0 => b[52..54].copy_from_slice(&one),
+            GgmlType::TQ2_0 => b[64..66].copy_from_slice(&one),
             GgmlType::IQ4_XS | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => b[0..2].copy_from_slice(&one),
             _ => {}
         }
@@ -233,7 +235,7 @@ fn four_token_kernels_equal_the_one_token_kernel_bit_for_bit() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 13 * levels().len(), "every quantized weight type has a four-token kernel");
+    assert_eq!(checked, 15 * levels().len(), "every quantized weight type has a four-token kernel");
 }
 
 #[test]

@@ -109,7 +109,8 @@ fn dot_products_are_ggml_x86_bit_for_bit() {
 fn new_types_dot_products_are_ggml_avx2_bit_for_bit() {
     let sections = read_lowbit_fixture();
     let types: Vec<GgmlType> = sections.iter().map(|s| s.ty).collect();
-    assert_eq!(types, [GgmlType::MXFP4; 2], "two sections for each type of issue 27 done so far");
+    let done = [GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0];
+    assert_eq!(types, done.iter().flat_map(|&t| [t, t]).collect::<Vec<_>>(), "two sections for each type of issue 27 done so far");
     sections_are_ggml_bit_for_bit(&sections, |e| Some((e.vec_dot, e.vec_dot_x4)));
 }
 
@@ -211,6 +212,8 @@ fn round_trip_bound(ty: GgmlType) -> f32 {
         // Levels 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^e with 4 <= amax / 2^e < 8: the widest gap
         // (4 to 6) and the clamp above 6 both err by at most a quarter of the block maximum.
         GgmlType::MXFP4 => 0.25,
+        // -amax, 0 or amax: at most half the block maximum.
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 => 0.5,
         other => panic!("no bound for {other}"),
     }
 }

@@ -6,4 +6,5 @@ pub mod kquants;
 pub mod lanes;
 pub mod legacy;
 pub mod repacked;
+pub mod ternary;
 pub mod tiled;

@@ -14,6 +14,8 @@ pub mod x86;
 pub mod packed_x86;
 #[cfg(target_arch = "x86_64")]
 pub mod packed_avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod ternary_avx2;
 
 /// The SIMD replacements for one type at one instruction-set level.
 #[derive(Default, Clone, Copy)]
@@ -111,6 +113,9 @@ macro_rules! level {
             quantizer!(quantize_q8_k, k::quantize_q8_k, 256, 292);
             quantizer!(quantize_f16, k::f16_from_f32, 1, 2);
 
+            block_dot!(tq1_0, tq1_0_x4, super::ternary_avx2::tq1_0, 256, 54, 292);
+            block_dot!(tq2_0, tq2_0_x4, super::ternary_avx2::tq2_0, 256, 66, 292);
+
             pub fn kernels(ty: GgmlType) -> SimdKernels {
                 let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), ..SimdKernels::default() };
                 let kq = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4, t: crate::traits::VecDot, t4: crate::traits::VecDotX4| SimdKernels {
@@ -137,6 +142,8 @@ macro_rules! level {
                     GgmlType::Q5_K => kq(q5_k, q5_k_x4, q5_k_tiled, q5_k_tiled_x4),
                     GgmlType::Q6_K => kq(q6_k, q6_k_x4, q6_k_tiled, q6_k_tiled_x4),
                     GgmlType::IQ4_XS => kq(iq4_xs, iq4_xs_x4, iq4_xs_tiled, iq4_xs_tiled_x4),
+                    GgmlType::TQ1_0 => both(tq1_0, tq1_0_x4),
+                    GgmlType::TQ2_0 => both(tq2_0, tq2_0_x4),
                     GgmlType::Q8_K => SimdKernels { from_f32: Some(quantize_q8_k), ..SimdKernels::default() },
                     GgmlType::F16 => SimdKernels { vec_dot: Some(f16), from_f32: Some(quantize_f16), ..SimdKernels::default() },
                     GgmlType::F32 => SimdKernels { vec_dot: Some(f32), ..SimdKernels::default() },
@@ -153,7 +160,7 @@ level!(avx2, avx2);
 level!(avx512, avx512);
 
 /// Types whose SIMD kernels exist at the AVX2 level only.
-const AVX2_ONLY: &[GgmlType] = &[GgmlType::MXFP4];
+const AVX2_ONLY: &[GgmlType] = &[GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0];
 
 /// The kernels written for `ty` at `isa` (empty for Scalar or on other architectures).
 /// Panics if `isa` is not available on this CPU: callers pass the detected level.

@@ -31,7 +31,7 @@ unsafe fn f16x4(p: *const u8) -> __m128 {
 /// One f16 as f32 through F16C (the software conversion branches on the exponent).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_1(p: *const u8) -> f32 {
+pub(crate) unsafe fn f16_1(p: *const u8) -> f32 {
     _mm_cvtss_f32(f16x4(p))
 }
 
@@ -39,7 +39,7 @@ unsafe fn f16_1(p: *const u8) -> f32 {
 /// onto lane 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_ps(x: __m256) -> f32 {
+pub(crate) unsafe fn hsum_ps(x: __m256) -> f32 {
     let mut r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
@@ -55,7 +55,7 @@ unsafe fn hsum_ps128(x: __m128) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn loadu(p: *const u8) -> __m256i {
+pub(crate) unsafe fn loadu(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 

@@ -3,7 +3,9 @@ logits for them (tests/data/REFERENCE.md describes the models and the scenario f
 
 models: tests/data/models/tiny-llama-TYPE.gguf from tiny-llama-f32.gguf, same metadata, every
     weight matrix (token_embd and output included) in TYPE, norms F32. MXFP4, TQ1_0 and TQ2_0
-    through the `gguf` package's quantizer (ggml's reference code).
+    through the `gguf` package's quantizer (ggml's reference code); the i-quants through
+    llama.cpp's own (llama_model_quantize, pure, with a uniform importance matrix: the IQ1/IQ2
+    types refuse to quantize without one).
 record: tests/data/scenarios/forward-TYPE.json: the steps of forward-f32.json decoded by
     llama.cpp with an F32 KV cache (`expected`) and an F16 one (`expected_kv_f16`), the
     context parameters those records name, flash attention off as in the other records,
@@ -17,6 +19,7 @@ Run with the Python that has llama-cpp-python 0.3.36 and gguf, from the reposito
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 from pathlib import Path
@@ -29,6 +32,9 @@ SCENARIOS = DATA / "scenarios"
 SOURCE = MODELS / "tiny-llama-f32.gguf"
 #: the types the gguf package quantizes with ggml's reference code
 GGUF_PACKAGE = ["MXFP4", "TQ1_0", "TQ2_0"]
+#: llama_ftype of the types llama.cpp quantizes
+LLAMA_FTYPES = {"IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24, "IQ3_S": 26,
+                "IQ2_S": 28, "IQ1_M": 31}
 #: general.file_type written for the gguf-package types (llama_ftype)
 FILE_TYPES = {"MXFP4": 38, "TQ1_0": 36, "TQ2_0": 37}
 
@@ -58,9 +64,35 @@ def write_with_gguf(type_name: str, out: Path) -> None:
     writer.close()
 
 
+def write_with_llama(type_name: str, out: Path) -> None:
+    """llama.cpp's quantizer, every matrix in the type (pure), with an importance matrix of
+    ones over every column of every matrix: the IQ1/IQ2 types refuse to run without one, and
+    uniform weights are what the quantizers assume without one."""
+    import gguf
+    import llama_cpp as L
+
+    columns = {t.name: int(t.shape[0]) for t in gguf.GGUFReader(SOURCE).tensors if len(t.shape) == 2}
+    ones = {name: (ctypes.c_float * n)(*([1.0] * n)) for name, n in columns.items()}
+    entries = (L.llama_model_imatrix_data * (len(ones) + 1))()
+    for e, (name, data) in zip(entries, ones.items()):
+        e.name, e.data, e.size = name.encode(), ctypes.cast(data, ctypes.POINTER(ctypes.c_float)), len(data)
+    quiet = L.llama_log_callback(lambda level, text, user_data: None)
+    L.llama_log_set(quiet, None)
+    params = L.llama_model_quantize_default_params()
+    params.ftype = LLAMA_FTYPES[type_name]
+    params.pure = True
+    params.nthread = 2
+    params.imatrix = ctypes.cast(entries, ctypes.POINTER(L.llama_model_imatrix_data))
+    if L.llama_model_quantize(str(SOURCE).encode(), str(out).encode(), ctypes.byref(params)) != 0:
+        raise SystemExit(f"{type_name}: llama_model_quantize failed")
+
+
 def make_model(type_name: str) -> Path:
     out = MODELS / f"tiny-llama-{type_name.lower()}.gguf"
-    write_with_gguf(type_name, out)
+    if type_name in GGUF_PACKAGE:
+        write_with_gguf(type_name, out)
+    else:
+        write_with_llama(type_name, out)
     print(f"wrote {out.relative_to(DATA.parent.parent)} ({out.stat().st_size} bytes)")
     return out
 
@@ -166,7 +198,7 @@ def check(name: str) -> None:
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in ("models", "record", "check"):
         raise SystemExit(__doc__)
-    types = [t.upper() for t in argv[1:]] or GGUF_PACKAGE
+    types = [t.upper() for t in argv[1:]] or GGUF_PACKAGE + list(LLAMA_FTYPES)
     if argv[0] == "check":
         check(types[0].lower() if argv[1:] else "q4_k")
         return

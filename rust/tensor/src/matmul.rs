@@ -101,8 +101,14 @@ pub const TILED_TOKENS: usize = 8;
 /// agree with the groups), ferrollama's one accumulator for Q8_0 and Q5_0 (its packed
 /// groups compute the same).
 fn many_token_dot(t: &'static TypeTraits) -> Option<(VecDot, Option<VecDotX4>)> {
-    let tiled = matches!(t.ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0);
+    let tiled = matches!(t.ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0) || is_iquant(t.ty);
     tiled.then_some(t.vec_dot_tiled.map(|d| (d, t.vec_dot_tiled_x4))).flatten()
+}
+
+/// The i-quants of 1 to 3 bits, which llama.cpp's tiled product also takes from 8 tokens.
+fn is_iquant(ty: GgmlType) -> bool {
+    use GgmlType as T;
+    matches!(ty, T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ3_XXS | T::IQ3_S | T::IQ1_S | T::IQ1_M)
 }
 
 impl QMatrix {

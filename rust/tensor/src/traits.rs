@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::dispatch::{active_isa, Isa};
-use crate::scalar::{float, kquantize as kq, kquants as k, legacy as l, ternary as tq, tiled};
+use crate::scalar::{float, iquants as iq, kquantize as kq, kquants as k, legacy as l, ternary as tq, tiled};
 use crate::GgmlType;
 
 /// Converts `n` elements (a whole number of blocks) from a type's bytes to f32.
@@ -100,6 +100,7 @@ fn scalar_rows() -> Vec<Row> {
         (T::MXFP4, l::dequantize_mxfp4, Some(l::quantize_mxfp4), Some(l::quantize_mxfp4), T::Q8_0, l::vec_dot_mxfp4_q8_0),
         (T::TQ1_0, tq::dequantize_tq1_0, Some(tq::quantize_tq1_0), Some(tq::quantize_tq1_0), T::Q8_K, tq::vec_dot_tq1_0_q8_k),
         (T::TQ2_0, tq::dequantize_tq2_0, Some(tq::quantize_tq2_0), Some(tq::quantize_tq2_0), T::Q8_K, tq::vec_dot_tq2_0_q8_k),
+        (T::IQ2_XXS, iq::dequantize_iq2_xxs, None, None, T::Q8_K, iq::vec_dot_iq2_xxs_q8_k),
         (T::IQ4_XS, k::dequantize_iq4_xs, Some(kq::quantize_iq4_xs), Some(kq::quantize_iq4_xs), T::Q8_K, k::vec_dot_iq4_xs_q8_k),
     ]
 }
@@ -117,6 +118,7 @@ fn scalar_tiled(ty: GgmlType) -> Option<VecDot> {
         T::Q5_K => tiled::vec_dot_q5_k_q8_k,
         T::Q6_K => tiled::vec_dot_q6_k_q8_k,
         T::IQ4_XS => tiled::vec_dot_iq4_xs_q8_k,
+        T::IQ2_XXS => iq::tiled_iq2_xxs_q8_k,
         _ => return None,
     })
 }

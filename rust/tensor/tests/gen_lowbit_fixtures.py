@@ -7,7 +7,9 @@ each type against its activation type, and for MXFP4 (which llama.cpp repacks on
 matrix has a multiple of 8 rows) its repacked kernel `ggml_gemv_mxfp4_8x8_q8_0` over groups
 of 8 rows. The file layout is vec_dot.fix's (see gen_dot_fixtures.py), under b"FVDX" and
 b"FRPX". Rows: real rows of the tiny models plus random blocks (every code value, sane scales).
-Also lowbit_dequant.fix: random blocks of each type and gguf.quants.dequantize's values.
+Also lowbit_dequant.fix: random blocks of each type and gguf.quants.dequantize's values; and
+lowbit_tiled.fix (tiled.fix's layout): ggml_mul_mat of rows of the types llama.cpp takes
+through its tiled product with 8 activation rows.
 
 Run from the repository root after tests/data/make_tiny_types.py models:
 /work/bench-venv/bin/python rust/tensor/tests/gen_lowbit_fixtures.py
@@ -25,6 +27,7 @@ import gen_dot_fixtures as G  # noqa: E402
 
 OUT = G.ROOT / "tests" / "data" / "quants" / "lowbit_vec_dot.fix"
 OUT_REPACKED = G.ROOT / "tests" / "data" / "quants" / "lowbit_repacked.fix"
+OUT_TILED = G.ROOT / "tests" / "data" / "quants" / "lowbit_tiled.fix"
 OUT_DEQUANT = G.ROOT / "tests" / "data" / "quants" / "lowbit_dequant.fix"
 
 
@@ -48,7 +51,10 @@ TYPES = [
     ("mxfp4", 39, "ggml_vec_dot_mxfp4_q8_0", "q8_0", 32, 17, mxfp4_scales),
     ("tq1_0", 34, "ggml_vec_dot_tq1_0_q8_K", "q8_K", 256, 54, f16_scale_at(52)),
     ("tq2_0", 35, "ggml_vec_dot_tq2_0_q8_K", "q8_K", 256, 66, f16_scale_at(64)),
+    ("iq2_xxs", 16, "ggml_vec_dot_iq2_xxs_q8_K", "q8_K", 256, 66, f16_scale_at(0)),
 ]
+#: the types llama.cpp multiplies with its tiled product from 8 tokens
+TILED = ["iq2_xxs"]
 
 
 def random_rows(rng: np.random.Generator, count: int, blocks: int, size: int, scales) -> list[bytes]:  # noqa: ANN001
@@ -110,6 +116,13 @@ def main() -> None:
     dequant = [dequant_section(ty, random_rows(rng, 4, 512 // ty[4], ty[5], ty[6]), 512) for ty in TYPES]
     OUT_DEQUANT.write_bytes(b"FDQX" + struct.pack("<I", len(dequant)) + b"".join(dequant))
     print(f"wrote {OUT_DEQUANT} ({OUT_DEQUANT.stat().st_size} bytes)")
+
+    tiled = []
+    for ty in (t for t in TYPES if t[0] in TILED):
+        rows = G.model_rows(ty[0], "blk.1.ffn_down.weight", [3, 50, 100, 200, 255], 2 * ty[5])
+        tiled.append(G.tiled_section(ty, 512, rows + random_rows(rng, 4, 2, ty[5], ty[6])))
+    OUT_TILED.write_bytes(b"FTLX" + struct.pack("<I", len(tiled)) + b"".join(tiled))
+    print(f"wrote {OUT_TILED} ({OUT_TILED.stat().st_size} bytes, {len(tiled)} sections)")
 
     model = G.model_rows("mxfp4", "blk.1.ffn_down.weight", list(range(16, 24)), 16 * 17)
     repacked = [repacked_section(512, model + random_rows(rng, 8, 16, 17, mxfp4_scales))]

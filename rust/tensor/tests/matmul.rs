@@ -2,7 +2,7 @@
 //! exactly, whatever the number of tokens, and each output is the row dot llama.cpp uses
 //! of its row with the quantized activation row: the type's vec_dot, or for the types
 //! llama.cpp repacks (Q4_0, IQ4_NL, MXFP4, Q4_K with a multiple of 8 rows, on AVX2+) its repacked
-//! arithmetic, or from 8 tokens for Q3_K, Q5_K and IQ4_XS its tiled product's, and from 8
+//! arithmetic, or from 8 tokens for Q3_K, Q5_K, IQ4_XS and the i-quants its tiled product's, and from 8
 //! tokens for Q8_0 and Q5_0 ferrollama's one accumulator fed exact block sums; packed and
 //! plain rows of one matrix agree with it alike.
 
@@ -54,10 +54,11 @@ fn threads_and_token_counts_do_not_change_a_single_bit() {
         }
         // ...and each output is the row dot llama.cpp uses at that token count: `vec_dot`
         // (or its repacked arithmetic) under TILED_TOKENS, the tiled product's from there on
-        // for Q3_K, Q5_K and IQ4_XS (and ferrollama's one accumulator for Q8_0 and Q5_0).
+        // for Q3_K, Q5_K, IQ4_XS and the i-quants (and ferrollama's one accumulator for Q8_0
+        // and Q5_0).
         let tr = tr(ty);
         let xq = quantize(tr.vec_dot_type, &x[3 * cols..4 * cols]);
-        let tiled = matches!(ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0);
+        let tiled = matches!(ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::IQ2_XXS);
         let batch_dot = if tiled { tr.vec_dot_tiled.expect("tiled dot") } else { m.row_dot() };
         assert_eq!(m.row_dot_for(1) as usize, m.row_dot() as usize, "{ty}");
         assert_eq!(m.row_dot_for(n_tokens) as usize, batch_dot as usize, "{ty}");
@@ -91,7 +92,8 @@ fn shape_mismatches_are_errors() {
     assert!(QMatrix::new(GgmlType::Q4_K, 1, 255, bytes.clone()).is_err());
     assert!(QMatrix::new(GgmlType::Q4_K, 2, 256, bytes.clone()).is_err());
     assert!(QMatrix::new(GgmlType::Q4_K, 1, 256, bytes).is_ok());
-    assert!(QMatrix::new(GgmlType::IQ2_XXS, 1, 256, WeightBytes::Owned(Arc::new(vec![0u8; 66]))).is_err());
+    // A type the table does not hold.
+    assert!(QMatrix::new(GgmlType::I32, 1, 256, WeightBytes::Owned(Arc::new(vec![0u8; 1024]))).is_err());
 }
 
 /// The repacked products of every packed type equal, bit for bit, the per-row dot products

@@ -50,6 +50,8 @@ fn unit_scales(ty: GgmlType, bytes: &mut [u8]) {
             GgmlType::MXFP4 => b[0] = 128,
             GgmlType::TQ1_0 => b[52..54].copy_from_slice(&one),
             GgmlType::TQ2_0 => b[64..66].copy_from_slice(&one),
+            // 8: the kernel's factor 1/8 makes it one.
+            GgmlType::IQ2_XXS => b[0..2].copy_from_slice(&0x4800u16.to_le_bytes()),
             GgmlType::IQ4_XS | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => b[0..2].copy_from_slice(&one),
             _ => {}
         }
@@ -178,7 +180,7 @@ fn order_equals_its_specification(order: &str, types: &[GgmlType], kernels: fn(&
 #[test]
 fn tiled_kernels_equal_the_scalar_specification_bit_for_bit() {
     use GgmlType as T;
-    order_equals_its_specification("tiled", &[T::Q5_0, T::Q8_0, T::Q2_K, T::Q3_K, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ4_XS], |e| {
+    order_equals_its_specification("tiled", &[T::Q5_0, T::Q8_0, T::Q2_K, T::Q3_K, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ2_XXS, T::IQ4_XS], |e| {
         Some((e.vec_dot_tiled?, e.vec_dot_tiled_x4, e.vec_dot_tiled_scalar?))
     });
 }
@@ -235,7 +237,7 @@ fn four_token_kernels_equal_the_one_token_kernel_bit_for_bit() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 15 * levels().len(), "every quantized weight type has a four-token kernel");
+    assert_eq!(checked, 16 * levels().len(), "every quantized weight type has a four-token kernel");
 }
 
 #[test]

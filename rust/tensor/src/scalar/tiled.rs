@@ -15,14 +15,14 @@ use super::legacy::KVALUES_IQ4NL;
 use crate::util::{rd_f16, rd_f32, rd_i16};
 
 /// What one super-block contributes: the exact sums, the weight's d (and dmin).
-struct Block {
-    isum: i32,
-    d: f32,
-    min: Option<(i32, f32)>,
+pub(crate) struct Block {
+    pub isum: i32,
+    pub d: f32,
+    pub min: Option<(i32, f32)>,
 }
 
 /// The tiled kernel's float steps over a row: one accumulator, one FMA per super-block.
-fn tiled_dot(n: usize, w: &[u8], x: &[u8], wbytes: usize, block: impl Fn(&[u8], &[u8]) -> Block) -> f32 {
+pub(crate) fn tiled_dot(n: usize, w: &[u8], x: &[u8], wbytes: usize, block: impl Fn(&[u8], &[u8]) -> Block) -> f32 {
     let mut acc = 0.0f32;
     for (bw, bx) in w.chunks_exact(wbytes).zip(x.chunks_exact(Q8_K_BYTES)).take(n / QK_K) {
         let b = block(bw, bx);

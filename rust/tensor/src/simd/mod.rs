@@ -16,6 +16,8 @@ pub mod packed_x86;
 pub mod packed_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod ternary_avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod iquants_avx2;
 
 /// The SIMD replacements for one type at one instruction-set level.
 #[derive(Default, Clone, Copy)]
@@ -115,6 +117,8 @@ macro_rules! level {
 
             block_dot!(tq1_0, tq1_0_x4, super::ternary_avx2::tq1_0, 256, 54, 292);
             block_dot!(tq2_0, tq2_0_x4, super::ternary_avx2::tq2_0, 256, 66, 292);
+            block_dot!(iq2_xxs, iq2_xxs_x4, super::iquants_avx2::iq2_xxs, 256, 66, 292);
+            block_dot!(iq2_xxs_tiled, iq2_xxs_tiled_x4, super::iquants_avx2::iq2_xxs_tiled, 256, 66, 292);
 
             pub fn kernels(ty: GgmlType) -> SimdKernels {
                 let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), ..SimdKernels::default() };
@@ -144,6 +148,7 @@ macro_rules! level {
                     GgmlType::IQ4_XS => kq(iq4_xs, iq4_xs_x4, iq4_xs_tiled, iq4_xs_tiled_x4),
                     GgmlType::TQ1_0 => both(tq1_0, tq1_0_x4),
                     GgmlType::TQ2_0 => both(tq2_0, tq2_0_x4),
+                    GgmlType::IQ2_XXS => kq(iq2_xxs, iq2_xxs_x4, iq2_xxs_tiled, iq2_xxs_tiled_x4),
                     GgmlType::Q8_K => SimdKernels { from_f32: Some(quantize_q8_k), ..SimdKernels::default() },
                     GgmlType::F16 => SimdKernels { vec_dot: Some(f16), from_f32: Some(quantize_f16), ..SimdKernels::default() },
                     GgmlType::F32 => SimdKernels { vec_dot: Some(f32), ..SimdKernels::default() },
@@ -160,7 +165,7 @@ level!(avx2, avx2);
 level!(avx512, avx512);
 
 /// Types whose SIMD kernels exist at the AVX2 level only.
-const AVX2_ONLY: &[GgmlType] = &[GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0];
+const AVX2_ONLY: &[GgmlType] = &[GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS];
 
 /// The kernels written for `ty` at `isa` (empty for Scalar or on other architectures).
 /// Panics if `isa` is not available on this CPU: callers pass the detected level.

@@ -71,7 +71,7 @@ unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
 /// The sum of the eight i32 lanes (integer: any order gives the same value).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_epi32(x: __m256i) -> i32 {
+pub(crate) unsafe fn hsum_epi32(x: __m256i) -> i32 {
     hsum_epi32x4(_mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)))
 }
 
@@ -92,7 +92,7 @@ unsafe fn q8k_d(bx: *const u8) -> f32 {
 /// A 16-element sub-block scale per 128-bit half: `lo` for bytes 0..15, `hi` for 16..31.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_halves(lo: i16, hi: i16) -> __m256i {
+pub(crate) unsafe fn scale_halves(lo: i16, hi: i16) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
 }
 

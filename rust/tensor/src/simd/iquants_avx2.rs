@@ -1,0 +1,118 @@
+//! AVX2 kernels of the i-quants against Q8_K activations, the arithmetic of ggml's AVX2
+//! `ggml_vec_dot_iq*_q8_K` (`scalar::iquants`, their specification) or of llama.cpp's tiled
+//! product (`TILED`). A block is decoded once for every token into its unsigned grid
+//! magnitudes, their signs (bytes of 1 or -1) and its 16-element group scales; per token the
+//! signs go onto the activation (`_mm256_sign_epi8`), `maddubs` pairs magnitudes with it in
+//! 16-bit words (at most 2 * 62 * 127: exact), `madd` by the group scales gives eight i32
+//! lanes (element p in lane (p % 32) / 4).
+//!
+//! SAFETY (whole module): callers pass `nb` whole blocks readable at `w` and every `x[t]`
+//! (checked by the safe wrappers in `simd::mod`) and call these only on CPUs with AVX2, FMA
+//! and F16C (checked by the dispatch).
+
+use std::arch::x86_64::*;
+
+use super::x86::{f16_1, hsum_epi32, hsum_ps, loadu, scale_halves};
+use crate::scalar::iq_grids::{IQ2XXS_GRID, KSIGNS_IQ2XS};
+
+/// ggml's keven_signs_q2xs: for each 7 stored sign bits, the eight bytes 1 or -1 of the
+/// parity-completed sign byte.
+const KEVEN_SIGNS: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let mut j = 0;
+        while j < 8 {
+            let byte: u64 = if KSIGNS_IQ2XS[i] >> j & 1 != 0 { 0xff } else { 0x01 };
+            t[i] |= byte << (8 * j);
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The float steps: ggml's vec_dot or llama.cpp's tiled product.
+pub const VEC_DOT: u8 = 0;
+pub const TILED: u8 = 1;
+
+/// A decoded super-block: per 32-element sub-block the magnitudes, the signs and the scales
+/// of its two 16-element halves.
+struct Decoded {
+    grid: [__m256i; 8],
+    signs: [__m256i; 8],
+    scales: [__m256i; 8],
+}
+
+/// IQ2_XXS: four grid entries and four sign groups per sub-block, scale 2 * ls + 1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_iq2_xxs(b: *const u8) -> Decoded {
+    let mut d = Decoded { grid: [_mm256_setzero_si256(); 8], signs: [_mm256_setzero_si256(); 8], scales: [_mm256_setzero_si256(); 8] };
+    for ib in 0..8 {
+        let idx = std::ptr::read_unaligned(b.add(2 + 8 * ib) as *const u32);
+        let aux = std::ptr::read_unaligned(b.add(6 + 8 * ib) as *const u32);
+        let g = |l: u32| IQ2XXS_GRID[(idx >> (8 * l)) as u8 as usize] as i64;
+        let s = |l: u32| KEVEN_SIGNS[((aux >> (7 * l)) & 127) as usize] as i64;
+        d.grid[ib] = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+        d.signs[ib] = _mm256_set_epi64x(s(3), s(2), s(1), s(0));
+        let ls = (2 * (aux >> 28) + 1) as i16;
+        d.scales[ib] = scale_halves(ls, ls);
+    }
+    d
+}
+
+/// The eight lanes of one decoded block against one activation block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes(d: &Decoded, bx: *const u8) -> __m256i {
+    let mut sumi = _mm256_setzero_si256();
+    for ib in 0..8 {
+        let q8 = _mm256_sign_epi8(loadu(bx.add(4 + 32 * ib)), d.signs[ib]);
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(d.grid[ib], q8), d.scales[ib]));
+    }
+    sumi
+}
+
+/// The dot of one weight row with T activation rows: per super-block `acc = fma(d * d_x,
+/// lanes, acc)` and `factor * hsum` at the end (vec_dot), or `r = isum * (d * factor)`,
+/// `one = fma(r, d_x, one)` (tiled). `BYTES` the block size, the f16 d first.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iquant<const KIND: u8, const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    let (bytes, factor) = match KIND {
+        _ => (66, 0.125f32),
+    };
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut one = [0f32; T];
+    for i in 0..nb {
+        let bw = w.add(i * bytes);
+        let dec = decode_iq2_xxs(bw);
+        let dw = f16_1(bw);
+        for t in 0..T {
+            let bx = x[t].add(i * 292);
+            let dx = std::ptr::read_unaligned(bx as *const f32);
+            let sumi = lanes(&dec, bx);
+            if MODE == TILED {
+                one[t] = (hsum_epi32(sumi) as f32 * (dw * factor)).mul_add(dx, one[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(sumi), acc[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        out[t] = if MODE == TILED { one[t] } else { factor * hsum_ps(acc[t]) };
+    }
+}
+
+/// IQ2_XXS x Q8_K as ggml_vec_dot_iq2_xxs_q8_K (AVX2).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq2_xxs<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    iquant::<0, VEC_DOT, T>(nb, w, x, out)
+}
+
+/// IQ2_XXS x Q8_K as llama.cpp's tiled product.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq2_xxs_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    iquant::<0, TILED, T>(nb, w, x, out)
+}

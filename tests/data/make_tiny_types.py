@@ -32,9 +32,10 @@ SCENARIOS = DATA / "scenarios"
 SOURCE = MODELS / "tiny-llama-f32.gguf"
 #: the types the gguf package quantizes with ggml's reference code
 GGUF_PACKAGE = ["MXFP4", "TQ1_0", "TQ2_0"]
-#: llama_ftype of the types llama.cpp quantizes
+#: the llama_ftype whose default tensor type (what --pure writes) is each i-quant: IQ2_S is
+#: LLAMA_FTYPE_MOSTLY_IQ2_M's (MOSTLY_IQ2_S writes IQ2_XS)
 LLAMA_FTYPES = {"IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24, "IQ3_S": 26,
-                "IQ2_S": 28, "IQ1_M": 31}
+                "IQ2_S": 29, "IQ1_M": 31}
 #: general.file_type written for the gguf-package types (llama_ftype)
 FILE_TYPES = {"MXFP4": 38, "TQ1_0": 36, "TQ2_0": 37}
 

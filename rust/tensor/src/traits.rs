@@ -101,6 +101,10 @@ fn scalar_rows() -> Vec<Row> {
         (T::TQ1_0, tq::dequantize_tq1_0, Some(tq::quantize_tq1_0), Some(tq::quantize_tq1_0), T::Q8_K, tq::vec_dot_tq1_0_q8_k),
         (T::TQ2_0, tq::dequantize_tq2_0, Some(tq::quantize_tq2_0), Some(tq::quantize_tq2_0), T::Q8_K, tq::vec_dot_tq2_0_q8_k),
         (T::IQ2_XXS, iq::dequantize_iq2_xxs, None, None, T::Q8_K, iq::vec_dot_iq2_xxs_q8_k),
+        (T::IQ2_XS, iq::dequantize_iq2_xs, None, None, T::Q8_K, iq::vec_dot_iq2_xs_q8_k),
+        (T::IQ2_S, iq::dequantize_iq2_s, None, None, T::Q8_K, iq::vec_dot_iq2_s_q8_k),
+        (T::IQ3_XXS, iq::dequantize_iq3_xxs, None, None, T::Q8_K, iq::vec_dot_iq3_xxs_q8_k),
+        (T::IQ3_S, iq::dequantize_iq3_s, None, None, T::Q8_K, iq::vec_dot_iq3_s_q8_k),
         (T::IQ4_XS, k::dequantize_iq4_xs, Some(kq::quantize_iq4_xs), Some(kq::quantize_iq4_xs), T::Q8_K, k::vec_dot_iq4_xs_q8_k),
     ]
 }
@@ -119,6 +123,10 @@ fn scalar_tiled(ty: GgmlType) -> Option<VecDot> {
         T::Q6_K => tiled::vec_dot_q6_k_q8_k,
         T::IQ4_XS => tiled::vec_dot_iq4_xs_q8_k,
         T::IQ2_XXS => iq::tiled_iq2_xxs_q8_k,
+        T::IQ2_XS => iq::tiled_iq2_xs_q8_k,
+        T::IQ2_S => iq::tiled_iq2_s_q8_k,
+        T::IQ3_XXS => iq::tiled_iq3_xxs_q8_k,
+        T::IQ3_S => iq::tiled_iq3_s_q8_k,
         _ => return None,
     })
 }

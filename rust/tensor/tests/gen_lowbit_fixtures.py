@@ -52,9 +52,13 @@ TYPES = [
     ("tq1_0", 34, "ggml_vec_dot_tq1_0_q8_K", "q8_K", 256, 54, f16_scale_at(52)),
     ("tq2_0", 35, "ggml_vec_dot_tq2_0_q8_K", "q8_K", 256, 66, f16_scale_at(64)),
     ("iq2_xxs", 16, "ggml_vec_dot_iq2_xxs_q8_K", "q8_K", 256, 66, f16_scale_at(0)),
+    ("iq2_xs", 17, "ggml_vec_dot_iq2_xs_q8_K", "q8_K", 256, 74, f16_scale_at(0)),
+    ("iq2_s", 22, "ggml_vec_dot_iq2_s_q8_K", "q8_K", 256, 82, f16_scale_at(0)),
+    ("iq3_xxs", 18, "ggml_vec_dot_iq3_xxs_q8_K", "q8_K", 256, 98, f16_scale_at(0)),
+    ("iq3_s", 21, "ggml_vec_dot_iq3_s_q8_K", "q8_K", 256, 110, f16_scale_at(0)),
 ]
 #: the types llama.cpp multiplies with its tiled product from 8 tokens
-TILED = ["iq2_xxs"]
+TILED = ["iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"]
 
 
 def random_rows(rng: np.random.Generator, count: int, blocks: int, size: int, scales) -> list[bytes]:  # noqa: ANN001

@@ -58,7 +58,8 @@ fn threads_and_token_counts_do_not_change_a_single_bit() {
         // and Q5_0).
         let tr = tr(ty);
         let xq = quantize(tr.vec_dot_type, &x[3 * cols..4 * cols]);
-        let tiled = matches!(ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::IQ2_XXS);
+        let tiled = matches!(ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0)
+            || NO_QUANTIZER.contains(&ty);
         let batch_dot = if tiled { tr.vec_dot_tiled.expect("tiled dot") } else { m.row_dot() };
         assert_eq!(m.row_dot_for(1) as usize, m.row_dot() as usize, "{ty}");
         assert_eq!(m.row_dot_for(n_tokens) as usize, batch_dot as usize, "{ty}");

@@ -13,17 +13,17 @@
 use std::arch::x86_64::*;
 
 use super::x86::{f16_1, hsum_epi32, hsum_ps, loadu, scale_halves};
-use crate::scalar::iq_grids::{IQ2XXS_GRID, KSIGNS_IQ2XS};
+use crate::scalar::iquants::{sub_block, IqKind};
 
-/// ggml's keven_signs_q2xs: for each 7 stored sign bits, the eight bytes 1 or -1 of the
-/// parity-completed sign byte.
-const KEVEN_SIGNS: [u64; 128] = {
-    let mut t = [0u64; 128];
+/// For each sign byte, its eight bytes 1 or -1 (bit j set: byte j is -1), the operand of
+/// `_mm256_sign_epi8` (ggml's keven_signs_q2xs and bit-selection masks alike).
+const SIGN_BYTES: [u64; 256] = {
+    let mut t = [0u64; 256];
     let mut i = 0;
-    while i < 128 {
+    while i < 256 {
         let mut j = 0;
         while j < 8 {
-            let byte: u64 = if KSIGNS_IQ2XS[i] >> j & 1 != 0 { 0xff } else { 0x01 };
+            let byte: u64 = if i >> j & 1 != 0 { 0xff } else { 0x01 };
             t[i] |= byte << (8 * j);
             j += 1;
         }
@@ -36,32 +36,41 @@ const KEVEN_SIGNS: [u64; 128] = {
 pub const VEC_DOT: u8 = 0;
 pub const TILED: u8 = 1;
 
-/// A decoded super-block: per 32-element sub-block the magnitudes, the signs and the scales
-/// of its two 16-element halves.
+/// A decoded super-block: per 32-element sub-block the magnitudes, the signs and the odd
+/// scales of its two 16-element halves.
 struct Decoded {
     grid: [__m256i; 8],
     signs: [__m256i; 8],
     scales: [__m256i; 8],
 }
 
-/// IQ2_XXS: four grid entries and four sign groups per sub-block, scale 2 * ls + 1.
+/// The kinds by number, for the kernels' const parameter.
+const fn kind(k: u8) -> IqKind {
+    match k {
+        0 => IqKind::Iq2Xxs,
+        1 => IqKind::Iq2Xs,
+        2 => IqKind::Iq2S,
+        3 => IqKind::Iq3Xxs,
+        _ => IqKind::Iq3S,
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode_iq2_xxs(b: *const u8) -> Decoded {
+unsafe fn decode<const KIND: u8>(b: *const u8) -> Decoded {
+    let k = kind(KIND);
+    let block = std::slice::from_raw_parts(b, k.bytes());
     let mut d = Decoded { grid: [_mm256_setzero_si256(); 8], signs: [_mm256_setzero_si256(); 8], scales: [_mm256_setzero_si256(); 8] };
     for ib in 0..8 {
-        let idx = std::ptr::read_unaligned(b.add(2 + 8 * ib) as *const u32);
-        let aux = std::ptr::read_unaligned(b.add(6 + 8 * ib) as *const u32);
-        let g = |l: u32| IQ2XXS_GRID[(idx >> (8 * l)) as u8 as usize] as i64;
-        let s = |l: u32| KEVEN_SIGNS[((aux >> (7 * l)) & 127) as usize] as i64;
+        let sb = sub_block(k, block, ib);
+        let g = |l: usize| sb.grid[l] as i64;
+        let s = |l: usize| SIGN_BYTES[sb.signs[l] as usize] as i64;
         d.grid[ib] = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
         d.signs[ib] = _mm256_set_epi64x(s(3), s(2), s(1), s(0));
-        let ls = (2 * (aux >> 28) + 1) as i16;
-        d.scales[ib] = scale_halves(ls, ls);
+        d.scales[ib] = scale_halves(2 * sb.scales[0] as i16 + 1, 2 * sb.scales[1] as i16 + 1);
     }
     d
 }
-
 /// The eight lanes of one decoded block against one activation block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -80,14 +89,12 @@ unsafe fn lanes(d: &Decoded, bx: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iquant<const KIND: u8, const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-    let (bytes, factor) = match KIND {
-        _ => (66, 0.125f32),
-    };
+    let (bytes, factor) = (kind(KIND).bytes(), kind(KIND).factor());
     let mut acc = [_mm256_setzero_ps(); T];
     let mut one = [0f32; T];
     for i in 0..nb {
         let bw = w.add(i * bytes);
-        let dec = decode_iq2_xxs(bw);
+        let dec = decode::<KIND>(bw);
         let dw = f16_1(bw);
         for t in 0..T {
             let bx = x[t].add(i * 292);
@@ -105,14 +112,18 @@ unsafe fn iquant<const KIND: u8, const MODE: u8, const T: usize>(nb: usize, w: *
     }
 }
 
-/// IQ2_XXS x Q8_K as ggml_vec_dot_iq2_xxs_q8_K (AVX2).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn iq2_xxs<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-    iquant::<0, VEC_DOT, T>(nb, w, x, out)
+/// For each kind, ggml's AVX2 vec_dot and llama.cpp's tiled product.
+macro_rules! iq_kernels {
+    ($($k:literal $dot:ident $tiled:ident),*) => {$(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $dot<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            iquant::<$k, VEC_DOT, T>(nb, w, x, out)
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            iquant::<$k, TILED, T>(nb, w, x, out)
+        }
+    )*};
 }
 
-/// IQ2_XXS x Q8_K as llama.cpp's tiled product.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn iq2_xxs_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-    iquant::<0, TILED, T>(nb, w, x, out)
-}
+iq_kernels!(0 iq2_xxs iq2_xxs_tiled, 1 iq2_xs iq2_xs_tiled, 2 iq2_s iq2_s_tiled, 3 iq3_xxs iq3_xxs_tiled, 4 iq3_s iq3_s_tiled);

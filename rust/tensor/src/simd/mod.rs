@@ -119,6 +119,14 @@ macro_rules! level {
             block_dot!(tq2_0, tq2_0_x4, super::ternary_avx2::tq2_0, 256, 66, 292);
             block_dot!(iq2_xxs, iq2_xxs_x4, super::iquants_avx2::iq2_xxs, 256, 66, 292);
             block_dot!(iq2_xxs_tiled, iq2_xxs_tiled_x4, super::iquants_avx2::iq2_xxs_tiled, 256, 66, 292);
+            block_dot!(iq2_xs, iq2_xs_x4, super::iquants_avx2::iq2_xs, 256, 74, 292);
+            block_dot!(iq2_xs_tiled, iq2_xs_tiled_x4, super::iquants_avx2::iq2_xs_tiled, 256, 74, 292);
+            block_dot!(iq2_s, iq2_s_x4, super::iquants_avx2::iq2_s, 256, 82, 292);
+            block_dot!(iq2_s_tiled, iq2_s_tiled_x4, super::iquants_avx2::iq2_s_tiled, 256, 82, 292);
+            block_dot!(iq3_xxs, iq3_xxs_x4, super::iquants_avx2::iq3_xxs, 256, 98, 292);
+            block_dot!(iq3_xxs_tiled, iq3_xxs_tiled_x4, super::iquants_avx2::iq3_xxs_tiled, 256, 98, 292);
+            block_dot!(iq3_s, iq3_s_x4, super::iquants_avx2::iq3_s, 256, 110, 292);
+            block_dot!(iq3_s_tiled, iq3_s_tiled_x4, super::iquants_avx2::iq3_s_tiled, 256, 110, 292);
 
             pub fn kernels(ty: GgmlType) -> SimdKernels {
                 let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), ..SimdKernels::default() };
@@ -149,6 +157,10 @@ macro_rules! level {
                     GgmlType::TQ1_0 => both(tq1_0, tq1_0_x4),
                     GgmlType::TQ2_0 => both(tq2_0, tq2_0_x4),
                     GgmlType::IQ2_XXS => kq(iq2_xxs, iq2_xxs_x4, iq2_xxs_tiled, iq2_xxs_tiled_x4),
+                    GgmlType::IQ2_XS => kq(iq2_xs, iq2_xs_x4, iq2_xs_tiled, iq2_xs_tiled_x4),
+                    GgmlType::IQ2_S => kq(iq2_s, iq2_s_x4, iq2_s_tiled, iq2_s_tiled_x4),
+                    GgmlType::IQ3_XXS => kq(iq3_xxs, iq3_xxs_x4, iq3_xxs_tiled, iq3_xxs_tiled_x4),
+                    GgmlType::IQ3_S => kq(iq3_s, iq3_s_x4, iq3_s_tiled, iq3_s_tiled_x4),
                     GgmlType::Q8_K => SimdKernels { from_f32: Some(quantize_q8_k), ..SimdKernels::default() },
                     GgmlType::F16 => SimdKernels { vec_dot: Some(f16), from_f32: Some(quantize_f16), ..SimdKernels::default() },
                     GgmlType::F32 => SimdKernels { vec_dot: Some(f32), ..SimdKernels::default() },
@@ -165,7 +177,9 @@ level!(avx2, avx2);
 level!(avx512, avx512);
 
 /// Types whose SIMD kernels exist at the AVX2 level only.
-const AVX2_ONLY: &[GgmlType] = &[GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS];
+const AVX2_ONLY: &[GgmlType] = &[
+    GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
+];
 
 /// The kernels written for `ty` at `isa` (empty for Scalar or on other architectures).
 /// Panics if `isa` is not available on this CPU: callers pass the detected level.

@@ -56,9 +56,10 @@ TYPES = [
     ("iq2_s", 22, "ggml_vec_dot_iq2_s_q8_K", "q8_K", 256, 82, f16_scale_at(0)),
     ("iq3_xxs", 18, "ggml_vec_dot_iq3_xxs_q8_K", "q8_K", 256, 98, f16_scale_at(0)),
     ("iq3_s", 21, "ggml_vec_dot_iq3_s_q8_K", "q8_K", 256, 110, f16_scale_at(0)),
+    ("iq1_s", 19, "ggml_vec_dot_iq1_s_q8_K", "q8_K", 256, 50, f16_scale_at(0)),
 ]
 #: the types llama.cpp multiplies with its tiled product from 8 tokens
-TILED = ["iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"]
+TILED = ["iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s"]
 
 
 def random_rows(rng: np.random.Generator, count: int, blocks: int, size: int, scales) -> list[bytes]:  # noqa: ANN001

@@ -54,6 +54,8 @@ fn unit_scales(ty: GgmlType, bytes: &mut [u8]) {
             GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => b[0..2].copy_from_slice(&0x4800u16.to_le_bytes()),
             GgmlType::IQ3_XXS => b[0..2].copy_from_slice(&0x4400u16.to_le_bytes()),
             GgmlType::IQ3_S => b[0..2].copy_from_slice(&one),
+            // 8: its delta term is 1/8 of an integer.
+            GgmlType::IQ1_S => b[0..2].copy_from_slice(&0x4800u16.to_le_bytes()),
             GgmlType::IQ4_XS | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => b[0..2].copy_from_slice(&one),
             _ => {}
         }
@@ -182,7 +184,7 @@ fn order_equals_its_specification(order: &str, types: &[GgmlType], kernels: fn(&
 #[test]
 fn tiled_kernels_equal_the_scalar_specification_bit_for_bit() {
     use GgmlType as T;
-    order_equals_its_specification("tiled", &[T::Q5_0, T::Q8_0, T::Q2_K, T::Q3_K, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ2_XXS, T::IQ2_XS, T::IQ2_S, T::IQ3_XXS, T::IQ3_S, T::IQ4_XS], |e| {
+    order_equals_its_specification("tiled", &[T::Q5_0, T::Q8_0, T::Q2_K, T::Q3_K, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ2_XXS, T::IQ2_XS, T::IQ2_S, T::IQ3_XXS, T::IQ3_S, T::IQ1_S, T::IQ4_XS], |e| {
         Some((e.vec_dot_tiled?, e.vec_dot_tiled_x4, e.vec_dot_tiled_scalar?))
     });
 }
@@ -239,7 +241,7 @@ fn four_token_kernels_equal_the_one_token_kernel_bit_for_bit() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 20 * levels().len(), "every quantized weight type has a four-token kernel");
+    assert_eq!(checked, 21 * levels().len(), "every quantized weight type has a four-token kernel");
 }
 
 #[test]

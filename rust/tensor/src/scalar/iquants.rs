@@ -9,8 +9,9 @@
 //! llama.cpp's tiled product's (8 or more tokens, `scalar::tiled`): the same integers, one
 //! accumulator, d times the factor.
 
-use super::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
+use super::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
 use super::kquants::{blocks, pairs, q8k_qs, x86_lanes, QK_K};
+use crate::util::rd_i16;
 use super::lanes::{fma_lanes, hsum_float_8};
 use super::tiled::{tiled_dot, Block};
 use crate::util::{rd_f16, rd_f32, rd_u32};
@@ -192,3 +193,90 @@ iq_entry_points!(
     Iq3Xxs dequantize_iq3_xxs vec_dot_iq3_xxs_q8_k tiled_iq3_xxs_q8_k,
     Iq3S dequantize_iq3_s vec_dot_iq3_s_q8_k tiled_iq3_s_q8_k
 );
+
+// ---------------------------------------------------------------- IQ1_S
+// d | qs[32] (grid index, low 8 bits) | qh[8] (u16: three 3-bit high parts, a 3-bit scale,
+// the delta's sign in bit 15)
+
+pub const IQ1_S_BYTES: usize = 50;
+/// ggml's IQ1S_DELTA: the values are grid + delta, the grid's -1, 0, 1 shifted by 1/8.
+const IQ1S_DELTA: f32 = 0.125;
+
+/// Sub-block ib's u16 of high bits, scale and delta sign.
+#[inline(always)]
+fn iq1_s_qh(b: &[u8], ib: usize) -> u16 {
+    u16::from_le_bytes([b[34 + 2 * ib], b[35 + 2 * ib]])
+}
+
+/// The 256 grid values (-1, 0, 1) of an IQ1_S block.
+pub fn iq1_s_grid_values(b: &[u8]) -> [i8; QK_K] {
+    let mut v = [0i8; QK_K];
+    for (ib, sub) in v.chunks_exact_mut(32).enumerate() {
+        let qh = iq1_s_qh(b, ib) as usize;
+        for (l, oct) in sub.chunks_exact_mut(8).enumerate() {
+            let grid = IQ1S_GRID[b[2 + 4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)];
+            for (j, x) in oct.iter_mut().enumerate() {
+                *x = (grid >> (8 * j)) as u8 as i8;
+            }
+        }
+    }
+    v
+}
+
+/// Sub-block ib's odd scale 2 s + 1 and delta sign (1 or -1).
+#[inline(always)]
+pub fn iq1_s_scale_sign(b: &[u8], ib: usize) -> (i32, i32) {
+    let qh = iq1_s_qh(b, ib);
+    (2 * ((qh >> 12) & 7) as i32 + 1, if qh & 0x8000 != 0 { -1 } else { 1 })
+}
+
+pub fn dequantize_iq1_s(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in blocks(src, dst, IQ1_S_BYTES) {
+        let d = rd_f16(b, 0);
+        let v = iq1_s_grid_values(b);
+        for (ib, (ys, vs)) in y.chunks_exact_mut(32).zip(v.chunks_exact(32)).enumerate() {
+            let (ls, sign) = iq1_s_scale_sign(b, ib);
+            let (dl, delta) = (d * ls as f32, sign as f32 * IQ1S_DELTA);
+            for (y, &g) in ys.iter_mut().zip(vs) {
+                *y = dl * (g as f32 + delta);
+            }
+        }
+    }
+}
+
+/// The exact integer delta term of a block: the activation's sum over each sub-block times
+/// its scale and delta sign.
+fn iq1_s_delta_sum(bw: &[u8], bx: &[u8]) -> i32 {
+    (0..8)
+        .map(|ib| {
+            let (ls, sign) = iq1_s_scale_sign(bw, ib);
+            (rd_i16(bx, 4 + QK_K + 4 * ib) as i32 + rd_i16(bx, 6 + QK_K + 4 * ib) as i32) * sign * ls
+        })
+        .sum()
+}
+
+/// The grid's lanes of a block against an activation block, times the sub-block scales.
+fn iq1_s_lanes(bw: &[u8], bx: &[u8]) -> [i32; 8] {
+    x86_lanes(&iq1_s_grid_values(bw), q8k_qs(bx), &std::array::from_fn(|g| iq1_s_scale_sign(bw, g / 2).0))
+}
+
+/// ggml_vec_dot_iq1_s_q8_K on AVX2: the grid in eight lanes, `acc = fma(d * d_x, lanes,
+/// acc)`; the delta term as one integer per block, `acc1 = fma(d * d_x, float(sum), acc1)`
+/// (GCC contracts ggml's `accum1 += d * sumi1`); the result `hsum_float_8(acc) + 1/8 * acc1`.
+pub fn vec_dot_iq1_s_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let (mut acc, mut acc1) = ([0.0f32; 8], 0.0f32);
+    for (bw, bx) in pairs(w, x, IQ1_S_BYTES, n) {
+        let d = rd_f32(bx, 0) * rd_f16(bw, 0);
+        fma_lanes(&mut acc, d, &iq1_s_lanes(bw, bx));
+        acc1 = d.mul_add(iq1_s_delta_sum(bw, bx) as f32, acc1);
+    }
+    hsum_float_8(&acc) + IQ1S_DELTA * acc1
+}
+
+/// IQ1_S as llama.cpp's tiled product: the values 8 * grid + delta sign, d / 8.
+pub fn tiled_iq1_s_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    tiled_dot(n, w, x, IQ1_S_BYTES, |bw, bx| {
+        let grid: i32 = iq1_s_lanes(bw, bx).iter().sum();
+        Block { isum: 8 * grid + iq1_s_delta_sum(bw, bx), d: rd_f16(bw, 0) * 0.125, min: None }
+    })
+}

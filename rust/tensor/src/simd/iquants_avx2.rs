@@ -13,7 +13,8 @@
 use std::arch::x86_64::*;
 
 use super::x86::{f16_1, hsum_epi32, hsum_ps, loadu, scale_halves};
-use crate::scalar::iquants::{sub_block, IqKind};
+use crate::scalar::iquants::{iq1_s_scale_sign, sub_block, IqKind, IQ1_S_BYTES};
+use crate::scalar::iq_grids::IQ1S_GRID;
 
 /// For each sign byte, its eight bytes 1 or -1 (bit j set: byte j is -1), the operand of
 /// `_mm256_sign_epi8` (ggml's keven_signs_q2xs and bit-selection masks alike).
@@ -127,3 +128,60 @@ macro_rules! iq_kernels {
 }
 
 iq_kernels!(0 iq2_xxs iq2_xxs_tiled, 1 iq2_xs iq2_xs_tiled, 2 iq2_s iq2_s_tiled, 3 iq3_xxs iq3_xxs_tiled, 4 iq3_s iq3_s_tiled);
+
+/// IQ1_S x Q8_K as ggml_vec_dot_iq1_s_q8_K (AVX2) or llama.cpp's tiled product
+/// (`scalar::iquants`): the grid (-1, 0, 1) decoded once for every token, signed products in
+/// 16-bit words, times the sub-block scale into eight lanes; the delta term an integer per
+/// block from the activation's sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1_s_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    let mut acc = [_mm256_setzero_ps(); T];
+    let (mut acc1, mut one) = ([0f32; T], [0f32; T]);
+    for i in 0..nb {
+        let bw = w.add(i * IQ1_S_BYTES);
+        let block = std::slice::from_raw_parts(bw, IQ1_S_BYTES);
+        let mut grid = [_mm256_setzero_si256(); 8];
+        let mut scale = [(0i32, 0i32); 8];
+        for (ib, g) in grid.iter_mut().enumerate() {
+            let qh = u16::from_le_bytes([block[34 + 2 * ib], block[35 + 2 * ib]]) as usize;
+            let e = |l: usize| IQ1S_GRID[block[2 + 4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)] as i64;
+            *g = _mm256_set_epi64x(e(3), e(2), e(1), e(0));
+            scale[ib] = iq1_s_scale_sign(block, ib);
+        }
+        let dw = f16_1(bw);
+        for t in 0..T {
+            let bx = x[t].add(i * 292);
+            let mut sumi = _mm256_setzero_si256();
+            let mut delta = 0i32;
+            for ib in 0..8 {
+                let q8 = loadu(bx.add(4 + 32 * ib));
+                let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(grid[ib], grid[ib]), _mm256_sign_epi8(q8, grid[ib]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(scale[ib].0 as i16)));
+                let bsum = std::ptr::read_unaligned(bx.add(260 + 4 * ib) as *const i16) as i32 + std::ptr::read_unaligned(bx.add(262 + 4 * ib) as *const i16) as i32;
+                delta += bsum * scale[ib].1 * scale[ib].0;
+            }
+            let dx = std::ptr::read_unaligned(bx as *const f32);
+            if MODE == TILED {
+                one[t] = ((8 * hsum_epi32(sumi) + delta) as f32 * (dw * 0.125)).mul_add(dx, one[t]);
+            } else {
+                let d = dx * dw;
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[t]);
+                acc1[t] = d.mul_add(delta as f32, acc1[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        out[t] = if MODE == TILED { one[t] } else { hsum_ps(acc[t]) + 0.125 * acc1[t] };
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq1_s<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    iq1_s_impl::<VEC_DOT, T>(nb, w, x, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq1_s_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    iq1_s_impl::<TILED, T>(nb, w, x, out)
+}

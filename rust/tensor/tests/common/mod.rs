@@ -31,6 +31,7 @@ pub const MODEL_TYPES: &[(&str, GgmlType)] = &[
     ("iq2_s", GgmlType::IQ2_S),
     ("iq3_xxs", GgmlType::IQ3_XXS),
     ("iq3_s", GgmlType::IQ3_S),
+    ("iq1_s", GgmlType::IQ1_S),
 ];
 
 /// Every weight type of the table (the activation-only Q8_1/Q8_K excluded).
@@ -39,13 +40,13 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
     GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
     GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S,
-    GgmlType::IQ3_XXS, GgmlType::IQ3_S,
+    GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S,
 ];
 
 /// The weight types the table reads but does not write: the i-quants, whose quantizers
 /// search their grids under an importance matrix (the tiny models were written by
 /// llama.cpp's). Their random test weights are random bytes with a sane scale.
-pub const NO_QUANTIZER: &[GgmlType] = &[GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S];
+pub const NO_QUANTIZER: &[GgmlType] = &[GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S];
 
 pub fn model_path(suffix: &str) -> String {
     format!("{DATA}/models/tiny-llama-{suffix}.gguf")

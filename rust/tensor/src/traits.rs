@@ -106,6 +106,7 @@ fn scalar_rows() -> Vec<Row> {
         (T::IQ3_XXS, iq::dequantize_iq3_xxs, None, None, T::Q8_K, iq::vec_dot_iq3_xxs_q8_k),
         (T::IQ3_S, iq::dequantize_iq3_s, None, None, T::Q8_K, iq::vec_dot_iq3_s_q8_k),
         (T::IQ1_S, iq::dequantize_iq1_s, None, None, T::Q8_K, iq::vec_dot_iq1_s_q8_k),
+        (T::IQ1_M, iq::dequantize_iq1_m, None, None, T::Q8_K, iq::vec_dot_iq1_m_q8_k),
         (T::IQ4_XS, k::dequantize_iq4_xs, Some(kq::quantize_iq4_xs), Some(kq::quantize_iq4_xs), T::Q8_K, k::vec_dot_iq4_xs_q8_k),
     ]
 }
@@ -129,6 +130,7 @@ fn scalar_tiled(ty: GgmlType) -> Option<VecDot> {
         T::IQ3_XXS => iq::tiled_iq3_xxs_q8_k,
         T::IQ3_S => iq::tiled_iq3_s_q8_k,
         T::IQ1_S => iq::tiled_iq1_s_q8_k,
+        T::IQ1_M => iq::tiled_iq1_m_q8_k,
         _ => return None,
     })
 }

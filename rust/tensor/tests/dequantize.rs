@@ -99,7 +99,7 @@ fn random_blocks_of_the_new_types_dequantize_as_the_gguf_package() {
         off += 4 * n_rows * n;
         types.push(ty);
     }
-    let iquants = [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S];
+    let iquants = [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M];
     assert_eq!(types, [[GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0].as_slice(), &iquants].concat());
 }
 

@@ -45,6 +45,14 @@ def f16_scale_at(offset: int):  # noqa: ANN201
     return fix
 
 
+def iq1_m_scale(rng: np.random.Generator, b: np.ndarray) -> None:
+    """IQ1_M's f16 d, spread over the top nibbles of its four scale words (bytes 49, 51, 53,
+    55), sane as f16_scale_at's."""
+    h = (0x2000 + rng.integers(0, 0x2400, size=len(b))) | (rng.integers(0, 2, size=len(b)) << 15)
+    for k in range(4):
+        b[:, 49 + 2 * k] = (b[:, 49 + 2 * k] & 0x0F) | (((h >> (4 * k)) & 0xF) << 4)
+
+
 # name, ggml type id, vec_dot function, activation type, block elements, block bytes, how
 # random blocks get sane scales
 TYPES = [
@@ -57,9 +65,10 @@ TYPES = [
     ("iq3_xxs", 18, "ggml_vec_dot_iq3_xxs_q8_K", "q8_K", 256, 98, f16_scale_at(0)),
     ("iq3_s", 21, "ggml_vec_dot_iq3_s_q8_K", "q8_K", 256, 110, f16_scale_at(0)),
     ("iq1_s", 19, "ggml_vec_dot_iq1_s_q8_K", "q8_K", 256, 50, f16_scale_at(0)),
+    ("iq1_m", 29, "ggml_vec_dot_iq1_m_q8_K", "q8_K", 256, 56, iq1_m_scale),
 ]
 #: the types llama.cpp multiplies with its tiled product from 8 tokens
-TILED = ["iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s"]
+TILED = ["iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"]
 
 
 def random_rows(rng: np.random.Generator, count: int, blocks: int, size: int, scales) -> list[bytes]:  # noqa: ANN001

@@ -56,6 +56,12 @@ fn unit_scales(ty: GgmlType, bytes: &mut [u8]) {
             GgmlType::IQ3_S => b[0..2].copy_from_slice(&one),
             // 8: its delta term is 1/8 of an integer.
             GgmlType::IQ1_S => b[0..2].copy_from_slice(&0x4800u16.to_le_bytes()),
+            // The same 8 (0x4800) in the top nibbles of the four scale words.
+            GgmlType::IQ1_M => {
+                for (k, nibble) in [0u8, 0, 8, 4].into_iter().enumerate() {
+                    b[49 + 2 * k] = (b[49 + 2 * k] & 0x0f) | nibble << 4;
+                }
+            }
             GgmlType::IQ4_XS | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => b[0..2].copy_from_slice(&one),
             _ => {}
         }
@@ -184,7 +190,7 @@ fn order_equals_its_specification(order: &str, types: &[GgmlType], kernels: fn(&
 #[test]
 fn tiled_kernels_equal_the_scalar_specification_bit_for_bit() {
     use GgmlType as T;
-    order_equals_its_specification("tiled", &[T::Q5_0, T::Q8_0, T::Q2_K, T::Q3_K, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ2_XXS, T::IQ2_XS, T::IQ2_S, T::IQ3_XXS, T::IQ3_S, T::IQ1_S, T::IQ4_XS], |e| {
+    order_equals_its_specification("tiled", &[T::Q5_0, T::Q8_0, T::Q2_K, T::Q3_K, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ2_XXS, T::IQ2_XS, T::IQ2_S, T::IQ3_XXS, T::IQ3_S, T::IQ1_S, T::IQ1_M, T::IQ4_XS], |e| {
         Some((e.vec_dot_tiled?, e.vec_dot_tiled_x4, e.vec_dot_tiled_scalar?))
     });
 }
@@ -241,7 +247,7 @@ fn four_token_kernels_equal_the_one_token_kernel_bit_for_bit() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 21 * levels().len(), "every quantized weight type has a four-token kernel");
+    assert_eq!(checked, 22 * levels().len(), "every quantized weight type has a four-token kernel");
 }
 
 #[test]

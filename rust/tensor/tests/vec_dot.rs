@@ -110,8 +110,8 @@ fn dot_products_are_ggml_x86_bit_for_bit() {
 fn new_types_dot_products_are_ggml_avx2_bit_for_bit() {
     let sections = read_lowbit_fixture();
     let types: Vec<GgmlType> = sections.iter().map(|s| s.ty).collect();
-    let done = [GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S];
-    assert_eq!(types, done.iter().flat_map(|&t| [t, t]).collect::<Vec<_>>(), "two sections for each type of issue 27 done so far");
+    let done = [GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M];
+    assert_eq!(types, done.iter().flat_map(|&t| [t, t]).collect::<Vec<_>>(), "two sections for each type of issue 27");
     sections_are_ggml_bit_for_bit(&sections, |e| Some((e.vec_dot, e.vec_dot_x4)));
 }
 
@@ -269,7 +269,7 @@ fn tiled_dot_products_are_ggml_tiled_matmul_bit_for_bit() {
 #[test]
 fn new_types_tiled_dot_products_are_ggml_tiled_matmul_bit_for_bit() {
     let sections = read_sections("lowbit_tiled.fix", b"FTLX");
-    assert_eq!(sections.iter().map(|s| s.ty).collect::<Vec<_>>(), [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S], "the i-quants done so far");
+    assert_eq!(sections.iter().map(|s| s.ty).collect::<Vec<_>>(), [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M], "every i-quant");
     tiled_sections_are_ggml_bit_for_bit(&sections);
 }
 

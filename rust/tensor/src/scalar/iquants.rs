@@ -280,3 +280,79 @@ pub fn tiled_iq1_s_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
         Block { isum: 8 * grid + iq1_s_delta_sum(bw, bx), d: rd_f16(bw, 0) * 0.125, min: None }
     })
 }
+
+// ---------------------------------------------------------------- IQ1_M
+// qs[32] (grid index, low 8 bits) | qh[16] (per 8 elements a 3-bit high part and the delta's
+// sign) | scales[8] (four u16: 3-bit scales of the 16-element groups; their top nibbles
+// together the block's f16 d)
+
+pub const IQ1_M_BYTES: usize = 56;
+
+/// The block's d, spread over the top nibbles of its four scale words.
+pub fn iq1_m_d(b: &[u8]) -> f32 {
+    let sc = |k: usize| u16::from_le_bytes([b[48 + 2 * k], b[49 + 2 * k]]);
+    let bits = (sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000);
+    crate::util::f16_to_f32(bits)
+}
+
+/// The odd scales 2 s + 1 of the 16 groups.
+pub fn iq1_m_scales16(b: &[u8]) -> [i32; 16] {
+    std::array::from_fn(|g| {
+        let word = u16::from_le_bytes([b[48 + 2 * (g / 4)], b[49 + 2 * (g / 4)]]);
+        2 * ((word >> (3 * (g % 4))) & 7) as i32 + 1
+    })
+}
+
+/// The 256 grid values (-1, 0, 1) of an IQ1_M block and the delta sign (1 or -1) of each
+/// element.
+pub fn iq1_m_values(b: &[u8]) -> ([i8; QK_K], [i8; QK_K]) {
+    let (mut v, mut delta) = ([0i8; QK_K], [0i8; QK_K]);
+    for k in 0..32 {
+        let qh = b[32 + k / 2] >> (4 * (k % 2));
+        let grid = IQ1S_GRID[b[k] as usize | (((qh & 7) as usize) << 8)];
+        for j in 0..8 {
+            v[8 * k + j] = (grid >> (8 * j)) as u8 as i8;
+            delta[8 * k + j] = if qh & 8 != 0 { -1 } else { 1 };
+        }
+    }
+    (v, delta)
+}
+
+pub fn dequantize_iq1_m(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in blocks(src, dst, IQ1_M_BYTES) {
+        let (d, scales) = (iq1_m_d(b), iq1_m_scales16(b));
+        let (v, delta) = iq1_m_values(b);
+        for (p, y) in y.iter_mut().enumerate() {
+            *y = d * scales[p / 16] as f32 * (v[p] as f32 + delta[p] as f32 * IQ1S_DELTA);
+        }
+    }
+}
+
+/// The grid's lanes and the deltas' lanes of a block against an activation block.
+fn iq1_m_lanes(bw: &[u8], bx: &[u8]) -> ([i32; 8], [i32; 8]) {
+    let (v, delta) = iq1_m_values(bw);
+    let scales = iq1_m_scales16(bw);
+    (x86_lanes(&v, q8k_qs(bx), &scales), x86_lanes(&delta, q8k_qs(bx), &scales))
+}
+
+/// ggml_vec_dot_iq1_m_q8_K on AVX2: the grid and the deltas each in eight lanes with their
+/// own accumulator, `acc = fma(d * d_x, lanes, acc)`; `hsum(acc) + 1/8 * hsum(acc_delta)`.
+pub fn vec_dot_iq1_m_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let (mut acc, mut acc_delta) = ([0.0f32; 8], [0.0f32; 8]);
+    for (bw, bx) in pairs(w, x, IQ1_M_BYTES, n) {
+        let d = rd_f32(bx, 0) * iq1_m_d(bw);
+        let (grid, delta) = iq1_m_lanes(bw, bx);
+        fma_lanes(&mut acc, d, &grid);
+        fma_lanes(&mut acc_delta, d, &delta);
+    }
+    hsum_float_8(&acc) + IQ1S_DELTA * hsum_float_8(&acc_delta)
+}
+
+/// IQ1_M as llama.cpp's tiled product: the values 8 * grid + delta sign, d / 8.
+pub fn tiled_iq1_m_q8_k(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    tiled_dot(n, w, x, IQ1_M_BYTES, |bw, bx| {
+        let (grid, delta) = iq1_m_lanes(bw, bx);
+        let isum = 8 * grid.iter().sum::<i32>() + delta.iter().sum::<i32>();
+        Block { isum, d: iq1_m_d(bw) * 0.125, min: None }
+    })
+}

@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::x86::{f16_1, hsum_epi32, hsum_ps, loadu, scale_halves};
-use crate::scalar::iquants::{iq1_s_scale_sign, sub_block, IqKind, IQ1_S_BYTES};
+use crate::scalar::iquants::{iq1_m_d, iq1_m_scales16, iq1_s_scale_sign, sub_block, IqKind, IQ1_M_BYTES, IQ1_S_BYTES};
 use crate::scalar::iq_grids::IQ1S_GRID;
 
 /// For each sign byte, its eight bytes 1 or -1 (bit j set: byte j is -1), the operand of
@@ -184,4 +184,64 @@ pub unsafe fn iq1_s<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn iq1_s_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
     iq1_s_impl::<TILED, T>(nb, w, x, out)
+}
+
+/// IQ1_M x Q8_K as ggml_vec_dot_iq1_m_q8_K (AVX2) or llama.cpp's tiled product
+/// (`scalar::iquants`): the grid and the delta signs decoded once for every token, each
+/// against the activation in 16-bit words times the group scales into eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1_m_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    let (mut acc, mut acc_delta) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+    let mut one = [0f32; T];
+    for i in 0..nb {
+        let block = std::slice::from_raw_parts(w.add(i * IQ1_M_BYTES), IQ1_M_BYTES);
+        let (mut grid, mut delta, mut scales) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+        let s16 = iq1_m_scales16(block);
+        for ib in 0..8 {
+            let octet = |k: usize| {
+                let qh = block[32 + k / 2] >> (4 * (k % 2));
+                let g = IQ1S_GRID[block[k] as usize | (((qh & 7) as usize) << 8)] as i64;
+                let sign = if qh & 8 != 0 { -1i64 } else { 0x0101_0101_0101_0101 };
+                (g, sign)
+            };
+            let o: [(i64, i64); 4] = std::array::from_fn(|l| octet(4 * ib + l));
+            grid[ib] = _mm256_set_epi64x(o[3].0, o[2].0, o[1].0, o[0].0);
+            delta[ib] = _mm256_set_epi64x(o[3].1, o[2].1, o[1].1, o[0].1);
+            scales[ib] = scale_halves(s16[2 * ib] as i16, s16[2 * ib + 1] as i16);
+        }
+        let dw = iq1_m_d(block);
+        for t in 0..T {
+            let bx = x[t].add(i * 292);
+            let (mut sumi, mut sumd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for ib in 0..8 {
+                let q8 = loadu(bx.add(4 + 32 * ib));
+                let pg = _mm256_maddubs_epi16(_mm256_sign_epi8(grid[ib], grid[ib]), _mm256_sign_epi8(q8, grid[ib]));
+                let pd = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(q8, delta[ib]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pg, scales[ib]));
+                sumd = _mm256_add_epi32(sumd, _mm256_madd_epi16(pd, scales[ib]));
+            }
+            let dx = std::ptr::read_unaligned(bx as *const f32);
+            if MODE == TILED {
+                one[t] = ((8 * hsum_epi32(sumi) + hsum_epi32(sumd)) as f32 * (dw * 0.125)).mul_add(dx, one[t]);
+            } else {
+                let d = _mm256_set1_ps(dx * dw);
+                acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+                acc_delta[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumd), acc_delta[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        out[t] = if MODE == TILED { one[t] } else { hsum_ps(acc[t]) + 0.125 * hsum_ps(acc_delta[t]) };
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq1_m<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    iq1_m_impl::<VEC_DOT, T>(nb, w, x, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq1_m_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    iq1_m_impl::<TILED, T>(nb, w, x, out)
 }

@@ -129,6 +129,8 @@ macro_rules! level {
             block_dot!(iq3_s_tiled, iq3_s_tiled_x4, super::iquants_avx2::iq3_s_tiled, 256, 110, 292);
             block_dot!(iq1_s, iq1_s_x4, super::iquants_avx2::iq1_s, 256, 50, 292);
             block_dot!(iq1_s_tiled, iq1_s_tiled_x4, super::iquants_avx2::iq1_s_tiled, 256, 50, 292);
+            block_dot!(iq1_m, iq1_m_x4, super::iquants_avx2::iq1_m, 256, 56, 292);
+            block_dot!(iq1_m_tiled, iq1_m_tiled_x4, super::iquants_avx2::iq1_m_tiled, 256, 56, 292);
 
             pub fn kernels(ty: GgmlType) -> SimdKernels {
                 let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), ..SimdKernels::default() };
@@ -164,6 +166,7 @@ macro_rules! level {
                     GgmlType::IQ3_XXS => kq(iq3_xxs, iq3_xxs_x4, iq3_xxs_tiled, iq3_xxs_tiled_x4),
                     GgmlType::IQ3_S => kq(iq3_s, iq3_s_x4, iq3_s_tiled, iq3_s_tiled_x4),
                     GgmlType::IQ1_S => kq(iq1_s, iq1_s_x4, iq1_s_tiled, iq1_s_tiled_x4),
+                    GgmlType::IQ1_M => kq(iq1_m, iq1_m_x4, iq1_m_tiled, iq1_m_tiled_x4),
                     GgmlType::Q8_K => SimdKernels { from_f32: Some(quantize_q8_k), ..SimdKernels::default() },
                     GgmlType::F16 => SimdKernels { vec_dot: Some(f16), from_f32: Some(quantize_f16), ..SimdKernels::default() },
                     GgmlType::F32 => SimdKernels { vec_dot: Some(f32), ..SimdKernels::default() },
@@ -182,7 +185,7 @@ level!(avx512, avx512);
 /// Types whose SIMD kernels exist at the AVX2 level only.
 const AVX2_ONLY: &[GgmlType] = &[
     GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
-    GgmlType::IQ1_S,
+    GgmlType::IQ1_S, GgmlType::IQ1_M,
 ];
 
 /// The kernels written for `ty` at `isa` (empty for Scalar or on other architectures).

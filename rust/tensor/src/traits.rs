@@ -43,7 +43,7 @@ pub struct TypeTraits {
     /// The portable dot product (the specification): ggml's x86 AVX2 `ggml_vec_dot_*`
     /// arithmetic for the quantized types (see `scalar::lanes`), plain loops for the floats.
     pub vec_dot_scalar: VecDot,
-    /// For Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS: each output of llama.cpp's tiled k-quant
+    /// For Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the i-quants (`scalar::iquants`): each output of llama.cpp's tiled k-quant
     /// matrix product, which it runs instead of `vec_dot` on x86 for products with 8 or more
     /// activation rows and a matrix it did not repack (`scalar::tiled`). Same integers as
     /// `vec_dot`, one float accumulator instead of eight lanes.

@@ -84,7 +84,7 @@ fn ternary_levels(x: &[f32]) -> (f32, [u8; QK_K]) {
 /// of q * 256 / 243.
 fn pack_trits(digits: impl Iterator<Item = u8>) -> u8 {
     let q = digits.fold(0u16, |q, t| q * 3 + t as u16);
-    ((q * 256 + 242) / 243) as u8
+    (q * 256).div_ceil(243) as u8
 }
 
 /// quantize_row_tq1_0_ref.

@@ -8,6 +8,9 @@
 //! (checked by the safe wrappers in `simd::mod`) and call these only on CPUs with AVX2, FMA
 //! and F16C (checked by the dispatch).
 
+// The kernels' contract is the module's SAFETY paragraph above.
+#![allow(clippy::missing_safety_doc)]
+
 use std::arch::x86_64::*;
 
 use super::x86::{f16_1, hsum_ps, loadu};

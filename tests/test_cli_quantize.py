@@ -24,7 +24,7 @@ def tensors(path: Path) -> dict[str, tuple[str, bytes]]:
     return {t.name: (t.tensor_type.name, np.asarray(t.data).tobytes()) for t in gguf.GGUFReader(path).tensors}
 
 
-@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16", "mxfp4", "tq1_0", "tq2_0"])
 def test_pure_quantization_matches_the_reference_bytes(tmp_path, kind):
     out = tmp_path / f"{kind}.gguf"
     r = ferrollama("quantize", F32, out, kind.upper(), "--pure")

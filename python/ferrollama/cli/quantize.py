@@ -7,7 +7,9 @@ at more bits (Q4_K_M: output and some attn_v / ffn_down in Q6_K). 1-D tensors (n
 stay F32. ``general.file_type`` is set to the new type.
 
 Quantization itself is ggml's reference code: the ``gguf`` package's for F16, BF16, Q4_0, Q4_1,
-Q5_0, Q5_1 and Q8_0; the engine's (``ferrollama._core.quantize``) for the k-quants and IQ4.
+Q5_0, Q5_1, Q8_0, TQ1_0, TQ2_0 and MXFP4; the engine's (``ferrollama._core.quantize``) for the
+k-quants and IQ4. The IQ1/IQ2/IQ3 types, which the engine reads, are not written: llama.cpp's
+quantizers for them search their grids under an importance matrix.
 """
 from __future__ import annotations
 
@@ -28,11 +30,13 @@ TARGETS = {
     "Q4_K": ("Q4_K", 15, None), "Q4_K_S": ("Q4_K", 14, "s"), "Q4_K_M": ("Q4_K", 15, "m"),
     "Q5_K": ("Q5_K", 17, None), "Q5_K_S": ("Q5_K", 16, "s"), "Q5_K_M": ("Q5_K", 17, "m"),
     "Q6_K": ("Q6_K", 18, None), "IQ4_NL": ("IQ4_NL", 25, None), "IQ4_XS": ("IQ4_XS", 30, None),
+    "TQ1_0": ("TQ1_0", 36, None), "TQ2_0": ("TQ2_0", 37, None), "MXFP4": ("MXFP4", 38, None),
 }
 #: types the gguf package quantizes with ggml's reference code
-GGUF_PACKAGE_TYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
+GGUF_PACKAGE_TYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0", "MXFP4"}
 #: llama.cpp's fallback when a row is not a multiple of the 256-element super-block
-FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
+            "TQ1_0": "Q4_0", "TQ2_0": "Q4_0"}
 SOURCE_TYPES = {"F32", "F16", "BF16"}
 
 

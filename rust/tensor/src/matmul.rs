@@ -96,13 +96,19 @@ fn sums_gemm(t: &'static TypeTraits, rows: usize) -> Option<(SumsGemm, usize)> {
 pub const TILED_TOKENS: usize = 8;
 
 /// The dot of products of `TILED_TOKENS` tokens or more, where it is not the row dot:
-/// llama.cpp's tiled product's for Q3_K, Q5_K and IQ4_XS (Q2_K is repacked there, Q4_K and
+/// llama.cpp's tiled product's for Q3_K, Q5_K, IQ4_XS and the i-quants (Q2_K is repacked there, Q4_K and
 /// Q6_K are repacked here: their groups run `vec_dot`'s order, and their leftover rows must
 /// agree with the groups), ferrollama's one accumulator for Q8_0 and Q5_0 (its packed
 /// groups compute the same).
 fn many_token_dot(t: &'static TypeTraits) -> Option<(VecDot, Option<VecDotX4>)> {
-    let tiled = matches!(t.ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0);
+    let tiled = matches!(t.ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0) || is_iquant(t.ty);
     tiled.then_some(t.vec_dot_tiled.map(|d| (d, t.vec_dot_tiled_x4))).flatten()
+}
+
+/// The i-quants of 1 to 3 bits, which llama.cpp's tiled product also takes from 8 tokens.
+fn is_iquant(ty: GgmlType) -> bool {
+    use GgmlType as T;
+    matches!(ty, T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ3_XXS | T::IQ3_S | T::IQ1_S | T::IQ1_M)
 }
 
 impl QMatrix {
@@ -244,7 +250,7 @@ const ROW_CHUNK_BYTES: usize = 128 * 1024;
 /// Every output is computed by the same kernel call whatever the thread count and however
 /// the tokens are tiled (the four-token kernels are bit-identical to the one-token ones),
 /// so the result does not depend on `threads`; it depends on `n_tokens` only where the dot
-/// changes at `TILED_TOKENS` (`QMatrix::row_dot_for`: Q3_K, Q5_K and IQ4_XS as in llama.cpp,
+/// changes at `TILED_TOKENS` (`QMatrix::row_dot_for`: Q3_K, Q5_K, IQ4_XS and the i-quants as in llama.cpp,
 /// Q8_0 and Q5_0).
 pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch: &mut MatmulScratch, threads: &Threads) {
     assert!(x.len() >= n_tokens * w.cols && out.len() >= n_tokens * w.rows, "matmul operands too short");

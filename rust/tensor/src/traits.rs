@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::dispatch::{active_isa, Isa};
-use crate::scalar::{float, kquantize as kq, kquants as k, legacy as l, tiled};
+use crate::scalar::{float, iquants as iq, kquantize as kq, kquants as k, legacy as l, ternary as tq, tiled};
 use crate::GgmlType;
 
 /// Converts `n` elements (a whole number of blocks) from a type's bytes to f32.
@@ -43,7 +43,7 @@ pub struct TypeTraits {
     /// The portable dot product (the specification): ggml's x86 AVX2 `ggml_vec_dot_*`
     /// arithmetic for the quantized types (see `scalar::lanes`), plain loops for the floats.
     pub vec_dot_scalar: VecDot,
-    /// For Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS: each output of llama.cpp's tiled k-quant
+    /// For Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the i-quants (`scalar::iquants`): each output of llama.cpp's tiled k-quant
     /// matrix product, which it runs instead of `vec_dot` on x86 for products with 8 or more
     /// activation rows and a matrix it did not repack (`scalar::tiled`). Same integers as
     /// `vec_dot`, one float accumulator instead of eight lanes.
@@ -55,7 +55,7 @@ pub struct TypeTraits {
     pub vec_dot_tiled_x4: Option<VecDotX4>,
     /// The portable `vec_dot_tiled` (the specification).
     pub vec_dot_tiled_scalar: Option<VecDot>,
-    /// For Q4_0, IQ4_NL and Q4_K: each output of llama.cpp's repacked x86 kernels, which it
+    /// For Q4_0, IQ4_NL, MXFP4 and Q4_K: each output of llama.cpp's repacked x86 kernels, which it
     /// runs for matrices whose row count is a multiple of 8 (`scalar::repacked`). Same
     /// integers as `vec_dot`, one float accumulator (two for Q4_K) instead of eight lanes.
     pub vec_dot_repacked: Option<VecDot>,
@@ -97,6 +97,16 @@ fn scalar_rows() -> Vec<Row> {
         (T::Q6_K, k::dequantize_q6_k, Some(kq::quantize_q6_k), Some(kq::quantize_q6_k), T::Q8_K, k::vec_dot_q6_k_q8_k),
         (T::Q8_K, k::dequantize_q8_k, Some(k::quantize_q8_k), Some(k::quantize_q8_k), T::Q8_K, q8_k_self_dot),
         (T::IQ4_NL, l::dequantize_iq4_nl, Some(kq::quantize_iq4_nl), Some(kq::quantize_iq4_nl), T::Q8_0, l::vec_dot_iq4_nl_q8_0),
+        (T::MXFP4, l::dequantize_mxfp4, Some(l::quantize_mxfp4), Some(l::quantize_mxfp4), T::Q8_0, l::vec_dot_mxfp4_q8_0),
+        (T::TQ1_0, tq::dequantize_tq1_0, Some(tq::quantize_tq1_0), Some(tq::quantize_tq1_0), T::Q8_K, tq::vec_dot_tq1_0_q8_k),
+        (T::TQ2_0, tq::dequantize_tq2_0, Some(tq::quantize_tq2_0), Some(tq::quantize_tq2_0), T::Q8_K, tq::vec_dot_tq2_0_q8_k),
+        (T::IQ2_XXS, iq::dequantize_iq2_xxs, None, None, T::Q8_K, iq::vec_dot_iq2_xxs_q8_k),
+        (T::IQ2_XS, iq::dequantize_iq2_xs, None, None, T::Q8_K, iq::vec_dot_iq2_xs_q8_k),
+        (T::IQ2_S, iq::dequantize_iq2_s, None, None, T::Q8_K, iq::vec_dot_iq2_s_q8_k),
+        (T::IQ3_XXS, iq::dequantize_iq3_xxs, None, None, T::Q8_K, iq::vec_dot_iq3_xxs_q8_k),
+        (T::IQ3_S, iq::dequantize_iq3_s, None, None, T::Q8_K, iq::vec_dot_iq3_s_q8_k),
+        (T::IQ1_S, iq::dequantize_iq1_s, None, None, T::Q8_K, iq::vec_dot_iq1_s_q8_k),
+        (T::IQ1_M, iq::dequantize_iq1_m, None, None, T::Q8_K, iq::vec_dot_iq1_m_q8_k),
         (T::IQ4_XS, k::dequantize_iq4_xs, Some(kq::quantize_iq4_xs), Some(kq::quantize_iq4_xs), T::Q8_K, k::vec_dot_iq4_xs_q8_k),
     ]
 }
@@ -114,6 +124,13 @@ fn scalar_tiled(ty: GgmlType) -> Option<VecDot> {
         T::Q5_K => tiled::vec_dot_q5_k_q8_k,
         T::Q6_K => tiled::vec_dot_q6_k_q8_k,
         T::IQ4_XS => tiled::vec_dot_iq4_xs_q8_k,
+        T::IQ2_XXS => iq::tiled_iq2_xxs_q8_k,
+        T::IQ2_XS => iq::tiled_iq2_xs_q8_k,
+        T::IQ2_S => iq::tiled_iq2_s_q8_k,
+        T::IQ3_XXS => iq::tiled_iq3_xxs_q8_k,
+        T::IQ3_S => iq::tiled_iq3_s_q8_k,
+        T::IQ1_S => iq::tiled_iq1_s_q8_k,
+        T::IQ1_M => iq::tiled_iq1_m_q8_k,
         _ => return None,
     })
 }
@@ -124,6 +141,7 @@ fn scalar_repacked(ty: GgmlType) -> Option<VecDot> {
     Some(match ty {
         GgmlType::Q4_0 => rp::vec_dot_q4_0_q8_0,
         GgmlType::IQ4_NL => rp::vec_dot_iq4_nl_q8_0,
+        GgmlType::MXFP4 => rp::vec_dot_mxfp4_q8_0,
         GgmlType::Q4_K => rp::vec_dot_q4_k_q8_k,
         _ => return None,
     })

@@ -167,18 +167,25 @@ def section(ty: tuple, n: int, rows: list[bytes]) -> bytes:
     return head + b"".join(rows) + b"".join(acts) + struct.pack(f"<{len(results)}f", *results)
 
 
-def main() -> None:
-    rng = np.random.default_rng(20240611)
+def dot_sections(types: list[tuple], random_blocks) -> list[bytes]:  # noqa: ANN001
+    """Two sections per type: 256 elements from a 256-column matrix; then an odd number of
+    32-element blocks (the pairing of IQ4_NL's and MXFP4's kernels leaves one) or two
+    super-blocks, from the 512-column ffn_down. Each has model rows and four random ones
+    (`random_blocks(type, count, blocks)`)."""
     sections = []
-    for ty in TYPES:
-        name, _, _, _, qk, size, offs = ty
-        # 256 elements from a 256-column matrix; then an odd number of 32-element blocks
-        # (IQ4_NL's pairing leaves one) or two super-blocks, from the 512-column ffn_down.
+    for ty in types:
+        name, _, _, _, qk, size, _ = ty
         for tensor, n, picks in [("blk.0.attn_q.weight", 256, [0, 1, 2, 77, 200, 255]),
                                  ("blk.1.ffn_down.weight", 288 if qk == 32 else 512, [3, 100, 255])]:
             nb = n // qk
-            rows = model_rows(name, tensor, picks, nb * size) + random_rows(rng, 4, nb, size, offs)
+            rows = model_rows(name, tensor, picks, nb * size) + random_blocks(ty, 4, nb)
             sections.append(section(ty, n, rows))
+    return sections
+
+
+def main() -> None:
+    rng = np.random.default_rng(20240611)
+    sections = dot_sections(TYPES, lambda ty, count, nb: random_rows(rng, count, nb, ty[5], ty[6]))
     OUT.write_bytes(b"FVDX" + struct.pack("<I", len(sections)) + b"".join(sections))
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(sections)} sections)")
 

@@ -1,8 +1,8 @@
 //! (d) The matrix product over any number of threads equals the single-thread result
 //! exactly, whatever the number of tokens, and each output is the row dot llama.cpp uses
 //! of its row with the quantized activation row: the type's vec_dot, or for the types
-//! llama.cpp repacks (Q4_0, IQ4_NL, Q4_K with a multiple of 8 rows, on AVX2+) its repacked
-//! arithmetic, or from 8 tokens for Q3_K, Q5_K and IQ4_XS its tiled product's, and from 8
+//! llama.cpp repacks (Q4_0, IQ4_NL, MXFP4, Q4_K with a multiple of 8 rows, on AVX2+) its repacked
+//! arithmetic, or from 8 tokens for Q3_K, Q5_K, IQ4_XS and the i-quants its tiled product's, and from 8
 //! tokens for Q8_0 and Q5_0 ferrollama's one accumulator fed exact block sums; packed and
 //! plain rows of one matrix agree with it alike.
 
@@ -54,10 +54,12 @@ fn threads_and_token_counts_do_not_change_a_single_bit() {
         }
         // ...and each output is the row dot llama.cpp uses at that token count: `vec_dot`
         // (or its repacked arithmetic) under TILED_TOKENS, the tiled product's from there on
-        // for Q3_K, Q5_K and IQ4_XS (and ferrollama's one accumulator for Q8_0 and Q5_0).
+        // for Q3_K, Q5_K, IQ4_XS and the i-quants (and ferrollama's one accumulator for Q8_0
+        // and Q5_0).
         let tr = tr(ty);
         let xq = quantize(tr.vec_dot_type, &x[3 * cols..4 * cols]);
-        let tiled = matches!(ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0);
+        let tiled = matches!(ty, GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::IQ4_XS | GgmlType::Q8_0 | GgmlType::Q5_0)
+            || NO_QUANTIZER.contains(&ty);
         let batch_dot = if tiled { tr.vec_dot_tiled.expect("tiled dot") } else { m.row_dot() };
         assert_eq!(m.row_dot_for(1) as usize, m.row_dot() as usize, "{ty}");
         assert_eq!(m.row_dot_for(n_tokens) as usize, batch_dot as usize, "{ty}");
@@ -91,7 +93,8 @@ fn shape_mismatches_are_errors() {
     assert!(QMatrix::new(GgmlType::Q4_K, 1, 255, bytes.clone()).is_err());
     assert!(QMatrix::new(GgmlType::Q4_K, 2, 256, bytes.clone()).is_err());
     assert!(QMatrix::new(GgmlType::Q4_K, 1, 256, bytes).is_ok());
-    assert!(QMatrix::new(GgmlType::IQ2_XXS, 1, 256, WeightBytes::Owned(Arc::new(vec![0u8; 66]))).is_err());
+    // A type the table does not hold.
+    assert!(QMatrix::new(GgmlType::I32, 1, 256, WeightBytes::Owned(Arc::new(vec![0u8; 1024]))).is_err());
 }
 
 /// The repacked products of every packed type equal, bit for bit, the per-row dot products
@@ -105,15 +108,15 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
     let pools = [Threads::new(1), Threads::new(2)];
     let cases: &[(GgmlType, usize)] = &[
         (GgmlType::Q8_0, 96), (GgmlType::Q5_0, 96), (GgmlType::Q4_0, 64), (GgmlType::IQ4_NL, 64),
-        (GgmlType::Q4_K, 512), (GgmlType::Q6_K, 512),
+        (GgmlType::Q4_K, 512), (GgmlType::Q6_K, 512), (GgmlType::MXFP4, 64),
     ];
     for &(ty, cols) in cases {
         // 56 rows: three packed groups and 8 plain rows (still a multiple of 8).
         let m = random_matrix(ty, 56, cols, &mut rng);
-        // The types this CPU packs: all six with AVX-512 VNNI, Q8_0, Q5_0 and Q4_K with AVX2.
+        // The types this CPU packs: all six but MXFP4 with AVX-512 VNNI, Q8_0, Q5_0 and Q4_K with AVX2.
         let isa = ferrollama_tensor::dispatch::active_isa();
         let packs = !repack_off() && match isa {
-            ferrollama_tensor::Isa::Avx512 => true,
+            ferrollama_tensor::Isa::Avx512 => ty != GgmlType::MXFP4,
             ferrollama_tensor::Isa::Avx2 => matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_K),
             ferrollama_tensor::Isa::Scalar => false,
         };
@@ -122,6 +125,7 @@ fn packed_products_equal_llama_cpp_row_arithmetic() {
         let expected_dot = |n_tokens: usize| match ty {
             GgmlType::Q4_0 if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_q4_0_q8_0,
             GgmlType::IQ4_NL if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_iq4_nl_q8_0,
+            GgmlType::MXFP4 if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_mxfp4_q8_0,
             GgmlType::Q4_K if t.isa >= ferrollama_tensor::Isa::Avx2 => rp::vec_dot_q4_k_q8_k,
             GgmlType::Q8_0 if n_tokens >= TILED_TOKENS => rp::vec_dot_q8_0_q8_0_blocks,
             GgmlType::Q5_0 if n_tokens >= TILED_TOKENS => rp::vec_dot_q5_0_q8_0_blocks,

@@ -46,6 +46,22 @@ fn unit_scales(ty: GgmlType, bytes: &mut [u8]) {
                 b[82..84].copy_from_slice(&one);
             }
             GgmlType::Q3_K => b[108..110].copy_from_slice(&one),
+            // The E8M0 exponent of 2^0 (its halved scale times the doubled levels).
+            GgmlType::MXFP4 => b[0] = 128,
+            GgmlType::TQ1_0 => b[52..54].copy_from_slice(&one),
+            GgmlType::TQ2_0 => b[64..66].copy_from_slice(&one),
+            // 8 and 4: the kernels' factors 1/8 and 1/4 make them one.
+            GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => b[0..2].copy_from_slice(&0x4800u16.to_le_bytes()),
+            GgmlType::IQ3_XXS => b[0..2].copy_from_slice(&0x4400u16.to_le_bytes()),
+            GgmlType::IQ3_S => b[0..2].copy_from_slice(&one),
+            // 8: its delta term is 1/8 of an integer.
+            GgmlType::IQ1_S => b[0..2].copy_from_slice(&0x4800u16.to_le_bytes()),
+            // The same 8 (0x4800) in the top nibbles of the four scale words.
+            GgmlType::IQ1_M => {
+                for (k, nibble) in [0u8, 0, 8, 4].into_iter().enumerate() {
+                    b[49 + 2 * k] = (b[49 + 2 * k] & 0x0f) | nibble << 4;
+                }
+            }
             GgmlType::IQ4_XS | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => b[0..2].copy_from_slice(&one),
             _ => {}
         }
@@ -174,7 +190,7 @@ fn order_equals_its_specification(order: &str, types: &[GgmlType], kernels: fn(&
 #[test]
 fn tiled_kernels_equal_the_scalar_specification_bit_for_bit() {
     use GgmlType as T;
-    order_equals_its_specification("tiled", &[T::Q5_0, T::Q8_0, T::Q2_K, T::Q3_K, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ4_XS], |e| {
+    order_equals_its_specification("tiled", &[T::Q5_0, T::Q8_0, T::Q2_K, T::Q3_K, T::Q4_K, T::Q5_K, T::Q6_K, T::IQ2_XXS, T::IQ2_XS, T::IQ2_S, T::IQ3_XXS, T::IQ3_S, T::IQ1_S, T::IQ1_M, T::IQ4_XS], |e| {
         Some((e.vec_dot_tiled?, e.vec_dot_tiled_x4, e.vec_dot_tiled_scalar?))
     });
 }
@@ -182,7 +198,7 @@ fn tiled_kernels_equal_the_scalar_specification_bit_for_bit() {
 #[test]
 fn repacked_kernels_equal_the_scalar_specification_bit_for_bit() {
     use GgmlType as T;
-    order_equals_its_specification("repacked", &[T::Q4_0, T::Q4_K, T::IQ4_NL], |e| {
+    order_equals_its_specification("repacked", &[T::Q4_0, T::Q4_K, T::IQ4_NL, T::MXFP4], |e| {
         Some((e.vec_dot_repacked?, e.vec_dot_repacked_x4, e.vec_dot_repacked_scalar?))
     });
 }
@@ -231,7 +247,7 @@ fn four_token_kernels_equal_the_one_token_kernel_bit_for_bit() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 12 * levels().len(), "every quantized weight type has a four-token kernel");
+    assert_eq!(checked, 22 * levels().len(), "every quantized weight type has a four-token kernel");
 }
 
 #[test]

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use ferrollama_tensor::traits::{build_table, TypeTraits};
+use ferrollama_tensor::traits::{build_table, TypeTraits, VecDot, VecDotX4};
 use ferrollama_tensor::{GgmlType, Isa};
 
 /// One section of tests/data/quants/vec_dot.fix: rows of one type against activations, with
@@ -24,6 +24,17 @@ struct DotSection {
 
 fn read_dot_fixture() -> Vec<DotSection> {
     read_sections("vec_dot.fix", b"FVDX")
+}
+
+/// tests/data/quants/lowbit_vec_dot.fix: the types of issue 27 (tests/gen_lowbit_fixtures.py,
+/// recorded with ggml's AVX2 kernels).
+fn read_lowbit_fixture() -> Vec<DotSection> {
+    read_sections("lowbit_vec_dot.fix", b"FVDX")
+}
+
+/// tests/data/quants/lowbit_repacked.fix: MXFP4 rows through ggml's repacked x86 kernel.
+fn read_lowbit_repacked_fixture() -> Vec<DotSection> {
+    read_sections("lowbit_repacked.fix", b"FRPX")
 }
 
 /// tests/data/quants/tiled.fix: ggml_mul_mat of k-quant rows with 8 activation rows.
@@ -79,7 +90,8 @@ fn entry(table: &[TypeTraits], ty: GgmlType) -> &TypeTraits {
 
 #[test]
 fn activation_quantizers_give_ggml_x86_bytes() {
-    for s in read_dot_fixture().into_iter().chain(read_tiled_fixture()) {
+    let lowbit = read_lowbit_fixture().into_iter().chain(read_lowbit_repacked_fixture()).chain(read_sections("lowbit_tiled.fix", b"FTLX"));
+    for s in read_dot_fixture().into_iter().chain(read_tiled_fixture()).chain(lowbit) {
         let act = tr(s.ty).vec_dot_type;
         for (seed, want) in s.seeds.iter().zip(&s.acts) {
             assert_eq!(&quantize(act, &fixture_activation(s.n, *seed)), want, "{act} seed {seed}");
@@ -89,20 +101,42 @@ fn activation_quantizers_give_ggml_x86_bytes() {
 
 #[test]
 fn dot_products_are_ggml_x86_bit_for_bit() {
-    let levels: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|l| l.available()).collect();
     let sections = read_dot_fixture();
     assert_eq!(sections.len(), 24, "two sections for each of the 12 quantized types");
+    sections_are_ggml_bit_for_bit(&sections, |e| Some((e.vec_dot, e.vec_dot_x4)));
+}
+
+#[test]
+fn new_types_dot_products_are_ggml_avx2_bit_for_bit() {
+    let sections = read_lowbit_fixture();
+    let types: Vec<GgmlType> = sections.iter().map(|s| s.ty).collect();
+    let done = [GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M];
+    assert_eq!(types, done.iter().flat_map(|&t| [t, t]).collect::<Vec<_>>(), "two sections for each type of issue 27");
+    sections_are_ggml_bit_for_bit(&sections, |e| Some((e.vec_dot, e.vec_dot_x4)));
+}
+
+#[test]
+fn mxfp4_repacked_dots_are_ggml_repacked_kernel_bit_for_bit() {
+    let sections = read_lowbit_repacked_fixture();
+    assert!(sections.len() == 1 && sections[0].ty == GgmlType::MXFP4);
+    sections_are_ggml_bit_for_bit(&sections, |e| Some((e.vec_dot_repacked?, e.vec_dot_repacked_x4)));
+}
+
+/// Every level's kernel (`kernel` picks it, and its four-token form, from an entry) gives
+/// each fixture result bit for bit.
+fn sections_are_ggml_bit_for_bit(sections: &[DotSection], kernel: impl Fn(&TypeTraits) -> Option<(VecDot, Option<VecDotX4>)>) {
+    let levels: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|l| l.available()).collect();
     for isa in levels {
         let table = build_table(isa);
-        for s in &sections {
-            let e = entry(&table, s.ty);
+        for s in sections {
+            let (dot, dot_x4) = kernel(entry(&table, s.ty)).unwrap_or_else(|| panic!("{} {isa:?}: no such kernel", s.ty));
             let na = s.acts.len();
             for (r, row) in s.rows.iter().enumerate() {
                 for (a, act) in s.acts.iter().enumerate() {
-                    let (got, want) = ((e.vec_dot)(s.n, row, act), s.results[r * na + a]);
+                    let (got, want) = (dot(s.n, row, act), s.results[r * na + a]);
                     assert_eq!(got.to_bits(), want.to_bits(), "{} {isa:?} n={} row {r} act {a}: {got} vs ggml {want}", s.ty, s.n);
                 }
-                if let Some(x4) = e.vec_dot_x4 {
+                if let Some(x4) = dot_x4 {
                     let order = [0, 1, 2, 0].map(|a| a % na);
                     let stride = s.acts[0].len();
                     let xs: Vec<u8> = order.iter().flat_map(|&a| s.acts[a].iter().copied()).collect();
@@ -176,6 +210,11 @@ fn round_trip_bound(ty: GgmlType) -> f32 {
         GgmlType::Q5_K => 0.04,
         GgmlType::Q6_K => 0.025,
         GgmlType::IQ4_NL | GgmlType::IQ4_XS => 0.12,
+        // Levels 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^e with 4 <= amax / 2^e < 8: the widest gap
+        // (4 to 6) and the clamp above 6 both err by at most a quarter of the block maximum.
+        GgmlType::MXFP4 => 0.25,
+        // -amax, 0 or amax: at most half the block maximum.
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 => 0.5,
         other => panic!("no bound for {other}"),
     }
 }
@@ -184,7 +223,8 @@ fn round_trip_bound(ty: GgmlType) -> f32 {
 fn quantize_dequantize_round_trips_within_the_type_bound() {
     let n = 8192;
     let mut rng = Rng::new(2);
-    let types: Vec<GgmlType> = WEIGHT_TYPES.iter().copied().chain([GgmlType::Q8_1, GgmlType::Q8_K]).collect();
+    let quantizable = WEIGHT_TYPES.iter().copied().filter(|t| !NO_QUANTIZER.contains(t));
+    let types: Vec<GgmlType> = quantizable.chain([GgmlType::Q8_1, GgmlType::Q8_K]).collect();
     for ty in types {
         let t = tr(ty);
         let mut x = rng.vec(n, 0.7);
@@ -221,12 +261,23 @@ fn q8_0_activation_quantizer_is_x86_ggml() {
 
 #[test]
 fn tiled_dot_products_are_ggml_tiled_matmul_bit_for_bit() {
-    let levels: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|l| l.available()).collect();
     let sections = read_tiled_fixture();
     assert_eq!(sections.len(), 6, "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS");
+    tiled_sections_are_ggml_bit_for_bit(&sections);
+}
+
+#[test]
+fn new_types_tiled_dot_products_are_ggml_tiled_matmul_bit_for_bit() {
+    let sections = read_sections("lowbit_tiled.fix", b"FTLX");
+    assert_eq!(sections.iter().map(|s| s.ty).collect::<Vec<_>>(), [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M], "every i-quant");
+    tiled_sections_are_ggml_bit_for_bit(&sections);
+}
+
+fn tiled_sections_are_ggml_bit_for_bit(sections: &[DotSection]) {
+    let levels: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|l| l.available()).collect();
     for isa in levels {
         let table = build_table(isa);
-        for s in &sections {
+        for s in sections {
             let e = entry(&table, s.ty);
             let na = s.acts.len();
             let tiled = e.vec_dot_tiled.expect("a tiled kernel");

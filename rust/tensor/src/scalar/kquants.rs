@@ -17,17 +17,17 @@ pub const Q6_K_BYTES: usize = 210;
 pub const Q8_K_BYTES: usize = 292;
 pub const IQ4_XS_BYTES: usize = 136;
 
-fn blocks<'a>(src: &'a [u8], dst: &'a mut [f32], bytes: usize) -> impl Iterator<Item = (&'a [u8], &'a mut [f32])> {
+pub(crate) fn blocks<'a>(src: &'a [u8], dst: &'a mut [f32], bytes: usize) -> impl Iterator<Item = (&'a [u8], &'a mut [f32])> {
     src.chunks_exact(bytes).zip(dst.chunks_exact_mut(QK_K))
 }
 
-fn pairs<'a>(w: &'a [u8], x: &'a [u8], wbytes: usize, n: usize) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+pub(crate) fn pairs<'a>(w: &'a [u8], x: &'a [u8], wbytes: usize, n: usize) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
     w.chunks_exact(wbytes).zip(x.chunks_exact(Q8_K_BYTES)).take(n / QK_K)
 }
 
 /// The activation's quants of a Q8_K block.
 #[inline(always)]
-fn q8k_qs(b: &[u8]) -> &[u8] {
+pub(crate) fn q8k_qs(b: &[u8]) -> &[u8] {
     &b[4..4 + QK_K]
 }
 
@@ -40,7 +40,7 @@ fn q8k_bsum(b: &[u8], j: usize) -> i32 {
 /// element order, so element p lands in lane (p % 32) / 4, its product with the activation
 /// weighted by the scale of its 16-element group (`scales16`, each 32-element sub-block's
 /// scale given twice).
-fn x86_lanes(a: &[i8; QK_K], q8: &[u8], scales16: &[i32; 16]) -> [i32; 8] {
+pub(crate) fn x86_lanes(a: &[i8; QK_K], q8: &[u8], scales16: &[i32; 16]) -> [i32; 8] {
     let mut lanes = [0i32; 8];
     for (g, (a32, q32)) in a.chunks_exact(32).zip(q8.chunks_exact(32)).enumerate() {
         for (k, (a4, q4)) in a32.chunks_exact(4).zip(q32.chunks_exact(4)).enumerate() {

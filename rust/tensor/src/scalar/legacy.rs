@@ -1,4 +1,4 @@
-//! The 32-element block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and IQ4_NL.
+//! The 32-element block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, IQ4_NL and MXFP4.
 //! Dequantizers and `_ref` quantizers follow ggml-quants.c; dot products follow the AVX2
 //! `ggml_vec_dot_*` of ggml-cpu/arch/x86/quants.c (what llama.cpp runs on x86), float
 //! operation for float operation, through the lane emulation of [`super::lanes`].
@@ -14,9 +14,15 @@ pub const Q5_1_BYTES: usize = 24;
 pub const Q8_0_BYTES: usize = 34;
 pub const Q8_1_BYTES: usize = 36;
 pub const IQ4_NL_BYTES: usize = 18;
+/// MXFP4: one E8M0 exponent byte, then 16 bytes of E2M1 nibbles.
+pub const MXFP4_BYTES: usize = 17;
 
 /// The 16 non-linear levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl).
 pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// The 16 E2M1 (FP4) values doubled, so that they are integers (ggml's kvalues_mxfp4): the
+/// block's scale is half its E8M0 exponent to make up for it.
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 fn blocks<'a>(src: &'a [u8], dst: &'a mut [f32], bytes: usize) -> impl Iterator<Item = (&'a [u8], &'a mut [f32])> {
     src.chunks_exact(bytes).zip(dst.chunks_exact_mut(QK))
@@ -359,25 +365,79 @@ pub fn dequantize_iq4_nl(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// ggml_vec_dot_iq4_nl_q8_0 on AVX2: blocks in pairs, the even ones into one accumulator and
-/// the odd ones into another, summed lane-wise before `hsum_float_8`; an odd last block is
-/// added afterwards as `sumf + d * sumi` (two roundings: GCC does not contract it there).
+/// ggml_vec_dot_iq4_nl_q8_0 on AVX2: see `paired_dot32`.
 pub fn vec_dot_iq4_nl_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let nb = n / QK;
     let values = |b: &[u8]| nibbles(&b[2..18], |q| KVALUES_IQ4NL[q as usize]);
+    paired_dot32(n, w, x, IQ4_NL_BYTES, values, |b| rd_f16(b, 0))
+}
+
+/// The AVX2 dots of the non-linear 4-bit types (ggml_vec_dot_iq4_nl_q8_0,
+/// ggml_vec_dot_mxfp4_q8_0): blocks in pairs, the even ones into one accumulator and the odd
+/// ones into another, `acc = fma(d_x * d_w, lanes, acc)`, summed lane-wise before
+/// `hsum_float_8`; an odd last block is added afterwards as `sumf + d * sumi` (two roundings:
+/// GCC does not contract it there). `values` decodes a weight block, `scale` reads its d.
+fn paired_dot32(n: usize, w: &[u8], x: &[u8], wbytes: usize, values: impl Fn(&[u8]) -> [i8; QK], scale: impl Fn(&[u8]) -> f32) -> f32 {
+    let nb = n / QK;
     let mut acc = [[0.0f32; 8]; 2];
-    let pairs = w.chunks_exact(IQ4_NL_BYTES).zip(x.chunks_exact(Q8_0_BYTES)).take(nb / 2 * 2);
+    let pairs = w.chunks_exact(wbytes).zip(x.chunks_exact(Q8_0_BYTES)).take(nb / 2 * 2);
     for (i, (bw, bx)) in pairs.enumerate() {
         let lanes = block_lanes(&values(bw), &bx[2..]);
-        fma_lanes(&mut acc[i % 2], rd_f16(bx, 0) * rd_f16(bw, 0), &lanes);
+        fma_lanes(&mut acc[i % 2], rd_f16(bx, 0) * scale(bw), &lanes);
     }
     let mut sumf = hsum_float_8(&add_lanes(&acc[0], &acc[1]));
     if nb % 2 == 1 {
-        let (bw, bx) = (&w[(nb - 1) * IQ4_NL_BYTES..], &x[(nb - 1) * Q8_0_BYTES..]);
+        let (bw, bx) = (&w[(nb - 1) * wbytes..], &x[(nb - 1) * Q8_0_BYTES..]);
         let sumi: i32 = block_lanes(&values(bw), &bx[2..]).iter().sum();
-        sumf += rd_f16(bx, 0) * rd_f16(bw, 0) * sumi as f32;
+        sumf += rd_f16(bx, 0) * scale(bw) * sumi as f32;
     }
     sumf
+}
+
+// ---------------------------------------------------------------- MXFP4
+// e (E8M0) | qs[16]
+
+/// ggml_e8m0_to_fp32_half: 2^(e - 128), the E8M0 scale halved (the levels are doubled).
+/// e = 0 and 1 give the subnormals 2^-128 and 2^-127.
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 { 0x0020_0000u32 << e } else { ((e - 1) as u32) << 23 };
+    f32::from_bits(bits)
+}
+
+/// The 32 levels of an MXFP4 block (doubled E2M1 values), in element order.
+pub fn mxfp4_values(b: &[u8]) -> [i8; QK] {
+    nibbles(&b[1..17], |q| KVALUES_MXFP4[q as usize])
+}
+
+pub fn dequantize_mxfp4(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in blocks(src, dst, MXFP4_BYTES) {
+        let d = e8m0_to_f32_half(b[0]);
+        for (v, q) in y.iter_mut().zip(mxfp4_values(b)) {
+            *v = q as f32 * d;
+        }
+    }
+}
+
+/// quantize_row_mxfp4_ref: the exponent floor(log2(amax)) - 2 (so that amax / 2^e < 8, the
+/// largest E2M1 value being 6), each value the level nearest to it (the first on ties).
+pub fn quantize_mxfp4(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(MXFP4_BYTES)) {
+        let amax = x.iter().fold(0.0f32, |m, v| if m < v.abs() { v.abs() } else { m });
+        let e = if amax > 0.0 { (amax.log2().floor() - 2.0 + 127.0) as u8 } else { 0 };
+        let d = e8m0_to_f32_half(e);
+        let nearest = |v: f32| {
+            let err = |i: usize| (KVALUES_MXFP4[i] as f32 * d - v).abs();
+            (1..16).fold(0, |best, i| if err(i) < err(best) { i } else { best }) as u8
+        };
+        b[0] = e;
+        for j in 0..16 {
+            b[1 + j] = nearest(x[j]) | (nearest(x[j + 16]) << 4);
+        }
+    }
+}
+
+/// ggml_vec_dot_mxfp4_q8_0 on AVX2: IQ4_NL's arithmetic (`paired_dot32`) with the E8M0 scale.
+pub fn vec_dot_mxfp4_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    paired_dot32(n, w, x, MXFP4_BYTES, mxfp4_values, |b| e8m0_to_f32_half(b[0]))
 }
 
 /// The index of the level of `values` (sorted, 16 of them) nearest to `x`, as ggml's

@@ -1,9 +1,12 @@
 //! The scalar kernels: the specification every SIMD path is tested against.
 
 pub mod float;
+pub mod iq_grids;
+pub mod iquants;
 pub mod kquantize;
 pub mod kquants;
 pub mod lanes;
 pub mod legacy;
 pub mod repacked;
+pub mod ternary;
 pub mod tiled;

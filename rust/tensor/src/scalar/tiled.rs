@@ -1,11 +1,12 @@
 //! Dot products with the arithmetic of llama.cpp's tiled k-quant matrix product
 //! (ggml-cpu/tiled/tiled.cpp and tiled-kernel.cpp, `ggml_compute_forward_mul_mat_tiled`).
 //!
-//! On x86 llama.cpp computes a product of a Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS matrix
-//! (one it did not repack) with 8 or more activation rows through that kernel instead of
-//! `ggml_vec_dot_*`. Per output it keeps ONE float accumulator over the super-blocks: the
-//! block's exact integer sum of scaled products `isum` (and, for the types with mins, the
-//! exact `imin` = sum of min * activation group sum) becomes
+//! On x86 llama.cpp computes a product of a Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS or i-quant
+//! matrix (one it did not repack; the i-quants' tiled dots are in `scalar::iquants`) with 8 or
+//! more activation rows through that kernel instead of `ggml_vec_dot_*`. Per output it keeps
+//! ONE float accumulator over the super-blocks: the block's exact integer sum of scaled
+//! products `isum` (and, for the types with mins, the exact `imin` = sum of min * activation
+//! group sum) becomes
 //! `r = float(isum) * d` (`r = fma(-dmin, float(imin), r)`), then `acc = fma(r, d_x, acc)`
 //! (GCC contracts the kernel's `buf + r * d_x`; its AVX2 variant writes the FMA itself).
 //! The integers are those of the `vec_dot` kernels; only the float steps differ.
@@ -15,14 +16,14 @@ use super::legacy::KVALUES_IQ4NL;
 use crate::util::{rd_f16, rd_f32, rd_i16};
 
 /// What one super-block contributes: the exact sums, the weight's d (and dmin).
-struct Block {
-    isum: i32,
-    d: f32,
-    min: Option<(i32, f32)>,
+pub(crate) struct Block {
+    pub isum: i32,
+    pub d: f32,
+    pub min: Option<(i32, f32)>,
 }
 
 /// The tiled kernel's float steps over a row: one accumulator, one FMA per super-block.
-fn tiled_dot(n: usize, w: &[u8], x: &[u8], wbytes: usize, block: impl Fn(&[u8], &[u8]) -> Block) -> f32 {
+pub(crate) fn tiled_dot(n: usize, w: &[u8], x: &[u8], wbytes: usize, block: impl Fn(&[u8], &[u8]) -> Block) -> f32 {
     let mut acc = 0.0f32;
     for (bw, bx) in w.chunks_exact(wbytes).zip(x.chunks_exact(Q8_K_BYTES)).take(n / QK_K) {
         let b = block(bw, bx);

@@ -31,7 +31,7 @@ unsafe fn f16x4(p: *const u8) -> __m128 {
 /// One f16 as f32 through F16C (the software conversion branches on the exponent).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_1(p: *const u8) -> f32 {
+pub(crate) unsafe fn f16_1(p: *const u8) -> f32 {
     _mm_cvtss_f32(f16x4(p))
 }
 
@@ -39,7 +39,7 @@ unsafe fn f16_1(p: *const u8) -> f32 {
 /// onto lane 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_ps(x: __m256) -> f32 {
+pub(crate) unsafe fn hsum_ps(x: __m256) -> f32 {
     let mut r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
@@ -55,7 +55,7 @@ unsafe fn hsum_ps128(x: __m128) -> f32 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn loadu(p: *const u8) -> __m256i {
+pub(crate) unsafe fn loadu(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
@@ -71,7 +71,7 @@ unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
 /// The sum of the eight i32 lanes (integer: any order gives the same value).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_epi32(x: __m256i) -> i32 {
+pub(crate) unsafe fn hsum_epi32(x: __m256i) -> i32 {
     hsum_epi32x4(_mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)))
 }
 
@@ -92,7 +92,7 @@ unsafe fn q8k_d(bx: *const u8) -> f32 {
 /// A 16-element sub-block scale per 128-bit half: `lo` for bytes 0..15, `hi` for 16..31.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_halves(lo: i16, hi: i16) -> __m256i {
+pub(crate) unsafe fn scale_halves(lo: i16, hi: i16) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
 }
 
@@ -250,7 +250,7 @@ macro_rules! x86_kernels {
         use super::*;
 
         /// Decodes one legacy 32-element weight block to 32 signed bytes.
-        /// KIND: 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = IQ4_NL.
+        /// KIND: 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = IQ4_NL, 4 = MXFP4.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn decode32<const KIND: u8>(b: *const u8) -> __m256i {
@@ -263,11 +263,23 @@ macro_rules! x86_kernels {
                     let hi = _mm256_andnot_si256(bytes_from_bits_32(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
                     _mm256_or_si256(lo, hi)
                 }
-                _ => {
+                3 => {
                     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::scalar::legacy::KVALUES_IQ4NL.as_ptr() as *const __m128i));
                     _mm256_shuffle_epi8(table, bytes_from_nibbles_32(b.add(2)))
                 }
+                _ => {
+                    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::scalar::legacy::KVALUES_MXFP4.as_ptr() as *const __m128i));
+                    _mm256_shuffle_epi8(table, bytes_from_nibbles_32(b.add(1)))
+                }
             }
+        }
+
+        /// The scale of a 32-element weight block: the f16 at byte 0, or MXFP4's halved E8M0
+        /// exponent (KIND 4).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn block_scale<const KIND: u8>(b: *const u8) -> f32 {
+            if KIND == 4 { crate::scalar::legacy::e8m0_to_f32_half(*b) } else { f16_1(b) }
         }
 
         /// Legacy 32-element block dot against Q8_0 activations.
@@ -314,7 +326,7 @@ macro_rules! x86_kernels {
             for i in 0..nb {
                 let bw = w.add(i * wbytes);
                 let q = decode32::<KIND>(bw);
-                let dw = f16_1(bw);
+                let dw = block_scale::<KIND>(bw);
                 for t in 0..T {
                     let bx = x[t].add(i * 34);
                     let isum = hsum_epi32(dot_i8_signed!(q, loadu(bx.add(2))));
@@ -342,6 +354,12 @@ macro_rules! x86_kernels {
             dot_blocks32_sums::<3, T>(nb, w, 18, x, out)
         }
 
+        /// MXFP4 as llama.cpp's repacked kernels compute it (`scalar::repacked`).
+        #[target_feature(enable = $features)]
+        pub unsafe fn mxfp4_repacked<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            dot_blocks32_sums::<4, T>(nb, w, 17, x, out)
+        }
+
         /// Q4_K as llama.cpp's repacked kernels compute it (`scalar::repacked`).
         #[target_feature(enable = $features)]
         pub unsafe fn q4_k_repacked<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
@@ -354,18 +372,32 @@ macro_rules! x86_kernels {
             dot_blocks32_sums::<2, T>(nb, w, 22, x, out)
         }
 
-        /// IQ4_NL x Q8_0 as ggml_vec_dot_iq4_nl_q8_0 (AVX2): blocks in pairs, the even ones into
-        /// one accumulator and the odd ones into another, added lane-wise before hsum_float_8; an
-        /// odd last block is added as `sumf + d * sumi` (two roundings: GCC does not fuse it).
+        /// IQ4_NL x Q8_0 as ggml_vec_dot_iq4_nl_q8_0 (AVX2), see `paired_blocks32`.
         #[target_feature(enable = $features)]
         pub unsafe fn iq4_nl<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            paired_blocks32::<3, T>(nb, w, 18, x, out)
+        }
+
+        /// MXFP4 x Q8_0 as ggml_vec_dot_mxfp4_q8_0 (AVX2), see `paired_blocks32`.
+        #[target_feature(enable = $features)]
+        pub unsafe fn mxfp4<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            paired_blocks32::<4, T>(nb, w, 17, x, out)
+        }
+
+        /// The non-linear 4-bit types (IQ4_NL, MXFP4) as ggml's AVX2 dots: blocks in pairs, the
+        /// even ones into one accumulator and the odd ones into another, added lane-wise before
+        /// hsum_float_8; an odd last block is added as `sumf + d * sumi` (two roundings: GCC
+        /// does not fuse it).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn paired_blocks32<const KIND: u8, const T: usize>(nb: usize, w: *const u8, wbytes: usize, x: [*const u8; T], out: &mut [f32; T]) {
             let mut acc = [[_mm256_setzero_ps(); T]; 2];
             let mut i = 0;
             while i + 1 < nb {
                 for (k, acc) in acc.iter_mut().enumerate() {
-                    let bw = w.add((i + k) * 18);
-                    let q = decode32::<3>(bw);
-                    let dw = f16x8(bw);
+                    let bw = w.add((i + k) * wbytes);
+                    let q = decode32::<KIND>(bw);
+                    let dw = if KIND == 4 { _mm256_set1_ps(block_scale::<KIND>(bw)) } else { f16x8(bw) };
                     for t in 0..T {
                         let bx = x[t].add((i + k) * 34);
                         let s = dot_i8_signed!(q, loadu(bx.add(2)));
@@ -378,12 +410,12 @@ macro_rules! x86_kernels {
                 out[t] = hsum_ps(_mm256_add_ps(acc[0][t], acc[1][t]));
             }
             if i < nb {
-                let bw = w.add(i * 18);
-                let q = decode32::<3>(bw);
+                let bw = w.add(i * wbytes);
+                let q = decode32::<KIND>(bw);
                 for t in 0..T {
                     let bx = x[t].add(i * 34);
                     let sumi = hsum_epi32(dot_i8_signed!(q, loadu(bx.add(2))));
-                    out[t] += f16_1(bx) * f16_1(bw) * sumi as f32;
+                    out[t] += f16_1(bx) * block_scale::<KIND>(bw) * sumi as f32;
                 }
             }
         }

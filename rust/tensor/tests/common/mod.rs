@@ -23,14 +23,31 @@ pub const MODEL_TYPES: &[(&str, GgmlType)] = &[
     ("q6_k", GgmlType::Q6_K),
     ("iq4_nl", GgmlType::IQ4_NL),
     ("iq4_xs", GgmlType::IQ4_XS),
+    ("mxfp4", GgmlType::MXFP4),
+    ("tq1_0", GgmlType::TQ1_0),
+    ("tq2_0", GgmlType::TQ2_0),
+    ("iq2_xxs", GgmlType::IQ2_XXS),
+    ("iq2_xs", GgmlType::IQ2_XS),
+    ("iq2_s", GgmlType::IQ2_S),
+    ("iq3_xxs", GgmlType::IQ3_XXS),
+    ("iq3_s", GgmlType::IQ3_S),
+    ("iq1_s", GgmlType::IQ1_S),
+    ("iq1_m", GgmlType::IQ1_M),
 ];
 
 /// Every weight type of the table (the activation-only Q8_1/Q8_K excluded).
 pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
     GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
+    GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M,
 ];
+
+/// The weight types the table reads but does not write: the i-quants, whose quantizers
+/// search their grids under an importance matrix (the tiny models were written by
+/// llama.cpp's). Their random test weights are random bytes with a sane scale.
+pub const NO_QUANTIZER: &[GgmlType] = &[GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M];
 
 pub fn model_path(suffix: &str) -> String {
     format!("{DATA}/models/tiny-llama-{suffix}.gguf")
@@ -92,9 +109,30 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
 /// Random weights as the type stores them: quantized from Gaussian floats with a few
 /// outliers, so every scale and level is exercised.
 pub fn random_weights(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    if NO_QUANTIZER.contains(&ty) {
+        return random_iquant_blocks(ty, n, rng);
+    }
     let mut x = rng.vec(n, 0.05);
     for i in (0..n).step_by(97) {
         x[i] *= 6.0;
     }
     quantize_ref(ty, &x)
+}
+
+/// Random blocks of an i-quant (every grid index, sign and scale), the f16 d between about
+/// 2^-8 and 2^-5, either sign: at byte 0, or for IQ1_M in the top nibbles of its four scale
+/// words.
+fn random_iquant_blocks(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut bytes = rng.bytes(tr(ty).row_bytes(n));
+    for b in bytes.chunks_exact_mut(ty.type_size()) {
+        let d = half::f16::from_f32((0.004 + 0.03 * rng.uniform()) * if rng.uniform() < 0.5 { -1.0 } else { 1.0 }).to_bits();
+        if ty == GgmlType::IQ1_M {
+            for k in 0..4 {
+                b[49 + 2 * k] = (b[49 + 2 * k] & 0x0f) | (((d >> (4 * k)) & 0xf) as u8) << 4;
+            }
+        } else {
+            b[0..2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    bytes
 }

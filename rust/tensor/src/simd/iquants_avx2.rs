@@ -1,0 +1,250 @@
+//! AVX2 kernels of the i-quants against Q8_K activations, the arithmetic of ggml's AVX2
+//! `ggml_vec_dot_iq*_q8_K` (`scalar::iquants`, their specification) or of llama.cpp's tiled
+//! product (`TILED`). A block is decoded once for every token into its unsigned grid
+//! magnitudes, their signs (bytes of 1 or -1) and its 16-element group scales; per token the
+//! signs go onto the activation (`_mm256_sign_epi8`), `maddubs` pairs magnitudes with it in
+//! 16-bit words (at most 2 * 62 * 127: exact), `madd` by the group scales gives eight i32
+//! lanes (element p in lane (p % 32) / 4).
+//!
+//! SAFETY (whole module): callers pass `nb` whole blocks readable at `w` and every `x[t]`
+//! (checked by the safe wrappers in `simd::mod`) and call these only on CPUs with AVX2, FMA
+//! and F16C (checked by the dispatch).
+
+// The kernels' contract is the module's SAFETY paragraph above.
+#![allow(clippy::missing_safety_doc)]
+
+use std::arch::x86_64::*;
+
+use super::x86::{f16_1, hsum_epi32, hsum_ps, loadu, scale_halves};
+use crate::scalar::iquants::{iq1_m_d, iq1_m_scales16, iq1_s_scale_sign, sub_block, IqKind, IQ1_M_BYTES, IQ1_S_BYTES};
+use crate::scalar::iq_grids::IQ1S_GRID;
+
+/// For each sign byte, its eight bytes 1 or -1 (bit j set: byte j is -1), the operand of
+/// `_mm256_sign_epi8` (ggml's keven_signs_q2xs and bit-selection masks alike).
+const SIGN_BYTES: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut j = 0;
+        while j < 8 {
+            let byte: u64 = if i >> j & 1 != 0 { 0xff } else { 0x01 };
+            t[i] |= byte << (8 * j);
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The float steps: ggml's vec_dot or llama.cpp's tiled product.
+pub const VEC_DOT: u8 = 0;
+pub const TILED: u8 = 1;
+
+/// A decoded super-block: per 32-element sub-block the magnitudes, the signs and the odd
+/// scales of its two 16-element halves.
+struct Decoded {
+    grid: [__m256i; 8],
+    signs: [__m256i; 8],
+    scales: [__m256i; 8],
+}
+
+/// The kinds by number, for the kernels' const parameter.
+const fn kind(k: u8) -> IqKind {
+    match k {
+        0 => IqKind::Iq2Xxs,
+        1 => IqKind::Iq2Xs,
+        2 => IqKind::Iq2S,
+        3 => IqKind::Iq3Xxs,
+        _ => IqKind::Iq3S,
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode<const KIND: u8>(b: *const u8) -> Decoded {
+    let k = kind(KIND);
+    let block = std::slice::from_raw_parts(b, k.bytes());
+    let mut d = Decoded { grid: [_mm256_setzero_si256(); 8], signs: [_mm256_setzero_si256(); 8], scales: [_mm256_setzero_si256(); 8] };
+    for ib in 0..8 {
+        let sb = sub_block(k, block, ib);
+        let g = |l: usize| sb.grid[l] as i64;
+        let s = |l: usize| SIGN_BYTES[sb.signs[l] as usize] as i64;
+        d.grid[ib] = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+        d.signs[ib] = _mm256_set_epi64x(s(3), s(2), s(1), s(0));
+        d.scales[ib] = scale_halves(2 * sb.scales[0] as i16 + 1, 2 * sb.scales[1] as i16 + 1);
+    }
+    d
+}
+/// The eight lanes of one decoded block against one activation block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes(d: &Decoded, bx: *const u8) -> __m256i {
+    let mut sumi = _mm256_setzero_si256();
+    for ib in 0..8 {
+        let q8 = _mm256_sign_epi8(loadu(bx.add(4 + 32 * ib)), d.signs[ib]);
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(d.grid[ib], q8), d.scales[ib]));
+    }
+    sumi
+}
+
+/// The dot of one weight row with T activation rows: per super-block `acc = fma(d * d_x,
+/// lanes, acc)` and `factor * hsum` at the end (vec_dot), or `r = isum * (d * factor)`,
+/// `one = fma(r, d_x, one)` (tiled). `BYTES` the block size, the f16 d first.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iquant<const KIND: u8, const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    let (bytes, factor) = (kind(KIND).bytes(), kind(KIND).factor());
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut one = [0f32; T];
+    for i in 0..nb {
+        let bw = w.add(i * bytes);
+        let dec = decode::<KIND>(bw);
+        let dw = f16_1(bw);
+        for t in 0..T {
+            let bx = x[t].add(i * 292);
+            let dx = std::ptr::read_unaligned(bx as *const f32);
+            let sumi = lanes(&dec, bx);
+            if MODE == TILED {
+                one[t] = (hsum_epi32(sumi) as f32 * (dw * factor)).mul_add(dx, one[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(sumi), acc[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        out[t] = if MODE == TILED { one[t] } else { factor * hsum_ps(acc[t]) };
+    }
+}
+
+/// For each kind, ggml's AVX2 vec_dot and llama.cpp's tiled product.
+macro_rules! iq_kernels {
+    ($($k:literal $dot:ident $tiled:ident),*) => {$(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $dot<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            iquant::<$k, VEC_DOT, T>(nb, w, x, out)
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            iquant::<$k, TILED, T>(nb, w, x, out)
+        }
+    )*};
+}
+
+iq_kernels!(0 iq2_xxs iq2_xxs_tiled, 1 iq2_xs iq2_xs_tiled, 2 iq2_s iq2_s_tiled, 3 iq3_xxs iq3_xxs_tiled, 4 iq3_s iq3_s_tiled);
+
+/// IQ1_S x Q8_K as ggml_vec_dot_iq1_s_q8_K (AVX2) or llama.cpp's tiled product
+/// (`scalar::iquants`): the grid (-1, 0, 1) decoded once for every token, signed products in
+/// 16-bit words, times the sub-block scale into eight lanes; the delta term an integer per
+/// block from the activation's sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1_s_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    let mut acc = [_mm256_setzero_ps(); T];
+    let (mut acc1, mut one) = ([0f32; T], [0f32; T]);
+    for i in 0..nb {
+        let bw = w.add(i * IQ1_S_BYTES);
+        let block = std::slice::from_raw_parts(bw, IQ1_S_BYTES);
+        let mut grid = [_mm256_setzero_si256(); 8];
+        let mut scale = [(0i32, 0i32); 8];
+        for (ib, g) in grid.iter_mut().enumerate() {
+            let qh = u16::from_le_bytes([block[34 + 2 * ib], block[35 + 2 * ib]]) as usize;
+            let e = |l: usize| IQ1S_GRID[block[2 + 4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)] as i64;
+            *g = _mm256_set_epi64x(e(3), e(2), e(1), e(0));
+            scale[ib] = iq1_s_scale_sign(block, ib);
+        }
+        let dw = f16_1(bw);
+        for t in 0..T {
+            let bx = x[t].add(i * 292);
+            let mut sumi = _mm256_setzero_si256();
+            let mut delta = 0i32;
+            for ib in 0..8 {
+                let q8 = loadu(bx.add(4 + 32 * ib));
+                let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(grid[ib], grid[ib]), _mm256_sign_epi8(q8, grid[ib]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(scale[ib].0 as i16)));
+                let bsum = std::ptr::read_unaligned(bx.add(260 + 4 * ib) as *const i16) as i32 + std::ptr::read_unaligned(bx.add(262 + 4 * ib) as *const i16) as i32;
+                delta += bsum * scale[ib].1 * scale[ib].0;
+            }
+            let dx = std::ptr::read_unaligned(bx as *const f32);
+            if MODE == TILED {
+                one[t] = ((8 * hsum_epi32(sumi) + delta) as f32 * (dw * 0.125)).mul_add(dx, one[t]);
+            } else {
+                let d = dx * dw;
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[t]);
+                acc1[t] = d.mul_add(delta as f32, acc1[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        out[t] = if MODE == TILED { one[t] } else { hsum_ps(acc[t]) + 0.125 * acc1[t] };
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq1_s<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    iq1_s_impl::<VEC_DOT, T>(nb, w, x, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq1_s_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    iq1_s_impl::<TILED, T>(nb, w, x, out)
+}
+
+/// IQ1_M x Q8_K as ggml_vec_dot_iq1_m_q8_K (AVX2) or llama.cpp's tiled product
+/// (`scalar::iquants`): the grid and the delta signs decoded once for every token, each
+/// against the activation in 16-bit words times the group scales into eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1_m_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    let (mut acc, mut acc_delta) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+    let mut one = [0f32; T];
+    for i in 0..nb {
+        let block = std::slice::from_raw_parts(w.add(i * IQ1_M_BYTES), IQ1_M_BYTES);
+        let (mut grid, mut delta, mut scales) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+        let s16 = iq1_m_scales16(block);
+        for ib in 0..8 {
+            let octet = |k: usize| {
+                let qh = block[32 + k / 2] >> (4 * (k % 2));
+                let g = IQ1S_GRID[block[k] as usize | (((qh & 7) as usize) << 8)] as i64;
+                let sign = if qh & 8 != 0 { -1i64 } else { 0x0101_0101_0101_0101 };
+                (g, sign)
+            };
+            let o: [(i64, i64); 4] = std::array::from_fn(|l| octet(4 * ib + l));
+            grid[ib] = _mm256_set_epi64x(o[3].0, o[2].0, o[1].0, o[0].0);
+            delta[ib] = _mm256_set_epi64x(o[3].1, o[2].1, o[1].1, o[0].1);
+            scales[ib] = scale_halves(s16[2 * ib] as i16, s16[2 * ib + 1] as i16);
+        }
+        let dw = iq1_m_d(block);
+        for t in 0..T {
+            let bx = x[t].add(i * 292);
+            let (mut sumi, mut sumd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for ib in 0..8 {
+                let q8 = loadu(bx.add(4 + 32 * ib));
+                let pg = _mm256_maddubs_epi16(_mm256_sign_epi8(grid[ib], grid[ib]), _mm256_sign_epi8(q8, grid[ib]));
+                let pd = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(q8, delta[ib]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pg, scales[ib]));
+                sumd = _mm256_add_epi32(sumd, _mm256_madd_epi16(pd, scales[ib]));
+            }
+            let dx = std::ptr::read_unaligned(bx as *const f32);
+            if MODE == TILED {
+                one[t] = ((8 * hsum_epi32(sumi) + hsum_epi32(sumd)) as f32 * (dw * 0.125)).mul_add(dx, one[t]);
+            } else {
+                let d = _mm256_set1_ps(dx * dw);
+                acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+                acc_delta[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumd), acc_delta[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        out[t] = if MODE == TILED { one[t] } else { hsum_ps(acc[t]) + 0.125 * hsum_ps(acc_delta[t]) };
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq1_m<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    iq1_m_impl::<VEC_DOT, T>(nb, w, x, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq1_m_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+    iq1_m_impl::<TILED, T>(nb, w, x, out)
+}

@@ -250,8 +250,9 @@ def test_interactive_mode_through_a_terminal():
 
 
 def test_ctrl_c_in_interactive_mode_returns_control():
+    # --context-shift: generation goes on until the Ctrl-C (a full context would end it first).
     pid, fd = spawn(["generate", "-m", TINY, "-p", "Hello", "-n", -1, "--temp", "0", "--ignore-eos", "-i",
-                     "--in-prefix", "USER> ", "-c", 256, "--no-warmup"])
+                     "--in-prefix", "USER> ", "-c", 256, "--no-warmup", "--context-shift"])
     try:
         time.sleep(1.0)
         read_until(fd, r"Hello")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Records llama.cpp's logits on the tiny-architecture scenarios (tests/data/scenarios/arch-*.json,
-written with their models by tests/data/make_tiny_archs.py): `expected` with an F32 KV cache,
+written with their models by tests/data/make_tiny_archs.py, and params-*.json, which
+tests/data/make_param_scenarios.py writes with context RoPE parameters and kv_overrides): `expected` with an F32 KV cache,
 `expected_kv_f16` with F16, flash attention off (the path the engine follows for these cache
 types), 2 threads, one unified cell array.
 
@@ -23,10 +24,35 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 CACHE_TYPES = {"expected": 0, "expected_kv_f16": 1}  # GGML_TYPE_F32, GGML_TYPE_F16
 
 
-def load_model(path: Path):
+ROPE_SCALING = {"none": 0, "linear": 1, "yarn": 2, "longrope": 3}
+
+
+def kv_override_array(overrides: dict):
+    """llama_model_kv_override entries (and the zeroed sentinel) for a dict of overrides."""
+    arr = (L.llama_model_kv_override * (len(overrides) + 1))()
+    for i, (key, value) in enumerate(overrides.items()):
+        arr[i].key = key.encode()
+        if isinstance(value, bool):
+            arr[i].tag, arr[i].value.val_bool = L.LLAMA_KV_OVERRIDE_TYPE_BOOL, value
+        elif isinstance(value, int):
+            arr[i].tag, arr[i].value.val_i64 = L.LLAMA_KV_OVERRIDE_TYPE_INT, value
+        elif isinstance(value, float):
+            arr[i].tag, arr[i].value.val_f64 = L.LLAMA_KV_OVERRIDE_TYPE_FLOAT, value
+        else:
+            arr[i].tag, arr[i].value.val_str = L.LLAMA_KV_OVERRIDE_TYPE_STR, value.encode()
+    arr[len(overrides)].key = b""
+    return arr
+
+
+def load_model(path: Path, kv_overrides: dict | None = None):
     params = L.llama_model_default_params()
     params.n_gpu_layers = 0
+    keep = None
+    if kv_overrides:
+        keep = kv_override_array(kv_overrides)
+        params.kv_overrides = keep
     model = L.llama_model_load_from_file(str(path).encode(), params)
+    del keep
     if not model:
         raise RuntimeError(f"llama.cpp could not load {path}")
     return model
@@ -42,6 +68,8 @@ def new_context(model, ctx_params: dict, cache_type: int):
     p.kv_unified = ctx_params.get("kv_unified", True)
     p.swa_full = ctx_params.get("swa_full", False)
     p.no_perf = True
+    for key, value in ctx_params.get("rope", {}).items():
+        setattr(p, key, ROPE_SCALING[value] if key == "rope_scaling_type" else value)
     ctx = L.llama_init_from_model(model, p)
     if not ctx:
         raise RuntimeError("llama.cpp could not create the context")
@@ -75,7 +103,7 @@ def decode(ctx, step: dict, n_seq_max: int, n_vocab: int, si: int) -> list[dict]
 
 
 def record(scn: dict, cache_type: int) -> list[dict]:
-    model = load_model(DATA / "models" / scn["model"])
+    model = load_model(DATA / "models" / scn["model"], scn.get("kv_overrides"))
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     ctx = new_context(model, scn["context"], cache_type)
     mem = L.llama_get_memory(ctx)
@@ -108,7 +136,7 @@ def _quiet(level, text, user_data):  # noqa: ANN001 - llama.cpp logs every load
 def main(names: list[str]) -> None:
     L.llama_backend_init()
     L.llama_log_set(_quiet, None)
-    paths = sorted((DATA / "scenarios").glob("arch-*.json"))
+    paths = sorted((DATA / "scenarios").glob("arch-*.json")) + sorted((DATA / "scenarios").glob("params-*.json"))
     for path in paths:
         if names and path.stem not in names:
             continue

@@ -42,7 +42,7 @@ def run(scn: dict, model: fl.Model, cache_type: str) -> list[dict]:
     n_seq = c.get("n_seq_max", 1)
     ctx = fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=n_seq,
                      type_k=cache_type, type_v=cache_type, kv_unified=c.get("kv_unified", True),
-                     swa_full=c.get("swa_full", False))
+                     swa_full=c.get("swa_full", False), **c.get("rope", {}))
     kv = ctx.kv
     got: list[dict] = []
     for si, st in enumerate(scn["steps"]):

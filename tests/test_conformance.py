@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 import scenario_runner as sr
-from conftest import load_model
+import ferrollama as fl
+from conftest import load_model, model_path
 
 ENGINE_SPINE = ("forward-", "incremental", "ubatch-split", "qwen2-text")
 KV_CACHE = ("multi-seq-batch", "shared-prefix-keep", "seq-cp-diverge", "seq-rm-regenerate", "seq-rm-middle",
@@ -18,7 +19,9 @@ KV_CACHE = ("multi-seq-batch", "shared-prefix-keep", "seq-cp-diverge", "seq-rm-r
 GEMMA3 = ("gemma3-",)
 #: tiny models of each further architecture (tests/data/make_tiny_archs.py), F32 and Q8_0
 ARCHS = ("arch-",)
-NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3 + ARCHS)
+#: context RoPE parameters and kv_overrides (tests/data/make_param_scenarios.py)
+PARAMS = ("params-",)
+NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3 + ARCHS + PARAMS)
 ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "granite", "olmo2", "gpt-oss")
 
 
@@ -26,7 +29,8 @@ ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "grani
 @pytest.mark.parametrize("name", NAMES)
 def test_scenario(name: str, cache_type: str) -> None:
     scn = sr.load(name)
-    model = load_model(scn["model"])
+    model = load_model(scn["model"]) if not scn.get("kv_overrides") else fl.Model(
+        str(model_path(scn["model"])), kv_overrides=scn["kv_overrides"])
     got = sr.run(scn, model, cache_type)
     cmp = sr.compare(name, scn, got, cache_type)
     assert cmp.n_logits > 0 or cmp.exact_failures == [], "no logits compared"
@@ -42,4 +46,6 @@ def test_every_spine_and_kv_scenario_is_collected() -> None:
     assert len([n for n in NAMES if n.startswith("gemma3-")]) == 6
     assert sorted(n for n in NAMES if n.startswith("arch-")) == sorted(
         f"arch-{a}-{t}" for a in ARCH_NAMES for t in ("f32", "q8_0"))
-    assert len(NAMES) == 49 + 18  # every recorded scenario
+    assert sorted(n for n in NAMES if n.startswith("params-")) == [
+        "params-kv-overrides", "params-none-ctx", "params-rope-ctx", "params-yarn-ctx"]
+    assert len(NAMES) == 49 + 18 + 4  # every recorded scenario

@@ -30,7 +30,10 @@ class TensorInfo:
     nbytes: int
 
 class Model:
-    def __init__(self, path: str | os.PathLike[str], use_mmap: bool = True, vocab_only: bool = False) -> None: ...
+    def __init__(self, path: str | os.PathLike[str], use_mmap: bool = True, vocab_only: bool = False,
+                 kv_overrides: dict[str, bool | int | float | str] | None = None) -> None:
+        """kv_overrides replaces metadata values before anything is read from them (llama.cpp's
+        kv_overrides): a value must be of the kind the file holds (int, float, bool, str)."""
     @property
     def arch(self) -> str: ...
     @property
@@ -152,7 +155,13 @@ class Context:
                  n_seq_max: int = 1, n_threads: int | None = None, n_threads_batch: int | None = None,
                  type_k: str = "f16", type_v: str = "f16", kv_unified: bool = True, swa_full: bool = False,
                  embeddings: bool = False, pooling: Literal["none", "mean", "cls", "last"] | None = None,
-                 defrag_thold: float = -1.0) -> None: ...
+                 defrag_thold: float = -1.0,
+                 rope_scaling_type: Literal["none", "linear", "yarn", "longrope"] | None = None,
+                 rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0, yarn_ext_factor: float = -1.0,
+                 yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0, yarn_beta_slow: float = -1.0,
+                 yarn_orig_ctx: int = 0) -> None:
+        """The RoPE parameters are llama_context_params': 0, negative or None keep the model's
+        value; sliding-window layers keep their own base and scale, as in llama.cpp."""
     @property
     def model(self) -> Model: ...
     def decode(self, batch: Batch) -> None: ...

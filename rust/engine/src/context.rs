@@ -37,6 +37,8 @@ pub struct ContextParams {
     pub pooling: Pooling,
     /// Defragment when the fraction of holes in the attended cells passes this (< 0: never).
     pub defrag_thold: f32,
+    /// RoPE parameters of the context (llama.cpp's rope_freq_base, yarn_*...; default: the model's).
+    pub rope: crate::hparams::RopeOverrides,
 }
 
 impl ContextParams {
@@ -46,6 +48,7 @@ impl ContextParams {
             n_ctx, n_batch: 2048, n_ubatch: 512, n_seq_max: 1, n_threads: threads, n_threads_batch: threads,
             type_k: GgmlType::F16, type_v: GgmlType::F16, kv_unified: true, swa_full: false,
             embeddings: false, pooling: Pooling::None, defrag_thold: -1.0,
+            rope: Default::default(),
         }
     }
 }
@@ -72,6 +75,8 @@ pub struct Context {
     /// For each layer, the index of its cache.
     layer_cache: Vec<usize>,
     pub store: KvStore,
+    /// The RoPE this context runs (the model's resolved with params.rope).
+    pub rope: crate::ops::RopeParams,
     ws: Workspace,
     threads: Threads,
     threads_batch: Option<Threads>,
@@ -161,11 +166,12 @@ impl Context {
         let cells_per_layer: Vec<usize> = layer_cache.iter().map(|&c| caches[c].cells.size() as usize).collect();
         let store = KvStore::new(params.type_k, params.type_v, &cells_per_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)?;
         let ws = Workspace::new(hp, params.n_ubatch);
+        let rope = if params.rope == Default::default() { hp.rope } else { hp.rope_train.resolve(&hp.rope, &params.rope)? };
         let threads = Threads::new(params.n_threads);
         let threads_batch = (params.n_threads_batch != params.n_threads).then(|| Threads::new(params.n_threads_batch));
         Ok(Context {
             masks: vec![Vec::new(); caches.len()],
-            model, params, caches, layer_cache, store, ws, threads, threads_batch,
+            model, params, rope, caches, layer_cache, store, ws, threads, threads_batch,
             logits: Vec::new(), output_ids: Vec::new(), n_outputs: 0, shift_scratch: Vec::new(),
             embd: Vec::new(), embd_seq: Default::default(), cvec: None, perf: Perf::default(),
         })
@@ -322,7 +328,7 @@ impl Context {
         let views = [KvView { slots: &slots, mask: &self.masks[0], n_kv }];
         let ub = UBatchView {
             tokens: &batch.tokens, pos: &batch.pos, out_rows: &out_rows, caches: &views, layer_cache: &self.layer_cache,
-            cvec: None, rope_factors: None,
+            cvec: None, rope_factors: None, rope: &self.rope,
         };
         let threads = match (&self.threads_batch, n > 1) {
             (Some(tb), true) => tb,
@@ -409,7 +415,7 @@ impl Context {
             .collect();
         let ub = UBatchView {
             tokens, pos: view.pos, out_rows, caches: &views, layer_cache: &self.layer_cache, cvec: self.cvec.as_ref(),
-            rope_factors: rope_factors(&model, &self.params),
+            rope_factors: rope_factors(&model, &self.params), rope: &self.rope,
         };
         let threads = match (&self.threads_batch, tokens.len() > 1) {
             (Some(tb), true) => tb,
@@ -448,12 +454,13 @@ impl Context {
         let model = self.model.clone();
         let factors = rope_factors(&model, &self.params);
         let hp = &model.hparams;
+        let rope = self.rope;
         for cache in &mut self.caches {
             if !cache.cells.has_shift() {
                 continue;
             }
             for (cell, delta) in cache.cells.take_shifts() {
-                self.store.shift_cell(cell as usize, delta, &cache.layers, |il| hp.rope_for_layer(il), factors, &mut self.shift_scratch);
+                self.store.shift_cell(cell as usize, delta, &cache.layers, |il| hp.layer_rope(&rope, il), factors, &mut self.shift_scratch);
             }
         }
     }

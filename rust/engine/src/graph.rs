@@ -28,6 +28,8 @@ pub struct UBatchView<'a> {
     pub cvec: Option<&'a ControlVector>,
     /// The RoPE frequency factors the context uses (RopeFactors::for_context).
     pub rope_factors: Option<&'a [f32]>,
+    /// The context's RoPE (the model's, unless the context overrides it: RopeOverrides).
+    pub rope: &'a crate::ops::RopeParams,
 }
 
 /// Directions added to the output of layers `start..=end` (llama.cpp's control vectors).

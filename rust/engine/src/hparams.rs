@@ -19,7 +19,10 @@ pub struct HParams {
     pub head_dim_k: usize,
     pub head_dim_v: usize,
     pub rms_eps: f32,
+    /// The RoPE a context runs unless it overrides it (`rope_train` resolved with defaults).
     pub rope: RopeParams,
+    /// RoPE as the file describes it, which a context resolves with its own parameters.
+    pub rope_train: RopeTrain,
     /// Sliding-window size for the layers that have one (0: none).
     pub n_swa: usize,
     /// Per layer: does it attend through the sliding window?
@@ -135,7 +138,7 @@ impl HParams {
         if n_rot > head_dim_k || n_rot % 2 != 0 || head_dim_k > MAX_DIM {
             return Err(file.error(format!("rope.dimension_count {n_rot} does not fit head size {head_dim_k}")).into());
         }
-        let rope = rope_params(&m, n_rot)?;
+        let (rope, rope_train) = rope_params(&m, n_rot)?;
         let n_swa = m.opt_usize("attention.sliding_window")?.unwrap_or(0);
         let n_expert = m.opt_usize("expert_count")?.unwrap_or(0);
         let n_expert_used = m.opt_usize("expert_used_count")?.unwrap_or(0);
@@ -153,6 +156,7 @@ impl HParams {
             n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim_k, head_dim_v,
             rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
             rope,
+            rope_train,
             n_swa,
             swa_layers: vec![false; n_layer],
             rope_freq_base_swa: m.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0),
@@ -211,12 +215,13 @@ impl HParams {
         Ok(())
     }
 
-    /// RoPE parameters of layer `il`: sliding-window layers use their own base (and scale 1).
-    pub fn rope_for_layer(&self, il: usize) -> RopeParams {
+    /// RoPE parameters of layer `il` in a context running `rope`: sliding-window layers keep
+    /// their own base and scale (llama.cpp's context parameters do not override them).
+    pub fn layer_rope(&self, rope: &RopeParams, il: usize) -> RopeParams {
         if self.swa_layers.get(il).copied().unwrap_or(false) {
-            RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, ..self.rope }
+            RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, ..*rope }
         } else {
-            self.rope
+            *rope
         }
     }
 
@@ -229,6 +234,8 @@ impl HParams {
             head_dim_k: 0, head_dim_v: 0, rms_eps: 0.0,
             rope: RopeParams { n_dims: 0, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0,
                 attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
+            rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,
+                yarn_log_mul: 0.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             n_swa: 0, swa_layers: Vec::new(), rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
@@ -243,44 +250,124 @@ impl HParams {
     pub fn n_embd_v_gqa(&self) -> usize { self.head_dim_v * self.n_head_kv }
 }
 
-fn rope_params(m: &Meta, n_rot: usize) -> Result<RopeParams> {
-    let freq_base = m.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
+fn rope_params(m: &Meta, n_rot: usize) -> Result<(RopeParams, RopeTrain)> {
     // llama.cpp reads the type with "linear" as its default, and the factor (or the older
-    // rope.scale_linear) whatever the type: freq_scale = 1 / factor, except that a type of
-    // "none" never scales. YaRN also extrapolates (ext_factor 1).
-    let scaling = m.file.get_str(&format!("{}.rope.scaling.type", m.arch)).unwrap_or("linear").to_string();
+    // rope.scale_linear) whatever the type.
+    let scaling_name = m.file.get_str(&format!("{}.rope.scaling.type", m.arch)).unwrap_or("linear").to_string();
+    let scaling = RopeScaling::from_name(&scaling_name).ok_or_else(|| EngineError::Unsupported(format!(
+        "{}.rope.scaling.type '{scaling_name}' (known: none, linear, yarn, longrope)", m.arch)))?;
     let factor = match m.opt_f32("rope.scaling.factor")? {
         Some(f) => f,
         None => m.opt_f32("rope.scale_linear")?.unwrap_or(0.0),
     };
-    let freq_scale = match scaling.as_str() {
-        "none" => 1.0,
-        // LongRoPE's factors are tensors (rope_factors_long/short); its scale stays 1 / factor.
-        "linear" | "yarn" | "longrope" => if factor == 0.0 { 1.0 } else { 1.0 / factor },
-        other => return Err(EngineError::Unsupported(format!(
-            "{}.rope.scaling.type '{other}' (known: none, linear, yarn, longrope)", m.arch))),
-    };
+    let freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
     if !(freq_scale.is_finite() && freq_scale > 0.0) {
         return Err(m.bad(&m.key("rope.scaling.factor"), "not a positive number"));
     }
-    let n_ctx_orig = m.opt_usize("rope.scaling.original_context_length")?
-        .or(m.opt_usize("context_length")?).unwrap_or(2048);
-    let yarn = scaling == "yarn";
-    let mut attn_factor = m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0);
-    if yarn {
-        attn_factor *= yarn_attn_factor(1.0 / freq_scale, m.opt_f32("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0));
-    }
-    Ok(RopeParams {
-        n_dims: n_rot,
-        neox: false,
-        freq_base,
+    let train = RopeTrain {
+        freq_base: m.opt_f32("rope.freq_base")?.unwrap_or(10000.0),
         freq_scale,
-        ext_factor: if yarn { 1.0 } else { 0.0 },
-        attn_factor,
+        scaling,
+        attn_factor: m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
+        yarn_log_mul: m.opt_f32("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0),
         beta_fast: m.opt_f32("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
         beta_slow: m.opt_f32("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
-        n_ctx_orig,
-    })
+        n_ctx_orig: m.opt_usize("rope.scaling.original_context_length")?
+            .or(m.opt_usize("context_length")?).unwrap_or(2048),
+    };
+    let base = RopeParams { n_dims: n_rot, neox: false, freq_base: 0.0, freq_scale: 1.0, ext_factor: 0.0,
+                            attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 };
+    Ok((train.resolve(&base, &RopeOverrides::default())?, train))
+}
+
+/// RoPE scaling types (llama_rope_scaling_type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeScaling { None, Linear, Yarn, LongRope }
+
+impl RopeScaling {
+    pub fn from_name(name: &str) -> Option<RopeScaling> {
+        Some(match name {
+            "none" => RopeScaling::None,
+            "linear" => RopeScaling::Linear,
+            "yarn" => RopeScaling::Yarn,
+            "longrope" => RopeScaling::LongRope,
+            _ => return None,
+        })
+    }
+}
+
+/// RoPE as the file describes it (llama.cpp's `*_train` hyper-parameters).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeTrain {
+    pub freq_base: f32,
+    /// 1 / rope.scaling.factor (1 without a factor), whatever the scaling type.
+    pub freq_scale: f32,
+    pub scaling: RopeScaling,
+    /// rope.scaling.attn_factor, multiplied into the context's attention factor.
+    pub attn_factor: f32,
+    pub yarn_log_mul: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub n_ctx_orig: usize,
+}
+
+/// A context's own RoPE parameters (llama_context_params): 0, negative and None mean "the
+/// model's value".
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeOverrides {
+    pub scaling: Option<RopeScaling>,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub yarn_ext_factor: f32,
+    pub yarn_attn_factor: f32,
+    pub yarn_beta_fast: f32,
+    pub yarn_beta_slow: f32,
+    pub yarn_orig_ctx: usize,
+}
+
+impl Default for RopeOverrides {
+    fn default() -> Self {
+        RopeOverrides { scaling: None, freq_base: 0.0, freq_scale: 0.0, yarn_ext_factor: -1.0, yarn_attn_factor: -1.0,
+                        yarn_beta_fast: -1.0, yarn_beta_slow: -1.0, yarn_orig_ctx: 0 }
+    }
+}
+
+impl RopeTrain {
+    /// The RoPE a context runs, as llama_context's constructor computes its cparams: a type of
+    /// "none" never scales, YaRN extrapolates (ext_factor 1) and sets its attention factor.
+    /// `base` gives what the file does not (rotated dims, NEOX mode).
+    pub fn resolve(&self, base: &RopeParams, o: &RopeOverrides) -> Result<RopeParams> {
+        let pick = |given: f32, model: f32| if given >= 0.0 { given } else { model };
+        let scaling = o.scaling.unwrap_or(self.scaling);
+        let freq_base = if o.freq_base != 0.0 { o.freq_base } else { self.freq_base };
+        let mut freq_scale = if o.freq_scale != 0.0 { o.freq_scale } else { self.freq_scale };
+        if scaling == RopeScaling::None {
+            freq_scale = 1.0;
+        }
+        if !(freq_base.is_finite() && freq_base > 0.0 && freq_scale.is_finite() && freq_scale > 0.0) {
+            return Err(EngineError::InvalidArgument(format!(
+                "RoPE frequency base {freq_base} and scale {freq_scale} must be positive numbers")));
+        }
+        let mut ext_factor = o.yarn_ext_factor;
+        if ext_factor < 0.0 {
+            ext_factor = if scaling == RopeScaling::Yarn { 1.0 } else { 0.0 };
+        }
+        // llama.cpp's hparams.yarn_attn_factor is 1 for the architectures supported.
+        let mut attn_factor = pick(o.yarn_attn_factor, 1.0);
+        if ext_factor != 0.0 {
+            attn_factor = yarn_attn_factor(1.0 / freq_scale, self.yarn_log_mul);
+        }
+        Ok(RopeParams {
+            freq_base,
+            freq_scale,
+            ext_factor,
+            attn_factor: attn_factor * self.attn_factor,
+            beta_fast: pick(o.yarn_beta_fast, self.beta_fast),
+            beta_slow: pick(o.yarn_beta_slow, self.beta_slow),
+            n_ctx_orig: if o.yarn_orig_ctx != 0 { o.yarn_orig_ctx } else { self.n_ctx_orig },
+            ..*base
+        })
+    }
 }
 
 /// llama_context's YaRN attention factor before rope.scaling.attn_factor: the magnitude

@@ -144,8 +144,19 @@ pub struct Model {
 
 impl Model {
     pub fn load(path: impl AsRef<Path>, use_mmap: bool, vocab_only: bool) -> Result<Model> {
+        Self::load_with_overrides(path, use_mmap, vocab_only, &[])
+    }
+
+    /// Loads with some metadata values replaced (llama.cpp's kv_overrides): hyper-parameters
+    /// and tokenizer settings are read from the overridden values.
+    pub fn load_with_overrides(path: impl AsRef<Path>, use_mmap: bool, vocab_only: bool,
+                               kv_overrides: &[(String, ferrollama_gguf::Value)]) -> Result<Model> {
         let t0 = std::time::Instant::now();
-        let file = Arc::new(GgufFile::open(path, use_mmap)?);
+        let mut file = GgufFile::open(path, use_mmap)?;
+        for (key, value) in kv_overrides {
+            file.override_metadata(key, value.clone())?;
+        }
+        let file = Arc::new(file);
         let arch_name = file.get_str("general.architecture")
             .ok_or_else(|| file.error("missing metadata key general.architecture"))?
             .to_string();

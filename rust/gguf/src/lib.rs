@@ -194,6 +194,27 @@ impl GgufFile {
     pub fn get_bool(&self, key: &str) -> Option<bool> { self.get(key).and_then(Value::as_bool) }
     pub fn get_array(&self, key: &str) -> Option<&Array> { self.get(key).and_then(Value::as_array) }
 
+    /// Replaces (or adds) a metadata value: llama.cpp's kv_overrides. An override must be of
+    /// the kind of the file's value (integer, float, bool or string), as llama.cpp requires;
+    /// arrays cannot be overridden.
+    pub fn override_metadata(&mut self, key: &str, value: Value) -> Result<(), GgufError> {
+        if let Some(old) = self.get(key) {
+            if value_kind(old) != value_kind(&value) {
+                return Err(self.error(format!(
+                    "bad metadata override for key '{key}': the file holds {}, the override is {}",
+                    old.type_name(), value.type_name())));
+            }
+        }
+        match self.index.get(key) {
+            Some(&i) => self.metadata[i].1 = value,
+            None => {
+                self.index.insert(key.to_string(), self.metadata.len());
+                self.metadata.push((key.to_string(), value));
+            }
+        }
+        Ok(())
+    }
+
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> { self.tensor_index.get(name).map(|&i| &self.tensors[i]) }
     /// The tensor's bytes, a view into the map (bounds were checked at parse time).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
@@ -205,6 +226,17 @@ impl GgufFile {
     /// (a missing key, a tensor of the wrong shape).
     pub fn error(&self, message: impl Into<String>) -> GgufError {
         GgufError { path: self.path.display().to_string(), message: message.into() }
+    }
+}
+
+/// The kinds of value an override may replace one with.
+fn value_kind(v: &Value) -> &'static str {
+    match v {
+        Value::F32(_) | Value::F64(_) => "float",
+        Value::Bool(_) => "bool",
+        Value::Str(_) => "string",
+        Value::Array(_) => "array",
+        _ => "integer",
     }
 }
 

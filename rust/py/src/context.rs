@@ -4,6 +4,7 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use ferrollama_engine::kvstore::parse_cache_type;
 use ferrollama_engine::context::Pooling;
+use ferrollama_engine::hparams::{RopeOverrides, RopeScaling};
 use ferrollama_engine::{Batch, Context, ContextParams};
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
@@ -81,11 +82,15 @@ impl PyContext {
     #[new]
     #[pyo3(signature = (model, n_ctx=4096, n_batch=2048, n_ubatch=512, n_seq_max=1, n_threads=None, n_threads_batch=None,
                         type_k="f16", type_v="f16", kv_unified=true, swa_full=false, embeddings=false, pooling=None,
-                        defrag_thold=-1.0))]
+                        defrag_thold=-1.0, rope_scaling_type=None, rope_freq_base=0.0, rope_freq_scale=0.0,
+                        yarn_ext_factor=-1.0, yarn_attn_factor=-1.0, yarn_beta_fast=-1.0, yarn_beta_slow=-1.0,
+                        yarn_orig_ctx=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(py: Python<'_>, model: Py<PyModel>, n_ctx: usize, n_batch: usize, n_ubatch: usize, n_seq_max: usize,
            n_threads: Option<usize>, n_threads_batch: Option<usize>, type_k: &str, type_v: &str, kv_unified: bool,
-           swa_full: bool, embeddings: bool, pooling: Option<&str>, defrag_thold: f32) -> PyResult<Self> {
+           swa_full: bool, embeddings: bool, pooling: Option<&str>, defrag_thold: f32,
+           rope_scaling_type: Option<&str>, rope_freq_base: f32, rope_freq_scale: f32, yarn_ext_factor: f32,
+           yarn_attn_factor: f32, yarn_beta_fast: f32, yarn_beta_slow: f32, yarn_orig_ctx: usize) -> PyResult<Self> {
         guard(|| {
             let mut p = ContextParams::new(n_ctx);
             let physical = default_threads();
@@ -100,6 +105,12 @@ impl PyContext {
             p.swa_full = swa_full;
             p.embeddings = embeddings;
             p.defrag_thold = defrag_thold;
+            p.rope = RopeOverrides {
+                scaling: rope_scaling_type.map(|name| RopeScaling::from_name(name).ok_or_else(|| PyValueError::new_err(
+                    format!("rope_scaling_type must be none, linear, yarn or longrope, not {name:?}")))).transpose()?,
+                freq_base: rope_freq_base, freq_scale: rope_freq_scale, yarn_ext_factor, yarn_attn_factor,
+                yarn_beta_fast, yarn_beta_slow, yarn_orig_ctx,
+            };
             let m = model.get().inner.clone();
             // Unspecified: the model's own pooling type (llama.cpp's LLAMA_POOLING_TYPE_UNSPECIFIED).
             p.pooling = match pooling {

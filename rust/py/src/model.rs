@@ -74,13 +74,42 @@ fn text_bytes(text: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     Err(PyValueError::new_err("text must be str or bytes"))
 }
 
+/// kv_overrides as GGUF values: bool, int, float or str, as llama.cpp's overrides are typed.
+fn override_values(d: &Bound<'_, pyo3::types::PyDict>) -> PyResult<Vec<(String, ferrollama_gguf::Value)>> {
+    use ferrollama_gguf::Value;
+    let mut out = Vec::with_capacity(d.len());
+    for (k, v) in d.iter() {
+        let key: String = k.extract().map_err(|_| PyValueError::new_err("kv_overrides keys must be str"))?;
+        let value = if v.is_instance_of::<pyo3::types::PyBool>() {
+            Value::Bool(v.extract()?)
+        } else if v.is_instance_of::<pyo3::types::PyInt>() {
+            Value::I64(v.extract().map_err(|_| PyValueError::new_err(format!("kv_overrides[{key:?}]: not a 64-bit integer")))?)
+        } else if v.is_instance_of::<pyo3::types::PyFloat>() {
+            Value::F64(v.extract()?)
+        } else if let Ok(text) = v.extract::<String>() {
+            Value::Str(text.into_bytes())
+        } else {
+            return Err(PyValueError::new_err(format!(
+                "kv_overrides[{key:?}]: a value must be bool, int, float or str, not {}", v.get_type().name()?)));
+        };
+        out.push((key, value));
+    }
+    Ok(out)
+}
+
 #[pymethods]
 impl PyModel {
     #[new]
-    #[pyo3(signature = (path, use_mmap=true, vocab_only=false))]
-    fn new(py: Python<'_>, path: std::path::PathBuf, use_mmap: bool, vocab_only: bool) -> PyResult<Self> {
+    #[pyo3(signature = (path, use_mmap=true, vocab_only=false, kv_overrides=None))]
+    fn new(py: Python<'_>, path: std::path::PathBuf, use_mmap: bool, vocab_only: bool,
+           kv_overrides: Option<&Bound<'_, pyo3::types::PyDict>>) -> PyResult<Self> {
+        let overrides = match kv_overrides {
+            Some(d) => override_values(d)?,
+            None => Vec::new(),
+        };
         guard(|| {
-            let model = py.allow_threads(|| Model::load(&path, use_mmap, vocab_only)).map_err(to_py)?;
+            let model = py.allow_threads(|| Model::load_with_overrides(&path, use_mmap, vocab_only, &overrides))
+                .map_err(to_py)?;
             Ok(PyModel { inner: Arc::new(model), pieces: OnceLock::new() })
         })
     }

@@ -107,7 +107,7 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
         project_qkv(lw, ws, n, threads);
         if enc.pos_embd.is_none() {
             let rope_cache = std::mem::take(&mut ws.rope_cache);
-            rope_and_store(hp, lw, &hp.rope, &rope_cache, ws, kv, ub, il);
+            rope_and_store(hp, lw, ub.rope, &rope_cache, ws, kv, ub, il);
             ws.rope_cache = rope_cache;
         } else {
             store_kv(lw, ws, kv, ub, il);

@@ -27,9 +27,9 @@ pub fn embed(w: &Weights, ws: &mut Workspace, ub: &UBatchView, d: usize, scale: 
 /// the sliding-window layers' own base where the model has one.
 pub fn fill_rope_caches(hp: &HParams, ws: &mut Workspace, ub: &UBatchView) {
     let n_rot = hp.rope.n_dims;
-    let swa_rope = hp.rope_for_layer(hp.swa_layers.iter().position(|&s| s).unwrap_or(0));
+    let swa_rope = hp.layer_rope(ub.rope, hp.swa_layers.iter().position(|&s| s).unwrap_or(0));
     for (t, &p) in ub.pos.iter().enumerate() {
-        hp.rope.fill_cache(p as f32, ub.rope_factors, &mut ws.rope_cache[t * n_rot..(t + 1) * n_rot]);
+        ub.rope.fill_cache(p as f32, ub.rope_factors, &mut ws.rope_cache[t * n_rot..(t + 1) * n_rot]);
         if !ws.rope_cache_swa.is_empty() {
             swa_rope.fill_cache(p as f32, ub.rope_factors, &mut ws.rope_cache_swa[t * n_rot..(t + 1) * n_rot]);
         }
@@ -88,7 +88,7 @@ pub fn rope_and_store(hp: &HParams, lw: &LayerWeights, rope: &RopeParams, rope_c
 pub fn rope_layer_and_store(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
     let sliding = hp.swa_layers[il] && !ws.rope_cache_swa.is_empty();
     let rope_cache = std::mem::take(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache });
-    rope_and_store(hp, lw, &hp.rope_for_layer(il), &rope_cache, ws, kv, ub, il);
+    rope_and_store(hp, lw, &hp.layer_rope(ub.rope, il), &rope_cache, ws, kv, ub, il);
     *(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache }) = rope_cache;
 }
 

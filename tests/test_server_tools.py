@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REAL_MODELS, load_model
 from ferrollama import samplers as S
-from ferrollama.server.tools import detect_format, parse_output, required_call_grammar, tool_call_marker
+from ferrollama.tools import detect_format, parse_output, required_call_grammar, tool_call_marker
 
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

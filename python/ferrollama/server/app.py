@@ -28,7 +28,7 @@ from starlette.routing import Route
 from .. import _core
 from ..chat import ChatTemplate, ChatTemplateError
 from ..llama import DEFAULT_SEED, Sampler, SamplingParams
-from . import tools as T
+from .. import tools as T
 from .metrics import Metrics
 from .scheduler import JobFailed, Output, QueueFull, Request, Scheduler, completion_logprobs
 from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, Message,
@@ -295,22 +295,6 @@ def _arguments_value(text: str) -> Any:
         return text
 
 
-def _fallback_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
-    """Tools described in a system message, calls and results as plain text (templates without tools)."""
-    out = [{"role": "system", "content": T.tools_system_prompt(tools)}]
-    for m in messages:
-        if m["role"] == "tool":
-            out.append({"role": "user", "content": f"Tool result: {m['content']}"})
-        elif m.get("tool_calls"):
-            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
-            out.append({"role": "assistant", "content": json.dumps(calls[0] if len(calls) == 1 else calls)})
-        else:
-            out.append(m)
-    if len(out) > 1 and out[1]["role"] == "system":  # one system message, not two
-        out[1:2], out[0] = [], {"role": "system", "content": out[1]["content"] + "\n\n" + out[0]["content"]}
-    return out
-
-
 @dataclass
 class ChatPlan:
     tokens: list[int]
@@ -321,34 +305,18 @@ class ChatPlan:
 
 def plan_chat(engine: Engine, req: ChatRequest) -> ChatPlan:
     messages = [_message_dict(m) for m in req.messages]
-    choice = req.tool_choice or ("auto" if req.tools else "none")
     tools = [t.model_dump(by_alias=True, exclude_none=True) for t in req.tools or []]
-    if choice != "none" and not tools:
-        raise bad_request("tool_choice needs tools")
-    if isinstance(choice, BaseModel):
-        tools = [t for t in tools if t["function"]["name"] == choice.function.name]
-        if not tools:
-            raise bad_request(f"tool_choice names {choice.function.name!r}, which is not among the tools")
-    source = engine.template.source
-    fmt = T.detect_format(source) if choice != "none" else None
-    kwargs: dict[str, Any] = {}
-    if fmt is not None:
-        if T.template_takes_tools(source):
-            kwargs["tools"] = tools
-        else:
-            fmt, messages = "generic", _fallback_messages(messages, tools)
-    grammar = None
-    if choice == "required" or isinstance(choice, BaseModel):
-        try:
-            grammar = T.required_call_grammar(tools, fmt, _core.samplers.Grammar.json_schema_to_gbnf,
-                                              req.parallel_tool_calls)
-        except (ValueError, _core.Error) as e:
-            raise bad_request(f"tools: {e}", "invalid_tools") from None
+    choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel) else req.tool_choice
     try:
-        tokens = engine.template.tokens(engine.model, messages, add_generation_prompt=True, **kwargs)
+        plan = T.plan_tools(engine.template.source, messages, tools, choice,
+                            _core.samplers.Grammar.json_schema_to_gbnf, req.parallel_tool_calls)
+    except (ValueError, _core.Error) as e:
+        raise bad_request(f"tools: {e}" if "tool_choice" not in str(e) else str(e), "invalid_tools") from None
+    try:
+        tokens = engine.template.tokens(engine.model, plan.messages, add_generation_prompt=True, **plan.template_kwargs)
     except ChatTemplateError as e:
         raise bad_request(f"messages: {e}", "invalid_messages") from None
-    return ChatPlan(tokens, fmt, grammar)
+    return ChatPlan(tokens, plan.format, plan.grammar)
 
 
 def _chat_logprobs(engine: Engine, outs: Sequence[Output]) -> dict | None:
@@ -364,61 +332,8 @@ def _chat_logprobs(engine: Engine, outs: Sequence[Output]) -> dict | None:
                         for e in entries]}
 
 
-class ToolGate:
-    """Streams content until a tool call may begin, then holds the rest for the final parse."""
-
-    def __init__(self, fmt: str | None):
-        self.fmt = fmt
-        self.marker = T.tool_call_marker(fmt) if fmt else None
-        self.text = ""
-        self.sent = 0
-        self.holding = fmt is not None and self.marker is None
-
-    def push(self, text: str) -> str:
-        self.text += text
-        if self.fmt is None:
-            self.sent = len(self.text)
-            return text
-        if self.holding:
-            return ""
-        if self.fmt == "hermes" and T.starts_like_json_call(self.text):
-            self.holding = True
-            return ""
-        if self.fmt == "hermes" and not self.text.strip():
-            return ""  # the first characters decide whether this is a bare JSON call
-        at = self.text.find(self.marker, self.sent)  # type: ignore[arg-type]
-        if at >= 0:
-            self.holding = True
-            out, self.sent = self.text[self.sent:at], at
-            return out
-        keep = max((k for k in range(1, len(self.marker)) if self.text.endswith(self.marker[:k])), default=0)  # type: ignore[index]
-        end = len(self.text) - keep
-        out, self.sent = self.text[self.sent:end], max(self.sent, end)
-        return out
-
-    def finish(self) -> tuple[str, list[T.ToolCall], str]:
-        """(content not yet sent, tool calls, reasoning)."""
-        if self.fmt is None:
-            return self.text[self.sent:], [], ""
-        parsed = T.parse_output(self.text, self.fmt)
-        if not parsed.tool_calls and self.fmt != "gpt-oss":
-            return self.text[self.sent:], [], ""
-        unsent = parsed.content[self.sent:] if parsed.content.startswith(self.text[:self.sent]) else ""
-        return unsent, parsed.tool_calls, parsed.reasoning
-
-
 def _chat_message(engine: Engine, outs: list[Output], fmt: str | None, parallel: bool) -> tuple[dict, str]:
-    gate = ToolGate(fmt)
-    content = "".join(gate.push(o.text) for o in outs)
-    rest, calls, reasoning = gate.finish()
-    calls = calls[:1] if not parallel else calls
-    message: dict[str, Any] = {"role": "assistant", "content": (content + rest) or (None if calls else "")}
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    if calls:
-        message["tool_calls"] = [c.to_openai() for c in calls]
-    finish = "tool_calls" if calls else outs[-1].finish_reason
-    return message, finish  # type: ignore[return-value]
+    return T.assistant_message("".join(o.text for o in outs), fmt, parallel, outs[-1].finish_reason)  # type: ignore[return-value]
 
 
 async def chat_completions(request: HttpRequest) -> Response:
@@ -457,7 +372,7 @@ async def _chat_chunks(engine: Engine, request: HttpRequest, jobs: list, meta: d
         **base, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
     for i in range(len(jobs)):
         yield chunk(i, {"role": "assistant", "content": ""})
-    gates = [ToolGate(fmt) for _ in jobs]
+    gates = [T.ToolGate(fmt) for _ in jobs]
     lasts: list[Output] = [Output("")] * len(jobs)
     async for i, out in merged(jobs):
         text = gates[i].push(out.text)

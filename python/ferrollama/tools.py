@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["ToolCall", "ParsedOutput", "detect_format", "parse_output", "tool_call_marker",
-           "required_call_grammar", "tools_system_prompt", "FORMATS"]
+           "required_call_grammar", "tools_system_prompt", "FORMATS", "ToolPlan", "plan_tools", "ToolGate",
+           "assistant_message", "fallback_messages"]
 
 FORMATS = ("hermes", "llama3", "mistral", "gpt-oss", "generic")
 
@@ -285,3 +286,120 @@ def tools_system_prompt(tools: list[dict]) -> str:
     described = json.dumps([t["function"] for t in tools], ensure_ascii=False, indent=2)
     return ("You can call these tools:\n" + described + "\n\nTo call a tool, answer only with a JSON object "
             'such as {"name": "tool_name", "arguments": {...}}; otherwise answer normally.')
+
+
+# --- a chat request with tools ------------------------------------------------------------------
+
+def fallback_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """Tools described in a system message, calls and results as plain text (templates without tools)."""
+    out = [{"role": "system", "content": tools_system_prompt(tools)}]
+    for m in messages:
+        if m["role"] == "tool":
+            out.append({"role": "user", "content": f"Tool result: {m['content']}"})
+        elif m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
+            out.append({"role": "assistant", "content": json.dumps(calls[0] if len(calls) == 1 else calls)})
+        else:
+            out.append(m)
+    if len(out) > 1 and out[1]["role"] == "system":  # one system message, not two
+        out[1:2], out[0] = [], {"role": "system", "content": out[1]["content"] + "\n\n" + out[0]["content"]}
+    return out
+
+
+@dataclass
+class ToolPlan:
+    """How a chat request with tools is rendered and read back."""
+
+    #: the messages to render (tools described in a system message for templates without tools)
+    messages: list[dict]
+    #: extra template variables (``tools`` for templates that take them)
+    template_kwargs: dict
+    #: the format to parse the answer with (None: no tools, plain content)
+    format: str | None
+    #: a GBNF grammar forcing a call (tool_choice "required" or a named function), else None
+    grammar: str | None
+
+
+def plan_tools(template_source: str, messages: list[dict], tools: list[dict], tool_choice: Any,
+               json_schema_to_gbnf, parallel: bool = True) -> ToolPlan:
+    """The rendering of messages with tools under tool_choice ("none", "auto", "required" or
+    {"type": "function", "function": {"name": ...}}): ValueError for a choice that names no tool."""
+    choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        tools = [t for t in tools if t["function"]["name"] == name]
+        if not tools:
+            raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+    elif choice not in ("none", "auto", "required"):
+        raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or a function, not {choice!r}")
+    if choice != "none" and not tools:
+        raise ValueError("tool_choice needs tools")
+    if choice == "none":
+        return ToolPlan(messages, {}, None, None)
+    fmt, kwargs = detect_format(template_source), {}
+    if template_takes_tools(template_source):
+        kwargs["tools"] = tools
+    else:
+        fmt, messages = "generic", fallback_messages(messages, tools)
+    grammar = None
+    if choice == "required" or isinstance(choice, dict):
+        grammar = required_call_grammar(tools, fmt, json_schema_to_gbnf, parallel)
+    return ToolPlan(messages, kwargs, fmt, grammar)
+
+
+class ToolGate:
+    """Streams content until a tool call may begin, then holds the rest for the final parse."""
+
+    def __init__(self, fmt: str | None):
+        self.fmt = fmt
+        self.marker = tool_call_marker(fmt) if fmt else None
+        self.text = ""
+        self.sent = 0
+        self.holding = fmt is not None and self.marker is None
+
+    def push(self, text: str) -> str:
+        self.text += text
+        if self.fmt is None:
+            self.sent = len(self.text)
+            return text
+        if self.holding:
+            return ""
+        if self.fmt == "hermes" and starts_like_json_call(self.text):
+            self.holding = True
+            return ""
+        if self.fmt == "hermes" and not self.text.strip():
+            return ""  # the first characters decide whether this is a bare JSON call
+        at = self.text.find(self.marker, self.sent)  # type: ignore[arg-type]
+        if at >= 0:
+            self.holding = True
+            out, self.sent = self.text[self.sent:at], at
+            return out
+        keep = max((k for k in range(1, len(self.marker)) if self.text.endswith(self.marker[:k])), default=0)  # type: ignore[index]
+        end = len(self.text) - keep
+        out, self.sent = self.text[self.sent:end], max(self.sent, end)
+        return out
+
+    def finish(self) -> tuple[str, list[ToolCall], str]:
+        """(content not yet sent, tool calls, reasoning)."""
+        if self.fmt is None:
+            return self.text[self.sent:], [], ""
+        parsed = parse_output(self.text, self.fmt)
+        if not parsed.tool_calls and self.fmt != "gpt-oss":
+            return self.text[self.sent:], [], ""
+        unsent = parsed.content[self.sent:] if parsed.content.startswith(self.text[:self.sent]) else ""
+        return unsent, parsed.tool_calls, parsed.reasoning
+
+
+def assistant_message(text: str, fmt: str | None, parallel: bool, finish_reason: str | None) -> tuple[dict, str | None]:
+    """The assistant message of a whole answer (content, tool_calls, reasoning_content) and its
+    finish reason ("tool_calls" when it calls tools)."""
+    gate = ToolGate(fmt)
+    content = gate.push(text)
+    rest, calls, reasoning = gate.finish()
+    calls = calls if parallel else calls[:1]
+    message: dict[str, Any] = {"role": "assistant", "content": (content + rest) or (None if calls else "")}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [c.to_openai() for c in calls]
+    return message, ("tool_calls" if calls else finish_reason)

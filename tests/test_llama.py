@@ -121,14 +121,6 @@ def test_a_model_without_a_template_gets_its_family_s_or_chatml_with_one_warning
     assert ChatTemplate.from_model(tiny_model, "gemma").source == GEMMA     # a name picks a built-in format
 
 
-def test_chat_format_picks_a_builtin_format():
-    from ferrollama.llama import Llama
-
-    assert Llama(TINY, n_ctx=256, chat_format="gemma").chat_template.source == GEMMA
-    with pytest.raises(ValueError, match="unknown chat_format 'vicuna'; known: chatml, gemma"):
-        Llama(TINY, n_ctx=256, chat_format="vicuna")
-
-
 def test_stop_strings_of_a_template_are_its_turn_markers():
     assert ChatTemplate(CHATML).stop_strings() == ["<|im_end|>", "<|im_start|>"]
     assert ChatTemplate(GEMMA).stop_strings() == ["<end_of_turn>", "<start_of_turn>"]
@@ -259,7 +251,9 @@ def test_logprobs(qwen):
     assert "".join(lp["tokens"]) == out["choices"][0]["text"]
     for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
         assert value <= 0 and len(top) == 3 and max(top.values()) == pytest.approx(value)   # greedy: the best one
-    assert lp["text_offset"][0] == 0 and lp["text_offset"][1] == len(lp["tokens"][0])
+    # llama-cpp-python's offsets count from the start of the prompt's text
+    assert lp["text_offset"][0] == len("def is_prime(n):\n")
+    assert lp["text_offset"][1] == lp["text_offset"][0] + len(lp["tokens"][0])
 
 
 def test_chat_completion_is_llama_cpp_s(qwen):
@@ -330,7 +324,8 @@ def test_tokenize_detokenize(tiny):
 def test_save_and_load_state(tiny):
     first = tiny("Once upon a time", max_tokens=8, temperature=0.0)
     state = tiny.save_state()
-    assert state.n_tokens == len(tiny.input_ids) and state.llama_state_size > 0
+    assert state.n_tokens == tiny.n_tokens and state.llama_state_size > 0
+    assert list(state.input_ids[:state.n_tokens]) == list(tiny.input_ids[:tiny.n_tokens])
     tail = tiny.generate([], temp=0.0, reset=False)
     a = [next(tail) for _ in range(4)]
     tail.close()
@@ -341,7 +336,10 @@ def test_save_and_load_state(tiny):
     assert a == b and first["choices"][0]["text"]
 
 
-def test_embeddings_mean_pooled(tiny):
+def test_embeddings_mean_pooled():
+    from ferrollama.llama import Llama
+
+    tiny = Llama(TINY, n_ctx=256, embedding=True, pooling_type=1)     # LLAMA_POOLING_TYPE_MEAN
     vec = tiny.embed("hello world")
     vecs, count = tiny.embed(["hello world", "bye"], normalize=True, return_count=True)
     assert len(vec) == 256 and len(vecs) == 2 and count > 2
@@ -354,5 +352,11 @@ def test_embeddings_mean_pooled(tiny):
 def test_empty_prompt_and_full_context(tiny):
     out = tiny("", max_tokens=4, temperature=0.0)            # just BOS
     assert out["usage"]["prompt_tokens"] == 1
-    with pytest.raises(ValueError, match="context holds"):
+    with pytest.raises(ValueError, match=r"Requested tokens \(300\) exceed context window of 256"):
         tiny([1] * 300, max_tokens=1)
+
+
+def test_embeddings_follow_the_model_s_pooling_type(tiny):
+    """As in llama-cpp-python: a model whose file names no pooling type gets one vector per token."""
+    per_token = tiny.embed("hello world")
+    assert len(per_token) == len(tiny.tokenize("hello world")) and len(per_token[0]) == 256

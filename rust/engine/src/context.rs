@@ -127,6 +127,15 @@ impl Pooling {
             o => return Err(EngineError::InvalidArgument(format!("pooling must be none, mean, cls or last, not '{o}'"))),
         })
     }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::None => "none",
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+        }
+    }
 }
 
 impl Context {

@@ -179,6 +179,8 @@ impl PyContext {
     #[getter] fn n_ubatch(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_ubatch) }
     #[getter] fn n_seq_max(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_seq_max) }
     #[getter] fn n_threads(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_threads) }
+    /// How embeddings are pooled: "none", "mean", "cls" or "last".
+    #[getter] fn pooling(&self) -> PyResult<&'static str> { Ok(self.lock()?.params.pooling.name()) }
 
     #[getter]
     fn perf(&self, py: Python<'_>) -> PyResult<PyObject> {

@@ -176,7 +176,7 @@ def test_embeddings_are_normalized_and_match_llama(client):
     np.testing.assert_allclose([np.linalg.norm(v) for v in vectors], [1.0, 1.0], rtol=1e-5)
     from ferrollama import Llama
 
-    llm = Llama(str(model_path(REAL_MODELS["qwen2"])), embedding=True, n_ctx=512, n_threads=2)
+    llm = Llama(str(model_path(REAL_MODELS["qwen2"])), embedding=True, pooling_type=1, n_ctx=512, n_threads=2)
     expected = llm.embed(["hello world", "goodbye"], normalize=True)
     np.testing.assert_allclose(vectors, expected, rtol=1e-5, atol=1e-6)
     assert r.usage.prompt_tokens == len(llm.tokenize(b"hello world")) + len(llm.tokenize(b"goodbye"))

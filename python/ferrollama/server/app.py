@@ -311,7 +311,9 @@ def plan_chat(engine: Engine, req: ChatRequest) -> ChatPlan:
         plan = T.plan_tools(engine.template.source, messages, tools, choice,
                             _core.samplers.Grammar.json_schema_to_gbnf, req.parallel_tool_calls)
     except (ValueError, _core.Error) as e:
-        raise bad_request(f"tools: {e}" if "tool_choice" not in str(e) else str(e), "invalid_tools") from None
+        if "tool_choice" in str(e):
+            raise bad_request(str(e)) from None
+        raise bad_request(f"tools: {e}", "invalid_tools") from None
     try:
         tokens = engine.template.tokens(engine.model, plan.messages, add_generation_prompt=True, **plan.template_kwargs)
     except ChatTemplateError as e:

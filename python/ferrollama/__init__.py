@@ -20,7 +20,15 @@ from ._core import (
     __version__,
 )
 from . import samplers
-from .llama import Llama, LlamaState
+from .llama import (
+    Llama,
+    LlamaState,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinTokensLogitsProcessor,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 from .models import default_model_path
 from .speculative import DraftModel, PromptLookupDecoding
 
@@ -36,6 +44,11 @@ __all__ = [
     "KVCache",
     "Llama",
     "LlamaState",
+    "LogitsProcessor",
+    "LogitsProcessorList",
+    "MinTokensLogitsProcessor",
+    "StoppingCriteria",
+    "StoppingCriteriaList",
     "Model",
     "PromptLookupDecoding",
     "StateError",

@@ -290,10 +290,12 @@ class StopScanner:
     back until the next token decides.
     """
 
-    def __init__(self, stops: Sequence[str]):
+    def __init__(self, stops: Sequence[str], errors: str = "replace"):
         self.stops = [s.encode("utf-8") for s in stops if s]
         self.data = b""
         self.emitted = 0
+        #: what becomes of invalid UTF-8: "replace" (U+FFFD, llama.cpp) or "ignore" (llama-cpp-python)
+        self.errors = errors
 
     def push(self, piece: bytes) -> tuple[str, bool]:
         """Adds a piece; returns (text now safe to emit, whether a stop string was found)."""
@@ -313,7 +315,7 @@ class StopScanner:
     def _take(self, end: int, final: bool) -> str:
         if not final:
             end = self.emitted + utf8_complete_len(self.data[self.emitted:end])
-        text = self.data[self.emitted:end].decode("utf-8", errors="replace")
+        text = self.data[self.emitted:end].decode("utf-8", errors=self.errors)
         self.emitted = max(self.emitted, end)
         return text
 
@@ -1043,7 +1045,8 @@ class Llama:
             if job.logprobs is not None:
                 lp.add_prompt(tokens)
             yield _chunk(cid, created, job.model_name, job.prompt_text, lp.take(job.prompt_text), None)
-        scanner, finish, out = StopScanner(job.stops), "length", []
+        # Invalid UTF-8 in the output is dropped, as llama-cpp-python decodes it.
+        scanner, finish, out = StopScanner(job.stops, errors="ignore"), "length", []
         for token in self._sample_loop(sampler, lp.record if job.logprobs is not None else None, logits,
                                        criteria if job.stopping_criteria is not None else None):
             if self.model.is_eog(token) or token in job.stop_tokens:

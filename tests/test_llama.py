@@ -360,3 +360,134 @@ def test_embeddings_follow_the_model_s_pooling_type(tiny):
     """As in llama-cpp-python: a model whose file names no pooling type gets one vector per token."""
     per_token = tiny.embed("hello world")
     assert len(per_token) == len(tiny.tokenize("hello world")) and len(per_token[0]) == 256
+
+
+# --- llama-cpp-python's API beyond the recorded suite (tests/test_llama_drop_in.py) ---------------
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def test_tools_in_auto_mode_come_back_as_tool_calls(qwen):
+    """The model's template renders the tools; its <tool_call> answer is parsed, as the server does."""
+    messages = [{"role": "user", "content": "What's the weather in Paris right now?"}]
+    out = qwen.create_chat_completion(messages, tools=WEATHER, temperature=0.0, max_tokens=64)
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    chunks = list(qwen.create_chat_completion(messages, tools=WEATHER, temperature=0.0, max_tokens=64, stream=True))
+    streamed = [c["choices"][0]["delta"]["tool_calls"] for c in chunks if "tool_calls" in c["choices"][0]["delta"]]
+    assert [d[0]["function"]["name"] for d in streamed] == ["get_weather"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_legacy_functions_name_the_call_in_function_call(qwen):
+    functions = [WEATHER[0]["function"]]
+    out = qwen.create_chat_completion([{"role": "user", "content": "Weather in Rome?"}], functions=functions,
+                                      function_call={"name": "get_weather"}, temperature=0.0, max_tokens=64)
+    message = out["choices"][0]["message"]
+    assert message["function_call"]["name"] == "get_weather"
+    assert json.loads(message["function_call"]["arguments"]) == {"city": "Rome"}
+    with pytest.raises(ValueError, match="not among the tools"):
+        qwen.create_chat_completion([{"role": "user", "content": "hi"}], tools=WEATHER,
+                                    tool_choice={"type": "function", "function": {"name": "nope"}})
+
+
+def test_chat_logprobs_without_logits_all(qwen):
+    out = qwen.create_chat_completion([{"role": "user", "content": "Say hi."}], temperature=0.0, max_tokens=4,
+                                      logprobs=True, top_logprobs=3)
+    content = out["choices"][0]["logprobs"]["content"]
+    assert "".join(c["token"] for c in content) == out["choices"][0]["message"]["content"]
+    for c in content:
+        assert len(c["top_logprobs"]) >= 3 and c["logprob"] == pytest.approx(max(t["logprob"] for t in c["top_logprobs"]))
+
+
+def test_fill_in_the_middle_uses_the_model_s_fim_tokens(qwen):
+    m = qwen.model
+    tokens = qwen._completion_prompt("def add(a, b):\n    ", "\n\nprint(add(1, 2))")
+    assert tokens[0] == m.fim_pre and m.fim_suf in tokens and tokens[-1] == m.fim_mid
+    out = qwen("def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))", max_tokens=8, temperature=0.0)
+    assert out["choices"][0]["text"].startswith("return a + b")
+
+
+def test_fill_in_the_middle_needs_fim_tokens(tiny):
+    with pytest.raises(ValueError, match="FIM"):
+        tiny("Once", suffix="end", max_tokens=2)
+
+
+def test_min_tokens_processor_and_logit_bias(qwen):
+    eos = qwen.token_eos()
+    prompt = "The capital of France is"
+    out = qwen(prompt, max_tokens=3, temperature=0.0, logit_bias={qwen.tokenize(b" Lyon", add_bos=False)[0]: 100.0})
+    assert out["choices"][0]["text"].startswith(" Lyon")
+    from ferrollama import LogitsProcessorList, MinTokensLogitsProcessor
+
+    proc = MinTokensLogitsProcessor(2, 3)
+    scores = proc(np.array([1, 2, 3], dtype=np.intc), np.zeros(8, dtype=np.float32))
+    assert scores[3] == -np.inf                                  # the first token: EOS forbidden
+    after = LogitsProcessorList([proc])(np.array([1, 2, 3, 4, 5], dtype=np.intc), np.zeros(8, dtype=np.float32))
+    assert after[3] == 0                                         # two tokens later: allowed
+    out = qwen("Say OK.", max_tokens=6, temperature=0.0,
+               logits_processor=LogitsProcessorList([MinTokensLogitsProcessor(6, eos)]))
+    assert out["usage"]["completion_tokens"] == 6
+
+
+def test_constructor_keywords_and_their_errors(tiny):
+    from ferrollama.llama import NO_EFFECT_ON_CPU, Llama, ModelPathError
+
+    llm = Llama(TINY, n_ctx=128, verbose=False, **{k: v for k, v in zip(
+        NO_EFFECT_ON_CPU, (-1, 1, 0, [1.0], False, True, True, True, False, True))})
+    assert llm.n_ctx() == 256 and llm.pooling_type() == "none"      # n_ctx is padded to 256 cells
+    with pytest.raises(TypeError, match="temprature"):
+        Llama(TINY, n_ctx=128, verbose=False, temprature=0.5)
+    with pytest.raises(ModelPathError) as e:
+        Llama("/no/such/model.gguf")
+    assert isinstance(e.value, ValueError) and isinstance(e.value, fl_errors().GGUFError)
+    with pytest.raises(fl_errors().UnsupportedError, match="non-causal"):
+        Llama(TINY, n_ctx=128, verbose=False, attention_type=1)
+    with pytest.raises(ValueError, match="cache type"):
+        Llama(TINY, n_ctx=128, verbose=False, type_k=99)
+
+
+def fl_errors():
+    import ferrollama
+
+    return ferrollama
+
+
+def test_vocab_only_tokenizes_but_does_not_generate():
+    from ferrollama.llama import Llama
+
+    llm = Llama(TINY, vocab_only=True, verbose=False)
+    assert llm.tokenize(b"hello")[0] == llm.token_bos()
+    with pytest.raises(ValueError, match="no context"):
+        llm("hello", max_tokens=2)
+
+
+def test_from_pretrained_needs_huggingface_hub(monkeypatch):
+    import sys
+
+    from ferrollama.llama import Llama
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(ImportError, match="huggingface-hub"):
+        Llama.from_pretrained("Qwen/Qwen2.5-0.5B-Instruct-GGUF", "*q4_k_m.gguf")
+
+
+def test_a_llama_cpp_python_style_draft_model_is_called_with_the_tokens(qwen):
+    """llama-cpp-python's draft models are callables from the input ids to drafted ids."""
+    from ferrollama.llama import Llama
+
+    seen = []
+
+    def drafter(input_ids):
+        seen.append(len(input_ids))
+        return np.array([], dtype=np.intc)
+
+    llm = Llama(qwen_path(), n_ctx=512, verbose=False, draft_model=drafter)
+    plain = qwen("The three primary colors are", max_tokens=6, temperature=0.0)["choices"][0]["text"]
+    assert llm("The three primary colors are", max_tokens=6, temperature=0.0)["choices"][0]["text"] == plain
+    assert seen and seen == sorted(seen)

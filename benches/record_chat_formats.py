@@ -287,7 +287,7 @@ GRAMMAR_SCHEMAS = {
                                                                     "maxItems": 3}}}}}, "required": ["items"]},
     "enum_const": {"type": "object", "properties": {"kind": {"enum": ["a", "b", 3, None]}, "v": {"const": "x"}}},
     "string_bounds": {"type": "string", "minLength": 2, "maxLength": 5},
-    "pattern": {"type": "string", "pattern": "^[a-z]{2}-\\d+$"},
+    "pattern": {"type": "string", "pattern": "^[a-z]{2}-[0-9]+(ab|c)?$"},
     "oneof": {"oneOf": [{"type": "integer"}, {"type": "boolean"}, {"type": "null"}]},
     "ref": {"$defs": {"pt": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}}}},
             "type": "array", "items": {"$ref": "#/$defs/pt"}, "minItems": 1},
@@ -355,6 +355,26 @@ def record_hf_tokenizer_config() -> dict:
     return out
 
 
+def record_types() -> dict:
+    """Each llama_types TypedDict's keys and required keys, and which names are aliases of which."""
+    import llama_cpp.llama_types as lt
+
+    out = {"typeddicts": {}, "aliases": {}, "unions": []}
+    public = [n for n in dir(lt) if n[0].isupper() and n not in
+              ("Any", "Dict", "List", "Optional", "Union", "Literal", "NotRequired", "TypedDict")]
+    for name in public:
+        value = getattr(lt, name)
+        if isinstance(value, type) and hasattr(value, "__required_keys__"):
+            if value.__name__ != name:
+                out["aliases"][name] = value.__name__
+            else:
+                out["typeddicts"][name] = {"keys": list(value.__annotations__),
+                                           "required": sorted(value.__required_keys__)}
+        else:
+            out["unions"].append(name)
+    return out
+
+
 def main() -> None:
     metadata = model_metadata()
     record = {
@@ -367,6 +387,7 @@ def main() -> None:
         "handlers": record_handlers(),
         "grammars": record_grammars(),
         "tokenizer": record_tokenizer(),
+        "types": record_types(),
         "hf_tokenizer_config": record_hf_tokenizer_config(),
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -164,6 +164,13 @@ def expected_call(call: dict, handler: str, request: dict) -> dict:
     if handler == "chatml-function-calling":
         out["seed"] = request.get("seed")
         out["logit_bias"] = request.get("logit_bias")
+        if request.get("tool_choice", request.get("function_call")) == "auto":
+            # The automatic flow's message is free text (llama-cpp-python constrains it with the
+            # next-function grammar), and max_tokens bounds the message and the arguments.
+            if out["prompt"].endswith("message:\n"):
+                out["grammar"], out["max_tokens"] = None, request.get("max_tokens")
+            elif out["prompt"].endswith(":\n"):
+                out["max_tokens"] = request.get("max_tokens")
     return out
 
 

@@ -882,7 +882,7 @@ def chatml_function_calling(
 
     if tool_choice != "auto":
         raise ValueError(f"tool_choice must be 'none', 'auto' or a named function, not {tool_choice!r}")
-    return _auto_tool_choice(llama, prompt, tools, stop, temperature, stream, chat_logprobs, sampling)
+    return _auto_tool_choice(llama, prompt, tools, stop, temperature, stream, max_tokens, chat_logprobs, sampling)
 
 
 def _arguments_grammar(tool: dict, verbose: bool) -> llama_grammar.LlamaGrammar:
@@ -890,7 +890,11 @@ def _arguments_grammar(tool: dict, verbose: bool) -> llama_grammar.LlamaGrammar:
 
 
 def _auto_tool_choice(llama: Any, prompt: str, tools: list, stop: List[str], temperature: float, stream: bool,
-                      chat_logprobs: Optional[int], sampling: Dict[str, Any]) -> Any:
+                      max_tokens: Optional[int], chat_logprobs: Optional[int], sampling: Dict[str, Any]) -> Any:
+    """Two deliberate differences from llama-cpp-python 0.3.36, whose answers here are wrong: it
+    constrains a message's text with the grammar that picks the next function (so a message can
+    only read "functions.<name>:" or nothing), and it drops max_tokens. Here a message is free text
+    up to <|im_end|>, and max_tokens bounds the message and each call's arguments."""
     names = " | ".join(f'"functions.{t["function"]["name"]}:"' for t in tools)
     first_grammar = f'root   ::= functions | "message:"\nfunctions ::= {names}\n'
     next_grammar = f'root   ::= functions | "<|im_end|>"\nfunctions ::= {names}\n'
@@ -901,8 +905,7 @@ def _auto_tool_choice(llama: Any, prompt: str, tools: list, stop: List[str], tem
     if "message" in text:
         completion = llama.create_completion(
             prompt=prompt + "message:\n", temperature=temperature, stream=stream, stop=["<|im_end|>"],
-            logprobs=chat_logprobs, max_tokens=None,
-            grammar=llama_grammar.LlamaGrammar.from_string(next_grammar, verbose=llama.verbose), **sampling)
+            logprobs=chat_logprobs, max_tokens=max_tokens, grammar=None, **sampling)
         return _convert_completion_to_chat(completion, stream=stream)
     if stream:
         raise ValueError("Automatic streaming tool choice is not supported")
@@ -913,7 +916,7 @@ def _auto_tool_choice(llama: Any, prompt: str, tools: list, stop: List[str], tem
     while tool is not None:
         prompt += f"functions.{tool_name}:\n"
         arguments = llama.create_completion(prompt=prompt, temperature=temperature, stream=False, stop=stop,
-                                            max_tokens=None, grammar=_arguments_grammar(tool, llama.verbose),
+                                            max_tokens=max_tokens, grammar=_arguments_grammar(tool, llama.verbose),
                                             **sampling)
         calls.append((tool_name, arguments))
         prompt += arguments["choices"][0]["text"] + "\n"

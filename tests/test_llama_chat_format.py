@@ -208,6 +208,29 @@ def test_handler_cases_cover_the_shapes():
         "top_logprobs": [{"token": "!", "logprob": -1.5, "bytes": None}, {"token": ".", "logprob": -1.75, "bytes": None}]}
 
 
+def test_chatml_function_calling_refuses_what_it_cannot_honour():
+    with pytest.raises(TypeError, match="does not take \\['suffix'\\]"):
+        lcf.chatml_function_calling(llama=FakeLlama([]), messages=CONVERSATIONS["user"], suffix="x")
+    with pytest.raises(ValueError, match="tool_choice must be"):
+        lcf.chatml_function_calling(llama=FakeLlama([]), messages=CONVERSATIONS["user"],
+                                    tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                                    tool_choice="any")
+
+
+def test_chatml_function_calling_required_must_call_a_function():
+    # llama-cpp-python 0.3.36 fails an assertion on "required"; here it is "auto" without "message:".
+    rec = RECORD["handlers"]["cfc/auto_one_call"]
+    request = dict(copy.deepcopy(rec["request"]), tool_choice="required")
+    del request["function_call"]
+    llama = FakeLlama(rec["responses"])
+    result = lcf.get_chat_completion_handler("chatml-function-calling")(llama=llama, **request)
+    assert llama.calls[0]["grammar"]._grammar == (
+        'root   ::= functions\nfunctions ::= "functions.get_weather:" | "functions.get_time:"\n')
+    assert [c["function"] for c in result["choices"][0]["message"]["tool_calls"]] == [
+        {"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}]
+    assert result["choices"][0]["finish_reason"] == "tool_calls"
+
+
 @pytest.mark.parametrize("name", ["functionary", "functionary-v1", "functionary-v2"])
 def test_functionary_says_why_it_is_unavailable(name):
     with pytest.raises(lcf.ChatHandlerUnavailableError, match="Hugging Face tokenizer"):

@@ -8,6 +8,12 @@ llama-cpp-python 0.3.36 registers is registered here under the same name and ren
 text (tests/data/fixtures/chat_formats.json holds its outputs). ``functionary*`` and the
 image (llava/mtmd) handlers need a Hugging Face tokenizer or image input, which ferrollama does
 not have: they are present under their names and raise ``ChatHandlerUnavailableError`` saying so.
+
+Where llama-cpp-python 0.3.36 errs, this module does not follow it: an unknown handler name and a
+template's raise_exception are ValueErrors (subclasses), not bare Exceptions; chatml-function-calling
+honours seed, logit_bias and max_tokens (it drops them), lets a message be free text (it applies the
+function-picking grammar to it), takes tool_choice="required", names a single call's legacy
+function_call after the function (it writes ""), and refuses keywords it cannot honour.
 """
 from __future__ import annotations
 
@@ -823,10 +829,6 @@ _function_calling_template = ImmutableSandboxedEnvironment(
 ).from_string(_FUNCTION_CALLING_TEMPLATE)
 
 
-def _sampling_kwargs(**kwargs: Any) -> Dict[str, Any]:
-    return kwargs
-
-
 @register_chat_completion_handler("chatml-function-calling")
 def chatml_function_calling(
     llama: Any, messages: List[llama_types.ChatCompletionRequestMessage], functions: Optional[list] = None,
@@ -848,10 +850,12 @@ def chatml_function_calling(
     that tool's schema grammar. "auto": a first grammar picks message or a function; function calls
     repeat until the model closes its turn (not streamable, as in llama-cpp-python).
     """
+    if kwargs:  # llama-cpp-python ignores them; a parameter this flow cannot honour is refused
+        raise TypeError(f"chatml-function-calling does not take {sorted(kwargs)}")
     tools = _tools_of(tools, functions)
     tool_choice = _tool_choice_of(tool_choice, function_call)
     stop = [stop, "<|im_end|>"] if isinstance(stop, str) else (stop + ["<|im_end|>"] if stop else ["<|im_end|>"])
-    sampling = _sampling_kwargs(
+    sampling = dict(  # what every completion of the flow shares
         top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p, presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty, repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode,
         mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, model=model, logits_processor=logits_processor,
@@ -880,9 +884,10 @@ def chatml_function_calling(
             max_tokens=max_tokens, grammar=_arguments_grammar(tool, llama.verbose), **sampling)
         return _convert_completion_to_chat_function(tool_name, completion, stream)
 
-    if tool_choice != "auto":
-        raise ValueError(f"tool_choice must be 'none', 'auto' or a named function, not {tool_choice!r}")
-    return _auto_tool_choice(llama, prompt, tools, stop, temperature, stream, max_tokens, chat_logprobs, sampling)
+    if tool_choice not in ("auto", "required"):
+        raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or a named function, not {tool_choice!r}")
+    return _auto_tool_choice(llama, prompt, tools, stop, temperature, stream, max_tokens, chat_logprobs, sampling,
+                             required=tool_choice == "required")
 
 
 def _arguments_grammar(tool: dict, verbose: bool) -> llama_grammar.LlamaGrammar:
@@ -890,13 +895,16 @@ def _arguments_grammar(tool: dict, verbose: bool) -> llama_grammar.LlamaGrammar:
 
 
 def _auto_tool_choice(llama: Any, prompt: str, tools: list, stop: List[str], temperature: float, stream: bool,
-                      max_tokens: Optional[int], chat_logprobs: Optional[int], sampling: Dict[str, Any]) -> Any:
-    """Two deliberate differences from llama-cpp-python 0.3.36, whose answers here are wrong: it
+                      max_tokens: Optional[int], chat_logprobs: Optional[int], sampling: Dict[str, Any],
+                      required: bool = False) -> Any:
+    """Deliberate differences from llama-cpp-python 0.3.36, whose answers here are wrong: it
     constrains a message's text with the grammar that picks the next function (so a message can
     only read "functions.<name>:" or nothing), and it drops max_tokens. Here a message is free text
-    up to <|im_end|>, and max_tokens bounds the message and each call's arguments."""
+    up to <|im_end|>, and max_tokens bounds the message and each call's arguments. It also fails on
+    tool_choice="required"; here that is "auto" without the message option (OpenAI's meaning)."""
     names = " | ".join(f'"functions.{t["function"]["name"]}:"' for t in tools)
-    first_grammar = f'root   ::= functions | "message:"\nfunctions ::= {names}\n'
+    choice_rule = "root   ::= functions\n" if required else 'root   ::= functions | "message:"\n'
+    first_grammar = choice_rule + f"functions ::= {names}\n"
     next_grammar = f'root   ::= functions | "<|im_end|>"\nfunctions ::= {names}\n'
     choice = llama.create_completion(
         prompt=prompt, temperature=0, stream=False, stop=[":"], max_tokens=None,

@@ -491,3 +491,18 @@ def test_a_llama_cpp_python_style_draft_model_is_called_with_the_tokens(qwen):
     plain = qwen("The three primary colors are", max_tokens=6, temperature=0.0)["choices"][0]["text"]
     assert llm("The three primary colors are", max_tokens=6, temperature=0.0)["choices"][0]["text"] == plain
     assert seen and seen == sorted(seen)
+
+
+def test_chat_formats_by_name_and_the_llama_2_fallback():
+    """chat_format names llama-cpp-python's formats (ferrollama.llama_chat_format); a model
+    without a template chats in its "llama-2" format, as there."""
+    from ferrollama import llama_chat_format
+    from ferrollama.llama import Llama
+
+    with pytest.raises(ValueError, match="vicunaa"):
+        Llama(TINY, n_ctx=256, verbose=False, chat_format="vicunaa")
+    llm = Llama(TINY, n_ctx=256, verbose=False)
+    messages = [{"role": "user", "content": "hi"}]
+    formatted = llama_chat_format.format_llama2(messages=messages)
+    out = llm.create_chat_completion(messages, max_tokens=3, temperature=0.0)
+    assert out["usage"]["prompt_tokens"] == len(llm.tokenize(formatted.prompt.encode(), special=True))

@@ -29,6 +29,10 @@ from .llama import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
+from .llama_cache import BaseLlamaCache, LlamaCache, LlamaDiskCache, LlamaRAMCache
+from .llama_grammar import LlamaGrammar
+from .llama_tokenizer import BaseLlamaTokenizer, LlamaHFTokenizer, LlamaTokenizer
+from . import llama_chat_format, llama_types
 from .models import default_model_path
 from .speculative import DraftModel, PromptLookupDecoding
 
@@ -44,6 +48,16 @@ __all__ = [
     "KVCache",
     "Llama",
     "LlamaState",
+    "BaseLlamaCache",
+    "BaseLlamaTokenizer",
+    "LlamaCache",
+    "LlamaDiskCache",
+    "LlamaGrammar",
+    "LlamaHFTokenizer",
+    "LlamaRAMCache",
+    "LlamaTokenizer",
+    "llama_chat_format",
+    "llama_types",
     "LogitsProcessor",
     "LogitsProcessorList",
     "MinTokensLogitsProcessor",

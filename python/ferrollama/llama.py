@@ -12,7 +12,6 @@ The building blocks are public too, for the command line and for users who drive
 from __future__ import annotations
 
 import codecs
-import json
 import os
 import random
 import sys
@@ -25,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ._core import Batch, Context, GGUFError, Model, UnsupportedError
+from .logprobs import TokenLogprob, chat_logprobs_of_completion, completion_logprobs, log_softmax, token_logprob
 
 __all__ = [
     "DEFAULT_SEED", "SamplingParams", "Sampler", "Utf8Stream", "StopScanner", "Llama", "LlamaState",
@@ -336,12 +336,6 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
 
 
 # --- the high-level API ------------------------------------------------------------------------
@@ -1337,27 +1331,17 @@ class _CompletionJob:
 
 
 class _LogprobsCollector:
-    """llama-cpp-python's completion logprobs: per token its text, its offset in the text
-    (counted from the start of the prompt's text), its log-probability and the top ones (with
-    the chosen token's added)."""
+    """llama-cpp-python's completion logprobs (ferrollama.logprobs): per token its text, its
+    offset in the text (counted from the start of the prompt's text), its log-probability and
+    the top ones, with the chosen token's added."""
 
     def __init__(self, llama: Llama, n: int | None, offset: int):
         self.llama, self.n = llama, n
-        self.pending: list[tuple[str, float | None, dict[str, float] | None]] = []
+        self.pending: list[TokenLogprob] = []
         self.offset = offset
 
-    def _piece(self, token: int) -> str:
-        return self.llama.model.token_to_piece(int(token), False).decode("utf-8", "replace")
-
-    def _entry(self, logits: np.ndarray, token: int) -> tuple[str, float, dict[str, float]]:
-        lp = Llama.logits_to_logprobs(logits)
-        top = np.argsort(-lp, kind="stable")[: max(self.n or 0, 0)]
-        best = {self._piece(t): float(lp[t]) for t in top}
-        best[self._piece(token)] = float(lp[token])
-        return self._piece(token), float(lp[token]), best
-
     def record(self, logits: np.ndarray, token: int) -> None:
-        self.pending.append(self._entry(logits, token))
+        self.pending.append(token_logprob(logits, token, self.n or 0))
 
     def add_prompt(self, tokens: list[int]) -> None:
         """The prompt's tokens (a leading BOS left out), each scored by the logits before it; the
@@ -1365,24 +1349,14 @@ class _LogprobsCollector:
         scores = self.llama.scores
         start = 1 if tokens and tokens[0] == self.llama.model.bos else 0
         for i in range(start, len(tokens)):
-            if i == 0:
-                self.pending.append((self._piece(tokens[0]), None, None))
-            else:
-                self.pending.append(self._entry(scores[i - 1], tokens[i]))
-        if self.pending and start == 1:
-            tok = self.pending[0]
-            self.pending[0] = (tok[0], None, None)
+            entry = token_logprob(scores[i - 1], tokens[i], self.n or 0) if i > 0 else TokenLogprob(tokens[0], None, [])
+            self.pending.append(entry if i > start else TokenLogprob(tokens[i], None, []))
 
     def take(self, text: str) -> dict | None:
         if self.n is None:
             return None
-        out: dict[str, list] = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
-        for tok, lp, top in self.pending:
-            out["tokens"].append(tok)
-            out["text_offset"].append(self.offset)
-            out["token_logprobs"].append(lp)
-            out["top_logprobs"].append(top)
-            self.offset += len(tok)
+        out = completion_logprobs(self.llama.model, self.pending, self.offset, with_chosen=True)
+        self.offset += sum(len(t) for t in out["tokens"])
         self.pending = []
         return out
 
@@ -1425,16 +1399,6 @@ def _merge_choices(chunks: list[dict]) -> dict:
     return {**merged[0], "choices": choices, "usage": usage}
 
 
-def _chat_logprobs(logprobs: dict | None) -> dict | None:
-    """Completion logprobs in the chat shape llama-cpp-python gives them."""
-    if logprobs is None:
-        return None
-    return {"content": [{"token": tok, "bytes": None, "logprob": lp,
-                         "top_logprobs": [{"token": t, "logprob": v, "bytes": None} for t, v in (top or {}).items()]}
-                        for tok, lp, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"])],
-            "refusal": None}
-
-
 def _with_function_call(message: dict, legacy: bool) -> dict:
     """The older functions API also names the first call in function_call."""
     if legacy and message.get("tool_calls"):
@@ -1450,7 +1414,7 @@ def _chat_response(completion: dict, fmt: str | None = None, legacy: bool = Fals
     return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
             "model": completion["model"],
             "choices": [{"index": 0, "message": _with_function_call(message, legacy),
-                         "logprobs": _chat_logprobs(choice["logprobs"]), "finish_reason": finish}],
+                         "logprobs": chat_logprobs_of_completion(choice["logprobs"]), "finish_reason": finish}],
             "usage": completion["usage"]}
 
 
@@ -1468,7 +1432,7 @@ def _chat_stream(chunks: Iterator[dict], fmt: str | None = None, legacy: bool = 
         choice = c["choices"][0]
         text = gate.push(choice["text"])
         if text:
-            yield delta({"content": text}, lp=_chat_logprobs(choice["logprobs"]))
+            yield delta({"content": text}, lp=chat_logprobs_of_completion(choice["logprobs"]))
         if choice["finish_reason"] is None:
             continue
         rest, calls, reasoning = gate.finish()

@@ -30,7 +30,7 @@ from ..chat import ChatTemplate, ChatTemplateError
 from ..llama import DEFAULT_SEED, Sampler, SamplingParams
 from .. import tools as T
 from .metrics import Metrics
-from .scheduler import JobFailed, Output, QueueFull, Request, Scheduler, completion_logprobs
+from .scheduler import JobFailed, Output, QueueFull, Request, Scheduler, chat_logprobs, completion_logprobs
 from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, Message,
                       SamplingFields, TokenizeRequest)
 
@@ -322,16 +322,7 @@ def plan_chat(engine: Engine, req: ChatRequest) -> ChatPlan:
 
 
 def _chat_logprobs(engine: Engine, outs: Sequence[Output]) -> dict | None:
-    entries = [o.logprob for o in outs if o.logprob is not None and not engine.model.is_eog(o.logprob.token)]
-    if not entries:
-        return None
-
-    def item(token: int, lp: float) -> dict:
-        piece = engine.model.token_to_piece(token, False)
-        return {"token": piece.decode("utf-8", "replace"), "logprob": lp, "bytes": list(piece)}
-
-    return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
-                        for e in entries]}
+    return chat_logprobs(engine.model, outs)
 
 
 def _chat_message(engine: Engine, outs: list[Output], fmt: str | None, parallel: bool) -> tuple[dict, str]:

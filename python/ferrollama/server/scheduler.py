@@ -26,12 +26,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator, Sequence
 
-import numpy as np
 
 from .._core import Batch, Context, DecodeError, Model
-from ..llama import Sampler, SamplingParams, StopScanner, common_prefix_len, log_softmax
+from ..llama import Sampler, SamplingParams, StopScanner, common_prefix_len
+from ..logprobs import TokenLogprob, token_logprob
+from ..logprobs import chat_logprobs as _chat_logprobs
+from ..logprobs import completion_logprobs as _completion_logprobs
 
-__all__ = ["Request", "Output", "Job", "Scheduler", "QueueFull", "JobFailed", "completion_logprobs"]
+__all__ = ["Request", "Output", "Job", "Scheduler", "QueueFull", "JobFailed", "completion_logprobs", "chat_logprobs",
+           "TokenLogprob"]
 
 log = logging.getLogger("ferrollama.server")
 
@@ -59,14 +62,6 @@ class Request:
     cache_prompt: bool = True
     #: render special tokens in the text (for chat formats whose tool calls are special tokens)
     special: bool = False
-
-
-@dataclass
-class TokenLogprob:
-    token: int
-    logprob: float
-    #: (token, logprob) of the most likely tokens, most likely first
-    top: list[tuple[int, float]]
 
 
 @dataclass
@@ -489,7 +484,7 @@ class Scheduler:
         token = sampler.sample_logits(logits)
         sampler.accept(token)
         req = job.request
-        logprob = self._logprob(logits, token, req.top_logprobs) if req.top_logprobs is not None else None
+        logprob = token_logprob(logits, token, req.top_logprobs) if req.top_logprobs is not None else None
         if self.model.is_eog(token):
             self._finish(slot, Output("", token, logprob, "stop"))
             return
@@ -503,12 +498,6 @@ class Scheduler:
             return
         job._push(Output(text, token, logprob))
         slot.state, slot.next_token = GENERATING, token
-
-    def _logprob(self, logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
-        lp = log_softmax(logits)
-        top = np.argpartition(-lp, n_top)[:n_top] if 0 < n_top < len(lp) else np.arange(0)
-        top = top[np.argsort(-lp[top], kind="stable")]
-        return TokenLogprob(token, float(lp[token]), [(int(t), float(lp[t])) for t in top])
 
     # endings
     def _usage(self, slot: Slot) -> dict[str, int]:
@@ -551,12 +540,13 @@ class Scheduler:
 def completion_logprobs(model: Model, outs: Sequence[Output], offset0: int = 0) -> dict:
     """OpenAI's completion logprobs (tokens, token_logprobs, top_logprobs, text_offset) of outputs
     whose text starts at offset0."""
-    piece = lambda t: model.token_to_piece(t, False).decode("utf-8", "replace")  # noqa: E731
-    entries = [o.logprob for o in outs if o.logprob is not None and not model.is_eog(o.logprob.token)]
-    tokens = [piece(e.token) for e in entries]
-    offsets, at = [], offset0
-    for t in tokens:
-        offsets.append(at)
-        at += len(t)
-    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{piece(t): lp for t, lp in e.top} for e in entries], "text_offset": offsets}
+    return _completion_logprobs(model, _entries(model, outs), offset0)
+
+
+def _entries(model: Model, outs: Sequence[Output]) -> list[TokenLogprob]:
+    return [o.logprob for o in outs if o.logprob is not None and not model.is_eog(o.logprob.token)]
+
+
+def chat_logprobs(model: Model, outs: Sequence[Output]) -> dict | None:
+    """OpenAI's chat logprobs of outputs."""
+    return _chat_logprobs(model, _entries(model, outs))

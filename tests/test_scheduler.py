@@ -115,3 +115,43 @@ def test_async_iteration_and_prompt_checks(model):
         # generation stops at the end of the slot's context
         out = sched.submit(Request(model.tokenize(STABLE[1]), GREEDY, None)).result()[1][-1]
         assert out.finish_reason == "length" and out.usage["prompt_tokens"] + out.usage["completion_tokens"] == 32
+
+
+#: a prompt the model continues by copying from it (prompt lookup's case)
+REPEAT = ("def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n"
+          "# the same two functions again:\n")
+
+
+def test_prompt_lookup_per_slot_keeps_greedy_texts(model):
+    """Each slot drafts from its own tokens; the drafted tokens its sampler picks are kept, the
+    cells of the rest removed: the texts are plain decoding's, in fewer steps."""
+    from ferrollama import PromptLookupDecoding
+
+    prompts = [model.tokenize(REPEAT), model.tokenize(STABLE[0])]
+    texts = {}
+    for name, drafter in (("plain", None), ("lookup", PromptLookupDecoding(max_ngram_size=2, num_pred_tokens=8))):
+        with Scheduler(model, n_ctx=1024, n_seq=2, n_threads=2, drafter=drafter) as sched:
+            jobs = sched.submit_many([Request(p, GREEDY, 24) for p in prompts])
+            texts[name] = [j.result()[0] for j in jobs]
+            stats = sched.stats
+            # the caches hold exactly prompt + answer tokens: no drafted cell is left behind
+            for slot in sched.slots:
+                assert sched.ctx.kv.seq_pos_max(slot.seq_id) == len(slot.tokens) - 1
+        if drafter is not None:
+            assert stats.drafted_tokens > 0 and 0 < stats.accepted_tokens <= stats.drafted_tokens
+            assert stats.decode_steps < 24
+    assert texts["lookup"] == texts["plain"]
+    assert texts["plain"][0].startswith("def area(w, h):\n    return w * h")
+
+
+def test_serve_lookup_flag_gives_each_slot_a_drafter():
+    from ferrollama.cli import build_parser
+    from ferrollama.cli.serve import build_app
+
+    tiny = str(model_path("tiny-llama-f32.gguf"))
+    app = build_app(build_parser().parse_args(["serve", "-m", tiny, "--lookup", "6", "--lookup-ngram", "3",
+                                               "--no-warmup", "-c", "256", "-np", "2"]))
+    scheduler = app.app.state.engine.scheduler          # (the app inside the API-key gate)
+    drafter = scheduler.drafter
+    assert (drafter.num_pred_tokens, drafter.max_ngram_size) == (6, 3)
+    scheduler.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import CLIError, add_context_args, add_model_args, load_model, log, positive_int, warmup
+from .common import CLIError, add_context_args, add_model_args, int_value, load_model, log, positive_int, warmup
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests that may wait for a slot; more are answered 503 (default: 64)")
     g.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'")
     g.add_argument("-a", "--alias", default=None, metavar="NAME", help="the model's name in the API (default: the file name)")
+    g.add_argument("--lookup", type=int_value, default=0, metavar="N",
+                   help="speculative decoding: each slot drafts up to N tokens by prompt lookup (n-gram match in its "
+                        "prompt and output), verified in the slots' shared batch")
+    g.add_argument("--lookup-ngram", type=int_value, default=2, metavar="N",
+                   help="longest n-gram prompt lookup matches (default: 2)")
 
 
 def build_app(args: argparse.Namespace):
@@ -39,16 +44,27 @@ def build_app(args: argparse.Namespace):
         raise CLIError(f"the server needs its extra: pip install 'ferrollama[server]' ({e.name} is missing)") from None
     from ..server.scheduler import Scheduler
 
+    drafter = _drafter(args)
     model = load_model(args)
     n_ctx = args.ctx_size if args.ctx_size > 0 else model.n_ctx_train
     if n_ctx < args.parallel:
         raise CLIError(f"--ctx-size {n_ctx} is smaller than --parallel {args.parallel}")
     scheduler = Scheduler(model, n_ctx=n_ctx, n_seq=args.parallel, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                           n_threads=args.threads, n_threads_batch=args.threads_batch, queue_size=args.queue_size,
-                          type_k=args.cache_type_k, type_v=args.cache_type_v)
+                          type_k=args.cache_type_k, type_v=args.cache_type_v, drafter=drafter)
     if not args.no_warmup:
         warmup(scheduler.ctx, model)
     return create_app(scheduler, model_name=args.alias, api_key=args.api_key)
+
+
+def _drafter(args: argparse.Namespace):
+    if args.lookup < 0 or args.lookup_ngram < 1:
+        raise CLIError("--lookup must be at least 0 and --lookup-ngram at least 1")
+    if not args.lookup:
+        return None
+    from ..speculative import PromptLookupDecoding
+
+    return PromptLookupDecoding(max_ngram_size=args.lookup_ngram, num_pred_tokens=args.lookup)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -175,6 +175,8 @@ class Slot:
         self.i_batch = -1
         #: prompt tokens this step's batch holds
         self.n_in_batch = 0
+        #: tokens drafted after next_token in this step's batch (speculative decoding)
+        self.draft: list[int] = []
         self.last_used = 0.0
 
     @property
@@ -183,7 +185,7 @@ class Slot:
 
     def release(self) -> None:
         self.state, self.job, self.sampler, self.scanner = IDLE, None, None, None
-        self.pending, self.next_token, self.copy_from, self.i_batch = [], None, None, -1
+        self.pending, self.next_token, self.copy_from, self.i_batch, self.draft = [], None, None, -1, []
         self.last_used = time.monotonic()
 
 
@@ -202,6 +204,9 @@ class Stats:
     generated_tokens: int = 0
     decode_steps: int = 0
     decode_seconds: float = 0.0
+    #: speculative decoding: tokens drafted, and those the model sampled too
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class Scheduler:
@@ -210,11 +215,15 @@ class Scheduler:
     ``n_ctx`` is the whole cache; each slot holds at most ``n_ctx // n_seq`` tokens, as in
     llama-server. ``n_batch`` bounds the tokens of one decode step (prompt chunks fill what the
     generating slots leave). ``queue_size`` bounds the jobs waiting for a slot.
+
+    ``drafter`` (e.g. ferrollama.PromptLookupDecoding) drafts tokens after each generating
+    slot's next token from that slot's own tokens; the step decodes them with it and each slot
+    keeps the drafted tokens its own sampler picks too (speculative decoding, per slot).
     """
 
     def __init__(self, model: Model, n_ctx: int = 4096, n_seq: int = 4, n_batch: int = 512,
                  n_threads: int | None = None, queue_size: int = 64, type_k: str = "f16", type_v: str = "f16",
-                 n_ubatch: int | None = None, n_threads_batch: int | None = None):
+                 n_ubatch: int | None = None, n_threads_batch: int | None = None, drafter: Any = None):
         if n_seq < 1 or n_ctx < n_seq:
             raise ValueError(f"need 1 <= n_seq <= n_ctx, got n_seq={n_seq}, n_ctx={n_ctx}")
         self.model = model
@@ -232,6 +241,9 @@ class Scheduler:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._batch = Batch(n_tokens_max=self.n_batch, n_seq_max=1)
+        if drafter is not None and not hasattr(drafter, "draft"):
+            raise ValueError("drafter must have a draft(tokens, n_max) method (ferrollama.PromptLookupDecoding)")
+        self.drafter = drafter
 
     # --- public ---
     @property
@@ -422,11 +434,18 @@ class Scheduler:
         """One token per generating slot, then prompt chunks in the room left; the slots with rows."""
         batch, rows = self._batch, []
         batch.clear()
-        for slot in self.slots:
-            if slot.state == GENERATING:
-                slot.i_batch = len(batch)
-                batch.add(slot.next_token, len(slot.tokens), seq_ids=(slot.seq_id,), logits=True)
-                rows.append(slot)
+        generating = [s for s in self.slots if s.state == GENERATING]
+        for i, slot in enumerate(generating):
+            n_after = len(generating) - 1 - i
+            # the next token, then its drafted ones (rows i_batch, i_batch + 1, ...); room is
+            # kept for the next tokens of the slots after it
+            slot.i_batch = len(batch)
+            batch.add(slot.next_token, len(slot.tokens), seq_ids=(slot.seq_id,), logits=True)
+            slot.draft = self._draft(slot, self.n_batch - len(batch) - n_after)
+            for k, t in enumerate(slot.draft):
+                batch.add(t, len(slot.tokens) + 1 + k, seq_ids=(slot.seq_id,), logits=True)
+            self.stats.drafted_tokens += len(slot.draft)
+            rows.append(slot)
         for slot in self.slots:
             room = self.n_batch - len(batch)
             if slot.state != PROMPT or room <= 0:
@@ -439,6 +458,16 @@ class Scheduler:
             slot.i_batch = len(batch) - 1 if len(chunk) == len(slot.pending) else -1
             rows.append(slot)
         return rows
+
+    def _draft(self, slot: Slot, room: int) -> list[int]:
+        """Tokens drafted after the slot's next token, as many as the batch, the slot's context
+        and its max_tokens leave room for."""
+        if self.drafter is None or room <= 0:
+            return []
+        req = slot.job.request  # type: ignore[union-attr]
+        left = (req.max_tokens - slot.n_generated - 1) if req.max_tokens is not None else room
+        n_max = min(room, left, self.n_ctx_slot - len(slot.tokens) - 2)
+        return self.drafter.draft(slot.tokens + [slot.next_token], n_max)[:n_max] if n_max > 0 else []
 
     def _decode(self, rows: list[Slot]) -> bool:
         """Decodes the batch; on an engine error, frees idle caches and retries, then fails
@@ -464,6 +493,9 @@ class Scheduler:
         """After a decode: record what the slot's row put in the cache, sample when it has logits."""
         if slot.state == GENERATING:
             slot.tokens.append(slot.next_token)  # type: ignore[arg-type]
+            if slot.draft:
+                self._verify(slot)
+                return
         else:
             chunk = slot.pending[:slot.n_in_batch]
             slot.tokens.extend(chunk)
@@ -477,17 +509,37 @@ class Scheduler:
             log.warning("sampling failed in slot %d: %s", slot.seq_id, e)
             self._fail(slot, JobFailed(f"sampling failed: {e}"))
 
-    def _sample(self, slot: Slot) -> None:
+    def _verify(self, slot: Slot) -> None:
+        """Samples the rows of the next token and the drafted ones in order, keeping drafted
+        tokens while the slot's sampler picks them; the cells after the first miss go."""
+        draft, base = slot.draft, len(slot.tokens)
+        slot.tokens.extend(draft)
+        for i in range(len(draft) + 1):
+            try:
+                token = self._sample(slot, slot.i_batch + i)
+            except Exception as e:  # as in _advance: this job only
+                self._truncate(slot, base + i)
+                self._fail(slot, JobFailed(f"sampling failed: {e}"))
+                return
+            if token is not None and i < len(draft) and token == draft[i]:
+                self.stats.accepted_tokens += 1
+                continue
+            self._truncate(slot, base + i)  # the cells of drafted tokens not kept
+            return
+
+    def _sample(self, slot: Slot, row: int | None = None) -> int | None:
+        """Samples the slot's token from a batch row and emits it; the token, or None when the
+        job ended."""
         job, sampler = slot.job, slot.sampler
         assert job is not None and sampler is not None and slot.scanner is not None
-        logits = self.ctx.logits(slot.i_batch)
+        logits = self.ctx.logits(slot.i_batch if row is None else row)
         token = sampler.sample_logits(logits)
         sampler.accept(token)
         req = job.request
         logprob = token_logprob(logits, token, req.top_logprobs) if req.top_logprobs is not None else None
         if self.model.is_eog(token):
             self._finish(slot, Output("", token, logprob, "stop"))
-            return
+            return None
         slot.n_generated += 1
         self.stats.generated_tokens += 1
         text, stopped = slot.scanner.push(self.model.token_to_piece(token, req.special))
@@ -495,9 +547,10 @@ class Scheduler:
         if stopped or slot.n_generated >= limit or len(slot.tokens) + 1 >= self.n_ctx_slot:
             text += "" if stopped else slot.scanner.flush()
             self._finish(slot, Output(text, token, logprob, "stop" if stopped else "length"))
-            return
+            return None
         job._push(Output(text, token, logprob))
         slot.state, slot.next_token = GENERATING, token
+        return token
 
     # endings
     def _usage(self, slot: Slot) -> dict[str, int]:

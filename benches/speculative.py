@@ -160,6 +160,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--lookup", type=int, default=16, help="ferrollama's draft length (default 16)")
     ap.add_argument("--zero-acceptance", action="store_true", help="also measure a draft model that is never right")
+    ap.add_argument("--zero-acceptance-only", action="store_true",
+                    help="only ferrollama plain and the never-right draft model (no llama-cpp-python needed)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import ferrollama as fl
@@ -170,6 +172,9 @@ def main() -> int:
         "llama-cpp-python plain": lambda: run_llama_cpp(path, False),
         "llama-cpp-python lookup": lambda: run_llama_cpp(path, True),
     }
+    if args.zero_acceptance_only:
+        args.zero_acceptance = True
+        runs = {"ferrollama plain": runs["ferrollama plain"]}
     if args.zero_acceptance:
         draft = zero_acceptance_draft(path, Path(path).parent)
         runs["ferrollama draft model (never right)"] = lambda: run_ferrollama(
@@ -184,6 +189,8 @@ def main() -> int:
                 results[name].append(r)
             print(f"rep {rep} {name}: {r['tokens']} tokens, {r['tokens'] / r['seconds']:.1f} t/s", file=sys.stderr)
     plain_text = results["ferrollama plain"][0]["text"]
+    if args.zero_acceptance_only:
+        return _zero_acceptance_report(results, plain_text, args)
     rows = []
     for name, rs in results.items():
         tps = [r["tokens"] / r["seconds"] for r in rs]
@@ -200,6 +207,19 @@ def main() -> int:
     print(f"llama-cpp-python lookup / llama-cpp-python plain: {ratio('llama-cpp-python lookup', 'llama-cpp-python plain'):.2f}x")
     if args.zero_acceptance:
         print(f"draft model never right / plain: {ratio('ferrollama draft model (never right)', 'ferrollama plain'):.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": B.machine_info(), "results": results}, indent=1))
+    return 0
+
+
+def _zero_acceptance_report(results: dict, plain_text: str, args: argparse.Namespace) -> int:
+    plain, draft = results["ferrollama plain"], results["ferrollama draft model (never right)"]
+    ratios = [d["tokens"] / d["seconds"] / (p["tokens"] / p["seconds"]) for d, p in zip(draft, plain)]
+    print(f"plain: {statistics.median(p['tokens'] / p['seconds'] for p in plain):.1f} t/s; never-right draft model: "
+          f"{statistics.median(d['tokens'] / d['seconds'] for d in draft):.1f} t/s; ratio per rep "
+          f"{', '.join(f'{r:.3f}' for r in ratios)} (median {statistics.median(ratios):.3f}); drafted "
+          f"{sum(d['drafted'] for d in draft)}, accepted {sum(d['accepted'] for d in draft)}; "
+          f"same text: {all(d['text'] == plain_text for d in draft)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": B.machine_info(), "results": results}, indent=1))
     return 0

@@ -157,3 +157,26 @@ def test_sampled_tokens_follow_the_target_distribution():
     # 8 degrees of freedom: the 0.001 critical value is 26.12.
     assert chi2 < 26.12, (chi2, observed, expected.round(1))
     assert math.isclose(marginal.sum(), 1.0, rel_tol=1e-6)
+
+
+def test_a_draft_model_that_keeps_missing_pauses_longer_each_time():
+    """Fruitless attempts pause drafting for 1, 2, 4 ... max_skip target tokens (what a never-right
+    draft model costs); an accepted draft ends the pauses."""
+    tiny = str(model_path("tiny-llama-f32.gguf"))
+    dm = fl.DraftModel(tiny, draft_max=2, draft_p_min=0.0, n_ctx=256, max_skip=8)
+    tokens = dm.model.tokenize("Once upon a time")
+    pattern = []
+    for _ in range(24):
+        d = dm.draft(tokens, 4)
+        pattern.append(len(d) > 0)
+        wrong = (d[0] + 1) % dm.model.n_vocab if d else 5
+        tokens = tokens + [wrong]                         # the target never takes the draft
+    # attempt, pause 1, attempt, pause 2, attempt, pause 4, attempt, pause 8 (max), ...
+    assert pattern[:16] == [True, False, True, False, False, True, False, False, False, False,
+                            True] + [False] * 5
+    d = dm.draft(tokens, 4) if pattern[-1] else None
+    while not d:
+        tokens = tokens + [5]
+        d = dm.draft(tokens, 4)
+    tokens = tokens + d[:1]                               # accepted: no pause
+    assert dm.draft(tokens, 4)

@@ -592,7 +592,9 @@ class Llama:
         self.kv_overrides = kv_overrides
         self._seed = seed
         self.last_n_tokens_size = last_n_tokens_size
-        self._logits_all = logits_all if draft_model is None else True
+        # (llama-cpp-python turns logits_all on with a draft model, for its own verification; the
+        # speculative loop here reads the verified rows from the context)
+        self._logits_all = logits_all
         self.lora_base, self.lora_scale, self.lora_path = lora_base, lora_scale, lora_path
         self.spm_infill = spm_infill
         self.cache: Any = None

@@ -71,10 +71,16 @@ class DraftModel:
     --draft-max, --draft-min, --draft-p-min): up to `draft_max` tokens, stopping where the
     draft's top probability falls below `draft_p_min`; a draft shorter than `draft_min` is
     not proposed. Its cache follows the target's tokens (shared prefix kept, the rest
-    removed with seq_rm)."""
+    removed with seq_rm).
+
+    A draft model that keeps missing costs a forward pass per target token for nothing, so
+    after attempts that bring no accepted token (an empty draft, or its first token
+    rejected) drafting pauses for 1, 2, 4 ... up to `max_skip` target tokens, and resumes at
+    once after an accepted one; the draft cache catches up in one batch when it resumes.
+    (llama.cpp drafts at every step: `max_skip=0`.)"""
 
     def __init__(self, model: str | os.PathLike[str] | Model, draft_max: int = 16, draft_min: int = 0,
-                 draft_p_min: float = 0.75, n_ctx: int = 4096, n_threads: int | None = None):
+                 draft_p_min: float = 0.75, n_ctx: int = 4096, n_threads: int | None = None, max_skip: int = 32):
         if draft_max < 1 or draft_min < 0 or draft_min > draft_max or not 0.0 <= draft_p_min <= 1.0:
             raise ValueError("need 1 <= draft_max, 0 <= draft_min <= draft_max, 0 <= draft_p_min <= 1")
         self.model = model if isinstance(model, Model) else Model(str(model))
@@ -83,6 +89,14 @@ class DraftModel:
         #: the tokens in the draft cache (sequence 0, positions 0..n-1)
         self.cached: list[int] = []
         self._target_vocab: int | None = None
+        if max_skip < 0:
+            raise ValueError(f"max_skip must be at least 0, not {max_skip}")
+        self.max_skip = max_skip
+        #: the last draft and the length of the tokens it followed (to see what was accepted)
+        self._last: tuple[int, list[int]] = (0, [])
+        #: target tokens to let pass without drafting, and the next pause's length
+        self._skip_left = 0
+        self._pause = 0
 
     def check_vocab(self, target: Model) -> None:
         """The draft must share the target's vocabulary (llama.cpp's rule: same size and specials)."""
@@ -92,9 +106,32 @@ class DraftModel:
 
     def draft(self, tokens: Sequence[int], n_max: int) -> list[int]:
         n_max = min(n_max, self.draft_max, self.ctx.n_ctx - len(tokens))
-        if n_max <= 0:
+        if n_max <= 0 or self._paused(tokens):
             return []
         logits = self._follow(tokens)
+        out = self._greedy(logits, n_max)
+        self._last = (len(tokens), out)
+        return out
+
+    def _paused(self, tokens: Sequence[int]) -> bool:
+        """Whether to skip drafting now, from what became of the last draft."""
+        if self.max_skip == 0:
+            return False
+        if self._skip_left > 0:
+            self._skip_left -= 1
+            return True
+        at, last = self._last
+        accepted = bool(last) and len(tokens) > at and tokens[at] == last[0]
+        if accepted:
+            self._pause = 0
+        elif at:  # a fruitless attempt: pause, longer each time
+            self._pause = min(max(1, 2 * self._pause), self.max_skip)
+            self._skip_left = self._pause - 1
+            self._last = (0, [])
+            return True
+        return False
+
+    def _greedy(self, logits: np.ndarray, n_max: int) -> list[int]:
         out: list[int] = []
         while len(out) < n_max:
             token, p = _top(logits)

@@ -506,3 +506,17 @@ def test_chat_formats_by_name_and_the_llama_2_fallback():
     formatted = llama_chat_format.format_llama2(messages=messages)
     out = llm.create_chat_completion(messages, max_tokens=3, temperature=0.0)
     assert out["usage"]["prompt_tokens"] == len(llm.tokenize(formatted.prompt.encode(), special=True))
+
+
+def test_llama_cpp_python_s_prompt_lookup_class_drafts_as_a_callable(qwen):
+    from ferrollama import LlamaDraftModel, LlamaPromptLookupDecoding
+    from ferrollama.llama import Llama
+
+    drafter = LlamaPromptLookupDecoding(num_pred_tokens=4)
+    assert isinstance(drafter, LlamaDraftModel)
+    assert drafter(np.array([7, 8, 9, 7, 8], dtype=np.intc)).tolist() == [9, 7, 8]
+    llm = Llama(qwen_path(), n_ctx=512, verbose=False, draft_model=drafter)
+    prompt = "a b c d e f a b c d e f a b c"
+    plain = qwen(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"]
+    assert llm(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"] == plain
+    assert llm.speculative_stats.n_accepted > 0

@@ -32,7 +32,9 @@ from .llama import (
 from .llama_cache import BaseLlamaCache, LlamaCache, LlamaDiskCache, LlamaRAMCache
 from .llama_grammar import LlamaGrammar
 from .llama_tokenizer import BaseLlamaTokenizer, LlamaHFTokenizer, LlamaTokenizer
-from . import llama_chat_format, llama_types
+from . import llama_chat_format, llama_speculative, llama_types
+from .llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
+from .llama_types import *  # noqa: F401,F403 - llama_cpp exposes its types at the top level too
 from .models import default_model_path
 from .speculative import DraftModel, PromptLookupDecoding
 
@@ -57,6 +59,9 @@ __all__ = [
     "LlamaRAMCache",
     "LlamaTokenizer",
     "llama_chat_format",
+    "llama_speculative",
+    "LlamaDraftModel",
+    "LlamaPromptLookupDecoding",
     "llama_types",
     "LogitsProcessor",
     "LogitsProcessorList",

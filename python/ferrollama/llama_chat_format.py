@@ -31,14 +31,7 @@ from . import llama_grammar
 from . import llama_types
 from .chat import ChatTemplateError, _environment
 
-try:  # the Llama's own list type once it has one; the same semantics otherwise
-    from .llama import StoppingCriteriaList
-except ImportError:  # pragma: no cover - until llama.py exports it
-    class StoppingCriteriaList(list):  # type: ignore[no-redef]
-        """Callables (input_ids, logits) -> bool; generation stops when any returns True."""
-
-        def __call__(self, input_ids: Any, logits: Any) -> bool:
-            return any(criterion(input_ids, logits) for criterion in self)
+from .llama import StoppingCriteriaList
 
 __all__ = [
     "CHATML_CHAT_TEMPLATE", "CHATML_BOS_TOKEN", "CHATML_EOS_TOKEN", "MISTRAL_INSTRUCT_CHAT_TEMPLATE",

@@ -53,6 +53,10 @@ class PromptLookupDecoding:
         self.max_ngram_size = max_ngram_size
         self.num_pred_tokens = num_pred_tokens
 
+    def __call__(self, input_ids: np.ndarray, /, **kwargs: object) -> np.ndarray:
+        """llama-cpp-python's draft-model call: the drafted ids after input_ids."""
+        return np.asarray(self.draft(list(input_ids), self.num_pred_tokens), dtype=np.intc)
+
     def draft(self, tokens: Sequence[int], n_max: int) -> list[int]:
         n_max = min(n_max, self.num_pred_tokens)
         ids = np.asarray(tokens, dtype=np.int64)

@@ -155,3 +155,23 @@ def test_serve_lookup_flag_gives_each_slot_a_drafter():
     drafter = scheduler.drafter
     assert (drafter.num_pred_tokens, drafter.max_ngram_size) == (6, 3)
     scheduler.close()
+
+
+def test_a_draft_model_per_slot_keeps_greedy_texts(model):
+    """-md in the server: the draft model follows each slot in a sequence of its own (here the
+    target itself drafts, so nearly every drafted token is kept)."""
+    from ferrollama import DraftModel
+
+    prompts = [model.tokenize(REPEAT), model.tokenize(STABLE[1])]
+    texts = {}
+    for name, drafter in (("plain", None), ("draft", DraftModel(model, draft_max=4, draft_p_min=0.0, n_ctx=2048,
+                                                                 n_seq=2, n_threads=2))):
+        with Scheduler(model, n_ctx=1024, n_seq=2, n_threads=2, drafter=drafter) as sched:
+            texts[name] = [j.result()[0] for j in sched.submit_many([Request(p, GREEDY, 16) for p in prompts])]
+            stats = sched.stats
+        if drafter is not None:
+            assert stats.accepted_tokens > 0.8 * stats.drafted_tokens > 0
+            assert [len(s.cached) for s in drafter.seqs] != [0, 0]
+    assert texts["draft"] == texts["plain"]
+    with pytest.raises(ValueError, match="2 slots"):
+        Scheduler(model, n_ctx=1024, n_seq=2, drafter=DraftModel(model, n_ctx=512, n_seq=1))

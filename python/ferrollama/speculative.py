@@ -57,7 +57,9 @@ class PromptLookupDecoding:
         """llama-cpp-python's draft-model call: the drafted ids after input_ids."""
         return np.asarray(self.draft(list(input_ids), self.num_pred_tokens), dtype=np.intc)
 
-    def draft(self, tokens: Sequence[int], n_max: int) -> list[int]:
+    def draft(self, tokens: Sequence[int], n_max: int, seq_id: int = 0) -> list[int]:
+        """Up to n_max tokens after tokens (the same for any sequence: lookup keeps no state)."""
+        del seq_id
         n_max = min(n_max, self.num_pred_tokens)
         ids = np.asarray(tokens, dtype=np.int64)
         for size in range(min(self.max_ngram_size, len(ids) - 1), 0, -1):
@@ -70,12 +72,26 @@ class PromptLookupDecoding:
         return []
 
 
+class _DraftSeq:
+    """What a draft model keeps for one sequence."""
+
+    def __init__(self) -> None:
+        #: the tokens in the draft cache for this sequence (positions 0..n-1)
+        self.cached: list[int] = []
+        #: the last draft and the length of the tokens it followed (to see what was accepted)
+        self.last: tuple[int, list[int]] = (0, [])
+        #: target tokens to let pass without drafting, and the next pause's length
+        self.skip_left = 0
+        self.pause = 0
+
+
 class DraftModel:
     """Drafts with a smaller model of the same vocabulary, greedily (llama.cpp's
     --draft-max, --draft-min, --draft-p-min): up to `draft_max` tokens, stopping where the
     draft's top probability falls below `draft_p_min`; a draft shorter than `draft_min` is
     not proposed. Its cache follows the target's tokens (shared prefix kept, the rest
-    removed with seq_rm).
+    removed with seq_rm); with `n_seq` sequences it follows that many (the server's slots,
+    `draft(..., seq_id=...)`), each in `n_ctx / n_seq` cells.
 
     A draft model that keeps missing costs a forward pass per target token for nothing, so
     after attempts that bring no accepted token (an empty draft, or its first token
@@ -84,23 +100,27 @@ class DraftModel:
     (llama.cpp drafts at every step: `max_skip=0`.)"""
 
     def __init__(self, model: str | os.PathLike[str] | Model, draft_max: int = 16, draft_min: int = 0,
-                 draft_p_min: float = 0.75, n_ctx: int = 4096, n_threads: int | None = None, max_skip: int = 32):
+                 draft_p_min: float = 0.75, n_ctx: int = 4096, n_threads: int | None = None, max_skip: int = 32,
+                 n_seq: int = 1):
         if draft_max < 1 or draft_min < 0 or draft_min > draft_max or not 0.0 <= draft_p_min <= 1.0:
             raise ValueError("need 1 <= draft_max, 0 <= draft_min <= draft_max, 0 <= draft_p_min <= 1")
+        if max_skip < 0 or n_seq < 1:
+            raise ValueError(f"need max_skip >= 0 and n_seq >= 1, not {max_skip} and {n_seq}")
         self.model = model if isinstance(model, Model) else Model(str(model))
         self.draft_max, self.draft_min, self.draft_p_min = draft_max, draft_min, draft_p_min
-        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=min(n_ctx, 2048), n_threads=n_threads)
-        #: the tokens in the draft cache (sequence 0, positions 0..n-1)
-        self.cached: list[int] = []
-        self._target_vocab: int | None = None
-        if max_skip < 0:
-            raise ValueError(f"max_skip must be at least 0, not {max_skip}")
+        self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=min(n_ctx, 2048), n_threads=n_threads, n_seq_max=n_seq)
+        self.n_ctx_seq = self.ctx.n_ctx // n_seq
         self.max_skip = max_skip
-        #: the last draft and the length of the tokens it followed (to see what was accepted)
-        self._last: tuple[int, list[int]] = (0, [])
-        #: target tokens to let pass without drafting, and the next pause's length
-        self._skip_left = 0
-        self._pause = 0
+        self.seqs = [_DraftSeq() for _ in range(n_seq)]
+
+    @property
+    def n_seq(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def cached(self) -> list[int]:
+        """The tokens in the draft cache of sequence 0."""
+        return self.seqs[0].cached
 
     def check_vocab(self, target: Model) -> None:
         """The draft must share the target's vocabulary (llama.cpp's rule: same size and specials)."""
@@ -108,34 +128,36 @@ class DraftModel:
             raise ValueError(f"the draft model's vocabulary ({self.model.n_vocab} tokens) differs from the "
                              f"target's ({target.n_vocab})")
 
-    def draft(self, tokens: Sequence[int], n_max: int) -> list[int]:
-        n_max = min(n_max, self.draft_max, self.ctx.n_ctx - len(tokens))
-        if n_max <= 0 or self._paused(tokens):
+    def draft(self, tokens: Sequence[int], n_max: int, seq_id: int = 0) -> list[int]:
+        if not 0 <= seq_id < self.n_seq:
+            raise ValueError(f"seq_id {seq_id} is not one of the draft model's {self.n_seq} sequences")
+        seq = self.seqs[seq_id]
+        n_max = min(n_max, self.draft_max, self.n_ctx_seq - len(tokens))
+        if n_max <= 0 or self._paused(seq, tokens):
             return []
-        logits = self._follow(tokens)
-        out = self._greedy(logits, n_max)
-        self._last = (len(tokens), out)
+        logits = self._follow(seq, seq_id, tokens)
+        out = self._greedy(seq, seq_id, logits, n_max)
+        seq.last = (len(tokens), out)
         return out
 
-    def _paused(self, tokens: Sequence[int]) -> bool:
-        """Whether to skip drafting now, from what became of the last draft."""
+    def _paused(self, seq: _DraftSeq, tokens: Sequence[int]) -> bool:
+        """Whether to skip drafting now, from what became of the sequence's last draft."""
         if self.max_skip == 0:
             return False
-        if self._skip_left > 0:
-            self._skip_left -= 1
+        if seq.skip_left > 0:
+            seq.skip_left -= 1
             return True
-        at, last = self._last
-        accepted = bool(last) and len(tokens) > at and tokens[at] == last[0]
-        if accepted:
-            self._pause = 0
+        at, last = seq.last
+        if bool(last) and len(tokens) > at and tokens[at] == last[0]:
+            seq.pause = 0
         elif at:  # a fruitless attempt: pause, longer each time
-            self._pause = min(max(1, 2 * self._pause), self.max_skip)
-            self._skip_left = self._pause - 1
-            self._last = (0, [])
+            seq.pause = min(max(1, 2 * seq.pause), self.max_skip)
+            seq.skip_left = seq.pause - 1
+            seq.last = (0, [])
             return True
         return False
 
-    def _greedy(self, logits: np.ndarray, n_max: int) -> list[int]:
+    def _greedy(self, seq: _DraftSeq, seq_id: int, logits: np.ndarray, n_max: int) -> list[int]:
         out: list[int] = []
         while len(out) < n_max:
             token, p = _top(logits)
@@ -144,25 +166,25 @@ class DraftModel:
             out.append(token)
             if len(out) == n_max:
                 break
-            self.ctx.decode(Batch.from_tokens([token], pos0=len(self.cached), logits="last"))
-            self.cached.append(token)
+            self.ctx.decode(Batch.from_tokens([token], pos0=len(seq.cached), seq_id=seq_id, logits="last"))
+            seq.cached.append(token)
             logits = self.ctx.logits(-1)
         return out if len(out) >= self.draft_min else []
 
-    def _follow(self, tokens: Sequence[int]) -> np.ndarray:
-        """Makes the draft cache hold `tokens` and returns the logits after the last."""
+    def _follow(self, seq: _DraftSeq, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
+        """Makes the sequence's draft cache hold `tokens` and returns the logits after the last."""
         keep = 0
-        limit = min(len(self.cached), len(tokens) - 1)
-        while keep < limit and self.cached[keep] == tokens[keep]:
+        limit = min(len(seq.cached), len(tokens) - 1)
+        while keep < limit and seq.cached[keep] == tokens[keep]:
             keep += 1
-        self.ctx.kv.seq_rm(0, keep, -1)
-        del self.cached[keep:]
+        self.ctx.kv.seq_rm(seq_id, keep, -1)
+        del seq.cached[keep:]
         rest = list(tokens[keep:])
         n_batch = self.ctx.n_batch
         for i in range(0, len(rest), n_batch):
             chunk = rest[i:i + n_batch]
-            self.ctx.decode(Batch.from_tokens(chunk, pos0=len(self.cached), logits="last"))
-            self.cached.extend(chunk)
+            self.ctx.decode(Batch.from_tokens(chunk, pos0=len(seq.cached), seq_id=seq_id, logits="last"))
+            seq.cached.extend(chunk)
         return self.ctx.logits(-1)
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import CLIError, add_context_args, add_model_args, int_value, load_model, log, positive_int, warmup
+from .common import (CLIError, add_context_args, add_model_args, float_value, int_value, load_model, log, positive_int,
+                     warmup)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,6 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "prompt and output), verified in the slots' shared batch")
     g.add_argument("--lookup-ngram", type=int_value, default=2, metavar="N",
                    help="longest n-gram prompt lookup matches (default: 2)")
+    g.add_argument("-md", "--model-draft", metavar="FNAME", default=None,
+                   help="speculative decoding with a draft model of the same vocabulary, a sequence per slot")
+    g.add_argument("--draft-max", "--draft", "--draft-n", type=int_value, default=16, metavar="N",
+                   help="tokens the draft model drafts at most (default: 16)")
+    g.add_argument("--draft-min", type=int_value, default=0, metavar="N", help="shortest draft worth verifying (default: 0)")
+    g.add_argument("--draft-p-min", type=float_value, default=0.75, metavar="P",
+                   help="the draft stops below this probability of its top token (default: 0.75)")
 
 
 def build_app(args: argparse.Namespace):
@@ -44,11 +52,11 @@ def build_app(args: argparse.Namespace):
         raise CLIError(f"the server needs its extra: pip install 'ferrollama[server]' ({e.name} is missing)") from None
     from ..server.scheduler import Scheduler
 
-    drafter = _drafter(args)
     model = load_model(args)
     n_ctx = args.ctx_size if args.ctx_size > 0 else model.n_ctx_train
     if n_ctx < args.parallel:
         raise CLIError(f"--ctx-size {n_ctx} is smaller than --parallel {args.parallel}")
+    drafter = _drafter(args, model, n_ctx)
     scheduler = Scheduler(model, n_ctx=n_ctx, n_seq=args.parallel, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                           n_threads=args.threads, n_threads_batch=args.threads_batch, queue_size=args.queue_size,
                           type_k=args.cache_type_k, type_v=args.cache_type_v, drafter=drafter)
@@ -57,14 +65,25 @@ def build_app(args: argparse.Namespace):
     return create_app(scheduler, model_name=args.alias, api_key=args.api_key)
 
 
-def _drafter(args: argparse.Namespace):
+def _drafter(args: argparse.Namespace, model, n_ctx: int):  # noqa: ANN001
+    """The slots' drafter: prompt lookup (--lookup), a draft model (-md) or none."""
+    from ..speculative import DraftModel, PromptLookupDecoding
+
     if args.lookup < 0 or args.lookup_ngram < 1:
         raise CLIError("--lookup must be at least 0 and --lookup-ngram at least 1")
-    if not args.lookup:
+    if args.lookup and args.model_draft:
+        raise CLIError("give --lookup or -md, not both")
+    if args.lookup:
+        return PromptLookupDecoding(max_ngram_size=args.lookup_ngram, num_pred_tokens=args.lookup)
+    if args.model_draft is None:
         return None
-    from ..speculative import PromptLookupDecoding
-
-    return PromptLookupDecoding(max_ngram_size=args.lookup_ngram, num_pred_tokens=args.lookup)
+    try:
+        draft = DraftModel(args.model_draft, draft_max=args.draft_max, draft_min=args.draft_min,
+                           draft_p_min=args.draft_p_min, n_ctx=n_ctx, n_threads=args.threads, n_seq=args.parallel)
+        draft.check_vocab(model)
+    except ValueError as e:
+        raise CLIError(f"-md {args.model_draft}: {e}") from None
+    return draft
 
 
 def run(args: argparse.Namespace) -> int:

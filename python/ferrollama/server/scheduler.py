@@ -216,8 +216,8 @@ class Scheduler:
     llama-server. ``n_batch`` bounds the tokens of one decode step (prompt chunks fill what the
     generating slots leave). ``queue_size`` bounds the jobs waiting for a slot.
 
-    ``drafter`` (e.g. ferrollama.PromptLookupDecoding) drafts tokens after each generating
-    slot's next token from that slot's own tokens; the step decodes them with it and each slot
+    ``drafter`` (ferrollama.PromptLookupDecoding, or a DraftModel with a sequence per slot)
+    drafts tokens after each generating slot's next token from that slot's own tokens; the step decodes them with it and each slot
     keeps the drafted tokens its own sampler picks too (speculative decoding, per slot).
     """
 
@@ -242,7 +242,10 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._batch = Batch(n_tokens_max=self.n_batch, n_seq_max=1)
         if drafter is not None and not hasattr(drafter, "draft"):
-            raise ValueError("drafter must have a draft(tokens, n_max) method (ferrollama.PromptLookupDecoding)")
+            raise ValueError("drafter must have a draft(tokens, n_max, seq_id) method "
+                             "(ferrollama.PromptLookupDecoding or DraftModel)")
+        if getattr(drafter, "n_seq", n_seq) < n_seq:
+            raise ValueError(f"the draft model follows {drafter.n_seq} sequences; the scheduler has {n_seq} slots")
         self.drafter = drafter
 
     # --- public ---
@@ -467,7 +470,9 @@ class Scheduler:
         req = slot.job.request  # type: ignore[union-attr]
         left = (req.max_tokens - slot.n_generated - 1) if req.max_tokens is not None else room
         n_max = min(room, left, self.n_ctx_slot - len(slot.tokens) - 2)
-        return self.drafter.draft(slot.tokens + [slot.next_token], n_max)[:n_max] if n_max > 0 else []
+        if n_max <= 0:
+            return []
+        return self.drafter.draft(slot.tokens + [slot.next_token], n_max, seq_id=slot.seq_id)[:n_max]
 
     def _decode(self, rows: list[Slot]) -> bool:
         """Decodes the batch; on an engine error, frees idle caches and retries, then fails

@@ -19,8 +19,9 @@ class StateError(Error): ...
 class BusyError(Error): ...
 class GrammarError(Error): ...
 
-def quantize(rows: npt.NDArray[np.float32], type: str) -> npt.NDArray[np.uint8]:
-    """Rows (n_rows, n_per_row) quantized with llama.cpp's reference quantizer of `type`."""
+def quantize(rows: npt.NDArray[np.float32], type: str, imatrix: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.uint8]:
+    """Rows (n_rows, n_per_row) quantized with llama.cpp's reference quantizer of `type`, or with
+    `imatrix` (n_per_row importance weights) its weighted one (Q2_K..Q6_K, Q4_0..Q5_1, IQ4_NL/XS)."""
 
 class TensorInfo:
     name: str

@@ -2,7 +2,8 @@
 """Records what llama.cpp's quantizer writes for the tiny llama (tests/data/models/tiny-llama-f32.gguf),
 with and without an importance matrix, for tests/test_cli_quantize_imatrix.py:
 tests/data/quants/llama_quantize.json holds, per type, each tensor's type and the sha256 of its
-bytes.
+bytes; and a few mixes (llama-quantize's per-tensor choices, not pure) of the tiny llama and the
+tiny MoE (whose experts each take their own row of the imatrix), with each model's imatrix.
 
 Everything goes through llama_model_quantize of llama-cpp-python 0.3.36 (llama.cpp's
 llama-quantize minus its command line), with `pure` (every matrix in the type, llama.cpp's
@@ -61,18 +62,23 @@ def imatrix_param(imatrix: dict[str, np.ndarray]):
     return entries, keep
 
 
-def quantize(ftype: int, imatrix: dict[str, np.ndarray] | None) -> dict[str, list[str]]:
+#: mixes (not pure) with each model's own llama.cpp imatrix: (model, preset, llama_ftype)
+MIXES = [("tiny-llama-f32", "Q4_K_M", 15), ("tiny-llama-f32", "Q2_K_S", 21), ("tiny-llama-f32", "Q3_K_M", 12),
+         ("tiny-qwen3moe-f32", "Q4_K_M", 15), ("tiny-qwen3moe-f32", "Q5_K_S", 16)]
+
+
+def quantize(ftype: int, imatrix: dict[str, np.ndarray] | None, model: Path = MODEL, pure: bool = True) -> dict[str, list[str]]:
     params = L.llama_model_quantize_default_params()
     params.nthread = 2
     params.ftype = ftype
-    params.pure = True
+    params.pure = pure
     keep = None
     if imatrix is not None:
         entries, keep = imatrix_param(imatrix)
         params.imatrix = ctypes.cast(entries, ctypes.POINTER(L.llama_model_imatrix_data))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.gguf"
-        rc = L.llama_model_quantize(str(MODEL).encode(), str(out).encode(), ctypes.byref(params))
+        rc = L.llama_model_quantize(str(model).encode(), str(out).encode(), ctypes.byref(params))
         if rc != 0:
             raise RuntimeError(f"llama_model_quantize failed for ftype {ftype}")
         del keep
@@ -86,6 +92,12 @@ def main() -> None:
     for name, ftype in FTYPES.items():
         record["types"][name] = {"plain": quantize(ftype, None), "imatrix": quantize(ftype, imatrix)}
         print(name, "done")
+    record["mixes"] = {}
+    for model, preset, ftype in MIXES:
+        path = DATA / "models" / f"{model}.gguf"
+        own = load_imatrix(DATA / "imatrix" / f"{model}.imatrix.gguf")
+        record["mixes"][f"{model} {preset}"] = quantize(ftype, own, path, pure=False)
+        print(model, preset, "done")
     OUT.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 

@@ -37,6 +37,18 @@ def test_weighted_quantizers_equal_llama_quantize(tmp_path, kind):
     assert digests(out) == RECORD["types"][kind]["imatrix"]
 
 
+@pytest.mark.parametrize("case", sorted(RECORD["mixes"]))
+def test_mixes_with_an_imatrix_equal_llama_quantize(tmp_path, case):
+    """The preset's per-tensor types and the weighted bytes together; on the MoE model each expert
+    is quantized with its own row of the importance matrix."""
+    model, preset = case.split()
+    out = tmp_path / "out.gguf"
+    r = ferrollama("quantize", DATA / "models" / f"{model}.gguf", out, preset,
+                   "--imatrix", DATA / "imatrix" / f"{model}.imatrix.gguf")
+    assert r.returncode == 0, r.stderr
+    assert digests(out) == RECORD["mixes"][case]
+
+
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_legacy_types_without_imatrix_equal_llama_quantize(tmp_path, kind):
     out = tmp_path / "out.gguf"

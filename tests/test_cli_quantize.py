@@ -50,26 +50,27 @@ def test_file_type_and_norms(tmp_path):
 
 
 def test_mix_rules_of_q4_k_m():
-    from ferrollama.cli.quantize import Rules, _use_more_bits
+    from ferrollama.cli.quant_plan import ModelFacts, Planner, _use_more_bits
 
-    rules = Rules("Q4_K", "m", 24, None, None, has_output=True)
-    assert rules.type_of("output.weight") == "Q6_K"
-    assert rules.type_of("token_embd.weight") == "Q4_K"
-    assert rules.type_of("blk.0.attn_v.weight") == "Q6_K"
     # llama.cpp's use_more_bits(i, 24): i < 3, i >= 21, or (i - 3) % 3 == 2
     assert [i for i in range(24) if _use_more_bits(i, 24)] == [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23]
-    assert rules.type_of("blk.5.attn_v.weight") == "Q6_K"
-    assert rules.type_of("blk.4.attn_v.weight") == "Q4_K"
-    assert rules.type_of("blk.23.ffn_down.weight") == "Q6_K"
-    assert rules.type_of("blk.5.ffn_up.weight") == "Q4_K"
-    tied = Rules("Q4_K", "m", 24, None, None, has_output=False)
-    assert tied.type_of("token_embd.weight") == "Q6_K"
-    assert Rules("Q4_K", None, 24, None, None).type_of("output.weight") == "Q4_K"
+    layer = lambda i: [(f"blk.{i}.{n}.weight", (256, 256), "F16") for n in ("attn_v", "ffn_down", "ffn_up")]  # noqa: E731
+    tensors = [("token_embd.weight", (256, 1000), "F16"), ("output.weight", (256, 1000), "F16")]
+    tensors += [t for i in range(24) for t in layer(i)]
+    plan = Planner(ModelFacts("llama", 24, 8, 8), "Q4_K_M").plan(tensors)
+    assert plan["output.weight"] == "Q6_K" and plan["token_embd.weight"] == "Q4_K"
+    assert plan["blk.5.attn_v.weight"] == plan["blk.23.ffn_down.weight"] == "Q6_K"
+    assert plan["blk.4.attn_v.weight"] == plan["blk.5.ffn_up.weight"] == "Q4_K"
+    tied = Planner(ModelFacts("llama", 24, 8, 8), "Q4_K_M").plan([t for t in tensors if t[0] != "output.weight"])
+    assert tied["token_embd.weight"] == "Q6_K"
+    assert Planner(ModelFacts("llama", 24, 8, 8), "Q4_K_M", pure=True).plan(tensors)["output.weight"] == "Q4_K"
 
 
 @pytest.mark.parametrize("args, message", [
     (["Q9_9"], "unknown type 'Q9_9'"),
     (["Q8_0", "--output-tensor-type", "Q1"], "unknown tensor type 'Q1'"),
+    (["IQ2_XXS"], "this quantization requires an importance matrix"),
+    (["Q2_K_S"], "this quantization requires an importance matrix"),
 ])
 def test_bad_type_is_one_line(tmp_path, args, message):
     r = ferrollama("quantize", F32, tmp_path / "o.gguf", *args)

@@ -23,6 +23,7 @@ COMMANDS = {
     "inspect": ("inspect", "print a GGUF file's header, metadata and tensors (gguf-dump)"),
     "tokenize": ("tokenize", "print the tokens of a text (llama-tokenize)"),
     "perplexity": ("perplexity", "perplexity and KL divergence over a text (llama-perplexity)"),
+    "imatrix": ("imatrix", "compute an importance matrix over a text for quantize --imatrix (llama-imatrix)"),
     "quantize": ("quantize", "convert an F32/F16/BF16 model to another type (llama-quantize)"),
     "embed": ("embed", "print embeddings of texts (llama-embedding)"),
     "serve": ("serve", "an OpenAI-compatible HTTP server batching concurrent requests (llama-server)"),

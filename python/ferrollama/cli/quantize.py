@@ -1,50 +1,54 @@
-"""``ferrollama quantize IN OUT TYPE``: convert an F32/F16/BF16 model to a type the engine reads.
+"""``ferrollama quantize IN OUT TYPE``: convert an F32/F16/BF16 model, as llama-quantize does.
 
-The file is read and written with the ``gguf`` package. Every weight matrix (2-D tensor) becomes
-TYPE, except where llama.cpp's rules say otherwise: a row length that is not a multiple of the
-type's block falls back to llama.cpp's fallback type; the ``_M`` / ``_S`` mixes keep a few tensors
-at more bits (Q4_K_M: output and some attn_v / ffn_down in Q6_K). 1-D tensors (norms, biases)
-stay F32. ``general.file_type`` is set to the new type.
+TYPE is one of llama-quantize's presets: a plain type (Q8_0, Q4_0, Q6_K, IQ4_XS, TQ1_0, ...) or a
+mix (Q2_K_S, Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, IQ2_M, IQ3_M, ..., MXFP4_MOE; Q3_K, Q4_K, Q5_K are
+aliases of the _M mixes). Each tensor's type is llama-quantize's choice (quant_plan.py, a port of
+llama_tensor_get_type): unless ``--pure``, the mix rules move some tensors to other types by their
+role, layer, the architecture, experts and grouped-query ratio; a row the type's block does not
+divide falls back to a smaller block (F16 at worst); tensors llama.cpp never quantizes (norms,
+biases, routers, 1-D tensors) are copied as they are. ``general.file_type`` is the preset's id.
 
-Quantization itself is ggml's reference code: the ``gguf`` package's for F16, BF16, Q4_0, Q4_1,
-Q5_0, Q5_1, Q8_0, TQ1_0, TQ2_0 and MXFP4; the engine's (``ferrollama._core.quantize``) for the
-k-quants and IQ4. The IQ1/IQ2/IQ3 types, which the engine reads, are not written: llama.cpp's
-quantizers for them search their grids under an importance matrix.
+``--imatrix FILE`` (llama-imatrix's GGUF format, or its older .dat) weights the quantizers that
+take importance weights (Q2_K..Q6_K, Q4_0..Q5_1, IQ4_NL, IQ4_XS: ggml's quantize_row_*_impl);
+without it they are ggml's reference quantizers. As llama.cpp, quantize refuses without an
+importance matrix where the result would be garbage: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS
+tensors, and the Q2_K tensors of Q2_K_S. The IQ1/IQ2/IQ3 types themselves, which the engine reads,
+are not written yet: a plan that needs one is refused, naming the tensor and the type.
+
+Quantization itself is ggml's code, bit for bit: the ``gguf`` package's for F16, BF16, Q8_0, TQ1_0,
+TQ2_0, MXFP4 and (without an imatrix) Q4_0..Q5_1; the engine's (``ferrollama._core.quantize``) for
+the k-quants, IQ4 and everything under an importance matrix.
+
+  ferrollama imatrix -m model-f16.gguf -f calibration.txt -o imatrix.gguf
+  ferrollama quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M --imatrix imatrix.gguf
 """
 from __future__ import annotations
 
 import argparse
 import os
-import re
-from dataclasses import dataclass
+import struct
 
 import numpy as np
 
 from .common import CLIError, progress
+from .quant_plan import ALIASES, PRESETS, ModelFacts, Planner, requires_imatrix, resolve_preset
 
-#: TYPE -> (base tensor type, llama_ftype id, mix rule)
-TARGETS = {
-    "F32": ("F32", 0, None), "F16": ("F16", 1, None), "BF16": ("BF16", 32, None),
-    "Q4_0": ("Q4_0", 2, None), "Q4_1": ("Q4_1", 3, None), "Q5_0": ("Q5_0", 8, None), "Q5_1": ("Q5_1", 9, None),
-    "Q8_0": ("Q8_0", 7, None), "Q2_K": ("Q2_K", 10, None), "Q3_K": ("Q3_K", 12, None),
-    "Q4_K": ("Q4_K", 15, None), "Q4_K_S": ("Q4_K", 14, "s"), "Q4_K_M": ("Q4_K", 15, "m"),
-    "Q5_K": ("Q5_K", 17, None), "Q5_K_S": ("Q5_K", 16, "s"), "Q5_K_M": ("Q5_K", 17, "m"),
-    "Q6_K": ("Q6_K", 18, None), "IQ4_NL": ("IQ4_NL", 25, None), "IQ4_XS": ("IQ4_XS", 30, None),
-    "TQ1_0": ("TQ1_0", 36, None), "TQ2_0": ("TQ2_0", 37, None), "MXFP4": ("MXFP4", 38, None),
-}
 #: types the gguf package quantizes with ggml's reference code
 GGUF_PACKAGE_TYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0", "MXFP4"}
-#: llama.cpp's fallback when a row is not a multiple of the 256-element super-block
-FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
-            "TQ1_0": "Q4_0", "TQ2_0": "Q4_0"}
+#: types whose ggml quantizer takes importance weights (the others ignore them)
+WEIGHTED_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"}
+#: types ferrollama writes
+WRITABLE = GGUF_PACKAGE_TYPES | WEIGHTED_TYPES
 SOURCE_TYPES = {"F32", "F16", "BF16"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", metavar="IN", help="the model to convert (F32, F16 or BF16 weights)")
     p.add_argument("output", metavar="OUT", help="the file to write")
-    p.add_argument("type", metavar="TYPE", help="the new type: " + ", ".join(TARGETS))
-    p.add_argument("--pure", action="store_true", help="every weight matrix in TYPE (no mix rules)")
+    p.add_argument("type", metavar="TYPE", help="llama-quantize's preset: " + ", ".join([*PRESETS, *ALIASES]))
+    p.add_argument("--imatrix", metavar="FILE", default=None,
+                   help="importance matrix (llama-imatrix's .gguf or .dat) for the quantizers that use one")
+    p.add_argument("--pure", action="store_true", help="every weight matrix in TYPE's default type (no mix rules)")
     p.add_argument("--allow-requantize", action="store_true", help="also convert tensors that are already quantized")
     p.add_argument("--output-tensor-type", metavar="T", default=None, help="type of output.weight")
     p.add_argument("--token-embedding-type", metavar="T", default=None, help="type of token_embd.weight")
@@ -59,64 +63,99 @@ def _gguf():
     return gguf
 
 
-def _use_more_bits(i_layer: int, n_layer: int) -> bool:
-    """llama.cpp's use_more_bits: the first and last eighth of the layers, and every third between."""
-    return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or (i_layer - n_layer // 8) % 3 == 2
+# --- the importance matrix ----------------------------------------------------------------------
+
+def load_imatrix(path: str) -> dict[str, np.ndarray]:
+    """llama-quantize's load_imatrix: {tensor name: mean squared activation per column (per expert,
+    concatenated)}: the sums divided by their counts (1 where a count is 0)."""
+    if not os.path.exists(path):
+        raise CLIError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    return _load_gguf_imatrix(path) if magic == b"GGUF" else _load_dat_imatrix(path)
 
 
-@dataclass
-class Rules:
-    base: str
-    mix: str | None
-    n_layer: int
-    output_type: str | None
-    embd_type: str | None
-    #: whether the model has its own output matrix (else token_embd is also the output)
-    has_output: bool = True
-
-    def type_of(self, name: str) -> str:
-        """The type of a weight matrix by llama.cpp's llama_tensor_get_type (its main rules for these mixes)."""
-        is_output = name == "output.weight" or (not self.has_output and name == "token_embd.weight")
-        if name == "output.weight" and self.output_type:
-            return self.output_type
-        if name == "token_embd.weight" and self.embd_type:
-            return self.embd_type
-        if self.mix is None:
-            return self.base
-        if is_output:
-            return "Q6_K"
-        layer = re.match(r"blk\.(\d+)\.", name)
-        i_layer = int(layer.group(1)) if layer else 0
-        if self.mix == "m" and (".attn_v." in name or ".ffn_down." in name):
-            return "Q6_K" if _use_more_bits(i_layer, self.n_layer) else self.base
-        if self.mix == "s" and self.base == "Q4_K" and ".attn_v." in name and i_layer < 4:
-            return "Q5_K"
-        return self.base
+def _load_gguf_imatrix(path: str) -> dict[str, np.ndarray]:
+    gguf = _gguf()
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, KeyError, IndexError, OSError) as e:
+        raise CLIError(f"{path}: not a readable imatrix file ({e})") from None
+    if not all(k in reader.fields for k in ("imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size")):
+        raise CLIError(f"{path}: missing imatrix metadata (imatrix.datasets, imatrix.chunk_count, imatrix.chunk_size)")
+    tensors = {t.name: t for t in reader.tensors}
+    out = {}
+    for key, t in tensors.items():
+        if not key.endswith(".in_sum2"):
+            continue
+        name = key[: -len(".in_sum2")]
+        counts_t = tensors.get(name + ".counts")
+        if counts_t is None:
+            raise CLIError(f"{path}: mismatched sums and counts for {name}")
+        if t.tensor_type.name != "F32" or counts_t.tensor_type.name != "F32":
+            raise CLIError(f"{path}: sums and counts for {name} must be F32")
+        sums = np.asarray(t.data, dtype=np.float32).reshape(-1)
+        counts = np.rint(np.asarray(counts_t.data, dtype=np.float32).reshape(-1))
+        if len(counts) == 0 or len(sums) % len(counts):
+            raise CLIError(f"{path}: {name} has {len(sums)} sums for {len(counts)} counts")
+        rows = sums.reshape(len(counts), -1)
+        out[name] = np.concatenate([r / np.float32(c) if c > 0 else np.ones_like(r) for r, c in zip(rows, counts)])
+    return _checked(path, out)
 
 
-def _block_size(gguf, type_name: str) -> int:
-    qtype = gguf.GGMLQuantizationType[type_name]
-    return gguf.GGML_QUANT_SIZES[qtype][0]
+def _load_dat_imatrix(path: str) -> dict[str, np.ndarray]:
+    """The legacy format: entries of (name, ncall, values = mean · ncall)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    out, pos = {}, 0
+
+    def take(fmt: str):
+        nonlocal pos
+        size = struct.calcsize(fmt)
+        if pos + size > len(data):
+            raise CLIError(f"{path}: truncated imatrix file")
+        values = struct.unpack_from(fmt, data, pos)
+        pos += size
+        return values
+
+    (n_entries,) = take("<i")
+    if n_entries < 1:
+        raise CLIError(f"{path}: not an imatrix file (no entries)")
+    for _ in range(n_entries):
+        (name_len,) = take("<i")
+        if not 0 < name_len <= len(data) - pos:
+            raise CLIError(f"{path}: truncated imatrix file")
+        name = data[pos:pos + name_len].decode("utf-8", "replace")
+        pos += name_len
+        ncall, nval = take("<ii")
+        if not 0 < nval <= (len(data) - pos) // 4:
+            raise CLIError(f"{path}: truncated imatrix file")
+        values = np.frombuffer(data, dtype="<f4", count=nval, offset=pos).astype(np.float32)
+        pos += 4 * nval
+        out[name] = values / np.float32(ncall) if ncall > 0 else values
+    return _checked(path, out)
 
 
-def _fit(gguf, type_name: str, n_per_row: int) -> str:
-    """The type, or its fallbacks, whose block divides the row length (F16 at worst)."""
-    while n_per_row % _block_size(gguf, type_name):
-        type_name = FALLBACK.get(type_name, "F16")
-    return type_name
+def _checked(path: str, imatrix: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    for name, values in imatrix.items():
+        if not np.isfinite(values).all():
+            raise CLIError(f"{path}: imatrix contains non-finite values for {name}")
+    return imatrix
 
+
+# --- the conversion -------------------------------------------------------------------------------
 
 def _as_f32(gguf, tensor) -> np.ndarray:
     """The tensor's values as float32 rows (n_rows, n_per_row)."""
     kind = tensor.tensor_type.name
-    shape = [int(d) for d in tensor.shape]
-    n_per_row = shape[0]
+    n_per_row = int(tensor.shape[0])
     values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type) if kind != "F32" else np.asarray(tensor.data)
     return np.asarray(values, dtype=np.float32).reshape(-1, n_per_row)
 
 
-def quantize_rows(gguf, rows: np.ndarray, type_name: str) -> np.ndarray:
-    if type_name in GGUF_PACKAGE_TYPES:
+def quantize_rows(gguf, rows: np.ndarray, type_name: str, weights: np.ndarray | None = None) -> np.ndarray:
+    """Rows quantized by ggml's quantizer of the type; `weights` (one per column) for the weighted one."""
+    if weights is None and type_name in GGUF_PACKAGE_TYPES:
         return gguf.quants.quantize(rows, gguf.GGMLQuantizationType[type_name])
     from .. import _core
 
@@ -124,19 +163,22 @@ def quantize_rows(gguf, rows: np.ndarray, type_name: str) -> np.ndarray:
     if engine_quantize is None:
         raise CLIError(f"{type_name}: this build of the engine has no quantizer for it "
                        f"(the gguf package quantizes {', '.join(sorted(GGUF_PACKAGE_TYPES))})")
-    return np.asarray(engine_quantize(np.ascontiguousarray(rows, dtype=np.float32), type_name))
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    if weights is None:
+        return np.asarray(engine_quantize(rows, type_name))
+    return np.asarray(engine_quantize(rows, type_name, np.ascontiguousarray(weights, dtype=np.float32)))
 
 
 def _copy_metadata(gguf, reader, writer, ftype: int) -> None:
     for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type", "general.alignment"):
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type", "general.alignment",
+                                                 "general.quantization_version"):
             continue
         vtype = f.types[0]
         sub = f.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
         writer.add_key_value(name, f.contents(), vtype, sub_type=sub)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_file_type(ftype)
-    if "general.quantization_version" not in reader.fields:
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
 def _open(gguf, path: str):
@@ -148,30 +190,58 @@ def _open(gguf, path: str):
         raise CLIError(f"{path}: not a readable GGUF file ({e})") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    gguf = _gguf()
-    target = args.type.upper()
-    if target not in TARGETS:
-        raise CLIError(f"unknown type {args.type!r}; known: {', '.join(TARGETS)}")
-    for t in (args.output_tensor_type, args.token_embedding_type):
-        if t and t.upper() not in TARGETS:
-            raise CLIError(f"unknown tensor type {t!r}")
-    if os.path.abspath(args.input) == os.path.abspath(args.output):
-        raise CLIError("IN and OUT are the same file")
-    reader = _open(gguf, args.input)
+def _tensor_type_arg(name: str | None) -> str | None:
+    if name is None:
+        return None
+    if name.upper() not in WRITABLE:
+        raise CLIError(f"unknown tensor type {name!r}; ferrollama writes {', '.join(sorted(WRITABLE))}")
+    return name.upper()
+
+
+def plan_of(reader, preset: str, pure: bool, has_imatrix: bool, output_type: str | None = None,
+            embd_type: str | None = None) -> dict[str, str]:
+    """{tensor name: the type llama-quantize gives it} for a model read by gguf.GGUFReader."""
     arch_field = reader.fields.get("general.architecture")
     if arch_field is None:
-        raise CLIError(f"{args.input}: no general.architecture")
+        raise CLIError("the model has no general.architecture")
     arch = arch_field.contents()
-    base, ftype, mix = TARGETS[target]
-    n_layer = int(reader.fields[f"{arch}.block_count"].contents()) if f"{arch}.block_count" in reader.fields else 0
-    rules = Rules(base, None if args.pure else mix, n_layer,
-                  args.output_tensor_type and args.output_tensor_type.upper(),
-                  args.token_embedding_type and args.token_embedding_type.upper())
-    rules.has_output = any(t.name == "output.weight" for t in reader.tensors)
+    # the hyper-parameters only: contents() of the vocabulary's arrays would take long
+    fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith(arch + ".")}
+    fields["general.architecture"] = arch
+    planner = Planner(ModelFacts.of_fields(fields), preset, pure, has_imatrix, output_type, embd_type)
+    tensors = [(t.name, tuple(int(d) for d in t.shape), t.tensor_type.name) for t in reader.tensors]
+    return planner.plan(tensors)
+
+
+def _check_plan(plan: dict[str, str], reader, preset: str, has_imatrix: bool) -> None:
+    """llama.cpp's refusal without an importance matrix, then the types ferrollama cannot write."""
+    current = {t.name: t.tensor_type.name for t in reader.tensors}
+    if not has_imatrix:
+        for name, new_type in plan.items():
+            if new_type != current[name] and requires_imatrix(name, new_type, preset):
+                raise CLIError(f"this quantization requires an importance matrix (--imatrix FILE, from ferrollama "
+                               f"imatrix): {name} would be {new_type}, which is garbage without one")
+    for name, new_type in plan.items():
+        if new_type != current[name] and new_type not in WRITABLE:
+            raise CLIError(f"{preset} puts {name} in {new_type}, a type ferrollama reads but cannot write yet "
+                           f"(it writes {', '.join(sorted(WRITABLE))})")
+
+
+def run(args: argparse.Namespace) -> int:
+    gguf = _gguf()
+    preset = resolve_preset(args.type)
+    if preset not in PRESETS:
+        raise CLIError(f"unknown type {args.type!r}; known: {', '.join([*PRESETS, *ALIASES])}")
+    output_type, embd_type = _tensor_type_arg(args.output_tensor_type), _tensor_type_arg(args.token_embedding_type)
+    if os.path.abspath(args.input) == os.path.abspath(args.output):
+        raise CLIError("IN and OUT are the same file")
+    imatrix = load_imatrix(args.imatrix) if args.imatrix else None
+    reader = _open(gguf, args.input)
+    plan = plan_of(reader, preset, args.pure, imatrix is not None, output_type, embd_type)
+    _check_plan(plan, reader, preset, imatrix is not None)
     partial = args.output + ".partial"
     try:
-        sizes = _write(gguf, reader, partial, arch, ftype, rules, args.allow_requantize)
+        sizes = _write(gguf, reader, partial, PRESETS[preset][0], plan, imatrix, args.allow_requantize)
         os.replace(partial, args.output)
     finally:
         if os.path.exists(partial):
@@ -181,14 +251,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(gguf, reader, path: str, arch: str, ftype: int, rules: Rules, allow_requantize: bool) -> list[int]:
+def _write(gguf, reader, path: str, ftype: int, plan: dict[str, str], imatrix: dict | None, allow_requantize: bool) -> list[int]:
     """Writes the converted model to path; returns [bytes of tensor data in, out]."""
-    writer = gguf.GGUFWriter(path, arch)
+    writer = gguf.GGUFWriter(path, reader.fields["general.architecture"].contents())
     _copy_metadata(gguf, reader, writer, ftype)
     sizes = [0, 0]
     with progress(len(reader.tensors), "quantize", unit="tensor") as bar:
         for tensor in reader.tensors:
-            data, kind = _convert(gguf, tensor, rules, allow_requantize)
+            data, kind = _convert(gguf, tensor, plan[tensor.name], imatrix, allow_requantize)
             writer.add_tensor(tensor.name, data, raw_dtype=gguf.GGMLQuantizationType[kind])
             sizes[0] += int(tensor.n_bytes)
             sizes[1] += int(data.nbytes)
@@ -200,20 +270,36 @@ def _write(gguf, reader, path: str, arch: str, ftype: int, rules: Rules, allow_r
     return sizes
 
 
-def _convert(gguf, tensor, rules: Rules, allow_requantize: bool) -> tuple[np.ndarray, str]:
+def _importance(imatrix: dict | None, name: str, shape: list[int]) -> np.ndarray | None:
+    """The tensor's importance weights (n_expert rows of n_per_row), or None where the matrix has none."""
+    if imatrix is None or name not in imatrix:
+        return None
+    values = imatrix[name]
+    n_per_row, n_mat = shape[0], shape[2] if len(shape) > 2 else 1
+    if values.size != n_per_row * n_mat:
+        if name in ("token_embd.weight", "per_layer_token_embd.weight"):
+            return None
+        raise CLIError(f"imatrix size {values.size} is different from tensor size {n_per_row * n_mat} for {name}")
+    return values.reshape(n_mat, n_per_row)
+
+
+def _convert(gguf, tensor, new_type: str, imatrix: dict | None, allow_requantize: bool) -> tuple[np.ndarray, str]:
     kind = tensor.tensor_type.name
-    shape = [int(d) for d in tensor.shape]
-    if len(shape) < 2 or not tensor.name.endswith(".weight") or "_norm" in tensor.name:
-        if kind in SOURCE_TYPES:
-            return _as_f32(gguf, tensor).reshape(list(reversed(shape))), "F32"
+    if new_type == kind:
         return np.asarray(tensor.data), kind
     if kind not in SOURCE_TYPES and not allow_requantize:
         raise CLIError(f"{tensor.name} is already {kind}; convert from F32/F16/BF16 or pass --allow-requantize")
-    new_type = _fit(gguf, rules.type_of(tensor.name), shape[0])
+    shape = [int(d) for d in tensor.shape]
     rows = _as_f32(gguf, tensor)
+    out_shape = list(reversed(shape))
     if new_type == "F32":
-        return rows.reshape(list(reversed(shape))), "F32"
+        return rows.reshape(out_shape), "F32"
     if new_type == "F16":
-        return rows.astype(np.float16).reshape(list(reversed(shape))), "F16"
-    quantized = quantize_rows(gguf, rows, new_type)
-    return quantized.reshape(list(reversed(shape))[:-1] + [-1]), new_type
+        return rows.astype(np.float16).reshape(out_shape), "F16"
+    weights = _importance(imatrix, tensor.name, shape) if new_type in WEIGHTED_TYPES else None
+    if weights is None:
+        quantized = quantize_rows(gguf, rows, new_type)
+    else:
+        per_expert = np.split(rows, len(weights))
+        quantized = np.concatenate([quantize_rows(gguf, r, new_type, w) for r, w in zip(per_expert, weights)])
+    return quantized.reshape(out_shape[:-1] + [-1]), new_type

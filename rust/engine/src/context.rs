@@ -248,6 +248,28 @@ impl Context {
         Ok(())
     }
 
+    /// Starts (true) or stops collecting the input activations' statistics of the weight
+    /// matrices (see `actstats`); starting clears what was collected.
+    pub fn set_activation_stats(&mut self, on: bool) {
+        self.ws.stats = on.then(Box::default);
+    }
+
+    /// The statistics collected since `set_activation_stats(true)`, by the model's tensor
+    /// names (a fused `attn_qkv` under its own name: Q, K and V see the same input), and
+    /// clears them. Empty when not collecting.
+    pub fn take_activation_stats(&mut self) -> Vec<(String, crate::actstats::MatrixStats)> {
+        let Some(stats) = self.ws.stats.as_deref_mut() else { return Vec::new() };
+        let file = &self.model.file;
+        let named = std::mem::take(stats).into_named();
+        named.into_iter().filter_map(|(name, s)| {
+            if file.tensor(&name).is_some() {
+                return Some((name, s));
+            }
+            // Fused matrices: Q's input is attn_qkv's; K, V and Phi-3's gate (rows of ffn_up) add nothing.
+            name.strip_suffix(".attn_q.weight").map(|layer| (format!("{layer}.attn_qkv.weight"), s))
+        }).collect()
+    }
+
     fn pool_embeddings(&mut self, batch: &Batch) {
         let d = self.model.hparams.n_embd;
         self.embd_seq.clear();

@@ -79,6 +79,8 @@ pub struct Workspace {
     pub mm: MatmulScratch,
     /// The mixture-of-experts block's buffers (empty for a dense model).
     pub moe: crate::moe::MoeScratch,
+    /// The input activations' statistics, while a context collects them (else None).
+    pub stats: Option<Box<crate::actstats::ActivationStats>>,
 }
 
 impl Workspace {
@@ -99,6 +101,7 @@ impl Workspace {
             rope_cache_swa: if hp.has_swa() { vec![0.0; n_ubatch * hp.rope.n_dims] } else { Vec::new() },
             mm: MatmulScratch::default(),
             moe: crate::moe::MoeScratch::new(hp, n_ubatch),
+            stats: None,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! vocabulary) → `Context::decode(&Batch)` (validate, split into micro-batches, place them in
 //! the cache all or none, run the architecture's forward pass) → logits.
 
+pub mod actstats;
 pub mod arch;
 pub mod attention;
 pub mod batch;

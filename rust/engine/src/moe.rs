@@ -6,7 +6,8 @@
 
 use ferrollama_tensor::{matmul, Threads};
 
-use crate::arch::blocks::{rows_on_threads, Activation};
+use crate::actstats::{ActivationStats, Matrix};
+use crate::arch::blocks::{note, rows_on_threads, Activation};
 use crate::graph::Workspace;
 use crate::hparams::{HParams, MoeGating};
 use crate::model::Experts;
@@ -56,6 +57,7 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ac
     let (d, ne, k) = (hp.n_embd, hp.n_expert, hp.n_expert_used);
     let s = &mut ws.moe;
     matmul(&ex.router, &ws.h, n, &mut s.logits[..n * ne], &mut ws.mm, threads);
+    note(&mut ws.stats, Matrix::FfnGateInp, &ws.h[..n * d], n);
     for t in 0..n {
         let logits = &mut s.logits[t * ne..(t + 1) * ne];
         if let Some(b) = &ex.router_b {
@@ -68,6 +70,9 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ac
     }
     for e in 0..ne {
         run_expert(ex, e, &ws.h, &mut ws.moe, &mut ws.mm, d, k, n, act, threads);
+        if let Some(stats) = ws.stats.as_deref_mut() {
+            note_expert(stats, &ws.moe, e, ne, k, d, ex.up[e].rows);
+        }
     }
     let s = &ws.moe;
     for t in 0..n {
@@ -112,6 +117,17 @@ fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mm: &mut fe
             *o = v * w;
         }
     }
+}
+
+/// Adds expert e's inputs to the activation statistics: its gate and up matrices see the
+/// tokens' states, its down matrix their activations; summed choice by choice, token by token
+/// within a choice (llama-imatrix's order over mul_mat_id's ids).
+fn note_expert(stats: &mut ActivationStats, s: &MoeScratch, e: usize, ne: usize, k: usize, d: usize, ff: usize) {
+    let by_choice = || (0..k as u32).flat_map(|c| s.routed.iter().enumerate().filter(move |(_, r)| r.1 == c).map(|(i, _)| i));
+    for m in [Matrix::FfnGateExps, Matrix::FfnUpExps] {
+        stats.record_expert(m, e, ne, d, by_choice().map(|i| &s.x[i * d..(i + 1) * d]));
+    }
+    stats.record_expert(Matrix::FfnDownExps, e, ne, ff, by_choice().map(|i| &s.gate[i * ff..(i + 1) * ff]));
 }
 
 /// Adds expert e's row of a per-expert bias (n_expert rows of `len`) to each row of `x`.

@@ -165,6 +165,28 @@ impl PyContext {
         ctx.set_control_vector(data, layer_start.max(0) as usize, end).map_err(to_py)
     }
 
+    /// Starts (True) or stops collecting, during decode, the per-column sums of squared input
+    /// activations of each layer matrix (llama-imatrix's statistics); starting clears them.
+    fn set_activation_stats(&self, enabled: bool) -> PyResult<()> {
+        self.lock()?.set_activation_stats(enabled);
+        Ok(())
+    }
+
+    /// The statistics collected so far, and clears them: {tensor name: (sums, counts)} with
+    /// sums float32 of shape (n_mat, n_cols) (one row per expert) and counts int64 (n_mat,).
+    fn take_activation_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let named = self.lock()?.take_activation_stats();
+        let out = pyo3::types::PyDict::new(py);
+        for (name, s) in named {
+            let n_mat = s.counts.len();
+            let n_cols = s.sums.len() / n_mat.max(1);
+            let sums = PyArray1::from_vec(py, s.sums).reshape([n_mat, n_cols])?;
+            let counts = PyArray1::from_vec(py, s.counts.into_iter().map(|c| c as i64).collect());
+            out.set_item(name, (sums, counts))?;
+        }
+        Ok(out)
+    }
+
     /// All outputs of the last decode, shape (n_outputs, n_vocab), in batch order.
     fn logits_all<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let ctx = self.lock()?;

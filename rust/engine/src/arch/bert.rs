@@ -103,6 +103,9 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
         fill_rope_caches(hp, ws, ub);
     }
     for (il, lw) in w.layers.iter().enumerate() {
+        if let Some(s) = ws.stats.as_deref_mut() {
+            s.begin_layer(il);
+        }
         ws.h[..n * d].copy_from_slice(&ws.x[..n * d]);
         project_qkv(lw, ws, n, threads);
         if enc.pos_embd.is_none() {

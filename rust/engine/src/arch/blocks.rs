@@ -5,6 +5,7 @@
 
 use ferrollama_tensor::{matmul, SendPtr, Threads};
 
+use crate::actstats::{ActivationStats, Matrix};
 use crate::attention::{attention, AttnInput};
 use crate::graph::{UBatchView, Workspace};
 use crate::hparams::HParams;
@@ -50,6 +51,12 @@ pub fn project_qkv(lw: &LayerWeights, ws: &mut Workspace, n: usize, threads: &Th
     matmul(&lw.wq, &ws.h, n, &mut ws.q[..n * q_dim], &mut ws.mm, threads);
     matmul(&lw.wk, &ws.h, n, &mut ws.k[..n * k_dim], &mut ws.mm, threads);
     matmul(&lw.wv, &ws.h, n, &mut ws.v[..n * v_dim], &mut ws.mm, threads);
+    if let Some(s) = ws.stats.as_deref_mut() {
+        let x = &ws.h[..n * lw.wq.cols];
+        for m in [Matrix::AttnQ, Matrix::AttnK, Matrix::AttnV] {
+            s.record(m, x, n);
+        }
+    }
     for (buf, bias, dim) in [(&mut ws.q, &lw.bq, q_dim), (&mut ws.k, &lw.bk, k_dim), (&mut ws.v, &lw.bv, v_dim)] {
         if let Some(b) = bias {
             add_bias(&mut buf[..n * dim], b);
@@ -105,8 +112,16 @@ pub fn attend(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, kv: &KvStore,
     };
     attention(&input, &mut ws.attn[..n * attn_dim], threads);
     matmul(&lw.wo, &ws.attn, n, &mut ws.o[..n * d], &mut ws.mm, threads);
+    note(&mut ws.stats, Matrix::AttnOutput, &ws.attn[..n * attn_dim], n);
     if let Some(b) = &lw.bo {
         add_bias(&mut ws.o[..n * d], b);
+    }
+}
+
+/// Adds a dense product's input rows to the activation statistics, when they are collected.
+pub fn note(stats: &mut Option<Box<ActivationStats>>, m: Matrix, x: &[f32], n: usize) {
+    if let Some(s) = stats.as_deref_mut() {
+        s.record(m, x, n);
     }
 }
 
@@ -137,6 +152,8 @@ pub fn plain_ffn(hp: &HParams, f: &crate::model::PlainFfn, ws: &mut Workspace, n
     if let Some(b) = &f.up_b { add_bias(&mut ws.up[..n * ff], b); }
     crate::ops::gelu_inplace(&mut ws.up[..n * ff]);
     matmul(&f.down, &ws.up, n, &mut ws.o[..n * d], &mut ws.mm, threads);
+    note(&mut ws.stats, Matrix::FfnUp, &ws.h[..n * d], n);
+    note(&mut ws.stats, Matrix::FfnDown, &ws.up[..n * ff], n);
     if let Some(b) = &f.down_b { add_bias(&mut ws.o[..n * d], b); }
 }
 
@@ -149,6 +166,9 @@ pub fn gated_ffn(hp: &HParams, f: &GatedFfn, ws: &mut Workspace, n: usize, act: 
     if let Some(b) = &f.up_b { add_bias(&mut ws.up[..n * ff], b); }
     rows_on_threads(act, &mut ws.gate[..n * ff], &ws.up[..n * ff], ff, threads);
     matmul(&f.down, &ws.gate, n, &mut ws.o[..n * d], &mut ws.mm, threads);
+    note(&mut ws.stats, Matrix::FfnGate, &ws.h[..n * d], n);
+    note(&mut ws.stats, Matrix::FfnUp, &ws.h[..n * d], n);
+    note(&mut ws.stats, Matrix::FfnDown, &ws.gate[..n * ff], n);
     if let Some(b) = &f.down_b { add_bias(&mut ws.o[..n * d], b); }
 }
 
@@ -226,6 +246,9 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
     embed(w, ws, ub, d, hp.embedding_scale);
     fill_rope_caches(hp, ws, ub);
     for (il, lw) in w.layers.iter().enumerate() {
+        if let Some(s) = ws.stats.as_deref_mut() {
+            s.begin_layer(il);
+        }
         pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
         project_qkv(lw, ws, n, threads);
         qk_norm(lw, ws, n, eps);

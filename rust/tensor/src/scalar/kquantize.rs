@@ -20,8 +20,9 @@ fn signed_absmax(x: &[f32]) -> (f32, f32) {
     (amax, max)
 }
 
-/// ggml's make_qx_quants with rmse_type 1 and no importance weights (w = x²).
-fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+/// ggml's make_qx_quants with rmse_type 1: weights `qw`, or x² without them.
+pub(super) fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], qw: Option<&[f32]>) -> f32 {
+    let weight = |i: usize| qw.map_or(x[i] * x[i], |q| q[i]);
     let n = x.len();
     let (amax, max) = signed_absmax(x);
     if amax < GROUP_MAX_EPS {
@@ -33,7 +34,7 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     for i in 0..n {
         let l = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
         l_out[i] = (l + nmax) as i8;
-        let w = x[i] * x[i];
+        let w = weight(i);
         sumlx += w * x[i] * l as f32;
         suml2 += w * l as f32 * l as f32;
     }
@@ -48,7 +49,7 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
         suml2 = 0.0;
         for i in 0..n {
             let l = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
-            let w = x[i] * x[i];
+            let w = weight(i);
             sumlx += w * x[i] * l as f32;
             suml2 += w * l as f32 * l as f32;
         }
@@ -237,19 +238,25 @@ pub fn quantize_q2_k(src: &[f32], dst: &mut [u8]) {
         } else {
             wr_f16(y, 82, 0.0);
         }
-        let (d_all, dmin_all) = (rd_f16(y, 80), rd_f16(y, 82));
-        for j in 0..16 {
-            let d = d_all * (y[j] & 0x0f) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let dm = dmin_all * (y[j] >> 4) as f32;
-            for ii in 0..16 {
-                l[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
-            }
-        }
-        pack_2bit(&l, &mut y[16..80]);
+        q2k_levels_and_pack(x, y, &mut l);
     }
+}
+
+/// Q2_K's final step once its scales and super-scales are written: each value's level under
+/// its group's decoded scale and min, packed 2 bits each.
+pub(super) fn q2k_levels_and_pack(x: &[f32], y: &mut [u8], l: &mut [u8; QK_K]) {
+    let (d_all, dmin_all) = (rd_f16(y, 80), rd_f16(y, 82));
+    for j in 0..16 {
+        let d = d_all * (y[j] & 0x0f) as f32;
+        if d == 0.0 {
+            continue;
+        }
+        let dm = dmin_all * (y[j] >> 4) as f32;
+        for ii in 0..16 {
+            l[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
+        }
+    }
+    pack_2bit(l, &mut y[16..80]);
 }
 
 // ---------------------------------------------------------------- Q3_K
@@ -285,6 +292,14 @@ pub fn quantize_q3_k(src: &[f32], dst: &mut [u8]) {
         } else {
             wr_f16(y, 108, 0.0);
         }
+        q3k_levels_and_pack(x, y, &mut l);
+    }
+}
+
+/// Q3_K's final step once its 6-bit scales and super-scale are written: each value's level
+/// under its group's decoded scale, the high bits into hmask and the low 2 bits packed.
+pub(super) fn q3k_levels_and_pack(x: &[f32], y: &mut [u8], l: &mut [i8; QK_K]) {
+    {
         let d_all = rd_f16(y, 108);
         for j in 0..16 {
             let packed = &y[96..108];
@@ -322,7 +337,7 @@ pub fn quantize_q3_k(src: &[f32], dst: &mut [u8]) {
 // ---------------------------------------------------------------- Q4_K / Q5_K
 
 /// Packs eight 6-bit scales and mins into the 12 scale bytes of Q4_K/Q5_K.
-fn pack_scales_k4(ls: &[u8; 8], lm: &[u8; 8], s: &mut [u8]) {
+pub(super) fn pack_scales_k4(ls: &[u8; 8], lm: &[u8; 8], s: &mut [u8]) {
     for j in 0..8 {
         if j < 4 {
             s[j] = ls[j];
@@ -371,6 +386,11 @@ fn quantize_kx_scales(x: &[f32], y: &mut [u8], nmax: i32, rmin: f32, nstep: i32,
     pack_scales_k4(&ls, &lm, &mut y[4..16]);
     wr_f16(y, 0, max_scale / 63.0);
     wr_f16(y, 2, max_min / 63.0);
+    kx_levels(x, y, nmax, l);
+}
+
+/// Q4_K/Q5_K's levels once the scales, mins and super-scales are written.
+pub(super) fn kx_levels(x: &[f32], y: &[u8], nmax: i32, l: &mut [u8; QK_K]) {
     let (d_all, dmin_all) = (rd_f16(y, 0), rd_f16(y, 2));
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, &y[4..16]);
@@ -389,11 +409,16 @@ pub fn quantize_q4_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(Q4_K_BYTES)) {
         let mut l = [0u8; QK_K];
         quantize_kx_scales(x, y, 15, -1.0, 20, &mut l);
-        let q = &mut y[16..144];
-        for j in 0..4 {
-            for k in 0..32 {
-                q[32 * j + k] = l[64 * j + k] | (l[64 * j + k + 32] << 4);
-            }
+        pack_q4k(&l, y);
+    }
+}
+
+/// Q4_K's nibbles: byte k of each 32-byte run holds elements k and k+32 of a 64-run.
+pub(super) fn pack_q4k(l: &[u8; QK_K], y: &mut [u8]) {
+    let q = &mut y[16..144];
+    for j in 0..4 {
+        for k in 0..32 {
+            q[32 * j + k] = l[64 * j + k] | (l[64 * j + k + 32] << 4);
         }
     }
 }
@@ -402,6 +427,13 @@ pub fn quantize_q5_k(src: &[f32], dst: &mut [u8]) {
     for (x, y) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(Q5_K_BYTES)) {
         let mut l = [0u8; QK_K];
         quantize_kx_scales(x, y, 31, -0.5, 15, &mut l);
+        pack_q5k(&l, y);
+    }
+}
+
+/// Q5_K's low nibbles and high bits.
+pub(super) fn pack_q5k(l: &[u8; QK_K], y: &mut [u8]) {
+    {
         let (head, ql) = y.split_at_mut(48);
         let qh = &mut head[16..48];
         qh.fill(0);
@@ -434,16 +466,24 @@ pub fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
         let mut scales = [0.0f32; 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for ib in 0..16 {
-            let scale = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
+            let scale = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16], None);
             scales[ib] = scale;
             if scale.abs() > max_abs_scale {
                 max_abs_scale = scale.abs();
                 max_scale = scale;
             }
         }
+        q6k_finish(x, y, &scales, max_scale, max_abs_scale, &mut l);
+    }
+}
+
+/// Q6_K's final step from its 16 group scales: the 8-bit scales, the super-scale, each
+/// value's level, packed (an all-zero block when every scale is ~0).
+pub(super) fn q6k_finish(x: &[f32], y: &mut [u8], scales: &[f32; 16], max_scale: f32, max_abs_scale: f32, l: &mut [i8; QK_K]) {
+    {
         if max_abs_scale < GROUP_MAX_EPS {
             y.fill(0);
-            continue;
+            return;
         }
         let iscale = -128.0 / max_scale;
         wr_f16(y, 208, 1.0 / iscale);
@@ -475,11 +515,17 @@ pub fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
 
 // ---------------------------------------------------------------- IQ4_NL / IQ4_XS
 
-/// ggml's quantize_row_iq4_nl_impl without importance weights (w = x²), for one super-block
-/// of `x.len()` elements in blocks of 32. Writes d, the packed nibbles and, for IQ4_XS
+/// ggml's quantize_row_iq4_nl_impl for one super-block of `x.len()` elements in blocks of
+/// 32: weights qw·sqrt(σ² + x²) with importance weights `qw`, x² without. Writes d, the packed nibbles and, for IQ4_XS
 /// (more than one block), the 6-bit block scales. Returns the f16 bits of d.
-fn quantize_iq4_impl(x: &[f32], q4: &mut [u8], scales_h: &mut u16, scales_l: &mut [u8], ntry: i32) -> u16 {
+pub(super) fn quantize_iq4_impl(x: &[f32], q4: &mut [u8], scales_h: &mut u16, scales_l: &mut [u8], ntry: i32,
+                                qw: Option<&[f32]>) -> u16 {
     let values = &KVALUES_IQ4NL;
+    let mut sigma2 = 0.0f32;
+    for v in x {
+        sigma2 += v * v;
+    }
+    sigma2 *= 2.0 / x.len() as f32;
     let nblocks = x.len() / 32;
     let mut l = vec![0u8; x.len()];
     let mut scales = vec![0.0f32; nblocks];
@@ -488,7 +534,10 @@ fn quantize_iq4_impl(x: &[f32], q4: &mut [u8], scales_h: &mut u16, scales_l: &mu
     for ib in 0..nblocks {
         let xb = &x[32 * ib..32 * ib + 32];
         let lb = &mut l[32 * ib..32 * ib + 32];
-        let weight: Vec<f32> = xb.iter().map(|v| v * v).collect();
+        let weight: Vec<f32> = match qw {
+            Some(q) => xb.iter().zip(&q[32 * ib..32 * ib + 32]).map(|(v, w)| w * (sigma2 + v * v).sqrt()).collect(),
+            None => xb.iter().map(|v| v * v).collect(),
+        };
         let (amax, max) = signed_absmax(xb);
         if amax < GROUP_MAX_EPS {
             scales[ib] = 0.0;
@@ -568,7 +617,7 @@ fn quantize_iq4_impl(x: &[f32], q4: &mut [u8], scales_h: &mut u16, scales_l: &mu
 pub fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
     for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(IQ4_NL_BYTES)) {
         let (mut unused_h, mut unused_l) = (0u16, [0u8; 1]);
-        let dh = quantize_iq4_impl(x, &mut y[2..18], &mut unused_h, &mut unused_l, 7);
+        let dh = quantize_iq4_impl(x, &mut y[2..18], &mut unused_h, &mut unused_l, 7, None);
         y[0..2].copy_from_slice(&dh.to_le_bytes());
     }
 }
@@ -578,7 +627,7 @@ pub fn quantize_iq4_xs(src: &[f32], dst: &mut [u8]) {
     for (x, y) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(IQ4_XS_BYTES)) {
         let mut scales_h = 0u16;
         let mut scales_l = [0u8; 4];
-        let dh = quantize_iq4_impl(x, &mut y[8..136], &mut scales_h, &mut scales_l, 7);
+        let dh = quantize_iq4_impl(x, &mut y[8..136], &mut scales_h, &mut scales_l, 7, None);
         y[0..2].copy_from_slice(&dh.to_le_bytes());
         y[2..4].copy_from_slice(&scales_h.to_le_bytes());
         y[4..8].copy_from_slice(&scales_l);

@@ -10,3 +10,4 @@ pub mod legacy;
 pub mod repacked;
 pub mod ternary;
 pub mod tiled;
+pub mod weighted;

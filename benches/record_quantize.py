@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Records what llama.cpp's quantizer writes for the tiny llama (tests/data/models/tiny-llama-f32.gguf),
+with and without an importance matrix, for tests/test_cli_quantize_imatrix.py:
+tests/data/quants/llama_quantize.json holds, per type, each tensor's type and the sha256 of its
+bytes; and a few mixes (llama-quantize's per-tensor choices, not pure) of the tiny llama and the
+tiny MoE (whose experts each take their own row of the imatrix), with each model's imatrix.
+
+Everything goes through llama_model_quantize of llama-cpp-python 0.3.36 (llama.cpp's
+llama-quantize minus its command line), with `pure` (every matrix in the type, llama.cpp's
+row-size fallbacks aside) and 2 threads; the importance matrix is llama.cpp's own of the tiny llama
+(tests/data/imatrix/tiny-llama-f32.imatrix.gguf, benches/record_imatrix.py), divided by its counts
+as llama-quantize's load_imatrix does, passed as llama_model_quantize_params.imatrix.
+
+  /path/to/bench-venv/bin/python benches/record_quantize.py
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+import gguf
+import llama_cpp as L
+import numpy as np
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+MODEL = DATA / "models" / "tiny-llama-f32.gguf"
+IMATRIX = DATA / "imatrix" / "tiny-llama-f32.imatrix.gguf"
+OUT = DATA / "quants" / "llama_quantize.json"
+#: TYPE -> llama_ftype whose default tensor type it is (with pure, every matrix gets it)
+FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18,
+          "IQ4_NL": 25, "IQ4_XS": 30}
+
+
+def load_imatrix(path: Path) -> dict[str, np.ndarray]:
+    """llama-quantize's load_imatrix: each matrix's sums divided by its counts (1 where a count is 0)."""
+    tensors = {t.name: np.asarray(t.data, dtype=np.float32) for t in gguf.GGUFReader(path).tensors}
+    out = {}
+    for key, sums in tensors.items():
+        if not key.endswith(".in_sum2"):
+            continue
+        name = key[: -len(".in_sum2")]
+        counts = tensors[name + ".counts"].reshape(-1).astype(np.float32)
+        rows = sums.reshape(len(counts), -1)
+        out[name] = np.concatenate([r / c if c > 0 else np.ones_like(r) for r, c in zip(rows, counts)]).astype(np.float32)
+    return out
+
+
+def imatrix_param(imatrix: dict[str, np.ndarray]):
+    """The NULL-terminated llama_model_imatrix_data array (and the buffers it points into)."""
+    entries = (L.llama_model_imatrix_data * (len(imatrix) + 1))()
+    keep = []
+    for e, (name, values) in zip(entries, imatrix.items()):
+        buf = np.ascontiguousarray(values, dtype=np.float32)
+        keep += [name.encode(), buf]
+        e.name = keep[-2]
+        e.data = buf.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        e.size = buf.size
+    entries[len(imatrix)].name = None
+    return entries, keep
+
+
+#: mixes (not pure) with each model's own llama.cpp imatrix: (model, preset, llama_ftype)
+MIXES = [("tiny-llama-f32", "Q4_K_M", 15), ("tiny-llama-f32", "Q2_K_S", 21), ("tiny-llama-f32", "Q3_K_M", 12),
+         ("tiny-qwen3moe-f32", "Q4_K_M", 15), ("tiny-qwen3moe-f32", "Q5_K_S", 16)]
+
+
+def quantize(ftype: int, imatrix: dict[str, np.ndarray] | None, model: Path = MODEL, pure: bool = True) -> dict[str, list[str]]:
+    params = L.llama_model_quantize_default_params()
+    params.nthread = 2
+    params.ftype = ftype
+    params.pure = pure
+    keep = None
+    if imatrix is not None:
+        entries, keep = imatrix_param(imatrix)
+        params.imatrix = ctypes.cast(entries, ctypes.POINTER(L.llama_model_imatrix_data))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.gguf"
+        rc = L.llama_model_quantize(str(model).encode(), str(out).encode(), ctypes.byref(params))
+        if rc != 0:
+            raise RuntimeError(f"llama_model_quantize failed for ftype {ftype}")
+        del keep
+        return {t.name: [t.tensor_type.name, hashlib.sha256(np.asarray(t.data).tobytes()).hexdigest()]
+                for t in gguf.GGUFReader(out).tensors}
+
+
+def main() -> None:
+    imatrix = load_imatrix(IMATRIX)
+    record = {"model": MODEL.name, "imatrix": IMATRIX.name, "types": {}}
+    for name, ftype in FTYPES.items():
+        record["types"][name] = {"plain": quantize(ftype, None), "imatrix": quantize(ftype, imatrix)}
+        print(name, "done")
+    record["mixes"] = {}
+    for model, preset, ftype in MIXES:
+        path = DATA / "models" / f"{model}.gguf"
+        own = load_imatrix(DATA / "imatrix" / f"{model}.imatrix.gguf")
+        record["mixes"][f"{model} {preset}"] = quantize(ftype, own, path, pure=False)
+        print(model, preset, "done")
+    OUT.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

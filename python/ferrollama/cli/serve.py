@@ -1,13 +1,14 @@
 """``ferrollama serve``: the OpenAI-compatible server (llama-server's flag names).
 
 Parses the flags, loads the model, makes the scheduler and runs the ASGI app with uvicorn.
-Needs ``pip install 'ferrollama[server]'``.
+Needs ``pip install 'ferrollama[server]'``. With ``--ray`` the same app is deployed with Ray Serve,
+``--replicas`` copies each with its own model and context (``pip install 'ferrollama[ray]'``).
 """
 from __future__ import annotations
 
 import argparse
 
-from .common import CLIError, add_context_args, add_model_args, load_model, log, positive_int, warmup
+from .common import CLIError, add_context_args, add_model_args, load_model, log, model_path, positive_int, warmup
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests that may wait for a slot; more are answered 503 (default: 64)")
     g.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'")
     g.add_argument("-a", "--alias", default=None, metavar="NAME", help="the model's name in the API (default: the file name)")
+    r = p.add_argument_group("ray (pip install 'ferrollama[ray]')")
+    r.add_argument("--ray", action="store_true", help="deploy the server with Ray Serve, --replicas copies")
+    r.add_argument("--replicas", type=positive_int, default=None, metavar="R",
+                   help="replicas, each with its own model and context (default: 1)")
+    r.add_argument("--address", default=None, metavar="ADDR",
+                   help="the Ray cluster to join (default: start a local Ray instance)")
 
 
 def build_app(args: argparse.Namespace):
@@ -52,9 +59,46 @@ def build_app(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.ray and (args.replicas is not None or args.address is not None):
+        raise CLIError("--replicas and --address need --ray")
+    if args.ray:
+        return run_on_ray(args)
     app = build_app(args)
     import uvicorn
 
     log(f"ferrollama serve: http://{args.host}:{args.port}/v1 ({args.parallel} slots)")
     uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
     return 0
+
+
+def run_on_ray(args: argparse.Namespace) -> int:
+    """Serves the app with Ray Serve on --host:--port until Ctrl-C, then removes it from the cluster."""
+    from ..ray import RayMissing, import_ray, serve_app
+
+    try:
+        ray = import_ray("serve")
+    except RayMissing as e:
+        raise CLIError(str(e)) from None
+    load_model(args, vocab_only=True)  # a missing or malformed model fails here, not in every replica
+    args.model = model_path(args)
+    replicas = args.replicas or 1
+    ray.init(address=args.address, include_dashboard=False, log_to_driver=args.verbose,
+             logging_level="info" if args.verbose else "error")
+    try:
+        ray.serve.start(http_options={"host": args.host, "port": args.port})
+        ray.serve.run(serve_app(args, replicas), name="ferrollama", route_prefix="/")
+        log(f"ferrollama serve: http://{args.host}:{args.port}/v1 on Ray Serve "
+            f"({replicas} replicas, {args.parallel} slots each)")
+        _wait_forever()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        ray.serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+def _wait_forever() -> None:
+    import threading
+
+    threading.Event().wait()

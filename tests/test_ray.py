@@ -1,0 +1,175 @@
+"""ferrollama on a local Ray instance (2 CPUs, one for the module's tests): `batch --ray` answers
+every row once, in order, with the in-process run's greedy texts, also when a worker is killed
+mid-run; ferrollama.ray.batch composes with a user's Dataset; `serve --ray --replicas 2` answers
+the openai client, and concurrent requests land on both replicas."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+import ray
+
+from conftest import model_path
+from test_batch import batch, read_jsonl, write_jsonl
+from test_cli_generate import QWEN
+
+import ferrollama.ray as flray
+from ferrollama.llama import SamplingParams
+
+PROMPTS = ["def add(a, b):", "SELECT name FROM", "# Sort a list in Python\n", "fn main() {",
+           "<!DOCTYPE html>", "import numpy as np\n", "The three primary colors are", "class Stack:"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray instance for the module; its address for the subprocesses that join it."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def ferrollama_cli(*args) -> list[str]:
+    return [sys.executable, "-m", "ferrollama.cli", *map(str, args)]
+
+
+@pytest.fixture(scope="module")
+def rows_in_process(tmp_path_factory):
+    """The rows and their answers from an in-process run (greedy, 16 tokens, 2 sequences)."""
+    tmp = tmp_path_factory.mktemp("in-process")
+    rows = [{"id": f"p{k}", "prompt": p} for k, p in enumerate(PROMPTS)]
+    src, out = write_jsonl(tmp / "in.jsonl", rows), tmp / "out.jsonl"
+    assert batch("-i", src, "-o", out, "-n", 16, "-np", 2) == 0
+    return src, read_jsonl(out)
+
+
+def test_batch_on_two_workers_answers_every_row_once_as_in_process(cluster, rows_in_process, tmp_path):
+    src, expected = rows_in_process
+    out = tmp_path / "out.jsonl"
+    assert batch("-i", src, "-o", out, "-n", 16, "-np", 2, "-t", 1, "--ray", "--workers", 2, "--rows-per-task", 2) == 0
+    assert read_jsonl(out) == expected
+    assert [a["id"] for a in expected] == [f"p{k}" for k in range(len(PROMPTS))]
+    assert all(a["usage"]["completion_tokens"] > 0 for a in expected)
+
+
+def map_workers() -> list[psutil.Process]:
+    """The live Ray Data actor processes (Ray titles them after the actor's class)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any("MapWorker" in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_worker_killed_mid_run_has_its_rows_retried(cluster, rows_in_process, tmp_path):
+    """`batch --ray --address` joins the cluster; one of its two workers is killed (SIGKILL) once
+    the first answers are written: Ray restarts it and runs its rows again, and the output is
+    the in-process run's, each id once, in order."""
+    src, expected = rows_in_process
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen(ferrollama_cli("batch", "-m", model_path(QWEN), "--temp", 0, "-t", 1, "-c", 512,
+                                           "-i", src, "-o", out, "-n", 16, "-np", 2, "--ray", "--address", cluster,
+                                           "--workers", 2, "--rows-per-task", 1),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out.exists() and out.read_text().count("\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        victims = map_workers()
+        assert len(victims) == 2
+        n_written = out.read_text().count("\n")
+        os.kill(victims[0].pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert n_written < len(PROMPTS)     # the kill came while rows were still being answered
+    assert read_jsonl(out) == expected
+
+
+def test_the_python_api_composes_with_a_dataset(cluster):
+    """ferrollama.ray.batch on a user's Dataset of chat messages (as Arrow gives them back) keeps
+    the rows' own columns and adds the answers, as the in-process BatchGenerator gives them."""
+    from ferrollama.batch import BatchGenerator, BatchOptions
+
+    conversations = [[{"role": "user", "content": "Name a fruit."}],
+                     [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Sky color?"}]]
+    greedy = SamplingParams(temp=0.0)
+    ds = ray.data.from_items([{"row": k, "messages": m} for k, m in enumerate(conversations)])
+    got = flray.batch(ds, str(model_path(QWEN)), max_tokens=8, sampling=greedy, chat=True, workers=1, n_seq=2,
+                      n_ctx=512).take_all()
+    options = BatchOptions(max_tokens=8, sampling=greedy, chat=True, n_seq=2, n_ctx=512, n_threads=1)
+    with BatchGenerator(model_path(QWEN), options) as gen:
+        want = list(gen.run([{"id": k, "messages": m} for k, m in enumerate(conversations)]))
+    got.sort(key=lambda r: r["row"])
+    assert [r["text"] for r in got] == [w["text"] for w in want]
+    assert [int(r["completion_tokens"]) for r in got] == [w["usage"]["completion_tokens"] for w in want]
+    assert [r["finish_reason"] for r in got] == [w["finish_reason"] for w in want]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_on_two_replicas(cluster):
+    """`serve --ray --replicas 2 --address` joins the cluster: the openai client is answered as by
+    `ferrollama serve`, and concurrent requests land on both replicas."""
+    port = free_port()
+    proc = subprocess.Popen(ferrollama_cli("serve", "-m", model_path(QWEN), "--ray", "--replicas", 2, "--address",
+                                           cluster, "--port", port, "-t", 1, "-c", 1024, "-np", 2, "-a", "qwen"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        chat = client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "Say hi."}],
+                                              max_tokens=8, temperature=0)
+        assert chat.choices[0].message.content and chat.usage.completion_tokens <= 8
+        assert [m.id for m in client.models.list().data] == ["qwen"]
+
+        def ask(k: int) -> str:
+            raw = client.completions.with_raw_response.create(model="qwen", prompt=PROMPTS[k % len(PROMPTS)],
+                                                              max_tokens=8, temperature=0)
+            assert raw.parse().usage.completion_tokens == 8
+            return raw.headers[flray.REPLICA_HEADER]
+
+        with ThreadPoolExecutor(8) as pool:
+            replicas = set(pool.map(ask, range(16)))
+        assert len(replicas) == 2
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            ray.serve.shutdown()
+    assert proc.returncode == 0, err
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError("the Ray Serve app did not become healthy")

@@ -65,19 +65,22 @@ def test_chat_rows_are_rendered_with_the_template(tmp_path):
         assert answer["text"] == case["text"] and answer["finish_reason"] == "stop"
 
 
-def test_resumes_after_the_rows_already_answered(tmp_path):
-    """An output holding the first two answers and half of the third: the run keeps the two as
-    they are, answers the third again and the rest, each id once."""
+def test_resumes_after_the_rows_already_answered(tmp_path, capsys):
+    """Rows answered in groups of 2. An output holding the first two answers and half of the
+    third: the run keeps the two, answers the third again and the rest, each id once, as an
+    uninterrupted run does. An output holding three answers: the third's group is answered
+    again whole (its answers depend on the group)."""
     rows = [{"id": k, "prompt": f"def f{k}(x):"} for k in range(5)]
     src, out = write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
-    assert batch("-i", src, "-o", out, "-n", 4) == 0
+    assert batch("-i", src, "-o", out, "-n", 4, "--group-size", 2) == 0
     full = out.read_text(encoding="utf-8")
     lines = full.splitlines(keepends=True)
-    kept = "".join(lines[:2]) + '{"id": 2, "te'
-    out.write_text(kept, encoding="utf-8")
-    assert batch("-i", src, "-o", out, "-n", 4) == 0
-    assert out.read_text(encoding="utf-8") == full
-    assert batch("-i", src, "-o", out, "-n", 4) == 0   # nothing left: nothing added
+    for kept, n_kept in (("".join(lines[:2]) + '{"id": 2, "te', 2), ("".join(lines[:3]), 2)):
+        out.write_text(kept, encoding="utf-8")
+        assert batch("-i", src, "-o", out, "-n", 4, "--group-size", 2) == 0
+        assert out.read_text(encoding="utf-8") == full
+        assert f"already answers {n_kept} of 5 rows; resuming" in capsys.readouterr().err
+    assert batch("-i", src, "-o", out, "-n", 4, "--group-size", 2) == 0   # nothing left: nothing added
     assert out.read_text(encoding="utf-8") == full
 
 
@@ -121,7 +124,7 @@ def test_bad_input_is_named_by_line(tmp_path, capsys, lines, flags, message):
 def test_flag_errors(tmp_path, capsys):
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "prompt": "a" * 3000}])
     assert batch("-i", src, "-o", tmp_path / "out.jsonl", "--workers", 2) == 1
-    assert "--address, --workers and --rows-per-task need --ray" in capsys.readouterr().err
+    assert "--address and --workers need --ray" in capsys.readouterr().err
     assert batch("-i", src, "-o", src) == 1
     assert "--output must not be the input file" in capsys.readouterr().err
     assert batch("-i", tmp_path / "nope.jsonl", "-o", tmp_path / "out.jsonl") == 1

@@ -96,25 +96,27 @@ def read_rows(path: str | os.PathLike[str], chat: bool = False) -> list[dict]:
 
 # --- resuming ------------------------------------------------------------------------------------
 
-def resume_point(out_path: str | os.PathLike[str], rows: Sequence[dict]) -> int:
-    """How many rows the output of an earlier run already answers (the first K, in order).
+def resume_point(out_path: str | os.PathLike[str], rows: Sequence[dict], group_size: int = 1) -> int:
+    """How many rows the output of an earlier run already answers (the first K, in order), the
+    file cut to those rows.
 
-    A last line cut short by an interrupted run is removed from the file (it is answered
-    again); a complete row whose id is not the input's next one is an error (the output belongs
-    to another input)."""
+    K is a multiple of group_size (rows are answered in groups: a group cut short is answered
+    again whole, so that its answers are those of an uninterrupted run). A last line cut short by
+    an interrupted run is removed too; a complete row whose id is not the input's next one is an
+    error (the output belongs to another input)."""
     if not os.path.exists(out_path):
         return 0
     with open(out_path, "rb") as f:
         data = f.read()
-    good_end, n_done = 0, 0
+    ends = [0]  # ends[k]: where the k-th answer ends
     for line in data.splitlines(keepends=True):
-        complete = line.endswith(b"\n")
+        n_done = len(ends) - 1
         try:
-            row = json.loads(line)
+            row = json.loads(line) if line.endswith(b"\n") else None
         except (json.JSONDecodeError, UnicodeDecodeError):
             row = None
-        if not complete or not isinstance(row, dict):
-            if complete and good_end + len(line) < len(data):
+        if not isinstance(row, dict):
+            if ends[-1] + len(line) < len(data):
                 raise BatchInputError(f"{os.fspath(out_path)}:{n_done + 1}: not an output row; "
                                       "remove the file to start again")
             break  # the last line, cut short: answer its row again
@@ -122,11 +124,13 @@ def resume_point(out_path: str | os.PathLike[str], rows: Sequence[dict]) -> int:
             expected = json.dumps(rows[n_done]["id"]) if n_done < len(rows) else "no more rows"
             raise BatchInputError(f"{os.fspath(out_path)}:{n_done + 1}: id {json.dumps(row.get('id'))} where the "
                                   f"input has {expected}; the output is from another input")
-        n_done += 1
-        good_end += len(line)
-    if good_end < len(data):
+        ends.append(ends[-1] + len(line))
+    n_done = len(ends) - 1
+    if n_done < len(rows):
+        n_done -= n_done % group_size
+    if ends[n_done] < len(data):
         with open(out_path, "r+b") as f:
-            f.truncate(good_end)
+            f.truncate(ends[n_done])
     return n_done
 
 
@@ -155,12 +159,16 @@ class BatchOptions:
 
 
 class BatchGenerator:
-    """A model and a scheduler answering rows, many at a time (one per sequence)."""
+    """A model answering rows, a group at a time, many decoded together (one sequence each).
+
+    A group is decoded on a scheduler of its own, made for it: a row's answer depends on its
+    group only (the engine's sums round differently with the number of tokens decoded
+    together), so rows grouped alike get the same answers wherever the groups run.
+    """
 
     def __init__(self, model_path: str | os.PathLike[str] | None = None, options: BatchOptions | None = None,
                  model: Model | None = None):
         from .llama import _model_path
-        from .server.scheduler import Scheduler
 
         self.options = o = options or BatchOptions()
         o.sampling.validate()
@@ -170,9 +178,6 @@ class BatchGenerator:
             from .chat import ChatTemplate
 
             self.template = ChatTemplate.from_model(self.model)
-        self.scheduler = Scheduler(self.model, n_ctx=o.n_ctx * o.n_seq, n_seq=o.n_seq, n_batch=o.n_batch,
-                                   n_ubatch=o.n_ubatch, n_threads=o.n_threads, n_threads_batch=o.n_threads_batch,
-                                   queue_size=1 << 30, type_k=o.type_k, type_v=o.type_v)
 
     def prompt_tokens(self, row: dict) -> list[int]:
         if self.template is not None:
@@ -180,32 +185,43 @@ class BatchGenerator:
         tokens = list(self.model.tokenize(row["prompt"], add_special=True, parse_special=True))
         return tokens or ([self.model.bos] if self.model.bos is not None else [])
 
-    def run(self, rows: Sequence[dict]) -> Iterator[dict]:
-        """Answers rows, all queued at once; yields the output rows in input order."""
+    def _scheduler(self, n_rows: int):
+        from .server.scheduler import Scheduler
+
+        o = self.options
+        n_seq = max(1, min(o.n_seq, n_rows))
+        return Scheduler(self.model, n_ctx=o.n_ctx * n_seq, n_seq=n_seq, n_batch=o.n_batch, n_ubatch=o.n_ubatch,
+                         n_threads=o.n_threads, n_threads_batch=o.n_threads_batch, queue_size=n_rows,
+                         type_k=o.type_k, type_v=o.type_v)
+
+    def run(self, rows: Sequence[dict]) -> list[dict]:
+        """Answers one group of rows (at most n_seq decoded at a time); the output rows in order."""
         from .llama import Sampler
         from .server.scheduler import Request
 
+        if not rows:
+            return []
         o = self.options
         stops = self.template.stop_strings() if self.template is not None else []
         requests = [Request(self.prompt_tokens(r), o.sampling, o.max_tokens, stops) for r in rows]
-        for row, request in zip(rows, requests):
-            try:
-                self.scheduler.check(request)
-            except ValueError as e:
-                raise BatchInputError(f"row {json.dumps(row['id'])}: {e}") from None
-        jobs = self.scheduler.submit_many(requests, [Sampler(self.model, o.sampling) for _ in rows])
-        for row, job in zip(rows, jobs):
-            text, outs = job.result()
-            usage = outs[-1].usage or {}
-            yield {"id": row["id"], "text": text, "finish_reason": outs[-1].finish_reason,
-                   "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
-                             "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}}
+        with self._scheduler(len(rows)) as scheduler:
+            for row, request in zip(rows, requests):
+                try:
+                    scheduler.check(request)
+                except ValueError as e:
+                    raise BatchInputError(f"row {json.dumps(row['id'])}: {e}") from None
+            jobs = scheduler.submit_many(requests, [Sampler(self.model, o.sampling) for _ in rows])
+            return [_answer(row, job) for row, job in zip(rows, jobs)]
 
-    def close(self) -> None:
-        self.scheduler.close()
+    def run_groups(self, rows: Sequence[dict], group_size: int) -> Iterator[dict]:
+        """Answers rows in groups of group_size, one group after the other; yields in order."""
+        for start in range(0, len(rows), group_size):
+            yield from self.run(rows[start:start + group_size])
 
-    def __enter__(self) -> "BatchGenerator":
-        return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+def _answer(row: dict, job: Any) -> dict:
+    text, outs = job.result()
+    usage = outs[-1].usage or {}
+    return {"id": row["id"], "text": text, "finish_reason": outs[-1].finish_reason,
+            "usage": {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+                      "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}}

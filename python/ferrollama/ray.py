@@ -28,7 +28,7 @@ import numpy as np
 from ferrollama.batch import BatchGenerator, BatchOptions
 from ferrollama.llama import SamplingParams
 
-__all__ = ["RayMissing", "import_ray", "BatchWorker", "batch", "ServeReplica", "serve_app", "REPLICA_HEADER"]
+__all__ = ["RayMissing", "import_ray", "BatchWorker", "batch", "batch_groups", "ServeReplica", "serve_app", "REPLICA_HEADER"]
 
 INSTALL_HINT = "pip install 'ferrollama[ray]'"
 
@@ -68,23 +68,45 @@ def _messages_of(value: Any) -> list[dict]:
 
 
 class BatchWorker:
-    """The Ray Data actor: loads the model once, answers each batch of rows it is given."""
+    """The Ray Data actor: loads the model once, answers each batch of rows it is given as one
+    group (``grouped``: each row is a group, its "rows" the JSON list of its prompts)."""
 
-    def __init__(self, model_path: str | None, options: BatchOptions):
+    def __init__(self, model_path: str | None, options: BatchOptions, grouped: bool = False):
         self.generator = BatchGenerator(model_path, options)
-        self.chat = options.chat
+        self.key = "messages" if options.chat else "prompt"
+        self.grouped = grouped
+
+    def _row(self, i: int, value: Any) -> dict:
+        return {"id": i, self.key: _messages_of(value) if self.key == "messages" else str(value)}
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        key = "messages" if self.chat else "prompt"
-        values = _column_values(batch[key])
-        rows = [{"id": i, key: _messages_of(v) if self.chat else str(v)} for i, v in enumerate(values)]
-        answers = list(self.generator.run(rows))
         out = dict(batch)
+        if self.grouped:
+            groups = [json.loads(text) for text in _column_values(batch["rows"])]
+            answers = [self.generator.run([self._row(i, v) for i, v in enumerate(g)]) for g in groups]
+            out["answers"] = np.array([json.dumps([{k: a[k] for k in ("text", "finish_reason", "usage")} for a in group])
+                                       for group in answers], dtype=object)
+            return out
+        rows = [self._row(i, v) for i, v in enumerate(_column_values(batch[self.key]))]
+        answers = self.generator.run(rows)
         out["text"] = np.array([a["text"] for a in answers], dtype=object)
         out["finish_reason"] = np.array([a["finish_reason"] for a in answers], dtype=object)
         for k in ("prompt_tokens", "completion_tokens"):
             out[k] = np.array([a["usage"][k] for a in answers], dtype=np.int64)
         return out
+
+
+def _map(dataset: Any, model_path: str | None, opts: BatchOptions, grouped: bool, batch_size: int, workers: int,
+         num_cpus: float) -> Any:
+    import_ray("data")
+    opts.sampling.validate()
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    return dataset.map_batches(
+        BatchWorker, fn_constructor_args=(model_path, opts, grouped), batch_size=batch_size, batch_format="numpy",
+        # Ray Data's actors are restarted when they die and their batches run again
+        # (max_restarts=-1, max_task_retries=-1 by default): test_ray kills one
+        concurrency=workers, num_cpus=num_cpus)
 
 
 def batch(dataset: Any, model_path: str | None = None, *, max_tokens: int | None = 128,
@@ -95,22 +117,31 @@ def batch(dataset: Any, model_path: str | None = None, *, max_tokens: int | None
     "completion_tokens" added to the row's own.
 
     Rows need "prompt" (a string), or with ``chat=True`` "messages" (a list of messages, or its
-    JSON text). ``workers`` actors (``num_cpus`` each, ``n_threads`` engine threads) each decode
-    ``n_seq`` rows together, from batches of ``rows_per_batch`` rows (default: 4 * n_seq).
+    JSON text). ``workers`` actors (``num_cpus`` each, ``n_threads`` engine threads) are given
+    batches of ``rows_per_batch`` rows (default: 4 * n_seq) and decode up to ``n_seq`` of them
+    together. A row's answer depends on the rows decoded with it (the engine's sums round with
+    the number of tokens decoded together), so on where Ray cuts the batches; for answers that
+    do not, give the groups yourself (:func:`batch_groups`, what ``ferrollama batch`` does).
     Further ``options`` are :class:`~ferrollama.batch.BatchOptions` fields. Lazy, as Ray
     Datasets are: nothing runs until the result is consumed.
     """
-    import_ray("data")
     opts = BatchOptions(max_tokens=max_tokens, sampling=sampling or SamplingParams(), chat=chat, n_seq=n_seq,
                         n_ctx=n_ctx, n_threads=n_threads, **options)
-    opts.sampling.validate()
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, not {workers}")
-    return dataset.map_batches(
-        BatchWorker, fn_constructor_args=(model_path, opts), batch_size=rows_per_batch or 4 * n_seq,
-        batch_format="numpy", concurrency=workers, num_cpus=num_cpus,
-        # a worker that dies is restarted and its batch run again
-        max_restarts=-1, max_task_retries=-1)
+    return _map(dataset, model_path, opts, False, rows_per_batch or 4 * n_seq, workers, num_cpus)
+
+
+def batch_groups(dataset: Any, model_path: str | None = None, *, max_tokens: int | None = 128,
+                 sampling: SamplingParams | None = None, chat: bool = False, workers: int = 1, n_seq: int = 8,
+                 n_ctx: int = 2048, n_threads: int | None = 1, num_cpus: float = 1, **options: Any) -> Any:
+    """Like :func:`batch` for a dataset whose rows are groups: "rows" holds the JSON list of a
+    group's prompts (or message lists), decoded together (``n_seq`` at a time) and apart from
+    the other groups; "answers" is added, the JSON list of their answers
+    ``{"text", "finish_reason", "usage"}``. Answers depend on the group only, so they are those
+    of ``BatchGenerator.run`` on the same group anywhere.
+    """
+    opts = BatchOptions(max_tokens=max_tokens, sampling=sampling or SamplingParams(), chat=chat, n_seq=n_seq,
+                        n_ctx=n_ctx, n_threads=n_threads, **options)
+    return _map(dataset, model_path, opts, True, 1, workers, num_cpus)
 
 
 # --- the server on Ray Serve ---------------------------------------------------------------------

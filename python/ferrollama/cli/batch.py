@@ -35,19 +35,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chat", action="store_true", help="rows hold messages, rendered with the model's chat template")
     g.add_argument("-np", "--parallel", type=positive_int, default=8, metavar="N",
                    help="prompts decoded together, in process and on each worker (default: 8)")
+    g.add_argument("--group-size", type=positive_int, default=None, metavar="N",
+                   help="rows answered as one group, -np at a time, in process and on Ray alike: a row's answer "
+                        "depends on its group only; a Ray task answers one group (default: 4 * -np)")
     r = p.add_argument_group("ray (pip install 'ferrollama[ray]')")
     r.add_argument("--ray", action="store_true", help="run on Ray: the rows go through Ray Data to --workers actors")
     r.add_argument("--address", default=None, metavar="ADDR",
                    help="the Ray cluster to join (default: start a local Ray instance)")
     r.add_argument("--workers", type=positive_int, default=None, metavar="W",
                    help="actors answering rows, each loading the model once (default: 1)")
-    r.add_argument("--rows-per-task", type=positive_int, default=None, metavar="N",
-                   help="rows a worker is given at a time, retried together if it dies (default: 4 * --parallel)")
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    if not args.ray and (args.address is not None or args.workers is not None or args.rows_per_task is not None):
-        raise CLIError("--address, --workers and --rows-per-task need --ray")
+    if not args.ray and (args.address is not None or args.workers is not None):
+        raise CLIError("--address and --workers need --ray")
     if args.n_predict == -2:
         raise CLIError("-n -2 (until the context is full) is the same as -1 here: give -1")
     if args.ctx_size < 0:
@@ -65,9 +66,10 @@ def _options(args: argparse.Namespace, n_ctx_train: int) -> BatchOptions:
 
 def run(args: argparse.Namespace) -> int:
     _check_flags(args)
+    group_size = args.group_size or 4 * args.parallel
     try:
         rows = read_rows(args.input, args.chat)
-        done = resume_point(args.output, rows)
+        done = resume_point(args.output, rows, group_size)
     except FileNotFoundError:
         raise CLIError(f"{args.input}: no such input file") from None
     except UnicodeDecodeError as e:
@@ -80,26 +82,30 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args, vocab_only=args.ray)  # on Ray only the workers load the weights
     options = _options(args, model.n_ctx_train)
     options.sampling = sampling_params(args, model)
-    answers = _on_ray(args, model_path(args), options, todo) if args.ray else _in_process(model, options, todo)
+    if args.ray:
+        answers = _on_ray(args, model_path(args), options, todo, group_size)
+    else:
+        answers = _in_process(model, options, todo, group_size)
     _write(args.output, answers, len(rows), done)
     return 0
 
 
-def _in_process(model, options: BatchOptions, rows: list[dict]) -> Iterator[dict]:
+def _in_process(model, options: BatchOptions, rows: list[dict], group_size: int) -> Iterator[dict]:
     if not rows:
         return
     try:
-        with BatchGenerator(options=options, model=model) as generator:
-            yield from generator.run(rows)
+        yield from BatchGenerator(options=options, model=model).run_groups(rows, group_size)
     except BatchInputError as e:
         raise CLIError(str(e)) from None
 
 
-def _on_ray(args: argparse.Namespace, path: str, options: BatchOptions, rows: list[dict]) -> Iterator[dict]:
-    """Answers from Ray Data, in input order (the ids stay here; the workers see positions)."""
+def _on_ray(args: argparse.Namespace, path: str, options: BatchOptions, rows: list[dict],
+            group_size: int) -> Iterator[dict]:
+    """Answers from Ray Data, in input order: a Ray task answers a group of rows as in process
+    (rows[0] is at a group's start); the ids stay here."""
     if not rows:
         return
-    from ..ray import RayMissing, batch, import_ray
+    from ..ray import RayMissing, batch_groups, import_ray
 
     try:
         ray = import_ray("data")
@@ -110,29 +116,26 @@ def _on_ray(args: argparse.Namespace, path: str, options: BatchOptions, rows: li
         ray.init(address=args.address, log_to_driver=args.verbose, include_dashboard=False,
                  logging_level="info" if args.verbose else "error")
     try:
-        ray.data.DataContext.get_current().execution_options.preserve_order = True
-        ray.data.DataContext.get_current().enable_progress_bars = args.verbose
+        context = ray.data.DataContext.get_current()
+        context.execution_options.preserve_order = True
+        context.enable_progress_bars = args.verbose
         key = "messages" if options.chat else "prompt"
-        items = [{"position": i, key: json.dumps(r[key]) if options.chat else r[key]} for i, r in enumerate(rows)]
-        dataset = ray.data.from_items(items)
-        answered = batch(dataset, path, max_tokens=options.max_tokens, sampling=options.sampling, chat=options.chat,
-                         workers=args.workers or 1, rows_per_batch=args.rows_per_task, n_seq=options.n_seq,
-                         n_ctx=options.n_ctx, n_threads=options.n_threads, n_batch=options.n_batch,
-                         n_ubatch=options.n_ubatch, n_threads_batch=options.n_threads_batch, type_k=options.type_k,
-                         type_v=options.type_v, use_mmap=options.use_mmap)
-        for expected, out in enumerate(answered.iter_rows()):
-            if int(out["position"]) != expected:
-                raise RuntimeError(f"Ray returned row {out['position']} where row {expected} was due")
-            yield {"id": rows[expected]["id"], "text": out["text"], "finish_reason": out["finish_reason"],
-                   "usage": _usage(out)}
+        starts = range(0, len(rows), group_size)
+        groups = [{"start": s, "rows": json.dumps([r[key] for r in rows[s:s + group_size]])} for s in starts]
+        answered = batch_groups(ray.data.from_items(groups), path, max_tokens=options.max_tokens,
+                                sampling=options.sampling, chat=options.chat, workers=args.workers or 1,
+                                n_seq=options.n_seq, n_ctx=options.n_ctx, n_threads=options.n_threads,
+                                n_batch=options.n_batch, n_ubatch=options.n_ubatch,
+                                n_threads_batch=options.n_threads_batch, type_k=options.type_k,
+                                type_v=options.type_v, use_mmap=options.use_mmap)
+        for expected, group in zip(starts, answered.iter_rows()):
+            if int(group["start"]) != expected:
+                raise RuntimeError(f"Ray returned the group of row {group['start']} where row {expected}'s was due")
+            for row, answer in zip(rows[expected:expected + group_size], json.loads(group["answers"])):
+                yield {"id": row["id"], **answer}
     finally:
         if started:
             ray.shutdown()
-
-
-def _usage(out: dict) -> dict:
-    prompt, completion = int(out["prompt_tokens"]), int(out["completion_tokens"])
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _write(path: str, answers: Iterator[dict], total: int, done: int) -> None:

@@ -132,3 +132,15 @@ def test_flag_errors(tmp_path, capsys):
     # a prompt longer than a sequence's context: named by its id
     assert batch("-i", src, "-o", tmp_path / "out.jsonl", "-c", 256) == 1
     assert "row 1: the prompt has" in capsys.readouterr().err
+
+
+def test_ray_flags_without_ray_installed_say_how_to_install_it(tmp_path, capsys, monkeypatch):
+    """Ray is an extra: without it, --ray (batch and serve) is one line naming the pip command."""
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)   # `import ray` fails as if not installed
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "prompt": "a"}])
+    assert batch("-i", src, "-o", tmp_path / "out.jsonl", "--ray") == 1
+    assert "this needs Ray: pip install 'ferrollama[ray]'" in capsys.readouterr().err
+    assert main(["serve", "-m", str(model_path(QWEN)), "--ray", "--replicas", "2"]) == 1
+    assert "this needs Ray: pip install 'ferrollama[ray]'" in capsys.readouterr().err
+    assert main(["serve", "-m", str(model_path(QWEN)), "--replicas", "2"]) == 1
+    assert "--replicas and --address need --ray" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,17 +19,17 @@ import httpx
 import openai
 import pytest
 import ray
-from ray import serve
 
 from conftest import model_path
 from test_batch import batch, read_jsonl, write_jsonl
 from test_cli_generate import QWEN
 
 import ferrollama.ray as flray
-from ferrollama.llama import SamplingParams
 
-# Ray Serve's own models use pydantic's deprecated Field keywords
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray")
+with warnings.catch_warnings():  # Ray Serve's models use pydantic's deprecated Field keywords
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from ray import serve
+from ferrollama.llama import SamplingParams
 
 PROMPTS = ["def add(a, b):", "SELECT name FROM", "# Sort a list in Python\n", "fn main() {",
            "<!DOCTYPE html>", "import numpy as np\n", "The three primary colors are", "class Stack:"]
@@ -176,3 +177,11 @@ def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 180) -> None
             pass
         time.sleep(0.5)
     raise AssertionError("the Ray Serve app did not become healthy")
+
+
+def test_a_prompt_too_long_on_a_worker_is_named(cluster, tmp_path, capsys):
+    """A prompt longer than a sequence's context, found on a Ray worker: one line naming the row."""
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "short", "prompt": "hi"}, {"id": "long", "prompt": "word " * 400}])
+    assert batch("-i", src, "-o", tmp_path / "out.jsonl", "-n", 4, "-c", 256, "--ray", "--workers", 1) == 1
+    err = capsys.readouterr().err
+    assert 'error: row "long": the prompt has 401 tokens; a slot\'s context holds 256' in err, err

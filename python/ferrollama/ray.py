@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ferrollama.batch import BatchGenerator, BatchOptions
+from ferrollama.batch import BatchGenerator, BatchInputError, BatchOptions
 from ferrollama.llama import SamplingParams
 
 __all__ = ["RayMissing", "import_ray", "BatchWorker", "batch", "batch_groups", "ServeReplica", "serve_app", "REPLICA_HEADER"]
@@ -69,23 +69,29 @@ def _messages_of(value: Any) -> list[dict]:
 
 class BatchWorker:
     """The Ray Data actor: loads the model once, answers each batch of rows it is given as one
-    group (``grouped``: each row is a group, its "rows" the JSON list of its prompts)."""
+    group (``grouped``: each row is a group, its "rows" the JSON list of its rows)."""
 
     def __init__(self, model_path: str | None, options: BatchOptions, grouped: bool = False):
         self.generator = BatchGenerator(model_path, options)
         self.key = "messages" if options.chat else "prompt"
         self.grouped = grouped
 
-    def _row(self, i: int, value: Any) -> dict:
-        return {"id": i, self.key: _messages_of(value) if self.key == "messages" else str(value)}
+    def _row(self, row_id: Any, value: Any) -> dict:
+        return {"id": row_id, self.key: _messages_of(value) if self.key == "messages" else str(value)}
+
+    def _group(self, rows: list[dict]) -> tuple[str, str]:
+        """(the JSON list of the group's answers, "") or ("[]", why the group cannot be answered)."""
+        try:
+            return json.dumps(self.generator.run([self._row(r["id"], r[self.key]) for r in rows])), ""
+        except BatchInputError as e:  # a prompt that does not fit: the driver reports it, naming the row
+            return "[]", str(e)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         out = dict(batch)
         if self.grouped:
-            groups = [json.loads(text) for text in _column_values(batch["rows"])]
-            answers = [self.generator.run([self._row(i, v) for i, v in enumerate(g)]) for g in groups]
-            out["answers"] = np.array([json.dumps([{k: a[k] for k in ("text", "finish_reason", "usage")} for a in group])
-                                       for group in answers], dtype=object)
+            results = [self._group(json.loads(text)) for text in _column_values(batch["rows"])]
+            out["answers"] = np.array([answers for answers, _ in results], dtype=object)
+            out["error"] = np.array([error for _, error in results], dtype=object)
             return out
         rows = [self._row(i, v) for i, v in enumerate(_column_values(batch[self.key]))]
         answers = self.generator.run(rows)
@@ -98,15 +104,18 @@ class BatchWorker:
 
 def _map(dataset: Any, model_path: str | None, opts: BatchOptions, grouped: bool, batch_size: int, workers: int,
          num_cpus: float) -> Any:
-    import_ray("data")
+    ray = import_ray("data")
     opts.sampling.validate()
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
+    # one batch at a time per actor: a batch is seconds of decoding, and one queued behind a busy
+    # actor would wait there while another actor idles (when it was still loading the model)
+    pool = ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1)
     return dataset.map_batches(
         BatchWorker, fn_constructor_args=(model_path, opts, grouped), batch_size=batch_size, batch_format="numpy",
         # Ray Data's actors are restarted when they die and their batches run again
         # (max_restarts=-1, max_task_retries=-1 by default): test_ray kills one
-        concurrency=workers, num_cpus=num_cpus)
+        compute=pool, num_cpus=num_cpus)
 
 
 def batch(dataset: Any, model_path: str | None = None, *, max_tokens: int | None = 128,
@@ -134,10 +143,11 @@ def batch_groups(dataset: Any, model_path: str | None = None, *, max_tokens: int
                  sampling: SamplingParams | None = None, chat: bool = False, workers: int = 1, n_seq: int = 8,
                  n_ctx: int = 2048, n_threads: int | None = 1, num_cpus: float = 1, **options: Any) -> Any:
     """Like :func:`batch` for a dataset whose rows are groups: "rows" holds the JSON list of a
-    group's prompts (or message lists), decoded together (``n_seq`` at a time) and apart from
-    the other groups; "answers" is added, the JSON list of their answers
-    ``{"text", "finish_reason", "usage"}``. Answers depend on the group only, so they are those
-    of ``BatchGenerator.run`` on the same group anywhere.
+    group's rows (``{"id", "prompt"}``, or ``{"id", "messages"}`` with ``chat``), decoded together
+    (``n_seq`` at a time) and apart from the other groups; "answers" is added, the JSON list of
+    their answers ``{"id", "text", "finish_reason", "usage"}``, and "error": "" or why the group
+    was not answered (a prompt longer than a sequence's context, naming its row). Answers depend
+    on the group only, so they are those of ``BatchGenerator.run`` on the same group anywhere.
     """
     opts = BatchOptions(max_tokens=max_tokens, sampling=sampling or SamplingParams(), chat=chat, n_seq=n_seq,
                         n_ctx=n_ctx, n_threads=n_threads, **options)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from typing import Iterator
 
@@ -115,13 +116,14 @@ def _on_ray(args: argparse.Namespace, path: str, options: BatchOptions, rows: li
     if started:
         ray.init(address=args.address, log_to_driver=args.verbose, include_dashboard=False,
                  logging_level="info" if args.verbose else "error")
+    if not args.verbose:
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
     try:
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True
         context.enable_progress_bars = args.verbose
-        key = "messages" if options.chat else "prompt"
         starts = range(0, len(rows), group_size)
-        groups = [{"start": s, "rows": json.dumps([r[key] for r in rows[s:s + group_size]])} for s in starts]
+        groups = [{"start": s, "rows": json.dumps(rows[s:s + group_size])} for s in starts]
         answered = batch_groups(ray.data.from_items(groups), path, max_tokens=options.max_tokens,
                                 sampling=options.sampling, chat=options.chat, workers=args.workers or 1,
                                 n_seq=options.n_seq, n_ctx=options.n_ctx, n_threads=options.n_threads,
@@ -131,8 +133,9 @@ def _on_ray(args: argparse.Namespace, path: str, options: BatchOptions, rows: li
         for expected, group in zip(starts, answered.iter_rows()):
             if int(group["start"]) != expected:
                 raise RuntimeError(f"Ray returned the group of row {group['start']} where row {expected}'s was due")
-            for row, answer in zip(rows[expected:expected + group_size], json.loads(group["answers"])):
-                yield {"id": row["id"], **answer}
+            if group["error"]:
+                raise CLIError(group["error"])
+            yield from json.loads(group["answers"])
     finally:
         if started:
             ray.shutdown()

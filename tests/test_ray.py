@@ -66,16 +66,21 @@ def test_batch_on_two_workers_answers_every_row_once_as_in_process(cluster, rows
     assert all(a["usage"]["completion_tokens"] > 0 for a in expected)
 
 
-def map_workers() -> list[int]:
-    """The pids of the live Ray Data actors (Ray titles their processes after the actor's class)."""
+def ray_processes(title: bytes = b"ray::") -> list[int]:
+    """The pids of the live processes whose title holds title (Ray titles actors after their class)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"MapWorker" in (entry / "cmdline").read_bytes():
+            if entry.name.isdigit() and title in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
         except OSError:  # gone meanwhile
             continue
     return found
+
+
+def map_workers() -> list[int]:
+    """The pids of the live Ray Data actors."""
+    return ray_processes(b"MapWorker")
 
 
 def test_a_worker_killed_mid_run_has_its_rows_retried(cluster, rows_in_process, tmp_path):
@@ -131,9 +136,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_on_two_replicas(cluster):
-    """`serve --ray --replicas 2 --address` joins the cluster: the openai client is answered as by
-    `ferrollama serve`, and concurrent requests land on both replicas."""
+@pytest.fixture(scope="module")
+def served(cluster):
+    """`serve --ray --replicas 2 --address` joined to the cluster; its URL. Ctrl-C at the end
+    removes the app from the cluster (the process exits 0)."""
     port = free_port()
     proc = subprocess.Popen(ferrollama_cli("serve", "-m", model_path(QWEN), "--ray", "--replicas", 2, "--address",
                                            cluster, "--port", port, "-t", 1, "-c", 1024, "-np", 2, "-a", "qwen"),
@@ -141,21 +147,7 @@ def test_serve_on_two_replicas(cluster):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
-        chat = client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "Say hi."}],
-                                              max_tokens=8, temperature=0)
-        assert chat.choices[0].message.content and chat.usage.completion_tokens <= 8
-        assert [m.id for m in client.models.list().data] == ["qwen"]
-
-        def ask(k: int) -> str:
-            raw = client.completions.with_raw_response.create(model="qwen", prompt=PROMPTS[k % len(PROMPTS)],
-                                                              max_tokens=8, temperature=0)
-            assert raw.parse().usage.completion_tokens == 8
-            return raw.headers[flray.REPLICA_HEADER]
-
-        with ThreadPoolExecutor(8) as pool:
-            replicas = set(pool.map(ask, range(16)))
-        assert len(replicas) == 2
+        yield url
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -164,6 +156,62 @@ def test_serve_on_two_replicas(cluster):
             proc.kill()
             serve.shutdown()
     assert proc.returncode == 0, err
+
+
+def ask(url: str, k: int, max_tokens: int = 8) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", timeout=120,
+                      json={"model": "qwen", "prompt": PROMPTS[k % len(PROMPTS)], "max_tokens": max_tokens,
+                            "temperature": 0})
+
+
+def test_serve_on_two_replicas(served):
+    """The openai client is answered as by `ferrollama serve`, and concurrent requests land on
+    both replicas."""
+    client = openai.OpenAI(base_url=served + "/v1", api_key="none", max_retries=0, timeout=120)
+    chat = client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "Say hi."}],
+                                          max_tokens=8, temperature=0)
+    assert chat.choices[0].message.content and chat.usage.completion_tokens <= 8
+    assert [m.id for m in client.models.list().data] == ["qwen"]
+
+    def replica_of(k: int) -> str:
+        raw = client.completions.with_raw_response.create(model="qwen", prompt=PROMPTS[k % len(PROMPTS)],
+                                                          max_tokens=8, temperature=0)
+        assert raw.parse().usage.completion_tokens == 8
+        return raw.headers[flray.REPLICA_HEADER]
+
+    with ThreadPoolExecutor(8) as pool:
+        replicas = set(pool.map(replica_of, range(16)))
+    assert len(replicas) == 2
+
+
+def serve_replicas() -> list[int]:
+    """The pids of the live Ray Serve replicas (titled ray::ServeReplica:APP:DEPLOYMENT)."""
+    return ray_processes(b"ServeReplica:ferrollama")
+
+
+def test_a_killed_replica_is_replaced_and_the_others_go_on(served):
+    """A replica killed (SIGKILL) while 8 requests run: those it held fail with 5xx, the others are
+    answered; Ray Serve starts a new replica, and requests are answered by two replicas again."""
+    before = {ask(served, k).headers[flray.REPLICA_HEADER] for k in range(4)}
+    victims = serve_replicas()
+    assert len(victims) == 2
+    with ThreadPoolExecutor(8) as pool:
+        running = [pool.submit(ask, served, k, 48) for k in range(8)]
+        time.sleep(2)
+        os.kill(victims[0], signal.SIGKILL)
+        statuses = [f.result().status_code for f in running]
+    assert all(s == 200 or s >= 500 for s in statuses), statuses
+    assert 200 in statuses and any(s >= 500 for s in statuses), statuses
+    deadline = time.monotonic() + 120
+    while True:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda k: ask(served, k), range(8)))
+        assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+        seen = {a.headers[flray.REPLICA_HEADER] for a in answers}
+        if len(seen) == 2 and seen - before:
+            break
+        assert time.monotonic() < deadline, f"no new replica answered: {seen}"
+        time.sleep(0.5)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 180) -> None:

@@ -93,7 +93,10 @@ class BatchWorker:
             out["answers"] = np.array([answers for answers, _ in results], dtype=object)
             out["error"] = np.array([error for _, error in results], dtype=object)
             return out
-        rows = [self._row(i, v) for i, v in enumerate(_column_values(batch[self.key]))]
+        values = _column_values(batch[self.key])
+        # errors name a row by its "id" column when there is one, else by its place in the batch
+        ids = _column_values(batch["id"]) if "id" in batch else [f"{k} of this batch" for k in range(len(values))]
+        rows = [self._row(row_id, v) for row_id, v in zip(ids, values)]
         answers = self.generator.run(rows)
         out["text"] = np.array([a["text"] for a in answers], dtype=object)
         out["finish_reason"] = np.array([a["finish_reason"] for a in answers], dtype=object)

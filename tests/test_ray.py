@@ -130,6 +130,14 @@ def test_the_python_api_composes_with_a_dataset(cluster):
     assert [r["finish_reason"] for r in got] == [w["finish_reason"] for w in want]
 
 
+def test_a_prompt_too_long_on_a_worker_is_named(cluster, tmp_path, capsys):
+    """A prompt longer than a sequence's context, found on a Ray worker: one line naming the row."""
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "short", "prompt": "hi"}, {"id": "long", "prompt": "word " * 400}])
+    assert batch("-i", src, "-o", tmp_path / "out.jsonl", "-n", 4, "-c", 256, "--ray", "--workers", 1) == 1
+    err = capsys.readouterr().err
+    assert 'error: row "long": the prompt has 401 tokens; a slot\'s context holds 256' in err, err
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -139,7 +147,8 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def served(cluster):
     """`serve --ray --replicas 2 --address` joined to the cluster; its URL. Ctrl-C at the end
-    removes the app from the cluster (the process exits 0)."""
+    removes the app from the cluster (the process exits 0). Its replicas hold both CPUs: the
+    tests using it come last."""
     port = free_port()
     proc = subprocess.Popen(ferrollama_cli("serve", "-m", model_path(QWEN), "--ray", "--replicas", 2, "--address",
                                            cluster, "--port", port, "-t", 1, "-c", 1024, "-np", 2, "-a", "qwen"),
@@ -225,11 +234,3 @@ def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 180) -> None
             pass
         time.sleep(0.5)
     raise AssertionError("the Ray Serve app did not become healthy")
-
-
-def test_a_prompt_too_long_on_a_worker_is_named(cluster, tmp_path, capsys):
-    """A prompt longer than a sequence's context, found on a Ray worker: one line naming the row."""
-    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "short", "prompt": "hi"}, {"id": "long", "prompt": "word " * 400}])
-    assert batch("-i", src, "-o", tmp_path / "out.jsonl", "-n", 4, "-c", 256, "--ray", "--workers", 1) == 1
-    err = capsys.readouterr().err
-    assert 'error: row "long": the prompt has 401 tokens; a slot\'s context holds 256' in err, err

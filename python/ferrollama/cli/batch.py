@@ -15,7 +15,7 @@ import os
 from typing import Iterator
 
 from ..batch import BatchGenerator, BatchInputError, BatchOptions, read_rows, resume_point
-from .common import (CLIError, add_context_args, add_model_args, add_sampling_args, load_model, log, model_path,
+from .common import (CLIError, add_context_args, add_model_args, add_sampling_args, load_model, log,
                      n_predict_value, positive_int, progress, sampling_params)
 
 
@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     options = _options(args, model.n_ctx_train)
     options.sampling = sampling_params(args, model)
     if args.ray:
-        answers = _on_ray(args, model_path(args), options, todo, group_size)
+        # -m's absolute path (each node reads it there); without -m each worker finds the default model
+        answers = _on_ray(args, os.path.abspath(args.model) if args.model else None, options, todo, group_size)
     else:
         answers = _in_process(model, options, todo, group_size)
     _write(args.output, answers, len(rows), done)
@@ -100,7 +101,7 @@ def _in_process(model, options: BatchOptions, rows: list[dict], group_size: int)
         raise CLIError(str(e)) from None
 
 
-def _on_ray(args: argparse.Namespace, path: str, options: BatchOptions, rows: list[dict],
+def _on_ray(args: argparse.Namespace, path: str | None, options: BatchOptions, rows: list[dict],
             group_size: int) -> Iterator[dict]:
     """Answers from Ray Data, in input order: a Ray task answers a group of rows as in process
     (rows[0] is at a group's start); the ids stay here."""

@@ -7,8 +7,9 @@ Needs ``pip install 'ferrollama[server]'``. With ``--ray`` the same app is deplo
 from __future__ import annotations
 
 import argparse
+import os
 
-from .common import CLIError, add_context_args, add_model_args, load_model, log, model_path, positive_int, warmup
+from .common import CLIError, add_context_args, add_model_args, load_model, log, positive_int, warmup
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,8 +80,10 @@ def run_on_ray(args: argparse.Namespace) -> int:
         ray = import_ray("serve")
     except RayMissing as e:
         raise CLIError(str(e)) from None
-    load_model(args, vocab_only=True)  # a missing or malformed model fails here, not in every replica
-    args.model = model_path(args)
+    # a missing or malformed model fails here, not in every replica; -m is read at the same path on
+    # every node, and without -m each replica finds the default model
+    load_model(args, vocab_only=True)
+    args.model = os.path.abspath(args.model) if args.model else None
     replicas = args.replicas or 1
     ray.init(address=args.address, include_dashboard=False, log_to_driver=args.verbose,
              logging_level="info" if args.verbose else "error")

@@ -27,6 +27,7 @@ COMMANDS = {
     "quantize": ("quantize", "convert an F32/F16/BF16 model to another type (llama-quantize)"),
     "embed": ("embed", "print embeddings of texts (llama-embedding)"),
     "serve": ("serve", "an OpenAI-compatible HTTP server batching concurrent requests (llama-server)"),
+    "batch": ("batch", "answer every prompt of a JSONL file, in process or on a Ray cluster"),
 }
 
 

@@ -1,11 +1,13 @@
 """``ferrollama serve``: the OpenAI-compatible server (llama-server's flag names).
 
 Parses the flags, loads the model, makes the scheduler and runs the ASGI app with uvicorn.
-Needs ``pip install 'ferrollama[server]'``.
+Needs ``pip install 'ferrollama[server]'``. With ``--ray`` the same app is deployed with Ray Serve,
+``--replicas`` copies each with its own model and context (``pip install 'ferrollama[ray]'``).
 """
 from __future__ import annotations
 
 import argparse
+import os
 
 from .common import (CLIError, add_context_args, add_model_args, float_value, int_value, load_model, log, positive_int,
                      warmup)
@@ -42,6 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-min", type=int_value, default=0, metavar="N", help="shortest draft worth verifying (default: 0)")
     g.add_argument("--draft-p-min", type=float_value, default=0.75, metavar="P",
                    help="the draft stops below this probability of its top token (default: 0.75)")
+    r = p.add_argument_group("ray (pip install 'ferrollama[ray]')")
+    r.add_argument("--ray", action="store_true", help="deploy the server with Ray Serve, --replicas copies")
+    r.add_argument("--replicas", type=positive_int, default=None, metavar="R",
+                   help="replicas, each with its own model and context (default: 1)")
+    r.add_argument("--address", default=None, metavar="ADDR",
+                   help="the Ray cluster to join (default: start a local Ray instance)")
 
 
 def build_app(args: argparse.Namespace):
@@ -87,9 +95,48 @@ def _drafter(args: argparse.Namespace, model, n_ctx: int):  # noqa: ANN001
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.ray and (args.replicas is not None or args.address is not None):
+        raise CLIError("--replicas and --address need --ray")
+    if args.ray:
+        return run_on_ray(args)
     app = build_app(args)
     import uvicorn
 
     log(f"ferrollama serve: http://{args.host}:{args.port}/v1 ({args.parallel} slots)")
     uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning")
     return 0
+
+
+def run_on_ray(args: argparse.Namespace) -> int:
+    """Serves the app with Ray Serve on --host:--port until Ctrl-C, then removes it from the cluster."""
+    from ..ray import RayMissing, import_ray, serve_app
+
+    try:
+        ray = import_ray("serve")
+    except RayMissing as e:
+        raise CLIError(str(e)) from None
+    # a missing or malformed model fails here, not in every replica; -m is read at the same path on
+    # every node, and without -m each replica finds the default model
+    load_model(args, vocab_only=True)
+    args.model = os.path.abspath(args.model) if args.model else None
+    replicas = args.replicas or 1
+    ray.init(address=args.address, include_dashboard=False, log_to_driver=args.verbose,
+             logging_level="info" if args.verbose else "error")
+    try:
+        ray.serve.start(http_options={"host": args.host, "port": args.port})
+        ray.serve.run(serve_app(args, replicas), name="ferrollama", route_prefix="/")
+        log(f"ferrollama serve: http://{args.host}:{args.port}/v1 on Ray Serve "
+            f"({replicas} replicas, {args.parallel} slots each)")
+        _wait_forever()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        ray.serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+def _wait_forever() -> None:
+    import threading
+
+    threading.Event().wait()

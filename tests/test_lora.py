@@ -4,6 +4,8 @@ tests/data/make_tiny_loras.py), what setting, rescaling and removing an adapter 
 files an adapter load refuses."""
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -181,3 +183,67 @@ def test_a_missing_or_truncated_file_raises(tmp_path, llama3: fl.Model) -> None:
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(fl.GGUFError):
         fl.LoraAdapter(llama3, str(cut))
+
+
+# --- the command line: --lora and --lora-scaled, as llama.cpp's common arguments ----------------
+
+LLAMA3 = MODELS / "tiny-llama3-f32.gguf"
+A, B = MODELS / "lora-llama3-a.gguf", MODELS / "lora-llama3-b.gguf"
+
+
+def ferrollama(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ferrollama.cli", *map(str, args)], capture_output=True,
+                          text=True, encoding="utf-8")
+
+
+def test_generate_with_adapters() -> None:
+    base = ["generate", "-m", LLAMA3, "-p", "Hello", "-n", 12, "--temp", "0", "--ignore-eos", "--no-display-prompt"]
+    plain = ferrollama(*base)
+    with_a = ferrollama(*base, "--lora", A)
+    assert plain.returncode == 0 and with_a.returncode == 0, with_a.stderr
+    assert with_a.stdout != plain.stdout
+    # llama.cpp's forms: FNAME:SCALE (comma-separated), and the older FNAME SCALE
+    assert ferrollama(*base, "--lora-scaled", f"{A}:1.0").stdout == with_a.stdout
+    assert ferrollama(*base, "--lora-scaled", A, "1").stdout == with_a.stdout
+    assert ferrollama(*base, "--lora-scaled", f"{A}:0").stdout == plain.stdout
+    both = ferrollama(*base, "--lora", f"{A},{B}")
+    assert both.stdout == ferrollama(*base, "--lora", A, "--lora", B).stdout != with_a.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lora", "absent.gguf"], "absent.gguf: no such LoRA adapter file"),
+    (["--lora", LLAMA3], "not a LoRA adapter"),
+    (["--lora", MODELS / "lora-mixtral.gguf"], "does not exist in the base model"),
+    (["--lora-scaled", f"{A}"], "--lora-scaled format: FNAME:SCALE"),
+    (["--lora-scaled", f"{A}:x"], "expected a number"),
+])
+def test_generate_adapter_errors_are_one_line(args, message) -> None:
+    r = ferrollama("generate", "-m", LLAMA3, "-p", "Hello", "-n", 2, *args)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_perplexity_with_an_adapter_is_the_core_api_s(tmp_path) -> None:
+    from test_cli_perplexity import direct_ppl
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(p.read_text() for p in sorted((sr.DATA / "texts").glob("*.txt"))))
+    r = ferrollama("perplexity", "-m", LLAMA3, "-f", text, "-c", 64, "-b", 64, "--lora-scaled", f"{A}:0.5")
+    assert r.returncode == 0, r.stderr
+    final = float(re.search(r"Final estimate: PPL = ([\d.]+)", r.stdout).group(1))
+    assert final == pytest.approx(direct_ppl(LLAMA3, text.read_text(), 64, [(A, 0.5)])[0], rel=2e-4)
+    assert final != pytest.approx(direct_ppl(LLAMA3, text.read_text(), 64)[0], rel=1e-2)
+
+
+def test_the_server_s_contexts_get_the_adapters(llama3: fl.Model) -> None:
+    from ferrollama.server.embeddings import Embedder
+    from ferrollama.server.scheduler import Scheduler
+
+    a = fl.LoraAdapter(llama3, str(MODELS / "lora-llama3-a.gguf"))
+    direct = fl.Context(llama3, n_ctx=64)
+    direct.set_lora(a, 0.5)
+    scheduler = Scheduler(llama3, n_ctx=64, n_seq=1, n_batch=64, loras=[(a, 0.5)])
+    np.testing.assert_array_equal(decode_prompt(scheduler.ctx), decode_prompt(direct))
+    embedder = Embedder(llama3, n_ctx=64, loras=scheduler.loras)
+    plain = Embedder(llama3, n_ctx=64)
+    assert not np.array_equal(embedder.embed([PROMPT])[0], plain.embed([PROMPT])[0])

@@ -6,15 +6,18 @@
 //! embedding's pair adds scale · B·A[token] to each token's embedding row; experts' 3-D pairs
 //! give each expert its own A and B.
 //!
-//! The adapter's matrices stay in the file's map, in their stored type, and go through the
-//! same products as the model's weights (F16 activations for an F16 A, as ggml converts them).
+//! A stays in the file's map, in its stored type, and goes through the same products as the
+//! model's weights (F16 activations for an F16 A, as ggml converts them). B has as many
+//! columns as the rank (16 or so): a product of dot products that short is mostly call
+//! overhead, so B is kept transposed in f32 and B·(A·x) is a sum of rank scaled rows of it,
+//! with A·x first rounded to what ggml converts it to for B's type (its vec_dot_type).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use ferrollama_gguf::{GgufFile, TensorInfo};
-use ferrollama_tensor::{matmul, MatmulScratch, QMatrix, TensorError, Threads, WeightBytes};
+use ferrollama_tensor::{matmul, MatmulScratch, QMatrix, SendPtr, TensorError, Threads, TypeTraits, WeightBytes};
 
 use crate::error::{EngineError, Result};
 use crate::model::Model;
@@ -50,7 +53,35 @@ enum Site {
 struct Target {
     site: Site,
     a: Vec<QMatrix>,
-    b: Vec<QMatrix>,
+    b: Vec<Arc<BTransposed>>,
+}
+
+/// A lora_b matrix transposed to f32: rank rows of the output's width, and the type ggml
+/// converts B's input to (B's vec_dot_type).
+pub struct BTransposed {
+    data: Vec<f32>,
+    rank: usize,
+    rows: usize,
+    input: &'static TypeTraits,
+}
+
+impl BTransposed {
+    fn new(b: &QMatrix) -> Result<BTransposed> {
+        let (rank, rows) = (b.cols, b.rows);
+        let input = ferrollama_tensor::traits(b.traits().vec_dot_type).expect("vec_dot types are in the table");
+        if input.from_f32.is_none() || rank % input.block_size != 0 {
+            return Err(EngineError::Unsupported(format!("a LoRA B of type {} and rank {rank}", b.ty)));
+        }
+        let mut data = vec![0.0; rank * rows];
+        let mut row = vec![0.0; rank];
+        for r in 0..rows {
+            b.dequantize_row(r, &mut row);
+            for (k, &v) in row.iter().enumerate() {
+                data[k * rows + r] = v;
+            }
+        }
+        Ok(BTransposed { data, rank, rows, input })
+    }
 }
 
 /// A loaded adapter, valid for the model it was loaded against.
@@ -193,8 +224,9 @@ fn targets_of(model: &Model, file: &GgufFile, owner: &Arc<dyn AsRef<[u8]> + Send
     let w = model.weights()?;
     let unsupported = || EngineError::Unsupported(format!("the engine does not apply a LoRA adapter to '{name}'"));
     let blocks = |t: &TensorInfo, rows: &[usize]| matrix_blocks(file, owner, t, rows);
+    let transposed = |ms: Vec<QMatrix>| ms.iter().map(|m| BTransposed::new(m).map(Arc::new)).collect::<Result<Vec<_>>>();
     let one = |site: Site| -> Result<Vec<Target>> {
-        Ok(vec![Target { site, a: blocks(a, &[a.shape[1]])?, b: blocks(b, &[b.shape[1]])? }])
+        Ok(vec![Target { site, a: blocks(a, &[a.shape[1]])?, b: transposed(blocks(b, &[b.shape[1]])?)? }])
     };
     if name == "token_embd.weight" {
         if w.output_tied && w.encoder.is_none() {
@@ -219,12 +251,12 @@ fn targets_of(model: &Model, file: &GgufFile, owner: &Arc<dyn AsRef<[u8]> + Send
             return Err(unsupported());
         }
         let a_m = blocks(a, &[a.shape[1]])?;
-        let b_blocks = blocks(b, rows)?;
+        let b_blocks = transposed(blocks(b, rows)?)?;
         Ok(projs.iter().zip(b_blocks).map(|(&p, bm)| Target { site: at(p), a: a_m.clone(), b: vec![bm] }).collect())
     };
     let experts = |p: Proj| -> Result<Vec<Target>> {
         let n_exp = a.shape[2];
-        Ok(vec![Target { site: at(p), a: blocks(a, &vec![a.shape[1]; n_exp])?, b: blocks(b, &vec![b.shape[1]; n_exp])? }])
+        Ok(vec![Target { site: at(p), a: blocks(a, &vec![a.shape[1]; n_exp])?, b: transposed(blocks(b, &vec![b.shape[1]; n_exp])?)? }])
     };
     let fused_gate_up = model.file.tensor(&format!("blk.{il}.ffn_gate.weight")).is_none() && b.shape[1] == 2 * hp.n_ff;
     match rest {
@@ -275,7 +307,7 @@ fn matrix_blocks(file: &GgufFile, owner: &Arc<dyn AsRef<[u8]> + Send + Sync>, t:
 /// A pair's matrices at a site with their effective scale.
 pub struct Term {
     a: Vec<QMatrix>,
-    b: Vec<QMatrix>,
+    b: Vec<Arc<BTransposed>>,
     scale: f32,
 }
 
@@ -285,9 +317,8 @@ pub struct LoraSet {
     output: Vec<Term>,
     /// N_PROJ lists per layer.
     layers: Vec<Vec<Term>>,
-    /// The largest rank and the largest B (rows): what the scratch must hold.
+    /// The largest rank: what the scratch must hold.
     max_rank: usize,
-    max_rows: usize,
 }
 
 impl LoraSet {
@@ -295,7 +326,7 @@ impl LoraSet {
     /// adapters of scale 0 add nothing (llama.cpp leaves them out). None when nothing applies.
     pub fn new(adapters: &[(Arc<LoraAdapter>, f32)], n_layer: usize) -> Option<LoraSet> {
         let mut set = LoraSet { tok_embd: Vec::new(), output: Vec::new(), layers: (0..n_layer * N_PROJ).map(|_| Vec::new()).collect(),
-                                max_rank: 0, max_rows: 0 };
+                                max_rank: 0 };
         let mut any = false;
         for (adapter, user_scale) in adapters.iter().filter(|(_, s)| *s != 0.0) {
             for t in &adapter.targets {
@@ -303,7 +334,6 @@ impl LoraSet {
                 let rank = if t.site == Site::TokEmbd { t.a[0].cols } else { t.a[0].rows };
                 let term = Term { a: t.a.clone(), b: t.b.clone(), scale: adapter.scale(rank, *user_scale) };
                 set.max_rank = set.max_rank.max(rank);
-                set.max_rows = set.max_rows.max(t.b[0].rows);
                 any = true;
                 match t.site {
                     Site::TokEmbd => set.tok_embd.push(term),
@@ -317,8 +347,7 @@ impl LoraSet {
 
     /// The scratch the products need for micro-batches of up to n_ubatch tokens.
     pub fn scratch(&self, n_ubatch: usize) -> LoraScratch {
-        let chunk = chunk_tokens(self.max_rows, n_ubatch);
-        LoraScratch { mid: vec![0.0; n_ubatch * self.max_rank], out: vec![0.0; chunk * self.max_rows] }
+        LoraScratch { mid: vec![0.0; n_ubatch * self.max_rank], rounded: vec![0; self.max_rank * 4] }
     }
 
     pub fn layer(&self, il: usize) -> LayerLora<'_> { LayerLora(Some(&self.layers[il * N_PROJ..(il + 1) * N_PROJ])) }
@@ -334,17 +363,11 @@ impl<'a> LayerLora<'a> {
     pub fn terms(&self, p: Proj) -> &'a [Term] { self.0.map_or(&[], |t| &t[p.index()]) }
 }
 
-/// Floats of B's output computed at a time: the output head's B has n_vocab rows, and a
-/// micro-batch's worth of them would be hundreds of MiB.
-const OUT_BUDGET: usize = 1 << 20;
-
-fn chunk_tokens(rows: usize, n_ubatch: usize) -> usize { (OUT_BUDGET / rows.max(1)).clamp(1, n_ubatch.max(1)) }
-
-/// A·x for a micro-batch (n × rank), and a chunk of tokens' B·(A·x).
+/// A·x for a micro-batch (n × rank), and one row of it in B's input type.
 #[derive(Default)]
 pub struct LoraScratch {
     mid: Vec<f32>,
-    out: Vec<f32>,
+    rounded: Vec<u8>,
 }
 
 /// out[t] += scale · B_e·(A_e·x[t]) for each term, for n tokens of x (rows of A's width) and
@@ -353,38 +376,75 @@ pub struct LoraScratch {
 pub fn add_terms(terms: &[Term], e: usize, x: &[f32], n: usize, out: &mut [f32], sc: &mut LoraScratch,
                  mm: &mut MatmulScratch, threads: &Threads) {
     for term in terms {
-        let (a, b) = (&term.a[e], &term.b[e]);
-        let rank = a.rows;
-        matmul(a, x, n, &mut sc.mid[..n * rank], mm, threads);
-        add_b_product(b, n, term.scale, out, sc, mm, threads);
+        let a = &term.a[e];
+        matmul(a, x, n, &mut sc.mid[..n * a.rows], mm, threads);
+        add_b_product(&term.b[e], n, term.scale, out, sc, threads);
     }
 }
 
-/// out[t] += scale · B·mid[t] for n tokens, a chunk of tokens at a time (ggml_scale, then
-/// ggml_add).
-fn add_b_product(b: &QMatrix, n: usize, scale: f32, out: &mut [f32], sc: &mut LoraScratch, mm: &mut MatmulScratch, threads: &Threads) {
-    let (rank, rows) = (b.cols, b.rows);
-    let chunk = (sc.out.len() / rows).max(1);
-    let mut t0 = 0;
-    while t0 < n {
-        let m = chunk.min(n - t0);
-        matmul(b, &sc.mid[t0 * rank..(t0 + m) * rank], m, &mut sc.out[..m * rows], mm, threads);
-        for (o, &v) in out[t0 * rows..(t0 + m) * rows].iter_mut().zip(&sc.out[..m * rows]) {
-            *o += v * scale;
+/// Output columns a task computes at once (their sums stay in registers and L1).
+const COLS: usize = 64;
+/// Multiply-adds below which one thread does the whole product (a dispatch costs more).
+const SERIAL_WORK: usize = 1 << 15;
+
+/// out[t] += scale · (B·mid[t]) for n tokens (ggml_mul_mat, ggml_scale, ggml_add): mid is
+/// first rounded to B's input type, then each output is its rank products summed in order.
+fn add_b_product(b: &BTransposed, n: usize, scale: f32, out: &mut [f32], sc: &mut LoraScratch, threads: &Threads) {
+    let (rank, rows) = (b.rank, b.rows);
+    let mid = &mut sc.mid[..n * rank];
+    if b.input.ty != ferrollama_tensor::GgmlType::F32 {
+        let (from, bytes) = (b.input.from_f32.expect("checked at load"), &mut sc.rounded[..b.input.row_bytes(rank)]);
+        for row in mid.chunks_exact_mut(rank) {
+            from(row, bytes);
+            (b.input.to_f32)(bytes, row);
         }
-        t0 += m;
+    }
+    let mid = &sc.mid[..n * rank];
+    let out = &mut out[..n * rows];
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let n_blocks = rows.div_ceil(COLS);
+    if n * rows * rank < SERIAL_WORK || threads.n_threads() < 2 {
+        // SAFETY: out holds n rows of `rows`; this thread alone writes it.
+        (0..n_blocks).for_each(|blk| unsafe { add_columns(b, mid, scale, &out_ptr, n, blk) });
+        return;
+    }
+    // SAFETY: as above; each task writes only its own block of columns of every row.
+    threads.run(n_blocks, |blk| unsafe { add_columns(b, mid, scale, &out_ptr, n, blk) });
+}
+
+/// Columns blk·COLS.. of every token: sum over the rank in registers, then one add each.
+///
+/// # Safety
+/// `out` points to n rows of b.rows floats, whose columns blk·COLS.. no one else accesses
+/// meanwhile.
+unsafe fn add_columns(b: &BTransposed, mid: &[f32], scale: f32, out: &SendPtr<f32>, n: usize, blk: usize) {
+    let (rank, rows) = (b.rank, b.rows);
+    let j0 = blk * COLS;
+    let w = COLS.min(rows - j0);
+    for t in 0..n {
+        // SAFETY: in bounds (t < n, j0 + w <= rows) and this caller's columns only.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(t * rows + j0), w) };
+        let mut acc = [0f32; COLS];
+        for (k, &m) in mid[t * rank..(t + 1) * rank].iter().enumerate() {
+            let col = &b.data[k * rows + j0..k * rows + j0 + w];
+            for (a, &v) in acc[..w].iter_mut().zip(col) {
+                *a += m * v;
+            }
+        }
+        for (o, &a) in dst.iter_mut().zip(&acc[..w]) {
+            *o += a * scale;
+        }
     }
 }
 
 /// x[t] += scale · B·A[tokens[t]] for each term of the token embedding (rows of n_embd).
-pub fn add_embedding_terms(terms: &[Term], tokens: &[u32], x: &mut [f32], sc: &mut LoraScratch,
-                           mm: &mut MatmulScratch, threads: &Threads) {
+pub fn add_embedding_terms(terms: &[Term], tokens: &[u32], x: &mut [f32], sc: &mut LoraScratch, threads: &Threads) {
     for term in terms {
-        let (a, b) = (&term.a[0], &term.b[0]);
+        let a = &term.a[0];
         let rank = a.cols;
         for (t, &tok) in tokens.iter().enumerate() {
             a.dequantize_row(tok as usize, &mut sc.mid[t * rank..(t + 1) * rank]);
         }
-        add_b_product(b, tokens.len(), term.scale, x, sc, mm, threads);
+        add_b_product(&term.b[0], tokens.len(), term.scale, x, sc, threads);
     }
 }

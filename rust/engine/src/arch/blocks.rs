@@ -31,7 +31,7 @@ pub fn embed(w: &Weights, ws: &mut Workspace, ub: &UBatchView, d: usize, scale: 
         w.tok_embd.dequantize_row(tok as usize, &mut ws.x[t * d..(t + 1) * d]);
     }
     if let Some(l) = ub.lora.filter(|l| !l.tok_embd().is_empty()) {
-        add_embedding_terms(l.tok_embd(), ub.tokens, &mut ws.x[..n * d], &mut ws.lora, &mut ws.mm, threads);
+        add_embedding_terms(l.tok_embd(), ub.tokens, &mut ws.x[..n * d], &mut ws.lora, threads);
     }
     if scale != 1.0 {
         scale_inplace(&mut ws.x[..n * d], scale);

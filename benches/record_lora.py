@@ -25,7 +25,7 @@ def record(scn: dict, cache_type: int) -> list[dict]:
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     adapters = []
     for f, _ in scn["lora"]:
-        a = L.llama_adapter_lora_init(model, str(DATA / "models" / f).encode())
+        a = L.llama_adapter_lora_init(model, str(DATA / "lora" / f).encode())
         if not a:
             raise RuntimeError(f"llama.cpp could not load the adapter {f}")
         adapters.append(a)

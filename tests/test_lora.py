@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent / "data"))
 import make_tiny_loras as mkl  # noqa: E402
 
 MODELS = sr.TINY_MODELS
+LORA = sr.DATA / "lora"
 NAMES = sr.scenario_names(("lora-",))
 PROMPT = [1, 40, 7, 300, 12, 99, 5, 64, 201, 33]
 
@@ -33,7 +34,7 @@ def test_every_lora_scenario_is_collected() -> None:
 def test_logits_with_adapters_match_llama_cpp(name: str, cache_type: str) -> None:
     scn = sr.load(name)
     model = fl.Model(str(MODELS / scn["model"]))
-    adapters = [(fl.LoraAdapter(model, str(MODELS / f)), s) for f, s in scn["lora"]]
+    adapters = [(fl.LoraAdapter(model, str(LORA / f)), s) for f, s in scn["lora"]]
 
     def setup(ctx: fl.Context) -> None:
         for a, s in adapters:
@@ -68,8 +69,8 @@ def llama3() -> fl.Model:
 
 
 def test_set_rescale_remove_and_clear(llama3: fl.Model) -> None:
-    a = fl.LoraAdapter(llama3, str(MODELS / "lora-llama3-a.gguf"))
-    b = fl.LoraAdapter(llama3, str(MODELS / "lora-llama3-b.gguf"))
+    a = fl.LoraAdapter(llama3, str(LORA / "lora-llama3-a.gguf"))
+    b = fl.LoraAdapter(llama3, str(LORA / "lora-llama3-b.gguf"))
     ctx = fl.Context(llama3, n_ctx=64)
     base = decode_prompt(ctx)
     ctx.set_lora(a)
@@ -90,11 +91,11 @@ def test_set_rescale_remove_and_clear(llama3: fl.Model) -> None:
 
 
 def test_adapter_properties(llama3: fl.Model) -> None:
-    a = fl.LoraAdapter(llama3, str(MODELS / "lora-llama3-a.gguf"))
+    a = fl.LoraAdapter(llama3, str(LORA / "lora-llama3-a.gguf"))
     assert a.alpha == 8.0 and a.model is llama3
     assert a.ranks["blk.1.ffn_down.weight"] == 4 and len(a.ranks) == 14
     assert a.metadata["general.type"] == "adapter" and a.metadata["adapter.type"] == "lora"
-    b = fl.LoraAdapter(llama3, str(MODELS / "lora-llama3-b.gguf"))
+    b = fl.LoraAdapter(llama3, str(LORA / "lora-llama3-b.gguf"))
     assert b.alpha == 0.0 and b.ranks["token_embd.weight"] == 8
     # llama.cpp skips norm tensors in an adapter ("most adapters still work fine without it").
     assert b.skipped == ["blk.0.attn_norm.weight"]
@@ -102,13 +103,13 @@ def test_adapter_properties(llama3: fl.Model) -> None:
 
 def test_an_adapter_of_another_model_object_is_refused(llama3: fl.Model) -> None:
     other = fl.Model(str(MODELS / "tiny-llama3-f32.gguf"))
-    a = fl.LoraAdapter(other, str(MODELS / "lora-llama3-a.gguf"))
+    a = fl.LoraAdapter(other, str(LORA / "lora-llama3-a.gguf"))
     with pytest.raises(ValueError, match="loaded for another model"):
         fl.Context(llama3, n_ctx=64).set_lora(a)
 
 
 def test_a_non_finite_scale_is_refused(llama3: fl.Model) -> None:
-    a = fl.LoraAdapter(llama3, str(MODELS / "lora-llama3-a.gguf"))
+    a = fl.LoraAdapter(llama3, str(LORA / "lora-llama3-a.gguf"))
     with pytest.raises(ValueError, match="finite"):
         fl.Context(llama3, n_ctx=64).set_lora(a, float("nan"))
 
@@ -178,7 +179,7 @@ def test_a_token_embedding_pair_on_a_tied_output_is_refused(tmp_path) -> None:
 def test_a_missing_or_truncated_file_raises(tmp_path, llama3: fl.Model) -> None:
     with pytest.raises(fl.Error):
         fl.LoraAdapter(llama3, str(tmp_path / "absent.gguf"))
-    data = (MODELS / "lora-llama3-a.gguf").read_bytes()
+    data = (LORA / "lora-llama3-a.gguf").read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(fl.GGUFError):
@@ -188,7 +189,7 @@ def test_a_missing_or_truncated_file_raises(tmp_path, llama3: fl.Model) -> None:
 # --- the command line: --lora and --lora-scaled, as llama.cpp's common arguments ----------------
 
 LLAMA3 = MODELS / "tiny-llama3-f32.gguf"
-A, B = MODELS / "lora-llama3-a.gguf", MODELS / "lora-llama3-b.gguf"
+A, B = LORA / "lora-llama3-a.gguf", LORA / "lora-llama3-b.gguf"
 
 
 def ferrollama(*args) -> subprocess.CompletedProcess:
@@ -213,7 +214,7 @@ def test_generate_with_adapters() -> None:
 @pytest.mark.parametrize("args, message", [
     (["--lora", "absent.gguf"], "absent.gguf: no such LoRA adapter file"),
     (["--lora", LLAMA3], "not a LoRA adapter"),
-    (["--lora", MODELS / "lora-mixtral.gguf"], "does not exist in the base model"),
+    (["--lora", LORA / "lora-mixtral.gguf"], "does not exist in the base model"),
     (["--lora-scaled", f"{A}"], "--lora-scaled format: FNAME:SCALE"),
     (["--lora-scaled", f"{A}:x"], "expected a number"),
 ])
@@ -239,7 +240,7 @@ def test_the_server_s_contexts_get_the_adapters(llama3: fl.Model) -> None:
     from ferrollama.server.embeddings import Embedder
     from ferrollama.server.scheduler import Scheduler
 
-    a = fl.LoraAdapter(llama3, str(MODELS / "lora-llama3-a.gguf"))
+    a = fl.LoraAdapter(llama3, str(LORA / "lora-llama3-a.gguf"))
     direct = fl.Context(llama3, n_ctx=64)
     direct.set_lora(a, 0.5)
     scheduler = Scheduler(llama3, n_ctx=64, n_seq=1, n_batch=64, loras=[(a, 0.5)])

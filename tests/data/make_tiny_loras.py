@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes LoRA adapters for the tiny models (tests/data/models/lora-*.gguf) as
+"""Writes LoRA adapters for the tiny models (tests/data/lora/*.gguf) as
 convert_lora_to_gguf.py writes them: general.type = "adapter", adapter.type = "lora",
 adapter.lora.alpha, and for each adapted matrix `<base name>.lora_a` (rank rows of the
 input's width) and `.lora_b` (the output's rows of rank); the token embedding's A is stored
@@ -20,6 +20,7 @@ import numpy as np
 
 DATA = Path(__file__).resolve().parent
 MODELS = DATA / "models"
+LORA = DATA / "lora"
 
 ATTN = ("attn_q", "attn_k", "attn_v", "attn_output")
 FFN = ("ffn_gate", "ffn_up", "ffn_down")
@@ -118,7 +119,7 @@ def main() -> None:
     import make_tiny_archs as mk
 
     for ad in adapters():
-        write_adapter(ad, MODELS / f"{ad.name}.gguf")
+        write_adapter(ad, LORA / f"{ad.name}.gguf")
         print("wrote", ad.name)
     for name, model, loras in scenarios():
         scn = mk.scenario(model)

@@ -36,13 +36,16 @@ def scenario_names(prefixes: tuple[str, ...]) -> list[str]:
     return [n for n in names if n.startswith(prefixes)]
 
 
-def run(scn: dict, model: fl.Model, cache_type: str) -> list[dict]:
-    """Replays the steps; returns outputs in the shape of `expected` (full logits arrays)."""
+def run(scn: dict, model: fl.Model, cache_type: str, setup=None) -> list[dict]:
+    """Replays the steps; returns outputs in the shape of `expected` (full logits arrays).
+    `setup(ctx)`, when given, prepares the new context first (e.g. sets LoRA adapters)."""
     c = scn["context"]
     n_seq = c.get("n_seq_max", 1)
     ctx = fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=n_seq,
                      type_k=cache_type, type_v=cache_type, kv_unified=c.get("kv_unified", True),
                      swa_full=c.get("swa_full", False), **c.get("rope", {}))
+    if setup is not None:
+        setup(ctx)
     kv = ctx.kv
     got: list[dict] = []
     for si, st in enumerate(scn["steps"]):

@@ -32,10 +32,13 @@ def text_file(tmp_path_factory) -> Path:
     return path
 
 
-def direct_ppl(model_file: Path, text: str, n_ctx: int) -> tuple[float, list[float]]:
+def direct_ppl(model_file: Path, text: str, n_ctx: int, loras=()) -> tuple[float, list[float]]:
+    """The perplexity computed with the core API; `loras`: (adapter file, scale) pairs to set."""
     model = fl.Model(str(model_file))
     tokens = list(model.tokenize(text, add_special=True, parse_special=False))
     ctx = fl.Context(model, n_ctx=n_ctx, n_batch=n_ctx)
+    for path, scale in loras:
+        ctx.set_lora(fl.LoraAdapter(model, str(path)), scale)
     nll, running = [], []
     first = n_ctx // 2
     for c in range(len(tokens) // n_ctx):

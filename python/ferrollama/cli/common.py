@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from .._core import Batch, Context, Model
+from .._core import Batch, Context, Error, LoraAdapter, Model
 from ..llama import DEFAULT_SEED, SAMPLER_CHARS, SAMPLER_NAMES, SamplingParams
 
 
@@ -140,6 +140,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("-m", "--model", metavar="FNAME", help="the GGUF model (default: Qwen2.5-Coder-0.5B-Instruct, from PyPI)")
     g.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
+    g.add_argument("--lora", action="append", default=[], metavar="FNAME",
+                   help="apply a LoRA adapter (comma-separated values or repeated: several)")
+    g.add_argument("--lora-scaled", action="append", nargs="+", default=[], metavar="FNAME:SCALE",
+                   help="apply a LoRA adapter with a scale: FNAME:SCALE[,...] as llama.cpp, or FNAME SCALE")
     g.add_argument("-v", "--verbose", action="store_true", help="print more, and tracebacks on errors")
 
 
@@ -290,12 +294,46 @@ def model_path(args: argparse.Namespace) -> str:
 
 
 def load_model(args: argparse.Namespace, vocab_only: bool = False) -> Model:
-    """The model of -m (or the default one); the load time goes to args.t_load_ms."""
+    """The model of -m (or the default one) and its LoRA adapters (args.lora_adapters, which
+    make_context sets on every context); the load time goes to args.t_load_ms."""
     path = model_path(args)
     t0 = time.perf_counter()
     model = Model(path, use_mmap=not getattr(args, "no_mmap", False), vocab_only=vocab_only)
+    args.lora_adapters = [] if vocab_only else load_lora_adapters(args, model)
     args.t_load_ms = (time.perf_counter() - t0) * 1e3
     return model
+
+
+def lora_files(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """(file, scale) of each --lora and --lora-scaled, in order (llama.cpp's common_params)."""
+    files = [(f, 1.0) for value in getattr(args, "lora", []) for f in value.split(",") if f]
+    for values in getattr(args, "lora_scaled", []):
+        if len(values) == 2:
+            items = [tuple(values)]
+        elif len(values) == 1:
+            items = [item.rsplit(":", 1) for item in values[0].split(",") if item]
+        else:
+            raise CLIError(f"--lora-scaled takes FNAME:SCALE[,...] or FNAME SCALE, not {len(values)} values")
+        for item in items:
+            if len(item) != 2:
+                raise CLIError(f"--lora-scaled format: FNAME:SCALE (got {':'.join(item)!r})")
+            try:
+                files.append((item[0], float_value(item[1])))
+            except argparse.ArgumentTypeError as e:
+                raise CLIError(f"--lora-scaled {item[0]}: {e}") from None
+    return files
+
+
+def load_lora_adapters(args: argparse.Namespace, model: Model) -> list[tuple[LoraAdapter, float]]:
+    adapters = []
+    for path, scale in lora_files(args):
+        if not os.path.isfile(path):
+            raise CLIError(f"{path}: no such LoRA adapter file")
+        try:
+            adapters.append((LoraAdapter(model, path), scale))
+        except (Error, ValueError) as e:
+            raise CLIError(f"failed to load LoRA adapter '{path}': {e}") from None
+    return adapters
 
 
 def make_context(args: argparse.Namespace, model: Model, **overrides: Any) -> Context:
@@ -306,7 +344,15 @@ def make_context(args: argparse.Namespace, model: Model, **overrides: Any) -> Co
     kwargs.update(overrides)
     if kwargs["n_ctx"] < 0:
         raise CLIError(f"--ctx-size must be 0 or positive, not {kwargs['n_ctx']}")
-    return Context(model, **kwargs)
+    ctx = Context(model, **kwargs)
+    set_lora_adapters(args, ctx)
+    return ctx
+
+
+def set_lora_adapters(args: argparse.Namespace, ctx: Context) -> None:
+    """Sets the adapters load_model loaded (--lora, --lora-scaled) on a context."""
+    for adapter, scale in getattr(args, "lora_adapters", []):
+        ctx.set_lora(adapter, scale)
 
 
 def warmup(ctx: Context, model: Model) -> dict[str, float]:

@@ -578,7 +578,7 @@ def create_app(scheduler: Scheduler, model_name: str | None = None, api_key: str
     from .embeddings import Embedder
 
     engine = Engine(scheduler, model_name or os.path.basename(scheduler.model.path),
-                    embedder or Embedder(scheduler.model, n_threads=scheduler.ctx.n_threads))
+                    embedder or Embedder(scheduler.model, n_threads=scheduler.ctx.n_threads, loras=scheduler.loras))
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),

@@ -13,8 +13,9 @@ MODEL_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last"}
 class Embedder:
     """Pooled, L2-normalized embeddings (OpenAI's), one input at a time under a lock."""
 
-    def __init__(self, model: Model, n_ctx: int = 2048, n_threads: int | None = None):
+    def __init__(self, model: Model, n_ctx: int = 2048, n_threads: int | None = None, loras=()):
         self.model, self.n_ctx, self.n_threads = model, n_ctx, n_threads
+        self.loras = list(loras)  # (LoraAdapter, scale) pairs, as the completions' context has them
         self._ctx: Context | None = None
         self._lock = threading.Lock()
 
@@ -28,6 +29,8 @@ class Embedder:
             self._ctx = Context(self.model, n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx,
                                 n_threads=self.n_threads, n_threads_batch=self.n_threads, embeddings=True,
                                 pooling=self._pooling())
+            for adapter, scale in self.loras:
+                self._ctx.set_lora(adapter, scale)
         return self._ctx
 
     def embed(self, inputs: list[list[int]]) -> list[list[float]]:

@@ -223,7 +223,8 @@ class Scheduler:
 
     def __init__(self, model: Model, n_ctx: int = 4096, n_seq: int = 4, n_batch: int = 512,
                  n_threads: int | None = None, queue_size: int = 64, type_k: str = "f16", type_v: str = "f16",
-                 n_ubatch: int | None = None, n_threads_batch: int | None = None, drafter: Any = None):
+                 n_ubatch: int | None = None, n_threads_batch: int | None = None, drafter: Any = None,
+                 loras: Sequence = ()):
         if n_seq < 1 or n_ctx < n_seq:
             raise ValueError(f"need 1 <= n_seq <= n_ctx, got n_seq={n_seq}, n_ctx={n_ctx}")
         self.model = model
@@ -231,6 +232,10 @@ class Scheduler:
         self.ctx = Context(model, n_ctx=n_ctx, n_batch=max(n_batch, n_seq), n_ubatch=max(n_ubatch or n_batch, n_seq),
                            n_seq_max=n_seq, n_threads=n_threads, n_threads_batch=n_threads_batch or n_threads,
                            type_k=type_k, type_v=type_v, swa_full=True)
+        # (LoraAdapter, scale) pairs set on every context serving the model (--lora)
+        self.loras = list(loras)
+        for adapter, scale in self.loras:
+            self.ctx.set_lora(adapter, scale)
         self.n_ctx_slot = n_ctx // n_seq
         self.n_batch = max(n_batch, n_seq)
         self.queue_size = queue_size

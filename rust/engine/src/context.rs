@@ -12,6 +12,7 @@ use ferrollama_tensor::{GgmlType, Threads};
 use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::graph::{ControlVector, KvView, UBatchView, Workspace};
+use crate::lora::{LoraAdapter, LoraSet};
 use crate::kvstore::KvStore;
 use crate::model::Model;
 
@@ -93,6 +94,10 @@ pub struct Context {
     /// With pooling: one embedding per sequence of the last batch.
     embd_seq: std::collections::BTreeMap<i32, Vec<f32>>,
     cvec: Option<ControlVector>,
+    /// The LoRA adapters set, with their user scales, in the order set.
+    loras: Vec<(Arc<LoraAdapter>, f32)>,
+    /// Their terms for each product (None without adapters of non-zero scale).
+    lora_set: Option<LoraSet>,
     pub perf: Perf,
 }
 
@@ -182,7 +187,7 @@ impl Context {
             masks: vec![Vec::new(); caches.len()],
             model, params, rope, caches, layer_cache, store, ws, threads, threads_batch,
             logits: Vec::new(), output_ids: Vec::new(), n_outputs: 0, shift_scratch: Vec::new(),
-            embd: Vec::new(), embd_seq: Default::default(), cvec: None, perf: Perf::default(),
+            embd: Vec::new(), embd_seq: Default::default(), cvec: None, loras: Vec::new(), lora_set: None, perf: Perf::default(),
         })
     }
 
@@ -231,6 +236,51 @@ impl Context {
         }
         self.embd_seq.get(&seq).map(Vec::as_slice)
             .ok_or_else(|| EngineError::InvalidArgument(format!("sequence {seq} was not in the last batch")))
+    }
+
+    /// Sets `adapter` at `scale` (replacing its scale if it is set already): every later
+    /// decode adds its terms. The cache keeps what earlier decodes stored (llama.cpp does not
+    /// touch it either).
+    pub fn set_lora(&mut self, adapter: Arc<LoraAdapter>, scale: f32) -> Result<()> {
+        self.check_lora(&adapter, scale)?;
+        match self.loras.iter_mut().find(|(a, _)| Arc::ptr_eq(a, &adapter)) {
+            Some(entry) => entry.1 = scale,
+            None => self.loras.push((adapter, scale)),
+        }
+        self.resolve_loras();
+        Ok(())
+    }
+
+    /// Removes an adapter; false when it was not set.
+    pub fn remove_lora(&mut self, adapter: &Arc<LoraAdapter>) -> bool {
+        let before = self.loras.len();
+        self.loras.retain(|(a, _)| !Arc::ptr_eq(a, adapter));
+        self.resolve_loras();
+        self.loras.len() != before
+    }
+
+    pub fn clear_lora(&mut self) {
+        self.loras.clear();
+        self.resolve_loras();
+    }
+
+    /// The adapters set, with their scales, in the order set.
+    pub fn loras(&self) -> &[(Arc<LoraAdapter>, f32)] { &self.loras }
+
+    fn check_lora(&self, adapter: &LoraAdapter, scale: f32) -> Result<()> {
+        if !adapter.is_for(&self.model) {
+            return Err(EngineError::InvalidArgument("the LoRA adapter was loaded for another model".into()));
+        }
+        if !scale.is_finite() {
+            return Err(EngineError::InvalidArgument(format!("a LoRA scale must be a finite number, not {scale}")));
+        }
+        Ok(())
+    }
+
+    /// Rebuilds the products' terms and their scratch from the adapters set.
+    fn resolve_loras(&mut self) {
+        self.lora_set = LoraSet::new(&self.loras, self.model.hparams.n_layer);
+        self.ws.lora = self.lora_set.as_ref().map(|s| s.scratch(self.params.n_ubatch)).unwrap_or_default();
     }
 
     /// Sets (or with None removes) the control vector added to the outputs of layers
@@ -359,7 +409,7 @@ impl Context {
         let views = [KvView { slots: &slots, mask: &self.masks[0], n_kv }];
         let ub = UBatchView {
             tokens: &batch.tokens, pos: &batch.pos, out_rows: &out_rows, caches: &views, layer_cache: &self.layer_cache,
-            cvec: None, rope_factors: None, rope: &self.rope,
+            cvec: None, lora: self.lora_set.as_ref(), rope_factors: None, rope: &self.rope,
         };
         let threads = match (&self.threads_batch, n > 1) {
             (Some(tb), true) => tb,
@@ -446,7 +496,7 @@ impl Context {
             .collect();
         let ub = UBatchView {
             tokens, pos: view.pos, out_rows, caches: &views, layer_cache: &self.layer_cache, cvec: self.cvec.as_ref(),
-            rope_factors: rope_factors(&model, &self.params), rope: &self.rope,
+            lora: self.lora_set.as_ref(), rope_factors: rope_factors(&model, &self.params), rope: &self.rope,
         };
         let threads = match (&self.threads_batch, tokens.len() > 1) {
             (Some(tb), true) => tb,

@@ -26,6 +26,8 @@ pub struct UBatchView<'a> {
     pub layer_cache: &'a [usize],
     /// A control vector to add to the layers' outputs.
     pub cvec: Option<&'a ControlVector>,
+    /// The LoRA adapters' terms to add to the products.
+    pub lora: Option<&'a crate::lora::LoraSet>,
     /// The RoPE frequency factors the context uses (RopeFactors::for_context).
     pub rope_factors: Option<&'a [f32]>,
     /// The context's RoPE (the model's, unless the context overrides it: RopeOverrides).
@@ -55,7 +57,12 @@ impl ControlVector {
     }
 }
 
-impl UBatchView<'_> {
+impl<'a> UBatchView<'a> {
+    /// Layer `il`'s LoRA terms (none without adapters).
+    pub fn lora_layer(&self, il: usize) -> crate::lora::LayerLora<'a> {
+        self.lora.map(|l| l.layer(il)).unwrap_or_default()
+    }
+
     /// Where layer `il`'s keys and values go and what its tokens may attend to.
     pub fn kv(&self, il: usize) -> &KvView<'_> {
         &self.caches[self.layer_cache[il]]
@@ -79,6 +86,8 @@ pub struct Workspace {
     pub mm: MatmulScratch,
     /// The mixture-of-experts block's buffers (empty for a dense model).
     pub moe: crate::moe::MoeScratch,
+    /// The LoRA products' buffers (sized when adapters are set).
+    pub lora: crate::lora::LoraScratch,
     /// The input activations' statistics, while a context collects them (else None).
     pub stats: Option<Box<crate::actstats::ActivationStats>>,
 }
@@ -101,6 +110,7 @@ impl Workspace {
             rope_cache_swa: if hp.has_swa() { vec![0.0; n_ubatch * hp.rope.n_dims] } else { Vec::new() },
             mm: MatmulScratch::default(),
             moe: crate::moe::MoeScratch::new(hp, n_ubatch),
+            lora: Default::default(),
             stats: None,
         }
     }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod graph;
 pub mod hparams;
 pub mod kvstore;
+pub mod lora;
 pub mod model;
 mod moe;
 pub mod ops;

@@ -122,6 +122,8 @@ pub struct Weights {
     /// The output projection; the token embedding itself when the model ties them.
     pub output: QMatrix,
     pub output_b: Option<Vec<f32>>,
+    /// Whether the output projection is the token embedding (no output matrix of its own).
+    pub output_tied: bool,
     pub layers: Vec<LayerWeights>,
     pub rope_factors: RopeFactors,
     /// An encoder's input additions (None for decoders).
@@ -277,15 +279,17 @@ pub enum QkNorm {
 pub(crate) fn load_decoder(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Result<Weights> {
     let n_embd = hp.n_embd;
     let tok_embd = ld.matrix("token_embd.weight", n_embd, hp.n_vocab)?;
-    let output = match parts.tied_output {
+    let own_output = match parts.tied_output {
         true => None,
         false => ld.opt_matrix("output.weight", n_embd, hp.n_vocab)?,
-    }.unwrap_or_else(|| tok_embd.clone());
+    };
+    let output_tied = own_output.is_none();
+    let output = own_output.unwrap_or_else(|| tok_embd.clone());
     let output_b = if parts.output_bias { ld.opt_vector("output.bias", hp.n_vocab)? } else { None };
     let layers = (0..hp.n_layer).map(|il| load_layer(ld, hp, parts, il)).collect::<Result<Vec<_>>>()?;
     let output_norm = ld.vector("output_norm.weight", n_embd)?;
     let rope_factors = load_rope_factors(ld, hp, parts)?;
-    Ok(Weights { tok_embd, output_norm, output, output_b, layers, rope_factors, encoder: None })
+    Ok(Weights { tok_embd, output_norm, output, output_b, output_tied, layers, rope_factors, encoder: None })
 }
 
 fn load_rope_factors(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Result<RopeFactors> {

@@ -10,6 +10,7 @@ use crate::actstats::{ActivationStats, Matrix};
 use crate::arch::blocks::{note, rows_on_threads, Activation};
 use crate::graph::Workspace;
 use crate::hparams::{HParams, MoeGating};
+use crate::lora::{add_terms, LayerLora, LoraScratch, Proj};
 use crate::model::Experts;
 use crate::ops::add_inplace;
 
@@ -53,10 +54,10 @@ impl MoeScratch {
 }
 
 /// ws.o = the experts' FFN of ws.h for n tokens.
-pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Activation, threads: &Threads) {
+pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Activation, lora: LayerLora, threads: &Threads) {
     let (d, ne, k) = (hp.n_embd, hp.n_expert, hp.n_expert_used);
     let s = &mut ws.moe;
-    matmul(&ex.router, &ws.h, n, &mut s.logits[..n * ne], &mut ws.mm, threads);
+    crate::arch::blocks::lora_mm(&ex.router, lora.terms(Proj::Router), &ws.h, n, &mut s.logits[..n * ne], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::FfnGateInp, &ws.h[..n * d], n);
     for t in 0..n {
         let logits = &mut s.logits[t * ne..(t + 1) * ne];
@@ -69,7 +70,8 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ac
         }
     }
     for e in 0..ne {
-        run_expert(ex, e, &ws.h, &mut ws.moe, &mut ws.mm, d, k, n, act, threads);
+        let ctx = ExpertCtx { mm: &mut ws.mm, lora_scratch: &mut ws.lora, lora, threads };
+        run_expert(ex, e, &ws.h, &mut ws.moe, ctx, d, k, n, act);
         if let Some(stats) = ws.stats.as_deref_mut() {
             note_expert(stats, &ws.moe, e, ne, k, d, ex.up[e].rows);
         }
@@ -86,9 +88,28 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ac
 
 /// Expert e over the tokens that chose it: gathers their inputs, runs the gated FFN on them
 /// at once, and writes each weighted output to its (token, choice) slot.
+/// What each expert's products share: the product scratch and the adapters' terms.
+struct ExpertCtx<'a> {
+    mm: &'a mut ferrollama_tensor::MatmulScratch,
+    lora_scratch: &'a mut LoraScratch,
+    lora: LayerLora<'a>,
+    threads: &'a Threads,
+}
+
+impl ExpertCtx<'_> {
+    /// out = W_e·x for m tokens, plus the adapters' terms of expert e (build_lora_mm_id).
+    fn product(&mut self, w: &ferrollama_tensor::QMatrix, proj: Proj, e: usize, x: &[f32], m: usize, out: &mut [f32]) {
+        matmul(w, x, m, out, self.mm, self.threads);
+        let terms = self.lora.terms(proj);
+        if !terms.is_empty() {
+            add_terms(terms, e, x, m, out, self.lora_scratch, self.mm, self.threads);
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
-fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mm: &mut ferrollama_tensor::MatmulScratch,
-              d: usize, k: usize, n: usize, act: Activation, threads: &Threads) {
+fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mut cx: ExpertCtx,
+              d: usize, k: usize, n: usize, act: Activation) {
     s.routed.clear();
     for (slot, &c) in s.chosen[..n * k].iter().enumerate() {
         if c as usize == e {
@@ -103,12 +124,12 @@ fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mm: &mut fe
         s.x[i * d..(i + 1) * d].copy_from_slice(&h[t as usize * d..(t as usize + 1) * d]);
     }
     let ff = ex.up[e].rows;
-    matmul(&ex.gate[e], &s.x, m, &mut s.gate[..m * ff], mm, threads);
-    matmul(&ex.up[e], &s.x, m, &mut s.up[..m * ff], mm, threads);
+    cx.product(&ex.gate[e], Proj::GateExps, e, &s.x, m, &mut s.gate[..m * ff]);
+    cx.product(&ex.up[e], Proj::UpExps, e, &s.x, m, &mut s.up[..m * ff]);
     add_expert_bias(&mut s.gate[..m * ff], ex.gate_b.as_deref(), e, ff);
     add_expert_bias(&mut s.up[..m * ff], ex.up_b.as_deref(), e, ff);
-    rows_on_threads(act, &mut s.gate[..m * ff], &s.up[..m * ff], ff, threads);
-    matmul(&ex.down[e], &s.gate, m, &mut s.down[..m * d], mm, threads);
+    rows_on_threads(act, &mut s.gate[..m * ff], &s.up[..m * ff], ff, cx.threads);
+    cx.product(&ex.down[e], Proj::DownExps, e, &s.gate, m, &mut s.down[..m * d]);
     add_expert_bias(&mut s.down[..m * d], ex.down_b.as_deref(), e, d);
     for (i, &(t, c)) in s.routed.iter().enumerate() {
         let slot = t as usize * k + c as usize;

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::errors::{guard, to_py, BusyError};
+use crate::lora::PyLoraAdapter;
 use crate::model::PyModel;
 
 fn token_id(t: i64) -> PyResult<u32> {
@@ -185,6 +186,24 @@ impl PyContext {
             out.set_item(name, (sums, counts))?;
         }
         Ok(out)
+    }
+
+    /// Adds a LoRA adapter's terms to every later decode, at `scale` (again: a new scale).
+    #[pyo3(signature = (adapter, scale=1.0))]
+    fn set_lora(&self, adapter: &PyLoraAdapter, scale: f32) -> PyResult<()> {
+        let mut ctx = self.lock()?;
+        ctx.set_lora(adapter.inner.clone(), scale).map_err(to_py)
+    }
+
+    /// Removes an adapter; False when it was not set.
+    fn remove_lora(&self, adapter: &PyLoraAdapter) -> PyResult<bool> {
+        Ok(self.lock()?.remove_lora(&adapter.inner))
+    }
+
+    /// Removes every adapter.
+    fn clear_lora(&self) -> PyResult<()> {
+        self.lock()?.clear_lora();
+        Ok(())
     }
 
     /// All outputs of the last decode, shape (n_outputs, n_vocab), in batch order.

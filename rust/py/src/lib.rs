@@ -3,6 +3,7 @@
 
 mod context;
 mod errors;
+mod lora;
 mod model;
 mod quantize;
 mod samplers;
@@ -17,6 +18,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PyBatch>()?;
     m.add_class::<context::PyContext>()?;
     m.add_class::<context::PyKv>()?;
+    m.add_class::<lora::PyLoraAdapter>()?;
     m.add_class::<model::PyStreamDecoder>()?;
     samplers::register(m)?;
     m.add_function(wrap_pyfunction!(quantize::quantize, m)?)?;

@@ -233,7 +233,7 @@ fn str_to_py(py: Python<'_>, s: &[u8]) -> PyObject {
     }
 }
 
-fn value_to_py(py: Python<'_>, v: &Value) -> PyResult<PyObject> {
+pub(crate) fn value_to_py(py: Python<'_>, v: &Value) -> PyResult<PyObject> {
     Ok(match v {
         Value::U8(x) => x.into_pyobject(py)?.into_any().unbind(),
         Value::I8(x) => x.into_pyobject(py)?.into_any().unbind(),

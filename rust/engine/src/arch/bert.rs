@@ -57,7 +57,7 @@ fn load(ld: &Loader, hp: &HParams, bert: bool) -> Result<Weights> {
     let norm = layer_norm(ld, "token_embd_norm", d)?;
     let layers = (0..hp.n_layer).map(|il| load_layer(ld, hp, il, bert)).collect::<Result<Vec<_>>>()?;
     Ok(Weights {
-        output: tok_embd.clone(), tok_embd, output_norm: Vec::new(), output_b: None, layers,
+        output: tok_embd.clone(), tok_embd, output_norm: Vec::new(), output_b: None, output_tied: false, layers,
         rope_factors: RopeFactors::default(), encoder: Some(EncoderInputs { pos_embd, type_row0, norm }),
     })
 }
@@ -96,7 +96,7 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
     let hp = &model.hparams;
     let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.norm_eps);
     let enc = w.encoder.as_ref().expect("an encoder's weights have its inputs");
-    embed(w, ws, ub, d, 1.0);
+    embed(w, ws, ub, d, 1.0, threads);
     add_inputs(enc, ws, ub, d);
     layer_norm_inplace(&mut ws.x[..n * d], &enc.norm.w, &enc.norm.b, eps);
     if enc.pos_embd.is_none() {
@@ -107,7 +107,7 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
             s.begin_layer(il);
         }
         ws.h[..n * d].copy_from_slice(&ws.x[..n * d]);
-        project_qkv(lw, ws, n, threads);
+        project_qkv(lw, ws, n, ub.lora_layer(il), threads);
         if enc.pos_embd.is_none() {
             let rope_cache = std::mem::take(&mut ws.rope_cache);
             rope_and_store(hp, lw, ub.rope, &rope_cache, ws, kv, ub, il);
@@ -118,7 +118,7 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
         attend(hp, lw, ws, kv, ub, il, hp.attn_scale, 0.0, threads);
         add_and_norm(ws, lw.attn_out_norm.as_ref(), eps, n, d);
         ws.h[..n * d].copy_from_slice(&ws.x[..n * d]);
-        ffn(hp, lw, ws, n, swiglu, threads);
+        ffn(hp, lw, ws, n, swiglu, ub.lora_layer(il), threads);
         add_and_norm(ws, lw.layer_out_norm.as_ref(), eps, n, d);
     }
     // The embeddings are the last hidden states of the wanted rows (no output norm).

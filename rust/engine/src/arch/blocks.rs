@@ -3,21 +3,36 @@
 //! feed-forward networks (gated, or a mixture of experts), residuals and the output head.
 //! Each architecture file composes them in its own order.
 
-use ferrollama_tensor::{matmul, SendPtr, Threads};
+use ferrollama_tensor::{matmul, MatmulScratch, QMatrix, SendPtr, Threads};
 
 use crate::actstats::{ActivationStats, Matrix};
 use crate::attention::{attention, AttnInput};
 use crate::graph::{UBatchView, Workspace};
 use crate::hparams::HParams;
 use crate::kvstore::KvStore;
+use crate::lora::{add_embedding_terms, add_terms, LayerLora, LoraScratch, Proj, Term};
 use crate::model::{Ffn, GatedFfn, LayerWeights, Weights};
 use crate::ops::{add_bias, add_inplace, rms_norm, rms_norm_inplace, rope_apply, scale_inplace, RopeParams};
 
-/// ws.x = the embeddings of the micro-batch's tokens, times `scale` (1: none).
-pub fn embed(w: &Weights, ws: &mut Workspace, ub: &UBatchView, d: usize, scale: f32) {
+/// out = W·x for n tokens, plus the LoRA terms of W (llama.cpp's build_lora_mm).
+#[allow(clippy::too_many_arguments)]
+pub fn lora_mm(w: &QMatrix, terms: &[Term], x: &[f32], n: usize, out: &mut [f32], mm: &mut MatmulScratch,
+               lora: &mut LoraScratch, threads: &Threads) {
+    matmul(w, x, n, out, mm, threads);
+    if !terms.is_empty() {
+        add_terms(terms, 0, x, n, out, lora, mm, threads);
+    }
+}
+
+/// ws.x = the embeddings of the micro-batch's tokens (with the adapters' terms of the token
+/// embedding), times `scale` (1: none).
+pub fn embed(w: &Weights, ws: &mut Workspace, ub: &UBatchView, d: usize, scale: f32, threads: &Threads) {
     let n = ub.tokens.len();
     for (t, &tok) in ub.tokens.iter().enumerate() {
         w.tok_embd.dequantize_row(tok as usize, &mut ws.x[t * d..(t + 1) * d]);
+    }
+    if let Some(l) = ub.lora.filter(|l| !l.tok_embd().is_empty()) {
+        add_embedding_terms(l.tok_embd(), ub.tokens, &mut ws.x[..n * d], &mut ws.lora, threads);
     }
     if scale != 1.0 {
         scale_inplace(&mut ws.x[..n * d], scale);
@@ -45,12 +60,12 @@ pub fn pre_norm(ws: &mut Workspace, norm: Option<&[f32]>, eps: f32, n: usize, d:
     }
 }
 
-/// ws.q, ws.k, ws.v = W·ws.h (+ biases) for n tokens.
-pub fn project_qkv(lw: &LayerWeights, ws: &mut Workspace, n: usize, threads: &Threads) {
+/// ws.q, ws.k, ws.v = W·ws.h (+ the adapters' terms, + biases) for n tokens.
+pub fn project_qkv(lw: &LayerWeights, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
     let (q_dim, k_dim, v_dim) = (lw.wq.rows, lw.wk.rows, lw.wv.rows);
-    matmul(&lw.wq, &ws.h, n, &mut ws.q[..n * q_dim], &mut ws.mm, threads);
-    matmul(&lw.wk, &ws.h, n, &mut ws.k[..n * k_dim], &mut ws.mm, threads);
-    matmul(&lw.wv, &ws.h, n, &mut ws.v[..n * v_dim], &mut ws.mm, threads);
+    lora_mm(&lw.wq, lora.terms(Proj::Q), &ws.h, n, &mut ws.q[..n * q_dim], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&lw.wk, lora.terms(Proj::K), &ws.h, n, &mut ws.k[..n * k_dim], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&lw.wv, lora.terms(Proj::V), &ws.h, n, &mut ws.v[..n * v_dim], &mut ws.mm, &mut ws.lora, threads);
     if let Some(s) = ws.stats.as_deref_mut() {
         let x = &ws.h[..n * lw.wq.cols];
         for m in [Matrix::AttnQ, Matrix::AttnK, Matrix::AttnV] {
@@ -111,7 +126,7 @@ pub fn attend(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, kv: &KvStore,
         mask: view.mask, n_kv: view.n_kv, scale, softcap, sinks: lw.sinks.as_deref(),
     };
     attention(&input, &mut ws.attn[..n * attn_dim], threads);
-    matmul(&lw.wo, &ws.attn, n, &mut ws.o[..n * d], &mut ws.mm, threads);
+    lora_mm(&lw.wo, ub.lora_layer(il).terms(Proj::O), &ws.attn, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::AttnOutput, &ws.attn[..n * attn_dim], n);
     if let Some(b) = &lw.bo {
         add_bias(&mut ws.o[..n * d], b);
@@ -137,43 +152,44 @@ pub fn residual(ws: &mut Workspace, post_norm: Option<&[f32]>, eps: f32, scale: 
 }
 
 /// ws.o = the layer's FFN of ws.h: gated, or its experts.
-pub fn ffn(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, n: usize, act: Activation, threads: &Threads) {
+pub fn ffn(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, n: usize, act: Activation, lora: LayerLora, threads: &Threads) {
     match &lw.ffn {
-        Ffn::Gated(f) => gated_ffn(hp, f, ws, n, act, threads),
-        Ffn::Experts(e) => crate::moe::moe_ffn(hp, e, ws, n, act, threads),
-        Ffn::Plain(f) => plain_ffn(hp, f, ws, n, threads),
+        Ffn::Gated(f) => gated_ffn(hp, f, ws, n, act, lora, threads),
+        Ffn::Experts(e) => crate::moe::moe_ffn(hp, e, ws, n, act, lora, threads),
+        Ffn::Plain(f) => plain_ffn(hp, f, ws, n, lora, threads),
     }
 }
 
 /// ws.o = W_down · gelu(W_up·ws.h + b_up) + b_down (BERT).
-pub fn plain_ffn(hp: &HParams, f: &crate::model::PlainFfn, ws: &mut Workspace, n: usize, threads: &Threads) {
+pub fn plain_ffn(hp: &HParams, f: &crate::model::PlainFfn, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
     let (d, ff) = (hp.n_embd, f.up.rows);
-    matmul(&f.up, &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, threads);
+    lora_mm(&f.up, lora.terms(Proj::Up), &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, &mut ws.lora, threads);
     if let Some(b) = &f.up_b { add_bias(&mut ws.up[..n * ff], b); }
     crate::ops::gelu_inplace(&mut ws.up[..n * ff]);
-    matmul(&f.down, &ws.up, n, &mut ws.o[..n * d], &mut ws.mm, threads);
+    lora_mm(&f.down, lora.terms(Proj::Down), &ws.up, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::FfnUp, &ws.h[..n * d], n);
     note(&mut ws.stats, Matrix::FfnDown, &ws.up[..n * ff], n);
     if let Some(b) = &f.down_b { add_bias(&mut ws.o[..n * d], b); }
 }
 
 /// ws.o = W_down · act(W_gate·ws.h, W_up·ws.h) (+ biases), with `act` the gated activation.
-pub fn gated_ffn(hp: &HParams, f: &GatedFfn, ws: &mut Workspace, n: usize, act: Activation, threads: &Threads) {
+pub fn gated_ffn(hp: &HParams, f: &GatedFfn, ws: &mut Workspace, n: usize, act: Activation, lora: LayerLora, threads: &Threads) {
     let (d, ff) = (hp.n_embd, f.up.rows);
-    matmul(&f.gate, &ws.h, n, &mut ws.gate[..n * ff], &mut ws.mm, threads);
-    matmul(&f.up, &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, threads);
+    lora_mm(&f.gate, lora.terms(Proj::Gate), &ws.h, n, &mut ws.gate[..n * ff], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&f.up, lora.terms(Proj::Up), &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, &mut ws.lora, threads);
     if let Some(b) = &f.gate_b { add_bias(&mut ws.gate[..n * ff], b); }
     if let Some(b) = &f.up_b { add_bias(&mut ws.up[..n * ff], b); }
     rows_on_threads(act, &mut ws.gate[..n * ff], &ws.up[..n * ff], ff, threads);
-    matmul(&f.down, &ws.gate, n, &mut ws.o[..n * d], &mut ws.mm, threads);
+    lora_mm(&f.down, lora.terms(Proj::Down), &ws.gate, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::FfnGate, &ws.h[..n * d], n);
     note(&mut ws.stats, Matrix::FfnUp, &ws.h[..n * d], n);
     note(&mut ws.stats, Matrix::FfnDown, &ws.gate[..n * ff], n);
     if let Some(b) = &f.down_b { add_bias(&mut ws.o[..n * d], b); }
 }
 
-/// Final norm and output projection (+ bias) of the wanted rows only.
-pub fn output(hp: &HParams, w: &Weights, ws: &mut Workspace, out_rows: &[usize], threads: &Threads, logits: &mut [f32]) {
+/// Final norm and output projection (+ the adapters' terms, + bias) of the wanted rows only.
+pub fn output(hp: &HParams, w: &Weights, ws: &mut Workspace, ub: &UBatchView, threads: &Threads, logits: &mut [f32]) {
+    let out_rows = ub.out_rows;
     let d = hp.n_embd;
     let n_out = out_rows.len();
     if n_out == 0 {
@@ -185,7 +201,8 @@ pub fn output(hp: &HParams, w: &Weights, ws: &mut Workspace, out_rows: &[usize],
     }
     rms_norm_inplace(&mut ws.h[..n_out * d], &w.output_norm, hp.rms_eps);
     let logits = &mut logits[..n_out * hp.n_vocab];
-    matmul(&w.output, &ws.h, n_out, logits, &mut ws.mm, threads);
+    let terms = ub.lora.map_or(&[][..], |l| l.output());
+    lora_mm(&w.output, terms, &ws.h, n_out, logits, &mut ws.mm, &mut ws.lora, threads);
     if let Some(b) = &w.output_b {
         add_bias(logits, b);
     }
@@ -243,14 +260,14 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
                        threads: &Threads, logits: &mut [f32], style: &DecoderStyle) {
     let hp = &model.hparams;
     let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, hp.embedding_scale);
+    embed(w, ws, ub, d, hp.embedding_scale, threads);
     fill_rope_caches(hp, ws, ub);
     for (il, lw) in w.layers.iter().enumerate() {
         if let Some(s) = ws.stats.as_deref_mut() {
             s.begin_layer(il);
         }
         pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
-        project_qkv(lw, ws, n, threads);
+        project_qkv(lw, ws, n, ub.lora_layer(il), threads);
         qk_norm(lw, ws, n, eps);
         rope_layer_and_store(hp, lw, ws, kv, ub, il);
         let scale = if style.q_prescale {
@@ -262,13 +279,13 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
         attend(hp, lw, ws, kv, ub, il, scale, hp.attn_logit_softcap, threads);
         residual(ws, lw.post_attn_norm.as_deref(), eps, hp.residual_scale, n, d);
         pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
-        ffn(hp, lw, ws, n, style.act, threads);
+        ffn(hp, lw, ws, n, style.act, ub.lora_layer(il), threads);
         residual(ws, lw.post_ffn_norm.as_deref(), eps, hp.residual_scale, n, d);
         if let Some(cv) = ub.cvec {
             cv.apply(il, &mut ws.x[..n * d]);
         }
     }
-    output(hp, w, ws, ub.out_rows, threads, logits);
+    output(hp, w, ws, ub, threads, logits);
     let logits = &mut logits[..ub.out_rows.len() * hp.n_vocab];
     if hp.logit_scale != 1.0 {
         scale_inplace(logits, 1.0 / hp.logit_scale);

@@ -520,3 +520,24 @@ def test_llama_cpp_python_s_prompt_lookup_class_drafts_as_a_callable(qwen):
     plain = qwen(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"]
     assert llm(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"] == plain
     assert llm.speculative_stats.n_accepted > 0
+
+
+def test_lora_path_and_scale_apply_the_adapter_as_the_core_api_does():
+    import ferrollama as fl
+    from ferrollama.llama import Llama
+
+    base = str(DATA / "models" / "tiny-llama3-f32.gguf")
+    adapter = str(DATA / "lora" / "lora-llama3-a.gguf")
+    llm = Llama(base, n_ctx=256, verbose=False, lora_path=adapter, lora_scale=0.5, lora_base="ignored.gguf")
+    tokens = llm.tokenize(b"Once upon a time")
+    llm.eval(tokens)
+    model = fl.Model(base)
+    ctx = fl.Context(model, n_ctx=256)
+    ctx.set_lora(fl.LoraAdapter(model, adapter), 0.5)
+    ctx.decode(fl.Batch.from_tokens(tokens, logits="last"))
+    assert np.array_equal(llm.ctx.logits(-1), ctx.logits(-1))
+    plain = fl.Context(model, n_ctx=256)
+    plain.decode(fl.Batch.from_tokens(tokens, logits="last"))
+    assert np.abs(plain.logits(-1) - ctx.logits(-1)).max() > 0.1          # the adapter matters
+    with pytest.raises(RuntimeError, match="Failed to initialize LoRA adapter"):
+        Llama(TINY, n_ctx=256, verbose=False, lora_path=str(DATA / "lora" / "lora-phi3.gguf"))   # a phi3 adapter

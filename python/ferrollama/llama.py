@@ -589,6 +589,8 @@ class Llama:
         t0 = time.perf_counter()
         self.model_path = _model_path(model_path)
         self.model = Model(self.model_path, use_mmap=use_mmap, vocab_only=vocab_only, kv_overrides=kv_overrides)
+        # lora_base has no effect, as in llama-cpp-python 0.3.x (a leftover of merging into an f16 base)
+        self._lora = _load_lora(self.model, lora_path) if lora_path else None
         self.kv_overrides = kv_overrides
         self._seed = seed
         self.last_n_tokens_size = last_n_tokens_size
@@ -613,8 +615,8 @@ class Llama:
                                                    yarn_attn_factor, yarn_beta_fast, yarn_beta_slow, yarn_orig_ctx),
                                     **({"swa_full": swa_full} if swa_full is not None else {}), **context_params)
         self._embedding = embedding
-        self.ctx: Context | None = None if vocab_only else Context(
-            self.model, embeddings=embedding, pooling=self._pooling if embedding else None, **self._context_kwargs)
+        self.ctx: Context | None = None if vocab_only else self._new_context(
+            embeddings=embedding, pooling=self._pooling if embedding else None)
         self._embed_ctx: Context | None = self.ctx if embedding else None
         self._n_ctx = self.ctx.n_ctx if self.ctx is not None else n_ctx
         self._n_vocab = self.model.n_vocab
@@ -640,8 +642,6 @@ class Llama:
         self.speculative_stats = SpeculativeStats()
         #: the scheduler that decodes a list of prompts together (made at the first such call)
         self._batcher = None
-        if lora_path:
-            self._apply_lora(lora_path, lora_scale, lora_base)
         if verbose:
             print(f"ferrollama: {self.model_path}: {self.model.arch}, {self.model.n_params / 1e6:.0f}M parameters, "
                   f"n_ctx {self._n_ctx}, loaded in {(time.perf_counter() - t0) * 1e3:.0f} ms", file=sys.stderr)
@@ -773,6 +773,13 @@ class Llama:
 
         path = download_model(repo_id, filename, additional_files, local_dir, local_dir_use_symlinks, cache_dir)
         return cls(model_path=path, **kwargs)
+
+    def _new_context(self, **kw: Any) -> Context:
+        """A context of the model with the Llama's settings and its LoRA adapter."""
+        ctx = Context(self.model, **kw, **self._context_kwargs)
+        if self._lora is not None:
+            ctx.set_lora(self._lora, self.lora_scale)
+        return ctx
 
     def _require_ctx(self) -> Context:
         if self.ctx is None:
@@ -1112,7 +1119,7 @@ class Llama:
             kw = self._context_kwargs
             self._batcher = Scheduler(self.model, n_ctx=kw["n_ctx"] * n_seq, n_seq=n_seq, n_batch=kw["n_batch"],
                                       n_threads=kw["n_threads"], queue_size=1 << 30, type_k=kw["type_k"],
-                                      type_v=kw["type_v"])
+                                      type_v=kw["type_v"], loras=[(self._lora, self.lora_scale)] if self._lora else ())
         return self._batcher
 
     # --- chat ---
@@ -1217,7 +1224,7 @@ class Llama:
     # --- embeddings ---
     def _embedding_context(self) -> Context:
         if self._embed_ctx is None:
-            self._embed_ctx = Context(self.model, embeddings=True, pooling=self._pooling, **self._context_kwargs)
+            self._embed_ctx = self._new_context(embeddings=True, pooling=self._pooling)
         return self._embed_ctx
 
     def embed(self, input: str | Sequence[str], normalize: bool = False, truncate: bool = True,
@@ -1268,6 +1275,17 @@ class Llama:
             self.scores[:len(scores)] = scores
         self._prompt_logits = None
         self._seed = state.seed
+
+
+def _load_lora(model: Model, path: str):
+    """The adapter at path for model; RuntimeError as llama-cpp-python raises it (the engine's
+    reason chained)."""
+    from ._core import LoraAdapter
+
+    try:
+        return LoraAdapter(model, os.fspath(path))
+    except (ValueError, GGUFError, UnsupportedError) as e:
+        raise RuntimeError(f"Failed to initialize LoRA adapter from lora path: {path}: {e}") from e
 
 
 def _normalized(vec: np.ndarray, normalize: bool) -> np.ndarray:

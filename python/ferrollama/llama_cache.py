@@ -30,12 +30,9 @@ DEFAULT_CAPACITY_BYTES = 2 << 30
 
 def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens a and b share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    from .llama import common_prefix_len
+
+    return common_prefix_len(a, b)
 
 
 def state_size(state: Any) -> int:

@@ -160,8 +160,9 @@ def test_sampled_tokens_follow_the_target_distribution():
 
 
 def test_a_draft_model_that_keeps_missing_pauses_longer_each_time():
-    """Fruitless attempts pause drafting for 1, 2, 4 ... max_skip target tokens (what a never-right
-    draft model costs); an accepted draft ends the pauses."""
+    """Fruitless attempts pause drafting for 1, 2, 4 ... max_skip target tokens and the next
+    attempts draft one token (what a never-right draft model costs); an accepted draft ends the
+    pauses."""
     tiny = str(model_path("tiny-llama-f32.gguf"))
     dm = fl.DraftModel(tiny, draft_max=2, draft_p_min=0.0, n_ctx=256, max_skip=8)
     tokens = dm.model.tokenize("Once upon a time")
@@ -178,5 +179,6 @@ def test_a_draft_model_that_keeps_missing_pauses_longer_each_time():
     while not d:
         tokens = tokens + [5]
         d = dm.draft(tokens, 4)
-    tokens = tokens + d[:1]                               # accepted: no pause
-    assert dm.draft(tokens, 4)
+    assert len(d) == 1                                    # after a pause: a one-token probe
+    tokens = tokens + d[:1]                               # accepted: no pause, full drafts again
+    assert len(dm.draft(tokens, 4)) == 2

@@ -83,6 +83,8 @@ class _DraftSeq:
         #: target tokens to let pass without drafting, and the next pause's length
         self.skip_left = 0
         self.pause = 0
+        #: after a pause the draft is one token (a probe) until one is accepted again
+        self.probe = False
 
 
 class DraftModel:
@@ -95,8 +97,9 @@ class DraftModel:
 
     A draft model that keeps missing costs a forward pass per target token for nothing, so
     after attempts that bring no accepted token (an empty draft, or its first token
-    rejected) drafting pauses for 1, 2, 4 ... up to `max_skip` target tokens, and resumes at
-    once after an accepted one; the draft cache catches up in one batch when it resumes.
+    rejected) drafting pauses for 1, 2, 4 ... up to `max_skip` target tokens; after a pause it
+    drafts a single token until one is accepted, then full drafts again. The draft cache catches
+    up in one batch when it resumes.
     (llama.cpp drafts at every step: `max_skip=0`.)"""
 
     def __init__(self, model: str | os.PathLike[str] | Model, draft_max: int = 16, draft_min: int = 0,
@@ -135,6 +138,8 @@ class DraftModel:
         n_max = min(n_max, self.draft_max, self.n_ctx_seq - len(tokens))
         if n_max <= 0 or self._paused(seq, tokens):
             return []
+        if seq.probe:
+            n_max = 1
         logits = self._follow(seq, seq_id, tokens)
         out = self._greedy(seq, seq_id, logits, n_max)
         seq.last = (len(tokens), out)
@@ -149,9 +154,9 @@ class DraftModel:
             return True
         at, last = seq.last
         if bool(last) and len(tokens) > at and tokens[at] == last[0]:
-            seq.pause = 0
-        elif at:  # a fruitless attempt: pause, longer each time
-            seq.pause = min(max(1, 2 * seq.pause), self.max_skip)
+            seq.pause, seq.probe = 0, False
+        elif at:  # a fruitless attempt: pause, longer each time, then probe with one token
+            seq.pause, seq.probe = min(max(1, 2 * seq.pause), self.max_skip), True
             seq.skip_left = seq.pause - 1
             seq.last = (0, [])
             return True

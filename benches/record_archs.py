@@ -134,15 +134,20 @@ def _quiet(level, text, user_data):  # noqa: ANN001 - llama.cpp logs every load
 
 
 def main(names: list[str]) -> None:
+    record_scenarios(("arch-*.json", "params-*.json"), record, names)
+
+
+def record_scenarios(patterns: tuple[str, ...], record_one, names: list[str]) -> None:
+    """Records `expected` (F32 cache) and `expected_kv_f16` of the scenario files matching the
+    patterns (only those named, when names are given) with record_one(scenario, cache type)."""
     L.llama_backend_init()
     L.llama_log_set(_quiet, None)
-    paths = sorted((DATA / "scenarios").glob("arch-*.json")) + sorted((DATA / "scenarios").glob("params-*.json"))
-    for path in paths:
+    for path in [p for pattern in patterns for p in sorted((DATA / "scenarios").glob(pattern))]:
         if names and path.stem not in names:
             continue
         scn = json.loads(path.read_text())
         for key, cache_type in CACHE_TYPES.items():
-            scn[key] = record(scn, cache_type)
+            scn[key] = record_one(scn, cache_type)
         scn["recorded_with"] = f"llama-cpp-python {L.__version__} (llama.cpp vendored), CPU, flash attention off, 2 threads"
         path.write_text(json.dumps(scn))
         print("recorded", path.name, len(scn["expected"]), "outputs")

@@ -10,14 +10,13 @@ attention off, 2 threads, as benches/record_archs.py records the architectures.
 from __future__ import annotations
 
 import ctypes
-import json
 import sys
 from pathlib import Path
 
 import llama_cpp as L
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_archs import CACHE_TYPES, DATA, _quiet, decode, load_model, new_context  # noqa: E402
+from record_archs import DATA, decode, load_model, new_context, record_scenarios  # noqa: E402
 
 
 def record(scn: dict, cache_type: int) -> list[dict]:
@@ -50,17 +49,7 @@ def record(scn: dict, cache_type: int) -> list[dict]:
 
 
 def main(names: list[str]) -> None:
-    L.llama_backend_init()
-    L.llama_log_set(_quiet, None)
-    for path in sorted((DATA / "scenarios").glob("lora-*.json")):
-        if names and path.stem not in names:
-            continue
-        scn = json.loads(path.read_text())
-        for key, cache_type in CACHE_TYPES.items():
-            scn[key] = record(scn, cache_type)
-        scn["recorded_with"] = f"llama-cpp-python {L.__version__} (llama.cpp vendored), CPU, flash attention off, 2 threads"
-        path.write_text(json.dumps(scn))
-        print("recorded", path.name, len(scn["expected"]), "outputs")
+    record_scenarios(("lora-*.json",), record, names)
 
 
 if __name__ == "__main__":

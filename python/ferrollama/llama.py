@@ -700,8 +700,8 @@ class Llama:
 
     @property
     def scores(self) -> np.ndarray:
-        """Logits kept per position (n_ctx rows): every row with logits_all=True, otherwise the
-        last row of each evaluation."""
+        """Logits kept per position (n_ctx rows), with logits_all=True (as in llama-cpp-python,
+        the rows are not kept otherwise: generating would copy a row of n_vocab per token)."""
         if self._scores_buf is None:
             self._scores_buf = np.zeros((self._n_ctx, self._n_vocab), dtype=np.float32)  # pages come as rows are written
         return self._scores_buf
@@ -820,8 +820,6 @@ class Llama:
             self._tokens.extend(chunk)
             if self._logits_all:
                 self.scores[n_past:n_past + len(chunk)] = ctx.logits_all()[-len(chunk):]
-            elif last:
-                self.scores[n_past + len(chunk) - 1] = ctx.logits(-1)
 
     def _prepare(self, tokens: Sequence[int]) -> np.ndarray:
         """Makes the cache hold tokens, reusing the longest cached prefix; returns the logits after
@@ -1264,7 +1262,9 @@ class Llama:
     # --- state ---
     def save_state(self) -> LlamaState:
         state = bytes(self._require_ctx().state_get())
-        return LlamaState(self.input_ids.copy(), self._scores.copy(), len(self._tokens), state, len(state), self._seed)
+        # the kept logits only exist with logits_all (no rows of zeros to copy otherwise)
+        scores = self._scores.copy() if self._logits_all else np.zeros((0, self._n_vocab), dtype=np.float32)
+        return LlamaState(self.input_ids.copy(), scores, len(self._tokens), state, len(state), self._seed)
 
     def load_state(self, state: LlamaState) -> None:
         self._require_ctx().state_set(state.llama_state)
@@ -1368,9 +1368,9 @@ class _LogprobsCollector:
         first has none (OpenAI's convention)."""
         scores = self.llama.scores
         start = 1 if tokens and tokens[0] == self.llama.model.bos else 0
-        for i in range(start, len(tokens)):
-            entry = token_logprob(scores[i - 1], tokens[i], self.n or 0) if i > 0 else TokenLogprob(tokens[0], None, [])
-            self.pending.append(entry if i > start else TokenLogprob(tokens[i], None, []))
+        if start < len(tokens):
+            self.pending.append(TokenLogprob(tokens[start], None, []))
+        self.pending += [token_logprob(scores[i - 1], tokens[i], self.n or 0) for i in range(start + 1, len(tokens))]
 
     def take(self, text: str) -> dict | None:
         if self.n is None:

@@ -16,12 +16,12 @@ The file is llama-imatrix's GGUF format: ``general.type = "imatrix"``, ``imatrix
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 import numpy as np
 
 from .._core import Batch
 from ..llama import add_bos_of
+from .perplexity import Plan, chunk_plan
 from .common import CLIError, add_context_args, add_model_args, int_value, load_model, log, make_context, progress, \
     read_text_file
 
@@ -35,27 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chunks", type=int_value, default=-1, metavar="N", help="use at most N chunks (default: all)")
 
 
-@dataclass
-class Plan:
-    n_ctx: int
-    n_batch: int
-    #: chunks decoded together, one sequence each (llama-imatrix's n_seq = n_batch / n_ctx)
-    n_seq: int
-    n_chunk: int
-
-
 def make_plan(n_tokens: int, n_ctx: int, n_batch: int, chunks: int) -> Plan:
     if n_ctx <= 0:
         raise CLIError("imatrix needs a context size: -c N with N > 0")
     if n_tokens < 2 * n_ctx:
         raise CLIError(f"you need at least {2 * n_ctx} tokens for a context of {n_ctx} tokens; "
                        f"the text tokenizes to only {n_tokens}")
-    n_seq = max(1, n_batch // n_ctx)
-    n_batch = min(n_batch, n_seq * n_ctx)
-    if not (n_batch < n_ctx or n_batch % n_ctx == 0):
-        raise CLIError(f"the batch size ({n_batch}) must be below the context size ({n_ctx}) or a multiple of it")
-    n_chunk_max = n_tokens // n_ctx
-    return Plan(n_ctx, n_batch, n_seq, n_chunk_max if chunks < 0 else min(chunks, n_chunk_max))
+    return chunk_plan(n_tokens, n_ctx, n_batch, chunks)
 
 
 def decode_chunks(ctx, plan: Plan, tokens: list[int], first_chunk: int, n_seq: int, bos: int | None) -> None:

@@ -64,6 +64,12 @@ def make_plan(n_tokens: int, n_ctx: int, n_batch: int, chunks: int) -> Plan:
         fits = f"pass -c {n_tokens // 2} (or less) or a longer text" if n_tokens >= 4 else "pass a longer text"
         raise CLIError(f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a context of {n_ctx}; "
                        f"the text has {n_tokens}: {fits}")
+    return chunk_plan(n_tokens, n_ctx, n_batch, chunks)
+
+
+def chunk_plan(n_tokens: int, n_ctx: int, n_batch: int, chunks: int) -> Plan:
+    """llama-perplexity's (and llama-imatrix's) split of a text into chunks of n_ctx tokens, n_seq
+    of them decoded together in a batch of n_batch."""
     n_seq = max(1, n_batch // n_ctx)
     n_batch = min(n_batch, n_seq * n_ctx)
     if not (n_batch < n_ctx or n_batch % n_ctx == 0):

@@ -1,8 +1,10 @@
 //! Quantizers under an importance matrix: ggml's quantize_row_*_impl with `quant_weights`
-//! (what llama-quantize writes with --imatrix) for the k-quants, the legacy types and IQ4.
+//! (what llama-quantize writes with --imatrix) for the k-quants, the legacy types, IQ4 and
+//! IQ3 (`iq3quantize`).
 //! Each takes one row and the row's importance weights (one per column: the imatrix's mean
 //! squared activations); the float operations are in ggml's order, so the bytes are ggml's.
 
+use super::iq3quantize;
 use super::kquantize::{kx_levels, make_qx_quants, pack_q4k, pack_q5k, pack_scales_k4, q2k_levels_and_pack,
                        q3k_levels_and_pack, q6k_finish, quantize_iq4_impl};
 use super::kquants::{IQ4_XS_BYTES, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
@@ -28,6 +30,8 @@ pub fn quantize_row_weighted(ty: GgmlType, x: &[f32], qw: &[f32], dst: &mut [u8]
         GgmlType::Q5_1 => legacy_row(x, qw, dst, Q5_1_BYTES, |xb, w, b| q41_block(xb, w, b, 31)),
         GgmlType::IQ4_NL => iq4_row(x, qw, dst, QK, IQ4_NL_BYTES, 2),
         GgmlType::IQ4_XS => iq4_row(x, qw, dst, QK_K, IQ4_XS_BYTES, 8),
+        GgmlType::IQ3_XXS => iq3quantize::quantize_iq3_xxs_weighted(x, Some(qw), dst),
+        GgmlType::IQ3_S => iq3quantize::quantize_iq3_s_weighted(x, Some(qw), dst),
         _ => return None,
     }
     Some(())

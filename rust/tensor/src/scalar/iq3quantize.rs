@@ -199,10 +199,9 @@ impl SubBlock {
     /// Σ w·x·q and Σ w·q² of `levels` (q = 2l+1).
     fn sums(&self, levels: &[i8; SUB]) -> (f32, f32) {
         let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
-        for i in 0..SUB {
-            let w = self.weight[i];
-            let q = (2 * levels[i] as i32 + 1) as f32;
-            sumqx += w * self.xval[i] * q;
+        for ((&w, &x), &l) in self.weight.iter().zip(&self.xval).zip(levels) {
+            let q = (2 * l as i32 + 1) as f32;
+            sumqx += w * x * q;
             sumq2 += w * q * q;
         }
         (sumqx, sumq2)
@@ -247,13 +246,19 @@ impl SubBlock {
                 on_grid = on_grid_aux;
             }
         }
-        if on_grid.iter().all(|&g| g) || !(scale > 0.0) {
-            return scale;
+        if on_grid.iter().any(|&g| !g) && scale > 0.0 {
+            return self.refit(ix, scale, &on_grid, search.xxs);
         }
+        scale
+    }
+
+    /// The quads rounded again at the chosen `scale` (IQ3_XXS: only those that were off the
+    /// grid), then the least-squares scale of the result.
+    fn refit(&mut self, ix: &Iq3Index, scale: f32, on_grid: &[bool; SUB / 4], only_off_grid: bool) -> f32 {
         let id = 1.0 / scale;
         let mut levels = self.levels;
         for k in 0..SUB / 4 {
-            if search.xxs && on_grid[k] {
+            if only_off_grid && on_grid[k] {
                 continue;
             }
             let (j, _) = self.quad_at(ix, k, id, scale, &mut levels);
@@ -264,6 +269,12 @@ impl SubBlock {
         let (sumqx, sumq2) = self.sums(&self.levels);
         if sumq2 > 0.0 { sumqx / sumq2 } else { scale }
     }
+}
+
+/// |x| and its sign bit as ggml decides it (`x >= 0` or not: NaN counts as negative).
+#[inline(always)]
+fn magnitude(x: f32) -> (f32, u8) {
+    if x >= 0.0 { (x, 0) } else { (-x, 1) }
 }
 
 /// Σx² of a super-block times 2/256: the σ² of the importance weighting.
@@ -282,12 +293,10 @@ fn xxs_signs(sb: &mut SubBlock, xb: &[f32]) -> [u8; 4] {
     for (k, s) in signs.iter_mut().enumerate() {
         let mut nflip = 0;
         for i in 0..8 {
-            let x = xb[8 * k + i];
-            sb.xval[8 * k + i] = if x >= 0.0 { x } else { -x };
-            if !(x >= 0.0) {
-                nflip += 1;
-                *s |= 1 << i;
-            }
+            let (v, negative) = magnitude(xb[8 * k + i]);
+            sb.xval[8 * k + i] = v;
+            nflip += negative;
+            *s |= negative << i;
         }
         if nflip % 2 == 1 {
             let cost = |i: usize| sb.weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
@@ -370,10 +379,9 @@ fn iq3_s_block(ix: &Iq3Index, xbl: &[f32], qw: Option<&[f32]>, y: &mut [u8], sb:
         sb.set_weights(xb, qw.map(|w| &w[SUB * ib..SUB * ib + SUB]), sigma2);
         let mut signs = [0u8; 4];
         for (i, &x) in xb.iter().enumerate() {
-            sb.xval[i] = if x >= 0.0 { x } else { -x };
-            if !(x >= 0.0) {
-                signs[i / 8] |= 1 << (i % 8);
-            }
+            let (v, negative) = magnitude(x);
+            sb.xval[i] = v;
+            signs[i / 8] |= negative << (i % 8);
         }
         let max = sb.max_xval();
         if max == 0.0 {

@@ -2,6 +2,7 @@
 
 pub mod float;
 pub mod iq_grids;
+pub mod iq_index;
 pub mod iquants;
 pub mod kquantize;
 pub mod kquants;

@@ -173,20 +173,9 @@ impl SubBlock {
         SubBlock { xval: [0.0; SUB], weight: [0.0; SUB], waux: [0.0; SUB], levels: [0; SUB], grid: [0; SUB / 4] }
     }
 
-    /// The weights: qw · sqrt(σ² + x²) under importance weights, else x²; and their roots.
+    /// The weights (`importance_weights`) and their roots.
     fn set_weights(&mut self, xb: &[f32], qw: Option<&[f32]>, sigma2: f32) {
-        match qw {
-            Some(qw) => {
-                for ((w, &x), &q) in self.weight.iter_mut().zip(xb).zip(qw) {
-                    *w = q * (sigma2 + x * x).sqrt();
-                }
-            }
-            None => {
-                for (w, &x) in self.weight.iter_mut().zip(xb) {
-                    *w = x * x;
-                }
-            }
-        }
+        importance_weights(xb, qw, sigma2, &mut self.weight);
         for (a, &w) in self.waux.iter_mut().zip(&self.weight) {
             *a = w.sqrt();
         }
@@ -277,8 +266,25 @@ fn magnitude(x: f32) -> (f32, u8) {
     if x >= 0.0 { (x, 0) } else { (-x, 1) }
 }
 
+/// The i-quants' weights of the values `xb`: qw · sqrt(σ² + x²) under importance weights
+/// `qw`, else x².
+pub(super) fn importance_weights(xb: &[f32], qw: Option<&[f32]>, sigma2: f32, out: &mut [f32]) {
+    match qw {
+        Some(qw) => {
+            for ((w, &x), &q) in out.iter_mut().zip(xb).zip(qw) {
+                *w = q * (sigma2 + x * x).sqrt();
+            }
+        }
+        None => {
+            for (w, &x) in out.iter_mut().zip(xb) {
+                *w = x * x;
+            }
+        }
+    }
+}
+
 /// Σx² of a super-block times 2/256: the σ² of the importance weighting.
-fn sigma2(xbl: &[f32]) -> f32 {
+pub(super) fn sigma2(xbl: &[f32]) -> f32 {
     let mut sumx2 = 0.0f32;
     for &v in xbl {
         sumx2 += v * v;

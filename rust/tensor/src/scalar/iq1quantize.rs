@@ -222,7 +222,7 @@ fn iq1_s_block(ix: &GridIndex, xbl: &[f32], qw: &[f32], y: &mut [u8]) {
 /// ggml's x_p/x_m choice of an IQ1_M 16-value group's 8-run k (0, 1) under shift code s:
 /// 0 (+, +), 1 (+, -), 2 (-, +), 3 (-, -).
 fn m_values(s: u8, k: usize) -> &'static [f32; 3] {
-    let plus = if k == 0 { s < 2 } else { s % 2 == 0 };
+    let plus = if k == 0 { s < 2 } else { s.is_multiple_of(2) };
     if plus { &X_P } else { &X_M }
 }
 
@@ -263,7 +263,7 @@ fn iq1_m_split(xb: &[f32], weight: &[f32], order: &[u8; M_SUB]) -> Option<(usize
                 q2[h] = [tws[h] * p2 * p2 + pw[h][i1] * cp1 + pw[h][i2] * cp2, tws[h] * m2 * m2 + pw[h][i1] * cm1 + pw[h][i2] * cm2];
             }
             for s in 0..4u8 {
-                let (a, b) = (usize::from(s >= 2), usize::from(s % 2 == 1));
+                let (a, b) = (usize::from(s >= 2), usize::from(!s.is_multiple_of(2)));
                 let (sumqx, sumq2) = (qx[0][a] + qx[1][b], q2[0][a] + q2[1][b]);
                 if sumq2 > 0.0 && sumqx * sumqx > best_score * sumq2 {
                     let scale = sumqx / sumq2;

@@ -77,8 +77,8 @@ fn build_index(grid: Vec<u32>, nwant: usize) -> Iq3Index {
     }
     let mut neighbours = Vec::new();
     let mut dist: Vec<(i32, u16)> = Vec::with_capacity(grid.len());
-    for u in 0..QUADS {
-        if map[u] >= 0 {
+    for (u, m) in map.iter_mut().enumerate() {
+        if *m >= 0 {
             continue;
         }
         let pos: [i32; 4] = std::array::from_fn(|j| 2 * ((u >> (3 * j)) & 7) as i32 + 1);
@@ -90,7 +90,7 @@ fn build_index(grid: Vec<u32>, nwant: usize) -> Iq3Index {
         // ggml sorts (distance, index) pairs with a comparison of both: a total order, so
         // its unstable qsort gives this order too.
         dist.sort_unstable();
-        map[u] = -(neighbours.len() as i32 + 1);
+        *m = -(neighbours.len() as i32 + 1);
         let count_at = neighbours.len();
         neighbours.push(0);
         let (mut distinct, mut last) = (1, dist[0].0);

@@ -19,7 +19,9 @@ pub fn quantize<'py>(py: Python<'py>, rows: PyReadonlyArray2<'_, f32>, r#type: &
                      imatrix: Option<PyReadonlyArray1<'_, f32>>) -> PyResult<Bound<'py, PyArray2<u8>>> {
     let ty = GgmlType::from_name(r#type).ok_or_else(|| PyValueError::new_err(format!("unknown tensor type {type:?}")))?;
     let tr = traits(ty).ok_or_else(|| UnsupportedError::new_err(format!("tensor type {ty} is not supported")))?;
-    let quant = tr.from_f32_ref.ok_or_else(|| UnsupportedError::new_err(format!("no quantizer for {ty}")))?;
+    if imatrix.is_none() && tr.from_f32_ref.is_none() {
+        return Err(UnsupportedError::new_err(format!("no quantizer for {ty} without an importance matrix")));
+    }
     let shape = rows.shape();
     let (n_rows, n_per_row) = (shape[0], shape[1]);
     if n_per_row % tr.block_size != 0 {
@@ -55,9 +57,10 @@ pub fn quantize<'py>(py: Python<'py>, rows: PyReadonlyArray2<'_, f32>, r#type: &
                         for (d, s) in row.iter_mut().zip(src.row(part * rows_per_thread + i).iter()) {
                             *d = *s;
                         }
-                        match weights {
-                            Some(w) => quantize_row_weighted(ty, &row, w, dst)?,
-                            None => quant(&row, dst),
+                        match (weights, tr.from_f32_ref) {
+                            (Some(w), _) => quantize_row_weighted(ty, &row, w, dst)?,
+                            (None, Some(quant)) => quant(&row, dst),
+                            (None, None) => return None,
                         }
                     }
                     Some(())

@@ -1,7 +1,9 @@
 //! The scalar kernels: the specification every SIMD path is tested against.
 
 pub mod float;
+pub mod iq2quantize;
 pub mod iq_grids;
+pub mod iq_index;
 pub mod iquants;
 pub mod kquantize;
 pub mod kquants;

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::dispatch::{active_isa, Isa};
-use crate::scalar::{float, iq1quantize as iq1, iq3quantize as iq3, iquants as iq, kquantize as kq, kquants as k, legacy as l, ternary as tq, tiled};
+use crate::scalar::{float, iq1quantize as iq1, iq2quantize as iq2q, iq3quantize as iq3, iquants as iq, kquantize as kq, kquants as k, legacy as l, ternary as tq, tiled};
 use crate::GgmlType;
 
 /// Converts `n` elements (a whole number of blocks) from a type's bytes to f32.
@@ -102,7 +102,7 @@ fn scalar_rows() -> Vec<Row> {
         (T::TQ2_0, tq::dequantize_tq2_0, Some(tq::quantize_tq2_0), Some(tq::quantize_tq2_0), T::Q8_K, tq::vec_dot_tq2_0_q8_k),
         (T::IQ2_XXS, iq::dequantize_iq2_xxs, None, None, T::Q8_K, iq::vec_dot_iq2_xxs_q8_k),
         (T::IQ2_XS, iq::dequantize_iq2_xs, None, None, T::Q8_K, iq::vec_dot_iq2_xs_q8_k),
-        (T::IQ2_S, iq::dequantize_iq2_s, None, None, T::Q8_K, iq::vec_dot_iq2_s_q8_k),
+        (T::IQ2_S, iq::dequantize_iq2_s, None, Some(iq2q::quantize_iq2_s), T::Q8_K, iq::vec_dot_iq2_s_q8_k),
         (T::IQ3_XXS, iq::dequantize_iq3_xxs, None, Some(iq3::quantize_iq3_xxs), T::Q8_K, iq::vec_dot_iq3_xxs_q8_k),
         (T::IQ3_S, iq::dequantize_iq3_s, None, Some(iq3::quantize_iq3_s), T::Q8_K, iq::vec_dot_iq3_s_q8_k),
         (T::IQ1_S, iq::dequantize_iq1_s, None, None, T::Q8_K, iq::vec_dot_iq1_s_q8_k),

@@ -61,26 +61,51 @@ pub fn grid_index(g: Iq2Grid) -> &'static GridIndex {
 /// ggml's iq2_find_best_neighbour: among the grid points of `neighbours` (one list as stored in
 /// [`GridIndex::neighbours`]: the count first), the one nearest to `xval` under weights `weight`
 /// at `scale` (the first of equal distances wins); writes its levels into `levels[..8]` and
-/// returns its grid index.
+/// returns its grid index. Where no distance is below f32::MAX (non-finite input) ggml aborts;
+/// this returns the first candidate.
 pub fn find_best_neighbour(neighbours: &[u16], grid: &[u64], xval: &[f32], weight: &[f32], scale: f32, levels: &mut [i8]) -> usize {
-    let count = neighbours[0] as usize;
+    // Several candidates at once, one per lane, each lane summing its 8 terms in ggml's order:
+    // the same floats as ggml's one-at-a-time loop without its chain of dependent additions.
+    const LANES: usize = 8;
+    let candidates = &neighbours[1..=neighbours[0] as usize];
+    let (xval, weight) = (&xval[..8], &weight[..8]);
     let mut best_d2 = f32::MAX;
-    let mut best = neighbours[1] as usize;
-    for &j in &neighbours[1..=count] {
-        let point = grid[j as usize].to_le_bytes();
-        let mut d2 = 0.0f32;
-        for i in 0..8 {
-            let diff = scale * point[i] as i8 as f32 - xval[i];
-            d2 += weight[i] * diff * diff;
+    let mut best = candidates[0] as usize;
+    for chunk in candidates.chunks(LANES) {
+        let mut q = [[0.0f32; LANES]; 8];
+        for (lane, &j) in chunk.iter().enumerate() {
+            for (i, b) in grid[j as usize].to_le_bytes().into_iter().enumerate() {
+                q[i][lane] = SIGNED_BYTE_F32[b as usize];
+            }
         }
-        if d2 < best_d2 {
-            best_d2 = d2;
-            best = j as usize;
+        let mut d2 = [0.0f32; LANES];
+        for i in 0..8 {
+            for lane in 0..LANES {
+                let diff = scale * q[i][lane] - xval[i];
+                d2[lane] += weight[i] * diff * diff;
+            }
+        }
+        for (&d, &j) in d2.iter().zip(chunk) {
+            if d < best_d2 {
+                best_d2 = d;
+                best = j as usize;
+            }
         }
     }
     write_levels(grid[best], levels);
     best
 }
+
+/// Each byte as the signed value it stores, as f32 (a table load is cheaper than a conversion).
+static SIGNED_BYTE_F32: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = b as u8 as i8 as f32;
+        b += 1;
+    }
+    t
+};
 
 /// The levels (0..=3) of a packed grid point into `levels[..8]`.
 #[inline]
@@ -90,14 +115,15 @@ pub fn write_levels(point: u64, levels: &mut [i8]) {
     }
 }
 
-/// The map key of 8 levels (0..=3): level k in bits 2k, 2k+1.
+/// The map key of 8 levels (0..=3, only their 2 low bits count): level k in bits 2k, 2k+1.
 #[inline]
 pub fn levels_key(levels: &[i8]) -> usize {
-    levels[..8].iter().enumerate().fold(0usize, |u, (k, &l)| u | ((l as usize) << (2 * k)))
+    levels[..8].iter().enumerate().fold(0usize, |u, (k, &l)| u | (((l & 3) as usize) << (2 * k)))
 }
 
 impl GridIndex {
-    /// The grid index of the point whose levels (0..=2) are `levels[..8]` if it is on the grid;
+    /// The grid index of the point whose levels (0..=2: every key of those is in the map) are
+    /// `levels[..8]` if it is on the grid;
     /// otherwise the nearest neighbour by [`find_best_neighbour`], whose levels then replace
     /// `levels[..8]`. This is the lookup every IQ2 quantizer does per group of 8.
     #[inline]
@@ -112,7 +138,7 @@ impl GridIndex {
     /// The grid index of `levels[..8]`, None if that point is not on the grid.
     #[inline]
     pub fn on_grid(&self, levels: &[i8]) -> Option<usize> {
-        usize::try_from(self.map[levels_key(levels)]).ok()
+        self.map.get(levels_key(levels)).and_then(|&m| usize::try_from(m).ok())
     }
 
     fn build(g: Iq2Grid) -> GridIndex {

@@ -1,6 +1,7 @@
 //! The scalar kernels: the specification every SIMD path is tested against.
 
 pub mod float;
+pub mod iq2quantize;
 pub mod iq_grids;
 pub mod iq1quantize;
 pub mod iq3quantize;

@@ -1,10 +1,10 @@
 //! Quantizers under an importance matrix: ggml's quantize_row_*_impl with `quant_weights`
-//! (what llama-quantize writes with --imatrix) for the k-quants, the legacy types, IQ4,
-//! IQ3 (`iq3quantize`) and IQ1 (`iq1quantize`).
+//! (what llama-quantize writes with --imatrix) for the k-quants, the legacy types, IQ4 and the
+//! i-quants: IQ2 (`iq2quantize`), IQ3 (`iq3quantize`) and IQ1 (`iq1quantize`).
 //! Each takes one row and the row's importance weights (one per column: the imatrix's mean
 //! squared activations); the float operations are in ggml's order, so the bytes are ggml's.
 
-use super::{iq1quantize, iq3quantize};
+use super::{iq1quantize, iq2quantize, iq3quantize};
 use super::kquantize::{kx_levels, make_qx_quants, pack_q4k, pack_q5k, pack_scales_k4, q2k_levels_and_pack,
                        q3k_levels_and_pack, q6k_finish, quantize_iq4_impl};
 use super::kquants::{IQ4_XS_BYTES, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
@@ -30,6 +30,9 @@ pub fn quantize_row_weighted(ty: GgmlType, x: &[f32], qw: &[f32], dst: &mut [u8]
         GgmlType::Q5_1 => legacy_row(x, qw, dst, Q5_1_BYTES, |xb, w, b| q41_block(xb, w, b, 31)),
         GgmlType::IQ4_NL => iq4_row(x, qw, dst, QK, IQ4_NL_BYTES, 2),
         GgmlType::IQ4_XS => iq4_row(x, qw, dst, QK_K, IQ4_XS_BYTES, 8),
+        GgmlType::IQ2_XXS => iq2quantize::quantize_iq2_xxs(x, qw, dst),
+        GgmlType::IQ2_XS => iq2quantize::quantize_iq2_xs(x, qw, dst),
+        GgmlType::IQ2_S => iq2quantize::quantize_iq2_s_weighted(x, Some(qw), dst),
         GgmlType::IQ3_XXS => iq3quantize::quantize_iq3_xxs_weighted(x, Some(qw), dst),
         GgmlType::IQ3_S => iq3quantize::quantize_iq3_s_weighted(x, Some(qw), dst),
         GgmlType::IQ1_S => iq1quantize::quantize_iq1_s_weighted(x, qw, dst),
@@ -118,7 +121,7 @@ fn make_qkx3_quants(nmax: i32, x: &[f32], weights: &[f32], l_out: &mut [u8], rmi
 
 /// ggml's make_qp_quants: a positive scale for the non-negative `x` (the group scales or mins
 /// of a super-block) under weights `qw`, levels 0..=nmax in `l_out` (stored as ggml's uint8_t).
-fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
+pub(super) fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
     let n = x.len();
     let mut max = 0.0f32;
     for &v in x {
@@ -189,7 +192,7 @@ fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], qw: &[f32]) -> f32 {
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
 
-fn sum_squares(x: &[f32]) -> f32 {
+pub(super) fn sum_squares(x: &[f32]) -> f32 {
     let mut s = 0.0f32;
     for v in x {
         s += v * v;

@@ -229,11 +229,12 @@ def _check_plan(plan: dict[str, str], reader, preset: str, imatrix: dict | None)
             if requires_imatrix(name, new_type, preset):
                 raise CLIError(f"this quantization requires an importance matrix (--imatrix FILE, from ferrollama "
                                f"imatrix): {name} would be {new_type}, which is garbage without one")
-    for name, new_type in changed.items():
-        if new_type in ONLY_WEIGHTED and (imatrix is None or name not in imatrix):
-            raise CLIError(f"{name} would be {new_type}, whose quantizer needs importance weights, and the imatrix has "
-                           f"none for it (llama-imatrix records the inputs of the layers' products only): give it another "
-                           f"type with --token-embedding-type T / --output-tensor-type T")
+    unweighted = [f"{name} would be {new_type}" for name, new_type in changed.items()
+                  if new_type in ONLY_WEIGHTED and (imatrix is None or name not in imatrix)]
+    if unweighted:
+        raise CLIError(f"{', '.join(unweighted)}: that quantizer needs importance weights, and the imatrix has none "
+                       f"(llama-imatrix records the inputs of the layers' products only); give such tensors another "
+                       f"type with --token-embedding-type T / --output-tensor-type T")
     for name, new_type in changed.items():
         if new_type not in WRITABLE:
             raise CLIError(f"{preset} puts {name} in {new_type}, a type ferrollama reads but cannot write yet "

@@ -3,9 +3,10 @@ logits for them (tests/data/REFERENCE.md describes the models and the scenario f
 
 models: tests/data/models/tiny-llama-TYPE.gguf from tiny-llama-f32.gguf, same metadata, every
     weight matrix (token_embd and output included) in TYPE, norms F32. MXFP4, TQ1_0 and TQ2_0
-    through the `gguf` package's quantizer (ggml's reference code); the i-quants through
-    llama.cpp's own (llama_model_quantize, pure, with a uniform importance matrix: the IQ1/IQ2
-    types refuse to quantize without one).
+    through the `gguf` package's quantizer (ggml's reference code); the i-quants, Q1_0 and Q2_0
+    (which the gguf package does not quantize) through llama.cpp's own (llama_model_quantize,
+    pure, with a uniform importance matrix: the IQ1/IQ2 types refuse to quantize without one,
+    Q1_0 and Q2_0 ignore it).
 record: tests/data/scenarios/forward-TYPE.json: the steps of forward-f32.json decoded by
     llama.cpp with an F32 KV cache (`expected`) and an F16 one (`expected_kv_f16`), the
     context parameters those records name, flash attention off as in the other records,
@@ -32,10 +33,10 @@ SCENARIOS = DATA / "scenarios"
 SOURCE = MODELS / "tiny-llama-f32.gguf"
 #: the types the gguf package quantizes with ggml's reference code
 GGUF_PACKAGE = ["MXFP4", "TQ1_0", "TQ2_0"]
-#: the llama_ftype whose default tensor type (what --pure writes) is each i-quant: IQ2_S is
-#: LLAMA_FTYPE_MOSTLY_IQ2_M's (MOSTLY_IQ2_S writes IQ2_XS)
+#: the llama_ftype whose default tensor type (what --pure writes) is each type quantized by
+#: llama.cpp: IQ2_S is LLAMA_FTYPE_MOSTLY_IQ2_M's (MOSTLY_IQ2_S writes IQ2_XS)
 LLAMA_FTYPES = {"IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24, "IQ3_S": 26,
-                "IQ2_S": 29, "IQ1_M": 31}
+                "IQ2_S": 29, "IQ1_M": 31, "Q1_0": 40, "Q2_0": 41}
 #: general.file_type written for the gguf-package types (llama_ftype)
 FILE_TYPES = {"MXFP4": 38, "TQ1_0": 36, "TQ2_0": 37}
 

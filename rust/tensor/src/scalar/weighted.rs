@@ -28,6 +28,9 @@ pub fn quantize_row_weighted(ty: GgmlType, x: &[f32], qw: &[f32], dst: &mut [u8]
         GgmlType::Q5_1 => legacy_row(x, qw, dst, Q5_1_BYTES, |xb, w, b| q41_block(xb, w, b, 31)),
         GgmlType::IQ4_NL => iq4_row(x, qw, dst, QK, IQ4_NL_BYTES, 2),
         GgmlType::IQ4_XS => iq4_row(x, qw, dst, QK_K, IQ4_XS_BYTES, 8),
+        // ggml's quantize_q1_0 and quantize_q2_0 take the weights and leave them unused.
+        GgmlType::Q1_0 => super::q1q2::quantize_q1_0(x, dst),
+        GgmlType::Q2_0 => super::q1q2::quantize_q2_0(x, dst),
         _ => return None,
     }
     Some(())

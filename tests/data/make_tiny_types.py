@@ -41,16 +41,24 @@ LLAMA_FTYPES = {"IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24, "IQ3_S"
 FILE_TYPES = {"MXFP4": 38, "TQ1_0": 36, "TQ2_0": 37}
 
 
-def write_with_gguf(type_name: str, out: Path) -> None:
+def copy_fields(reader, writer) -> None:  # noqa: ANN001
+    """The metadata of a gguf.GGUFReader into a gguf.GGUFWriter, less the GGUF header's fields,
+    the architecture (the writer's own) and the name."""
     import gguf
 
-    reader = gguf.GGUFReader(SOURCE)
-    writer = gguf.GGUFWriter(out, "llama")
     for name, f in reader.fields.items():
         if name.startswith("GGUF.") or name in ("general.architecture", "general.name"):
             continue
         sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
         writer.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+
+
+def write_with_gguf(type_name: str, out: Path) -> None:
+    import gguf
+
+    reader = gguf.GGUFReader(SOURCE)
+    writer = gguf.GGUFWriter(out, "llama")
+    copy_fields(reader, writer)
     writer.add_name(f"tiny-llama-{type_name.lower()}")
     writer.add_file_type(FILE_TYPES[type_name])
     qtype = gguf.GGMLQuantizationType[type_name]

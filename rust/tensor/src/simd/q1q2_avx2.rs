@@ -121,32 +121,67 @@ unsafe fn sums_of_8(v: &[__m256i; 8]) -> __m256i {
 /// Blocks whose sub-block sums one `sums_of_8` reduces.
 const Q2_0_GROUP: usize = 4;
 
+/// The f16 scales of `subs` (at most 8) consecutive Q8_0 sub-blocks at `bx`, as f32 (lanes past
+/// `subs` zero: their memory is not read).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_scales(bx: *const u8, subs: usize) -> __m256 {
+    let offsets = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
+    let valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(subs as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    let words = _mm256_mask_i32gather_epi32::<1>(_mm256_setzero_si256(), bx as *const i32, offsets, valid);
+    // The low half of each dword, packed into 128 bits.
+    let low_halves = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_shuffle_epi8(words, low_halves));
+    _mm256_cvtph_ps(_mm256_castsi256_si128(packed))
+}
+
+/// The exact integer sums of the `2 * blocks` sub-blocks of one token (`bx`, its first
+/// Q8_0 sub-block) against the group's codes, as f32 (lanes past them zero).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_0_group_sums(codes: &[__m256i; 2 * Q2_0_GROUP], bx: *const u8, blocks: usize) -> __m256 {
+    let mut lanes = [_mm256_setzero_si256(); 2 * Q2_0_GROUP];
+    if blocks == Q2_0_GROUP {
+        // A constant bound: the eight lanes stay in registers.
+        for (j, l) in lanes.iter_mut().enumerate() {
+            *l = q2_0_lanes(codes[j], loadu(bx.add(j * Q8_0_BYTES + 2)));
+        }
+    } else {
+        for (j, l) in lanes.iter_mut().enumerate().take(2 * blocks) {
+            *l = q2_0_lanes(codes[j], loadu(bx.add(j * Q8_0_BYTES + 2)));
+        }
+    }
+    _mm256_cvtepi32_ps(sums_of_8(&lanes))
+}
+
 /// Q2_0 x Q8_0 as ggml's generic ggml_vec_dot_q2_0_q8_0 (what x86 runs), for T activation
-/// rows: per block `sumi = 0 + d_x0 * s0`, `sumi += d_x1 * s1`, `sumf += d_w * sumi`.
+/// rows: per block `sumi = 0 + d_x0 * s0`, `sumi += d_x1 * s1`, `sumf += d_w * sumi`. The
+/// products and the per-block sums of a group of blocks are lane-wise vector operations (the
+/// same roundings); only the additions into `sumf` are serial, in block order.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q2_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
     let mut sumf = [0.0f32; T];
     let mut codes = [_mm256_setzero_si256(); 2 * Q2_0_GROUP];
-    let mut dw = [0.0f32; Q2_0_GROUP];
+    let mut dw = [0u16; Q2_0_GROUP];
     for first in (0..nb).step_by(Q2_0_GROUP) {
         let blocks = (nb - first).min(Q2_0_GROUP);
         for b in 0..blocks {
             let bw = w.add((first + b) * Q2_0_BYTES);
             [codes[2 * b], codes[2 * b + 1]] = q2_0_codes(bw.add(2));
-            dw[b] = f16_1(bw);
+            dw[b] = std::ptr::read_unaligned(bw as *const u16);
         }
+        let dw4 = _mm_cvtph_ps(_mm_loadl_epi64(dw.as_ptr() as *const __m128i));
         for t in 0..T {
             let bx = x[t].add(first * 2 * Q8_0_BYTES);
-            let mut lanes = [_mm256_setzero_si256(); 2 * Q2_0_GROUP];
-            for j in 0..2 * blocks {
-                lanes[j] = q2_0_lanes(codes[j], loadu(bx.add(j * Q8_0_BYTES + 2)));
-            }
-            let mut s = [0.0f32; 2 * Q2_0_GROUP];
-            _mm256_storeu_ps(s.as_mut_ptr(), _mm256_cvtepi32_ps(sums_of_8(&lanes)));
-            for b in 0..blocks {
-                let (d0, d1) = (f16_1(bx.add(2 * b * Q8_0_BYTES)), f16_1(bx.add((2 * b + 1) * Q8_0_BYTES)));
-                let sumi = (0.0 + d0 * s[2 * b]) + d1 * s[2 * b + 1];
-                sumf[t] += dw[b] * sumi;
+            let products = _mm256_mul_ps(q8_0_scales(bx, 2 * blocks), q2_0_group_sums(&codes, bx, blocks));
+            // Sub-blocks 2b and 2b + 1 of each block side by side: (0 + even) + odd.
+            let pairs = _mm256_permutevar8x32_ps(products, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+            let even = _mm256_castps256_ps128(pairs);
+            let sumi = _mm_add_ps(_mm_add_ps(_mm_setzero_ps(), even), _mm256_extractf128_ps::<1>(pairs));
+            let mut terms = [0.0f32; Q2_0_GROUP];
+            _mm_storeu_ps(terms.as_mut_ptr(), _mm_mul_ps(dw4, sumi));
+            for term in terms.iter().take(blocks) {
+                sumf[t] += *term;
             }
         }
     }

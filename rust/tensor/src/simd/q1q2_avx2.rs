@@ -65,8 +65,8 @@ pub unsafe fn q1_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], o
             let bx = x[t].add(i * 4 * Q8_0_BYTES);
             let (d, s) = q1_0_sub_block(bx, sign[0]);
             let mut block = _mm256_mul_ps(d, s);
-            for k in 1..4 {
-                let (d, s) = q1_0_sub_block(bx.add(k * Q8_0_BYTES), sign[k]);
+            for (k, &sign_k) in sign.iter().enumerate().skip(1) {
+                let (d, s) = q1_0_sub_block(bx.add(k * Q8_0_BYTES), sign_k);
                 block = _mm256_fmadd_ps(d, s, block);
             }
             acc[t] = _mm256_fmadd_ps(dw, block, acc[t]);

@@ -7,6 +7,7 @@ pub mod kquantize;
 pub mod kquants;
 pub mod lanes;
 pub mod legacy;
+pub mod nvfp4;
 pub mod repacked;
 pub mod ternary;
 pub mod tiled;

@@ -12,12 +12,18 @@ row-size fallbacks aside) and 2 threads; the importance matrix is llama.cpp's ow
 as llama-quantize's load_imatrix does, passed as llama_model_quantize_params.imatrix.
 
   /path/to/bench-venv/bin/python benches/record_quantize.py
+
+`record_quantize.py nvfp4` writes tests/data/quants/llama_quantize_nvfp4.json instead: llama-quantize
+has no NVFP4 file type (llama_model_quantize refuses LLAMA_FTYPE_MOSTLY_NVFP4, 39, as an invalid
+output file type: recorded), but its output-tensor and token-embedding types may be any ggml type:
+the tiny llama in Q8_0 (pure) with both in NVFP4, each tensor's type and sha256.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -67,11 +73,15 @@ MIXES = [("tiny-llama-f32", "Q4_K_M", 15), ("tiny-llama-f32", "Q2_K_S", 21), ("t
          ("tiny-qwen3moe-f32", "Q4_K_M", 15), ("tiny-qwen3moe-f32", "Q5_K_S", 16)]
 
 
-def quantize(ftype: int, imatrix: dict[str, np.ndarray] | None, model: Path = MODEL, pure: bool = True) -> dict[str, list[str]]:
+def quantize(ftype: int, imatrix: dict[str, np.ndarray] | None, model: Path = MODEL, pure: bool = True,
+             override: int | None = None) -> dict[str, list[str]]:
+    """`override`: a ggml type for output.weight and token_embd.weight."""
     params = L.llama_model_quantize_default_params()
     params.nthread = 2
     params.ftype = ftype
     params.pure = pure
+    if override is not None:
+        params.output_tensor_type = params.token_embedding_type = override
     keep = None
     if imatrix is not None:
         entries, keep = imatrix_param(imatrix)
@@ -86,7 +96,23 @@ def quantize(ftype: int, imatrix: dict[str, np.ndarray] | None, model: Path = MO
                 for t in gguf.GGUFReader(out).tensors}
 
 
+def record_nvfp4() -> None:
+    out = DATA / "quants" / "llama_quantize_nvfp4.json"
+    try:
+        quantize(39, None)
+        nvfp4_ftype = "written"
+    except RuntimeError:
+        nvfp4_ftype = "refused"
+    record = {"model": MODEL.name, "ftype 39 (MOSTLY_NVFP4)": nvfp4_ftype,
+              "Q8_0 pure, output and token_embd NVFP4": quantize(7, None, override=40)}
+    out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {out}")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["nvfp4"]:
+        record_nvfp4()
+        return
     imatrix = load_imatrix(IMATRIX)
     record = {"model": MODEL.name, "imatrix": IMATRIX.name, "types": {}}
     for name, ftype in FTYPES.items():

@@ -17,7 +17,12 @@ are not written yet: a plan that needs one is refused, naming the tensor and the
 
 Quantization itself is ggml's code, bit for bit: the ``gguf`` package's for F16, BF16, Q8_0, TQ1_0,
 TQ2_0, MXFP4 and (without an imatrix) Q4_0..Q5_1; the engine's (``ferrollama._core.quantize``) for
-the k-quants, IQ4 and everything under an importance matrix.
+the k-quants, IQ4, NVFP4 and everything under an importance matrix.
+
+NVFP4 is no preset: llama-quantize has none (llama_model_quantize refuses its file type), and NVFP4
+models come from convert_hf_to_gguf.py of NVFP4 checkpoints, with the per-tensor second scales
+that a plain quantization lacks. As with llama-quantize, ``--output-tensor-type`` and
+``--token-embedding-type`` may name it.
 
   ferrollama imatrix -m model-f16.gguf -f calibration.txt -o imatrix.gguf
   ferrollama quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M --imatrix imatrix.gguf
@@ -37,8 +42,11 @@ from .quant_plan import ALIASES, PRESETS, ModelFacts, Planner, requires_imatrix,
 GGUF_PACKAGE_TYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0", "MXFP4"}
 #: types whose ggml quantizer takes importance weights (the others ignore them)
 WEIGHTED_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"}
+#: types written by the engine's port of ggml's reference quantizer alone (the gguf package reads
+#: NVFP4 but has no quantizer for it)
+ENGINE_ONLY_TYPES = {"NVFP4"}
 #: types ferrollama writes
-WRITABLE = GGUF_PACKAGE_TYPES | WEIGHTED_TYPES
+WRITABLE = GGUF_PACKAGE_TYPES | WEIGHTED_TYPES | ENGINE_ONLY_TYPES
 SOURCE_TYPES = {"F32", "F16", "BF16"}
 
 
@@ -230,6 +238,9 @@ def _check_plan(plan: dict[str, str], reader, preset: str, has_imatrix: bool) ->
 def run(args: argparse.Namespace) -> int:
     gguf = _gguf()
     preset = resolve_preset(args.type)
+    if preset == "NVFP4":
+        raise CLIError("NVFP4 is not a file type llama-quantize writes (llama.cpp refuses LLAMA_FTYPE_MOSTLY_NVFP4); "
+                       "--output-tensor-type and --token-embedding-type take NVFP4")
     if preset not in PRESETS:
         raise CLIError(f"unknown type {args.type!r}; known: {', '.join([*PRESETS, *ALIASES])}")
     output_type, embd_type = _tensor_type_arg(args.output_tensor_type), _tensor_type_arg(args.token_embedding_type)

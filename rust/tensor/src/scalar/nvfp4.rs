@@ -16,22 +16,38 @@ const SUB: usize = 16;
 /// Bytes of an NVFP4 block: four scales, then 32 bytes of nibbles.
 pub const NVFP4_BYTES: usize = 36;
 
-/// 2^e for the exponents of normal f32s.
-fn pow2(e: i32) -> f32 {
-    f32::from_bits(((e + 127) as u32) << 23)
+/// The bits of ggml_ue4m3_to_fp32(x): an unsigned E4M3 scale (exponent bias 7, subnormals
+/// man * 2^-9 at exponent 0) halved, as the E2M1 levels are doubled. 0x7F (E4M3's NaN) reads
+/// as 0; the sign bit is not looked at (0xFF is 240). Built from integers: every value is
+/// exact in f32.
+const fn ue4m3_half_bits(x: u8) -> u32 {
+    let (exp, man) = (((x >> 3) & 0x0f) as u32, (x & 7) as u32);
+    if x == 0x7f || (exp == 0 && man == 0) {
+        return 0;
+    }
+    if exp > 0 {
+        // (1 + man / 8) * 2^(exp - 7) / 2
+        return ((exp + 127 - 8) << 23) | (man << 20);
+    }
+    // man * 2^-10, normalized at its leading bit p.
+    let p = 31 - man.leading_zeros();
+    ((127 - 10 + p) << 23) | ((man - (1 << p)) << (23 - p))
 }
 
-/// ggml_ue4m3_to_fp32: an unsigned E4M3 scale (exponent bias 7, subnormals at exponent 0)
-/// halved, as the E2M1 levels are doubled. 0x7F (E4M3's NaN) reads as 0; the sign bit is
-/// not looked at.
+static UE4M3_HALF_BITS: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = ue4m3_half_bits(i as u8);
+        i += 1;
+    }
+    t
+};
+
+/// ggml_ue4m3_to_fp32 (see `ue4m3_half_bits`), by table as ggml's CPU backend reads it.
 #[inline]
 pub fn ue4m3_to_f32_half(x: u8) -> f32 {
-    if x == 0 || x == 0x7f {
-        return 0.0;
-    }
-    let (exp, man) = (((x >> 3) & 0x0f) as i32, (x & 7) as i32);
-    let raw = if exp == 0 { man as f32 * pow2(-9) } else { (1.0 + man as f32 / 8.0) * pow2(exp - 7) };
-    raw * 0.5
+    f32::from_bits(UE4M3_HALF_BITS[x as usize])
 }
 
 /// ggml_fp32_to_ue4m3: round to nearest on the first dropped mantissa bit (ties away), 448
@@ -124,4 +140,39 @@ pub fn vec_dot_nvfp4_q8_0(n: usize, w: &[u8], x: &[u8]) -> f32 {
         }
     }
     hsum_float_8(&acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml's formula: 0 for 0 and 0x7F, man * 2^-9 at exponent 0, else (1 + man / 8) *
+    /// 2^(exp - 7); halved.
+    #[test]
+    fn the_table_is_ggmls_formula() {
+        for x in 0..=255u8 {
+            let (exp, man) = (((x >> 3) & 0x0f) as i32, (x & 7) as f32);
+            let raw = if x == 0 || x == 0x7f { 0.0 } else if exp == 0 { man * 2f32.powi(-9) } else { (1.0 + man / 8.0) * 2f32.powi(exp - 7) };
+            assert_eq!(ue4m3_to_f32_half(x).to_bits(), (raw * 0.5).to_bits(), "{x:#04x}");
+        }
+    }
+
+    /// Encoding then decoding: every code's value below 2^8 maps back to its code, those of
+    /// the top exponent (256 to 448) to 0x7E as in ggml; and the rounding points.
+    #[test]
+    fn encoding_inverts_decoding() {
+        for x in 1..0x78u8 {
+            assert_eq!(f32_to_ue4m3(2.0 * ue4m3_to_f32_half(x)), x, "{x:#04x}");
+        }
+        for x in 0x78..0x7fu8 {
+            assert_eq!(f32_to_ue4m3(2.0 * ue4m3_to_f32_half(x)), 0x7e, "{x:#04x}");
+        }
+        assert_eq!(f32_to_ue4m3(448.0), 0x7e);
+        assert_eq!(f32_to_ue4m3(1e9), 0x7e);
+        assert_eq!(f32_to_ue4m3(256.0), 0x7e, "ggml saturates the whole top binade");
+        assert_eq!(f32_to_ue4m3(-1.0), 0);
+        assert_eq!(f32_to_ue4m3(f32::NAN), 0);
+        assert_eq!(f32_to_ue4m3(0.5 / 512.0), 1, "half the smallest subnormal rounds up");
+        assert_eq!(f32_to_ue4m3(0.49 / 512.0), 0);
+    }
 }

@@ -399,11 +399,12 @@ macro_rules! x86_kernels {
                     // groups reordered to sub-block 2h's 16 elements, then 2h + 1's.
                     let nibbles = bytes_from_nibbles_32(bw.add(4 + 16 * h));
                     let q = _mm256_shuffle_epi8(table, _mm256_permute4x64_epi64::<0b11_01_10_00>(nibbles));
-                    let (d_lo, d_hi) = (ue4m3_to_f32_half(*bw.add(2 * h)), ue4m3_to_f32_half(*bw.add(2 * h + 1)));
+                    // Lanes 0-3 take sub-block 2h's scale, 4-7 sub-block 2h + 1's; each times
+                    // the activation's d lane by lane (ggml's scalar products, the same roundings).
+                    let dw = _mm256_set_m128(_mm_set1_ps(ue4m3_to_f32_half(*bw.add(2 * h + 1))), _mm_set1_ps(ue4m3_to_f32_half(*bw.add(2 * h))));
                     for t in 0..T {
                         let bx = x[t].add((2 * i + h) * 34);
-                        let dx = f16_1(bx);
-                        let scales = _mm256_set_m128(_mm_set1_ps(d_hi * dx), _mm_set1_ps(d_lo * dx));
+                        let scales = _mm256_mul_ps(dw, f16x8(bx));
                         let s = dot_i8_signed!(q, loadu(bx.add(2)));
                         acc[t] = _mm256_fmadd_ps(scales, _mm256_cvtepi32_ps(s), acc[t]);
                     }

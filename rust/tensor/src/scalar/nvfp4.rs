@@ -54,7 +54,7 @@ pub fn ue4m3_to_f32_half(x: u8) -> f32 {
 /// at most; from 2^8 on the exponent is out of range and every value saturates to 0x7E
 /// (448), as in ggml. Zero, negatives and NaN give 0.
 pub fn f32_to_ue4m3(x: f32) -> u8 {
-    if !(x > 0.0) {
+    if x.is_nan() || x <= 0.0 {
         return 0;
     }
     let x = x.min(448.0);

@@ -15,6 +15,11 @@ row-size fallbacks aside) and 2 threads; the importance matrix is llama.cpp's ow
 as llama-quantize's load_imatrix does, passed as llama_model_quantize_params.imatrix.
 
   PYTHONPATH=.venv/lib/python3.11/site-packages:python /path/to/bench-venv/bin/python benches/record_quantize.py
+
+`record_quantize.py nvfp4` writes tests/data/quants/llama_quantize_nvfp4.json instead: llama-quantize
+has no NVFP4 file type (llama_model_quantize refuses LLAMA_FTYPE_MOSTLY_NVFP4, 39, as an invalid
+output file type: recorded), but its output-tensor and token-embedding types may be any ggml type:
+the tiny llama in Q8_0 (pure) with both in NVFP4, each tensor's type and sha256.
 """
 from __future__ import annotations
 
@@ -139,7 +144,23 @@ def digests(path: Path) -> dict[str, list[str]]:
             for t in header.tensors}
 
 
+def record_nvfp4() -> None:
+    out = DATA / "quants" / "llama_quantize_nvfp4.json"
+    try:
+        quantize(39, None)
+        nvfp4_ftype = "written"
+    except RuntimeError:
+        nvfp4_ftype = "refused"
+    record = {"model": MODEL.name, "ftype 39 (MOSTLY_NVFP4)": nvfp4_ftype,
+              "Q8_0 pure, output and token_embd NVFP4": quantize(7, None, embd_and_output=40)}
+    out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {out}")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["nvfp4"]:
+        record_nvfp4()
+        return
     imatrix = load_imatrix(IMATRIX)
     record = {"model": MODEL.name, "imatrix": IMATRIX.name, "types": {}}
     for name, ftype in FTYPES.items():

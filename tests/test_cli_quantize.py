@@ -2,6 +2,7 @@
 reference tiny models (written by the gguf package with ggml's reference code), and loadable."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,30 @@ def test_already_quantized_input_needs_allow_requantize(tmp_path):
 def test_missing_input(tmp_path):
     r = ferrollama("quantize", tmp_path / "nope.gguf", tmp_path / "o.gguf", "Q8_0")
     assert r.returncode == 1 and r.stderr.endswith("nope.gguf: no such file\n")
+
+
+def test_nvfp4_output_and_embedding_match_llama_quantize(tmp_path):
+    """llama_model_quantize of the tiny llama to Q8_0 with its output and token embedding in NVFP4
+    (tests/data/quants/llama_quantize_nvfp4.json, benches/record_quantize.py nvfp4): ggml's
+    quantize_row_nvfp4_ref, byte for byte."""
+    import hashlib
+
+    record = json.loads((DATA / "quants" / "llama_quantize_nvfp4.json").read_text())
+    out = tmp_path / "o.gguf"
+    r = ferrollama("quantize", F32, out, "Q8_0", "--pure", "--output-tensor-type", "NVFP4", "--token-embedding-type", "nvfp4")
+    assert r.returncode == 0, r.stderr
+    got = {name: [kind, hashlib.sha256(data).hexdigest()] for name, (kind, data) in tensors(out).items()}
+    assert got == record["Q8_0 pure, output and token_embd NVFP4"]
+    assert got["output.weight"][0] == got["token_embd.weight"][0] == "NVFP4"
+    ctx = fl.Context(fl.Model(str(out)), n_ctx=64)
+    ctx.decode(fl.Batch.from_tokens([1, 100, 200], logits="last"))
+    assert np.isfinite(ctx.logits(-1)).all()
+
+
+def test_nvfp4_is_no_file_type_as_in_llama_quantize(tmp_path):
+    assert json.loads((DATA / "quants" / "llama_quantize_nvfp4.json").read_text())["ftype 39 (MOSTLY_NVFP4)"] == "refused"
+    r = ferrollama("quantize", F32, tmp_path / "o.gguf", "NVFP4")
+    assert r.returncode == 1 and "NVFP4 is not a file type llama-quantize writes" in r.stderr
 
 
 @pytest.mark.parametrize("kind", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"])

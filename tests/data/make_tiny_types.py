@@ -6,7 +6,12 @@ models: tests/data/models/tiny-llama-TYPE.gguf from tiny-llama-f32.gguf, same me
     through the `gguf` package's quantizer (ggml's reference code); the i-quants, Q1_0 and Q2_0
     (which the gguf package does not quantize) through llama.cpp's own (llama_model_quantize,
     pure, with a uniform importance matrix: the IQ1/IQ2 types refuse to quantize without one,
-    Q1_0 and Q2_0 ignore it).
+    Q1_0 and Q2_0 ignore it). NVFP4 (which neither quantizes) through ggml's
+    quantize_row_nvfp4_ref (ggml_quantize_chunk), laid out as convert_hf_to_gguf.py writes a
+    ModelOpt checkpoint: each block matrix and the output divided by a per-tensor second scale
+    (amax / (6 * 448), ModelOpt's, so that the block scales use UE4M3's range), which goes to
+    NAME.scale (F32, shape [1]); attn_q and ffn_down also get the NAME.input_scale that
+    llama.cpp loads and never reads; token_embd (llama.cpp has no scale for it) as is.
 record: tests/data/scenarios/forward-TYPE.json: the steps of forward-f32.json decoded by
     llama.cpp with an F32 KV cache (`expected`) and an F16 one (`expected_kv_f16`), the
     context parameters those records name, flash attention off as in the other records,
@@ -33,12 +38,47 @@ SCENARIOS = DATA / "scenarios"
 SOURCE = MODELS / "tiny-llama-f32.gguf"
 #: the types the gguf package quantizes with ggml's reference code
 GGUF_PACKAGE = ["MXFP4", "TQ1_0", "TQ2_0"]
+#: the types written through the gguf package's writer with ggml's own quantizer (ctypes):
+#: the gguf package reads NVFP4 but does not quantize it, nor does llama_model_quantize
+GGML_QUANTIZED = ["NVFP4"]
 #: the llama_ftype whose default tensor type (what --pure writes) is each type quantized by
 #: llama.cpp: IQ2_S is LLAMA_FTYPE_MOSTLY_IQ2_M's (MOSTLY_IQ2_S writes IQ2_XS)
 LLAMA_FTYPES = {"IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24, "IQ3_S": 26,
                 "IQ2_S": 29, "IQ1_M": 31, "Q1_0": 40, "Q2_0": 41}
-#: general.file_type written for the gguf-package types (llama_ftype)
-FILE_TYPES = {"MXFP4": 38, "TQ1_0": 36, "TQ2_0": 37}
+#: general.file_type written for the gguf-package types and NVFP4 (llama_ftype)
+FILE_TYPES = {"MXFP4": 38, "TQ1_0": 36, "TQ2_0": 37, "NVFP4": 39}
+#: ModelOpt's per-tensor second scale divides amax by E2M1's largest value times UE4M3's
+NVFP4_SCALE2_DIVISOR = 6.0 * 448.0
+#: the tensors whose NVFP4 conversion also writes an (unused) input_scale
+NVFP4_INPUT_SCALES = ("attn_q", "ffn_down")
+
+
+def ggml_quantize(type_id: int, values: np.ndarray) -> np.ndarray:
+    """ggml_quantize_chunk of a 2-D f32 array (ggml's reference quantizers), row bytes."""
+    import llama_cpp
+
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib.ggml_row_size.restype = ctypes.c_size_t
+    lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    rows, cols = values.shape
+    src = np.ascontiguousarray(values, dtype=np.float32)
+    out = np.zeros((rows, lib.ggml_row_size(type_id, cols)), dtype=np.uint8)
+    lib.ggml_quantize_chunk(type_id, src.ctypes.data, out.ctypes.data, 0, rows, cols, None)
+    return out
+
+
+def nvfp4_tensors(name: str, values: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """An F32 matrix as an NVFP4 conversion writes it: the weight, then its scale tensors."""
+    if name == "token_embd.weight":
+        return [(name, ggml_quantize(40, values))]
+    scale2 = np.float32(np.abs(values).max() / NVFP4_SCALE2_DIVISOR)
+    out = [(name, ggml_quantize(40, values / scale2)), (name.replace(".weight", ".scale"), np.array([scale2], dtype=np.float32))]
+    if any(f".{p}." in name for p in NVFP4_INPUT_SCALES):
+        out.append((name.replace(".weight", ".input_scale"), np.array([0.0123], dtype=np.float32)))
+    return out
 
 
 def copy_fields(reader, writer) -> None:  # noqa: ANN001
@@ -64,7 +104,10 @@ def write_with_gguf(type_name: str, out: Path) -> None:
     qtype = gguf.GGMLQuantizationType[type_name]
     for t in reader.tensors:
         values = np.asarray(t.data, dtype=np.float32)
-        if values.ndim == 2:
+        if values.ndim == 2 and type_name == "NVFP4":
+            for name, data in nvfp4_tensors(t.name, values):
+                writer.add_tensor(name, data, raw_dtype=qtype if data.dtype == np.uint8 else None)
+        elif values.ndim == 2:
             writer.add_tensor(t.name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(t.name, values)
@@ -99,7 +142,7 @@ def write_with_llama(type_name: str, out: Path) -> None:
 
 def make_model(type_name: str) -> Path:
     out = MODELS / f"tiny-llama-{type_name.lower()}.gguf"
-    if type_name in GGUF_PACKAGE:
+    if type_name in GGUF_PACKAGE + GGML_QUANTIZED:
         write_with_gguf(type_name, out)
     else:
         write_with_llama(type_name, out)
@@ -208,7 +251,7 @@ def check(name: str) -> None:
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in ("models", "record", "check"):
         raise SystemExit(__doc__)
-    types = [t.upper() for t in argv[1:]] or GGUF_PACKAGE + list(LLAMA_FTYPES)
+    types = [t.upper() for t in argv[1:]] or GGUF_PACKAGE + GGML_QUANTIZED + list(LLAMA_FTYPES)
     if argv[0] == "check":
         check(types[0].lower() if argv[1:] else "q4_k")
         return

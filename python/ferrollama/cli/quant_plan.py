@@ -28,7 +28,7 @@ PRESETS: dict[str, tuple[int, str]] = {
 ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "MXFP4": "MXFP4_MOE"}
 #: block sizes of the types a plan can name
 BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32,
-         "MXFP4": 32, "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ2_XXS": 256, "IQ2_XS": 256,
+         "MXFP4": 32, "NVFP4": 64, "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ2_XXS": 256, "IQ2_XS": 256,
          "IQ2_S": 256, "IQ3_XXS": 256, "IQ3_S": 256, "IQ1_S": 256, "IQ1_M": 256, "IQ4_XS": 256, "TQ1_0": 256,
          "TQ2_0": 256, "Q1_0": 128, "Q2_0": 64}
 #: tensor_type_fallback: the 32-block type of a 256-block type whose block does not divide the row

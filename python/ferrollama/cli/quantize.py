@@ -19,7 +19,12 @@ is refused by name, where llama.cpp aborts.
 
 Quantization itself is ggml's code, bit for bit: the ``gguf`` package's for F16, BF16, Q8_0, TQ1_0,
 TQ2_0, MXFP4 and (without an imatrix) Q4_0..Q5_1; the engine's (``ferrollama._core.quantize``) for
-the k-quants, the i-quants, Q1_0, Q2_0 and everything under an importance matrix.
+the k-quants, the i-quants, Q1_0, Q2_0, NVFP4 and everything under an importance matrix.
+
+NVFP4 is no preset: llama-quantize has none (llama_model_quantize refuses its file type), and NVFP4
+models come from convert_hf_to_gguf.py of NVFP4 checkpoints, with the per-tensor second scales
+that a plain quantization lacks. As with llama-quantize, ``--output-tensor-type`` and
+``--token-embedding-type`` may name it.
 
   ferrollama imatrix -m model-f16.gguf -f calibration.txt -o imatrix.gguf
   ferrollama quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M --imatrix imatrix.gguf
@@ -42,8 +47,9 @@ WEIGHTED_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0"
                   "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"}
 #: types ggml cannot quantize at all without importance weights (ggml_quantize_requires_imatrix)
 ONLY_WEIGHTED = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
-#: types only the engine quantizes, whose ggml quantizers ignore importance weights
-ENGINE_ONLY_TYPES = {"Q1_0", "Q2_0"}
+#: types only the engine quantizes (the gguf package has no quantizer for them); ggml's quantizers of
+#: these ignore importance weights
+ENGINE_ONLY_TYPES = {"Q1_0", "Q2_0", "NVFP4"}
 #: ggml type ids of the types the gguf package may not know (0.19 has no Q2_0)
 TYPE_IDS = {"Q1_0": 41, "Q2_0": 42}
 #: types ferrollama writes
@@ -251,6 +257,9 @@ def _check_plan(plan: dict[str, str], reader, preset: str, imatrix: dict | None)
 def run(args: argparse.Namespace) -> int:
     gguf = _gguf()
     preset = resolve_preset(args.type)
+    if preset == "NVFP4":
+        raise CLIError("NVFP4 is not a file type llama-quantize writes (llama.cpp refuses LLAMA_FTYPE_MOSTLY_NVFP4); "
+                       "--output-tensor-type and --token-embedding-type take NVFP4")
     if preset not in PRESETS:
         raise CLIError(f"unknown type {args.type!r}; known: {', '.join([*PRESETS, *ALIASES])}")
     output_type, embd_type = _tensor_type_arg(args.output_tensor_type), _tensor_type_arg(args.token_embedding_type)

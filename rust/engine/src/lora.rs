@@ -265,16 +265,31 @@ fn targets_of(model: &Model, file: &GgufFile, owner: &Arc<dyn AsRef<[u8]> + Send
         "attn_v.weight" => one(at(Proj::V)),
         "attn_qkv.weight" => split(&[Proj::Q, Proj::K, Proj::V], &[hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa(), hp.n_embd_v_gqa()]),
         "attn_output.weight" => one(at(Proj::O)),
-        "ffn_gate.weight" => one(at(Proj::Gate)),
+        "ffn_gate.weight" => refuse_scaled_nvfp4(w, il, name, Proj::Gate).and_then(|_| one(at(Proj::Gate))),
         "ffn_up.weight" if fused_gate_up => split(&[Proj::Gate, Proj::Up], &[hp.n_ff, hp.n_ff]),
-        "ffn_up.weight" => one(at(Proj::Up)),
-        "ffn_down.weight" => one(at(Proj::Down)),
+        "ffn_up.weight" => refuse_scaled_nvfp4(w, il, name, Proj::Up).and_then(|_| one(at(Proj::Up))),
+        "ffn_down.weight" => refuse_scaled_nvfp4(w, il, name, Proj::Down).and_then(|_| one(at(Proj::Down))),
         "ffn_gate_inp.weight" => one(at(Proj::Router)),
         "ffn_gate_exps.weight" => experts(Proj::GateExps),
         "ffn_up_exps.weight" => experts(Proj::UpExps),
         "ffn_down_exps.weight" => experts(Proj::DownExps),
         _ => Err(unsupported()),
     }
+}
+
+/// llama.cpp's build_ffn asserts that an NVFP4 FFN matrix with a second scale has no adapter:
+/// the scale is multiplied in after the adapter's terms, which it should not scale.
+fn refuse_scaled_nvfp4(w: &crate::model::Weights, il: usize, name: &str, p: Proj) -> Result<()> {
+    let crate::model::Ffn::Gated(f) = &w.layers[il].ffn else { return Ok(()) };
+    let (m, s) = match p {
+        Proj::Gate => (&f.gate, f.gate_s),
+        Proj::Up => (&f.up, f.up_s),
+        _ => (&f.down, f.down_s),
+    };
+    if s.is_some() && m.ty == ferrollama_tensor::GgmlType::NVFP4 {
+        return Err(EngineError::Unsupported(format!("a LoRA adapter of '{name}', an NVFP4 matrix with a scale (llama.cpp asserts)")));
+    }
+    Ok(())
 }
 
 /// Consecutive blocks of rows of an adapter tensor, as matrices over the file's map.

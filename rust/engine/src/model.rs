@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ferrollama_gguf::GgufFile;
-use ferrollama_tensor::QMatrix;
+use ferrollama_tensor::{GgmlType, QMatrix};
 use ferrollama_vocab::{Vocab, VocabError};
 
 use crate::arch::{arch_info, ArchInfo};
@@ -25,6 +25,8 @@ pub struct LayerWeights {
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
     pub bo: Option<Vec<f32>>,
+    /// The second scales of Q, K, V and the output projection (see `ProjScales`).
+    pub scales: ProjScales,
     /// RMSNorm of Q and K: per head (head_dim values: Qwen 3, Gemma 3) or over the whole
     /// projection (OLMo 2).
     pub q_norm: Option<Vec<f32>>,
@@ -38,6 +40,18 @@ pub struct LayerWeights {
     /// BERT's LayerNorms after the attention's and the FFN's residual adds.
     pub attn_out_norm: Option<LayerNorm>,
     pub layer_out_norm: Option<LayerNorm>,
+}
+
+/// Per-tensor second scales of the attention projections (`NAME.scale`, one f32: an NVFP4
+/// conversion's `weight_scale_2`, though llama.cpp reads them whatever the type): each
+/// product is multiplied by its scale before the adapters' terms and the bias are added
+/// (llama.cpp's build_lora_mm). A fused `attn_qkv`'s scale is Q's, K's and V's.
+#[derive(Default, Clone, Copy)]
+pub struct ProjScales {
+    pub q: Option<f32>,
+    pub k: Option<f32>,
+    pub v: Option<f32>,
+    pub o: Option<f32>,
 }
 
 /// The weights and biases of a LayerNorm.
@@ -79,6 +93,11 @@ pub struct GatedFfn {
     pub gate_b: Option<Vec<f32>>,
     pub up_b: Option<Vec<f32>>,
     pub down_b: Option<Vec<f32>>,
+    /// Second scales (`NAME.scale`), for the architectures whose llama.cpp graph passes them
+    /// to build_ffn: multiplied in after the adapters' terms and the bias.
+    pub gate_s: Option<f32>,
+    pub up_s: Option<f32>,
+    pub down_s: Option<f32>,
 }
 
 /// The experts of a layer: views of the rows of the 3-D expert tensors (no copy), one
@@ -94,6 +113,12 @@ pub struct Experts {
     pub gate_b: Option<Vec<f32>>,
     pub up_b: Option<Vec<f32>>,
     pub down_b: Option<Vec<f32>>,
+    /// Second scales, one per expert (`NAME.scale`), for the architectures whose llama.cpp
+    /// graph passes them: each expert's product times its scale before the adapters' terms
+    /// and the bias (build_lora_mm_id).
+    pub gate_s: Option<Vec<f32>>,
+    pub up_s: Option<Vec<f32>>,
+    pub down_s: Option<Vec<f32>>,
 }
 
 /// RoPE frequency factors: Llama 3's `rope_freqs`, or LongRoPE's long and short factors.
@@ -122,6 +147,9 @@ pub struct Weights {
     /// The output projection; the token embedding itself when the model ties them.
     pub output: QMatrix,
     pub output_b: Option<Vec<f32>>,
+    /// The output projection's second scale (`output.scale`, read for an NVFP4 output only,
+    /// as llama.cpp reads it).
+    pub output_s: Option<f32>,
     /// Whether the output projection is the token embedding (no output matrix of its own).
     pub output_tied: bool,
     pub layers: Vec<LayerWeights>,
@@ -257,6 +285,10 @@ pub struct LayerParts {
     pub tied_output: bool,
     /// The tensor of the norm before the FFN (gpt-oss calls it post_attention_norm).
     pub ffn_norm_name: &'static str,
+    /// Whether the graph applies the FFN's (and experts') second scales: llama.cpp's llama,
+    /// qwen3 and qwen3moe graphs pass them to build_ffn/build_moe_ffn; the others leave them
+    /// unread, so a file with them is refused.
+    pub ffn_scales: bool,
 }
 
 impl LayerParts {
@@ -264,7 +296,7 @@ impl LayerParts {
     pub const PRE_NORM: LayerParts = LayerParts {
         pre_norms: true, o_bias: false, qk_norm: None, post_norms: false, fused_gate_up: false, ffn_bias: false,
         sinks: false, rope_freqs: false, long_rope: false, output_bias: false, tied_output: false,
-        ffn_norm_name: "ffn_norm.weight",
+        ffn_norm_name: "ffn_norm.weight", ffn_scales: false,
     };
 }
 
@@ -286,10 +318,28 @@ pub(crate) fn load_decoder(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Res
     let output_tied = own_output.is_none();
     let output = own_output.unwrap_or_else(|| tok_embd.clone());
     let output_b = if parts.output_bias { ld.opt_vector("output.bias", hp.n_vocab)? } else { None };
+    let output_s = load_output_scale(ld, &output, output_tied)?;
     let layers = (0..hp.n_layer).map(|il| load_layer(ld, hp, parts, il)).collect::<Result<Vec<_>>>()?;
     let output_norm = ld.vector("output_norm.weight", n_embd)?;
     let rope_factors = load_rope_factors(ld, hp, parts)?;
-    Ok(Weights { tok_embd, output_norm, output, output_b, output_tied, layers, rope_factors, encoder: None })
+    Ok(Weights { tok_embd, output_norm, output, output_b, output_s, output_tied, layers, rope_factors, encoder: None })
+}
+
+/// `output.scale` (and the unused `output.input_scale`), which llama.cpp reads for an NVFP4
+/// output only, and refuses (an assertion) beside an NVFP4 output tied to the embedding.
+fn load_output_scale(ld: &Loader, output: &QMatrix, tied: bool) -> Result<Option<f32>> {
+    if output.ty != GgmlType::NVFP4 {
+        return Ok(None);
+    }
+    if tied {
+        if ld.has("output.scale") || ld.has("output.input_scale") {
+            return Err(EngineError::Unsupported(
+                "output scale tensors beside an NVFP4 output projection tied to the token embedding (llama.cpp asserts)".into()));
+        }
+        return Ok(None);
+    }
+    ld.skip_input_scale("output.weight", 1)?;
+    ld.opt_scale("output.weight")
 }
 
 fn load_rope_factors(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Result<RopeFactors> {
@@ -317,6 +367,7 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
     };
     let [wq, wk, wv] = load_qkv(ld, &n, n_embd, [q_dim, k_dim, v_dim])?;
     let [bq, bk, bv] = load_qkv_biases(ld, &n, [q_dim, k_dim, v_dim])?;
+    let scales = load_proj_scales(ld, &n)?;
     let (q_norm_len, k_norm_len) = match parts.qk_norm {
         Some(QkNorm::Whole) => (q_dim, k_dim),
         _ => (hp.head_dim_k, hp.head_dim_k),
@@ -327,6 +378,7 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         wo: ld.matrix(&n("attn_output.weight"), hp.head_dim_v * hp.n_head, n_embd)?,
         bq, bk, bv,
         bo: opt(parts.o_bias, "attn_output.bias", n_embd)?,
+        scales,
         q_norm: opt(parts.qk_norm.is_some(), "attn_q_norm.weight", q_norm_len)?,
         k_norm: opt(parts.qk_norm.is_some(), "attn_k_norm.weight", k_norm_len)?,
         post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
@@ -352,6 +404,29 @@ pub(crate) fn load_qkv(ld: &Loader, n: &dyn Fn(&str) -> String, n_embd: usize, d
     Ok([next(), next(), next()])
 }
 
+/// The second scales of Q, K, V (separate, or one `attn_qkv.scale`) and of the output
+/// projection; their `input_scale`s, which llama.cpp loads and never reads, are read and
+/// dropped.
+pub(crate) fn load_proj_scales(ld: &Loader, n: &dyn Fn(&str) -> String) -> Result<ProjScales> {
+    let o = n("attn_output.weight");
+    ld.skip_input_scale(&o, 1)?;
+    let mut s = ProjScales { o: ld.opt_scale(&o)?, ..ProjScales::default() };
+    if ld.has(&n("attn_qkv.weight")) {
+        let qkv = n("attn_qkv.weight");
+        ld.skip_input_scale(&qkv, 1)?;
+        let all = ld.opt_scale(&qkv)?;
+        (s.q, s.k, s.v) = (all, all, all);
+        return Ok(s);
+    }
+    let mut each = ["attn_q.weight", "attn_k.weight", "attn_v.weight"].map(|m| {
+        ld.skip_input_scale(&n(m), 1)?;
+        ld.opt_scale(&n(m))
+    }).into_iter();
+    let mut next = || each.next().expect("three");
+    (s.q, s.k, s.v) = (next()?, next()?, next()?);
+    Ok(s)
+}
+
 /// The optional biases of Q, K and V: separate, or one `attn_qkv.bias` split in three.
 pub(crate) fn load_qkv_biases(ld: &Loader, n: &dyn Fn(&str) -> String, dims: [usize; 3]) -> Result<[Option<Vec<f32>>; 3]> {
     let [q, k, v] = dims;
@@ -375,13 +450,31 @@ fn load_gated(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
     } else {
         (ld.matrix(&n("ffn_gate.weight"), n_embd, n_ff)?, ld.matrix(&n("ffn_up.weight"), n_embd, n_ff)?)
     };
-    Ok(GatedFfn {
-        gate, up,
-        down: ld.matrix(&n("ffn_down.weight"), n_ff, n_embd)?,
-        gate_b: opt("ffn_gate.bias", n_ff)?,
-        up_b: opt("ffn_up.bias", n_ff)?,
-        down_b: opt("ffn_down.bias", n_embd)?,
-    })
+    let down = ld.matrix(&n("ffn_down.weight"), n_ff, n_embd)?;
+    let (gate_b, up_b, down_b) = (opt("ffn_gate.bias", n_ff)?, opt("ffn_up.bias", n_ff)?, opt("ffn_down.bias", n_embd)?);
+    // The gate's input scale is read where the file has a gate of its own (not Phi-3's fused one).
+    let names: &[&str] = if parts.fused_gate_up { &["ffn_up", "ffn_down"] } else { &["ffn_gate", "ffn_up", "ffn_down"] };
+    for m in names {
+        ld.skip_input_scale(&n(&format!("{m}.weight")), 1)?;
+    }
+    let (mut gate_s, mut up_s, mut down_s) = (None, None, None);
+    if parts.ffn_scales {
+        let scale = |m: &str, w: &QMatrix, bias: bool| ffn_scale(ld, &n(&format!("{m}.weight")), w, bias);
+        (gate_s, up_s, down_s) = (scale("ffn_gate", &gate, gate_b.is_some())?, scale("ffn_up", &up, up_b.is_some())?,
+                                  scale("ffn_down", &down, down_b.is_some())?);
+    }
+    Ok(GatedFfn { gate, up, down, gate_b, up_b, down_b, gate_s, up_s, down_s })
+}
+
+/// A dense FFN matrix's second scale. llama.cpp's build_ffn multiplies it in after the bias,
+/// and asserts that an NVFP4 matrix with a scale has no bias (nor, `lora::targets_of`, an
+/// adapter): that scale belongs before them.
+fn ffn_scale(ld: &Loader, weight: &str, w: &QMatrix, has_bias: bool) -> Result<Option<f32>> {
+    let s = ld.opt_scale(weight)?;
+    if s.is_some() && has_bias && w.ty == GgmlType::NVFP4 {
+        return Err(EngineError::Unsupported(format!("'{weight}' (NVFP4) with both a scale and a bias (llama.cpp asserts)")));
+    }
+    Ok(s)
 }
 
 fn load_experts(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<Experts> {
@@ -391,7 +484,14 @@ fn load_experts(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Res
     let opt = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
         if parts.ffn_bias { ld.opt_vector_2d(&n(name), len, n_exp) } else { Ok(None) }
     };
+    for m in ["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"] {
+        ld.skip_input_scale(&n(m), n_exp)?;
+    }
+    let scales = |name: &str| if parts.ffn_scales { ld.opt_vector(&n(name), n_exp) } else { Ok(None) };
     Ok(Experts {
+        gate_s: scales("ffn_gate_exps.scale")?,
+        up_s: scales("ffn_up_exps.scale")?,
+        down_s: scales("ffn_down_exps.scale")?,
         router: ld.matrix(&n("ffn_gate_inp.weight"), n_embd, n_exp)?,
         router_b: if parts.ffn_bias { ld.opt_vector(&n("ffn_gate_inp.bias"), n_exp)? } else { None },
         gate: per_expert("ffn_gate_exps.weight", n_embd, n_ff)?,

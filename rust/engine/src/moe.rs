@@ -57,7 +57,7 @@ impl MoeScratch {
 pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Activation, lora: LayerLora, threads: &Threads) {
     let (d, ne, k) = (hp.n_embd, hp.n_expert, hp.n_expert_used);
     let s = &mut ws.moe;
-    crate::arch::blocks::lora_mm(&ex.router, lora.terms(Proj::Router), &ws.h, n, &mut s.logits[..n * ne], &mut ws.mm, &mut ws.lora, threads);
+    crate::arch::blocks::lora_mm(&ex.router, None, lora.terms(Proj::Router), &ws.h, n, &mut s.logits[..n * ne], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::FfnGateInp, &ws.h[..n * d], n);
     for t in 0..n {
         let logits = &mut s.logits[t * ne..(t + 1) * ne];
@@ -97,9 +97,14 @@ struct ExpertCtx<'a> {
 }
 
 impl ExpertCtx<'_> {
-    /// out = W_e·x for m tokens, plus the adapters' terms of expert e (build_lora_mm_id).
-    fn product(&mut self, w: &ferrollama_tensor::QMatrix, proj: Proj, e: usize, x: &[f32], m: usize, out: &mut [f32]) {
+    /// out = W_e·x for m tokens, times expert e's second scale where the experts have them,
+    /// plus the adapters' terms of expert e (build_lora_mm_id).
+    #[allow(clippy::too_many_arguments)]
+    fn product(&mut self, w: &ferrollama_tensor::QMatrix, scales: Option<&[f32]>, proj: Proj, e: usize, x: &[f32], m: usize, out: &mut [f32]) {
         matmul(w, x, m, out, self.mm, self.threads);
+        if let Some(s) = scales {
+            crate::ops::scale_inplace(&mut out[..m * w.rows], s[e]);
+        }
         let terms = self.lora.terms(proj);
         if !terms.is_empty() {
             add_terms(terms, e, x, m, out, self.lora_scratch, self.mm, self.threads);
@@ -124,12 +129,12 @@ fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mut cx: Exp
         s.x[i * d..(i + 1) * d].copy_from_slice(&h[t as usize * d..(t as usize + 1) * d]);
     }
     let ff = ex.up[e].rows;
-    cx.product(&ex.gate[e], Proj::GateExps, e, &s.x, m, &mut s.gate[..m * ff]);
-    cx.product(&ex.up[e], Proj::UpExps, e, &s.x, m, &mut s.up[..m * ff]);
+    cx.product(&ex.gate[e], ex.gate_s.as_deref(), Proj::GateExps, e, &s.x, m, &mut s.gate[..m * ff]);
+    cx.product(&ex.up[e], ex.up_s.as_deref(), Proj::UpExps, e, &s.x, m, &mut s.up[..m * ff]);
     add_expert_bias(&mut s.gate[..m * ff], ex.gate_b.as_deref(), e, ff);
     add_expert_bias(&mut s.up[..m * ff], ex.up_b.as_deref(), e, ff);
     rows_on_threads(act, &mut s.gate[..m * ff], &s.up[..m * ff], ff, cx.threads);
-    cx.product(&ex.down[e], Proj::DownExps, e, &s.gate, m, &mut s.down[..m * d]);
+    cx.product(&ex.down[e], ex.down_s.as_deref(), Proj::DownExps, e, &s.gate, m, &mut s.down[..m * d]);
     add_expert_bias(&mut s.down[..m * d], ex.down_b.as_deref(), e, d);
     for (i, &(t, c)) in s.routed.iter().enumerate() {
         let slot = t as usize * k + c as usize;

@@ -230,10 +230,29 @@ impl Loader {
         Ok(Some(out))
     }
 
+    /// The second scale of the matrix `weight` (a name ending in `.weight`): its one-value
+    /// `NAME.scale` tensor, if the file has one.
+    pub fn opt_scale(&self, weight: &str) -> Result<Option<f32>> {
+        Ok(self.opt_vector(&sibling(weight, "scale"), 1)?.map(|s| s[0]))
+    }
+
+    /// Reads `NAME.input_scale` of the matrix `weight` (`len` values: 1, or one per expert)
+    /// if the file has it, and drops it: an NVFP4 conversion writes the activations' scale,
+    /// which llama.cpp loads and never applies (its CPU products quantize activations to
+    /// Q8_0 whatever it says).
+    pub fn skip_input_scale(&self, weight: &str, len: usize) -> Result<()> {
+        self.opt_vector(&sibling(weight, "input_scale"), len).map(|_| ())
+    }
+
     pub fn opt_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
         if self.file.tensor(name).is_none() { return Ok(None); }
         self.vector(name, len).map(Some)
     }
+}
+
+/// `blk.0.attn_q.weight` -> `blk.0.attn_q.SUFFIX`.
+fn sibling(weight: &str, suffix: &str) -> String {
+    format!("{}.{suffix}", weight.strip_suffix(".weight").unwrap_or(weight))
 }
 
 fn unsupported_type(name: &str, ty: ferrollama_tensor::GgmlType) -> EngineError {

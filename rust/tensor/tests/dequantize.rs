@@ -183,6 +183,47 @@ fn q1_0_and_q2_0_quantizers_write_ggml_bytes() {
     assert_eq!(types, [GgmlType::Q1_0, GgmlType::Q2_0]);
 }
 
+/// tests/data/quants/nvfp4_dequant.fix (tests/gen_nvfp4_fixtures.py): random NVFP4 blocks
+/// (every nibble and scale byte, 0x7F and the sign bit included) with
+/// gguf.quants.dequantize's values.
+#[test]
+fn random_nvfp4_blocks_dequantize_as_the_gguf_package() {
+    let path = format!("{DATA}/quants/nvfp4_dequant.fix");
+    let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(&b[..4], b"FDQX");
+    let mut off = 4;
+    assert_eq!(u32_at(&b, &mut off), 1, "one section");
+    assert_eq!(GgmlType::from_id(u32_at(&b, &mut off) as u32), Some(GgmlType::NVFP4));
+    let (n, n_rows) = (u32_at(&b, &mut off), u32_at(&b, &mut off));
+    let bytes = &b[off..off + n_rows * tr(GgmlType::NVFP4).row_bytes(n)];
+    let want = &b[off + bytes.len()..];
+    assert_eq!(want.len(), 4 * n_rows * n);
+    for (i, (g, w)) in dequantize(GgmlType::NVFP4, bytes, n_rows * n).iter().zip(want.chunks_exact(4)).enumerate() {
+        let w = f32::from_le_bytes(w.try_into().unwrap());
+        assert_eq!(g.to_bits(), w.to_bits(), "element {i}: {g} != {w}");
+    }
+}
+
+/// tests/data/quants/nvfp4_quantize.fix (tests/gen_nvfp4_fixtures.py): rows from UE4M3's
+/// subnormal scales to past its largest, zero and tied sub-blocks, with the bytes of ggml's
+/// quantize_row_nvfp4_ref.
+#[test]
+fn nvfp4_quantizer_writes_ggml_reference_bytes() {
+    let path = format!("{DATA}/quants/nvfp4_quantize.fix");
+    let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(&b[..4], b"FQNX");
+    let mut off = 4;
+    let (n_rows, n) = (u32_at(&b, &mut off), u32_at(&b, &mut off));
+    let rb = tr(GgmlType::NVFP4).row_bytes(n);
+    for (r, row) in b[off..].chunks_exact(4 * n + rb).enumerate() {
+        let x: Vec<f32> = row[..4 * n].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(quantize_ref(GgmlType::NVFP4, &x), &row[4 * n..], "row {r}");
+        assert_eq!(quantize(GgmlType::NVFP4, &x), &row[4 * n..], "row {r}, runtime quantizer");
+        assert!(r < n_rows);
+    }
+    assert_eq!(b[off..].len(), n_rows * (4 * n + rb));
+}
+
 #[test]
 fn reference_quantizers_rebuild_every_tiny_model() {
     let f32_file = GgufFile::open(model_path("f32"), true).expect("f32 model");
@@ -191,7 +232,12 @@ fn reference_quantizers_rebuild_every_tiny_model() {
         let t = tr(ty);
         for info in file.tensors.iter().filter(|i| i.ggml_type == ty) {
             let src = f32_file.tensor(&info.name).expect("same tensor in the f32 model");
-            let x: Vec<f32> = f32_file.tensor_data(src).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let mut x: Vec<f32> = f32_file.tensor_data(src).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            // An NVFP4 conversion stores W / scale2 and scale2 apart (make_tiny_types.py).
+            if let Some(s) = file.tensor(&info.name.replace(".weight", ".scale")) {
+                let scale2 = f32::from_le_bytes(file.tensor_data(s)[..4].try_into().unwrap());
+                x.iter_mut().for_each(|v| *v /= scale2);
+            }
             let mut q = vec![0u8; t.row_bytes(x.len())];
             (t.from_f32_ref.unwrap())(&x, &mut q);
             let want = file.tensor_data(info);

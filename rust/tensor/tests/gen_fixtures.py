@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "tests" / "data" / "models"
 OUT = ROOT / "tests" / "data" / "quants"
 TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
-         "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "mxfp4", "tq1_0", "tq2_0", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"]
+         "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4", "tq1_0", "tq2_0", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"]
 # (tensor, rows): a 256-column matrix, the 512-column ffn_down, and the embeddings.
 PICKS = [("blk.0.attn_q.weight", [0, 1, 77]),
          ("blk.1.ffn_down.weight", [3, 255]),

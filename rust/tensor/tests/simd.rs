@@ -48,6 +48,8 @@ fn unit_scales(ty: GgmlType, bytes: &mut [u8]) {
             GgmlType::Q3_K => b[108..110].copy_from_slice(&one),
             // The E8M0 exponent of 2^0 (its halved scale times the doubled levels).
             GgmlType::MXFP4 => b[0] = 128,
+            // UE4M3 2.0 (exponent 8), halved to 1 for the doubled levels.
+            GgmlType::NVFP4 => b[0..4].fill(0x40),
             GgmlType::TQ1_0 => b[52..54].copy_from_slice(&one),
             GgmlType::TQ2_0 => b[64..66].copy_from_slice(&one),
             // 8 and 4: the kernels' factors 1/8 and 1/4 make them one.
@@ -249,7 +251,7 @@ fn four_token_kernels_equal_the_one_token_kernel_bit_for_bit() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 24 * levels().len(), "every quantized weight type has a four-token kernel");
+    assert_eq!(checked, 25 * levels().len(), "every quantized weight type has a four-token kernel");
 }
 
 #[test]

@@ -91,7 +91,7 @@ fn entry(table: &[TypeTraits], ty: GgmlType) -> &TypeTraits {
 #[test]
 fn activation_quantizers_give_ggml_x86_bytes() {
     let lowbit = read_lowbit_fixture().into_iter().chain(read_lowbit_repacked_fixture()).chain(read_sections("lowbit_tiled.fix", b"FTLX"));
-    let lowbit = lowbit.chain(read_q1q2_fixture());
+    let lowbit = lowbit.chain(read_q1q2_fixture()).chain(read_sections("nvfp4_vec_dot.fix", b"FVDX")).chain(read_sections("nvfp4_mul_mat.fix", b"FTLX"));
     for s in read_dot_fixture().into_iter().chain(read_tiled_fixture()).chain(lowbit) {
         let act = tr(s.ty).vec_dot_type;
         for (seed, want) in s.seeds.iter().zip(&s.acts) {
@@ -128,6 +128,37 @@ fn q1_0_and_q2_0_dot_products_are_ggml_x86_bit_for_bit() {
     let types: Vec<GgmlType> = sections.iter().map(|s| s.ty).collect();
     assert_eq!(types, [GgmlType::Q1_0, GgmlType::Q1_0, GgmlType::Q2_0, GgmlType::Q2_0], "two sections for each type");
     sections_are_ggml_bit_for_bit(&sections, |e| Some((e.vec_dot, e.vec_dot_x4)));
+}
+
+/// tests/data/quants/nvfp4_vec_dot.fix (tests/gen_nvfp4_fixtures.py): ggml_vec_dot_nvfp4_q8_0
+/// on AVX2, rows of tiny-llama-nvfp4 and random ones.
+#[test]
+fn nvfp4_dot_products_are_ggml_avx2_bit_for_bit() {
+    let sections = read_sections("nvfp4_vec_dot.fix", b"FVDX");
+    assert_eq!(sections.iter().map(|s| (s.ty, s.n)).collect::<Vec<_>>(), [(GgmlType::NVFP4, 256), (GgmlType::NVFP4, 512)]);
+    sections_are_ggml_bit_for_bit(&sections, |e| Some((e.vec_dot, e.vec_dot_x4)));
+}
+
+/// tests/data/quants/nvfp4_mul_mat.fix: ggml_mul_mat of NVFP4 rows with 8 f32 activation
+/// rows (llama.cpp neither repacks NVFP4 nor has a tiled product for it: its vec_dot at every
+/// token count), against the matrix product over 1, 4 and 8 tokens.
+#[test]
+fn nvfp4_products_of_several_tokens_are_ggml_mul_mat_bit_for_bit() {
+    use ferrollama_tensor::{matmul, MatmulScratch, QMatrix, Threads, WeightBytes};
+    let s = read_sections("nvfp4_mul_mat.fix", b"FTLX").pop().expect("one section");
+    assert_eq!((s.ty, s.n, s.acts.len()), (GgmlType::NVFP4, 512, 8));
+    let m = QMatrix::new(s.ty, s.rows.len(), s.n, WeightBytes::Owned(std::sync::Arc::new(s.rows.concat()))).expect("matrix");
+    let x: Vec<f32> = s.seeds.iter().flat_map(|&seed| fixture_activation(s.n, seed)).collect();
+    for n_tokens in [1, 4, 8] {
+        let mut out = vec![f32::NAN; n_tokens * m.rows];
+        matmul(&m, &x, n_tokens, &mut out, &mut MatmulScratch::default(), &Threads::new(2));
+        for (t, row) in out.chunks_exact(m.rows).enumerate() {
+            for (r, v) in row.iter().enumerate() {
+                let want = s.results[r * s.acts.len() + t];
+                assert_eq!(v.to_bits(), want.to_bits(), "{n_tokens} tokens: row {r} token {t}: {v} vs ggml {want}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -228,6 +259,9 @@ fn round_trip_bound(ty: GgmlType) -> f32 {
         // Levels 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^e with 4 <= amax / 2^e < 8: the widest gap
         // (4 to 6) and the clamp above 6 both err by at most a quarter of the block maximum.
         GgmlType::MXFP4 => 0.25,
+        // The same levels times each 16 values' amax / 6 rounded to UE4M3 (3 mantissa bits,
+        // at most 1/16 off): the 4-to-6 gap errs by at most that scale, 17/96 of the maximum.
+        GgmlType::NVFP4 => 0.18,
         // -amax, 0 or amax: at most half the block maximum.
         GgmlType::TQ1_0 | GgmlType::TQ2_0 => 0.5,
         // Q2_0: -amax, 0, amax (or 2 amax, which no value reaches), plus the f16 rounding of

@@ -57,7 +57,7 @@ fn load(ld: &Loader, hp: &HParams, bert: bool) -> Result<Weights> {
     let norm = layer_norm(ld, "token_embd_norm", d)?;
     let layers = (0..hp.n_layer).map(|il| load_layer(ld, hp, il, bert)).collect::<Result<Vec<_>>>()?;
     Ok(Weights {
-        output: tok_embd.clone(), tok_embd, output_norm: Vec::new(), output_b: None, output_tied: false, layers,
+        output: tok_embd.clone(), tok_embd, output_norm: Vec::new(), output_b: None, output_s: None, output_tied: false, layers,
         rope_factors: RopeFactors::default(), encoder: Some(EncoderInputs { pos_embd, type_row0, norm }),
     })
 }
@@ -79,13 +79,16 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, bert: bool) -> Result<LayerW
     } else {
         // llama.cpp's nomic-bert graph adds no FFN biases: a file with them is refused.
         let gate = ld.matrix(&n("ffn_gate.weight"), d, ff)?;
-        Ffn::Gated(GatedFfn { gate, up, down, gate_b: None, up_b: None, down_b: None })
+        Ffn::Gated(GatedFfn { gate, up, down, gate_b: None, up_b: None, down_b: None, gate_s: None, up_s: None, down_s: None })
     };
     Ok(LayerWeights {
         attn_norm: None, wq, wk, wv,
         wo: ld.matrix(&n("attn_output.weight"), d, d)?,
         bq, bk, bv,
         bo: ld.opt_vector(&n("attn_output.bias"), d)?,
+        // llama.cpp's BERT graphs apply attention scales too; no NVFP4 encoder exists to
+        // check them against, so a file with them is refused (unread).
+        scales: Default::default(),
         q_norm: None, k_norm: None, post_attn_norm: None, sinks: None, ffn_norm: None, ffn, post_ffn_norm: None,
         attn_out_norm: Some(layer_norm(ld, &n("attn_output_norm"), d)?),
         layer_out_norm: Some(layer_norm(ld, &n("layer_output_norm"), d)?),

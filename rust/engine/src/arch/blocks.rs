@@ -14,11 +14,15 @@ use crate::lora::{add_embedding_terms, add_terms, LayerLora, LoraScratch, Proj, 
 use crate::model::{Ffn, GatedFfn, LayerWeights, Weights};
 use crate::ops::{add_bias, add_inplace, rms_norm, rms_norm_inplace, rope_apply, scale_inplace, RopeParams};
 
-/// out = W·x for n tokens, plus the LoRA terms of W (llama.cpp's build_lora_mm).
+/// out = W·x for n tokens, times W's second scale where it has one, plus the LoRA terms of W
+/// (llama.cpp's build_lora_mm).
 #[allow(clippy::too_many_arguments)]
-pub fn lora_mm(w: &QMatrix, terms: &[Term], x: &[f32], n: usize, out: &mut [f32], mm: &mut MatmulScratch,
+pub fn lora_mm(w: &QMatrix, scale: Option<f32>, terms: &[Term], x: &[f32], n: usize, out: &mut [f32], mm: &mut MatmulScratch,
                lora: &mut LoraScratch, threads: &Threads) {
     matmul(w, x, n, out, mm, threads);
+    if let Some(s) = scale {
+        scale_inplace(&mut out[..n * w.rows], s);
+    }
     if !terms.is_empty() {
         add_terms(terms, 0, x, n, out, lora, mm, threads);
     }
@@ -63,9 +67,10 @@ pub fn pre_norm(ws: &mut Workspace, norm: Option<&[f32]>, eps: f32, n: usize, d:
 /// ws.q, ws.k, ws.v = W·ws.h (+ the adapters' terms, + biases) for n tokens.
 pub fn project_qkv(lw: &LayerWeights, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
     let (q_dim, k_dim, v_dim) = (lw.wq.rows, lw.wk.rows, lw.wv.rows);
-    lora_mm(&lw.wq, lora.terms(Proj::Q), &ws.h, n, &mut ws.q[..n * q_dim], &mut ws.mm, &mut ws.lora, threads);
-    lora_mm(&lw.wk, lora.terms(Proj::K), &ws.h, n, &mut ws.k[..n * k_dim], &mut ws.mm, &mut ws.lora, threads);
-    lora_mm(&lw.wv, lora.terms(Proj::V), &ws.h, n, &mut ws.v[..n * v_dim], &mut ws.mm, &mut ws.lora, threads);
+    let s = lw.scales;
+    lora_mm(&lw.wq, s.q, lora.terms(Proj::Q), &ws.h, n, &mut ws.q[..n * q_dim], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&lw.wk, s.k, lora.terms(Proj::K), &ws.h, n, &mut ws.k[..n * k_dim], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&lw.wv, s.v, lora.terms(Proj::V), &ws.h, n, &mut ws.v[..n * v_dim], &mut ws.mm, &mut ws.lora, threads);
     if let Some(s) = ws.stats.as_deref_mut() {
         let x = &ws.h[..n * lw.wq.cols];
         for m in [Matrix::AttnQ, Matrix::AttnK, Matrix::AttnV] {
@@ -126,7 +131,7 @@ pub fn attend(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, kv: &KvStore,
         mask: view.mask, n_kv: view.n_kv, scale, softcap, sinks: lw.sinks.as_deref(),
     };
     attention(&input, &mut ws.attn[..n * attn_dim], threads);
-    lora_mm(&lw.wo, ub.lora_layer(il).terms(Proj::O), &ws.attn, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&lw.wo, lw.scales.o, ub.lora_layer(il).terms(Proj::O), &ws.attn, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::AttnOutput, &ws.attn[..n * attn_dim], n);
     if let Some(b) = &lw.bo {
         add_bias(&mut ws.o[..n * d], b);
@@ -163,10 +168,10 @@ pub fn ffn(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, n: usize, act: A
 /// ws.o = W_down · gelu(W_up·ws.h + b_up) + b_down (BERT).
 pub fn plain_ffn(hp: &HParams, f: &crate::model::PlainFfn, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
     let (d, ff) = (hp.n_embd, f.up.rows);
-    lora_mm(&f.up, lora.terms(Proj::Up), &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&f.up, None, lora.terms(Proj::Up), &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, &mut ws.lora, threads);
     if let Some(b) = &f.up_b { add_bias(&mut ws.up[..n * ff], b); }
     crate::ops::gelu_inplace(&mut ws.up[..n * ff]);
-    lora_mm(&f.down, lora.terms(Proj::Down), &ws.up, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&f.down, None, lora.terms(Proj::Down), &ws.up, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::FfnUp, &ws.h[..n * d], n);
     note(&mut ws.stats, Matrix::FfnDown, &ws.up[..n * ff], n);
     if let Some(b) = &f.down_b { add_bias(&mut ws.o[..n * d], b); }
@@ -175,16 +180,20 @@ pub fn plain_ffn(hp: &HParams, f: &crate::model::PlainFfn, ws: &mut Workspace, n
 /// ws.o = W_down · act(W_gate·ws.h, W_up·ws.h) (+ biases), with `act` the gated activation.
 pub fn gated_ffn(hp: &HParams, f: &GatedFfn, ws: &mut Workspace, n: usize, act: Activation, lora: LayerLora, threads: &Threads) {
     let (d, ff) = (hp.n_embd, f.up.rows);
-    lora_mm(&f.gate, lora.terms(Proj::Gate), &ws.h, n, &mut ws.gate[..n * ff], &mut ws.mm, &mut ws.lora, threads);
-    lora_mm(&f.up, lora.terms(Proj::Up), &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&f.gate, None, lora.terms(Proj::Gate), &ws.h, n, &mut ws.gate[..n * ff], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&f.up, None, lora.terms(Proj::Up), &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, &mut ws.lora, threads);
     if let Some(b) = &f.gate_b { add_bias(&mut ws.gate[..n * ff], b); }
     if let Some(b) = &f.up_b { add_bias(&mut ws.up[..n * ff], b); }
+    // build_ffn's second scales come after the biases.
+    if let Some(s) = f.gate_s { scale_inplace(&mut ws.gate[..n * ff], s); }
+    if let Some(s) = f.up_s { scale_inplace(&mut ws.up[..n * ff], s); }
     rows_on_threads(act, &mut ws.gate[..n * ff], &ws.up[..n * ff], ff, threads);
-    lora_mm(&f.down, lora.terms(Proj::Down), &ws.gate, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&f.down, None, lora.terms(Proj::Down), &ws.gate, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::FfnGate, &ws.h[..n * d], n);
     note(&mut ws.stats, Matrix::FfnUp, &ws.h[..n * d], n);
     note(&mut ws.stats, Matrix::FfnDown, &ws.gate[..n * ff], n);
     if let Some(b) = &f.down_b { add_bias(&mut ws.o[..n * d], b); }
+    if let Some(s) = f.down_s { scale_inplace(&mut ws.o[..n * d], s); }
 }
 
 /// Final norm and output projection (+ the adapters' terms, + bias) of the wanted rows only.
@@ -202,7 +211,7 @@ pub fn output(hp: &HParams, w: &Weights, ws: &mut Workspace, ub: &UBatchView, th
     rms_norm_inplace(&mut ws.h[..n_out * d], &w.output_norm, hp.rms_eps);
     let logits = &mut logits[..n_out * hp.n_vocab];
     let terms = ub.lora.map_or(&[][..], |l| l.output());
-    lora_mm(&w.output, terms, &ws.h, n_out, logits, &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&w.output, w.output_s, terms, &ws.h, n_out, logits, &mut ws.mm, &mut ws.lora, threads);
     if let Some(b) = &w.output_b {
         add_bias(logits, b);
     }

@@ -28,7 +28,7 @@ fn llama_hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
 }
 
 fn load_llama(ld: &Loader, hp: &HParams) -> Result<Weights> {
-    let parts = LayerParts { o_bias: true, ffn_bias: true, rope_freqs: true, long_rope: true, ..LayerParts::PRE_NORM };
+    let parts = LayerParts { o_bias: true, ffn_bias: true, rope_freqs: true, long_rope: true, ffn_scales: true, ..LayerParts::PRE_NORM };
     load_decoder(ld, hp, &parts)
 }
 

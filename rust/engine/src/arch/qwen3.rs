@@ -17,7 +17,7 @@ pub const QWEN3: ArchInfo = ArchInfo { name: "qwen3", rope_neox: true, hparams: 
 pub const QWEN3MOE: ArchInfo = ArchInfo { name: "qwen3moe", rope_neox: true, hparams: no_extra_hparams, load: load_moe, forward, encoder: false };
 
 const STYLE: DecoderStyle = DecoderStyle { q_prescale: false, act: swiglu };
-const PARTS: LayerParts = LayerParts { qk_norm: Some(QkNorm::PerHead), ..LayerParts::PRE_NORM };
+const PARTS: LayerParts = LayerParts { qk_norm: Some(QkNorm::PerHead), ffn_scales: true, ..LayerParts::PRE_NORM };
 
 fn load_dense(ld: &Loader, hp: &HParams) -> Result<Weights> {
     if hp.n_expert > 0 {

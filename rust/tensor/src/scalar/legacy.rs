@@ -62,7 +62,7 @@ fn inverse_or_zero(d: f32) -> f32 {
 /// friends): lane k sums the products of elements 4k..4k+3 of the weights `w` and the
 /// activation's 32 quants `q`.
 #[inline(always)]
-fn block_lanes(w: &[i8; QK], q: &[u8]) -> [i32; 8] {
+pub(crate) fn block_lanes(w: &[i8; QK], q: &[u8]) -> [i32; 8] {
     let mut lanes = [0i32; 8];
     for (l, (w4, q4)) in lanes.iter_mut().zip(w.chunks_exact(4).zip(q.chunks_exact(4))) {
         *l = w4.iter().zip(q4).map(|(&a, &b)| a as i32 * b as i8 as i32).sum();

@@ -94,6 +94,7 @@ macro_rules! level {
             block_dot!(iq4_nl, iq4_nl_x4, k::iq4_nl, 32, 18, 34);
             block_dot!(mxfp4, mxfp4_x4, k::mxfp4, 32, 17, 34);
             block_dot!(mxfp4_repacked, mxfp4_repacked_x4, k::mxfp4_repacked, 32, 17, 34);
+            block_dot!(nvfp4, nvfp4_x4, k::nvfp4, 64, 36, 68);
             block_dot!(q4_1, q4_1_x4, k::q4_1, 32, 20, 36);
             block_dot!(q5_1, q5_1_x4, k::q5_1, 32, 24, 36);
             block_dot!(q2_k, q2_k_x4, k::q2_k, 256, 84, 292);
@@ -154,6 +155,7 @@ macro_rules! level {
                     GgmlType::Q5_0 => kq(q5_0, q5_0_x4, q5_0_tiled, q5_0_tiled_x4),
                     GgmlType::IQ4_NL => rp(both(iq4_nl, iq4_nl_x4), iq4_nl_repacked, iq4_nl_repacked_x4),
                     GgmlType::MXFP4 => rp(both(mxfp4, mxfp4_x4), mxfp4_repacked, mxfp4_repacked_x4),
+                    GgmlType::NVFP4 => both(nvfp4, nvfp4_x4),
                     GgmlType::Q4_1 => both(q4_1, q4_1_x4),
                     GgmlType::Q5_1 => both(q5_1, q5_1_x4),
                     GgmlType::Q2_K => kq(q2_k, q2_k_x4, q2_k_tiled, q2_k_tiled_x4),
@@ -190,7 +192,7 @@ level!(avx512, avx512);
 
 /// Types whose SIMD kernels exist at the AVX2 level only.
 const AVX2_ONLY: &[GgmlType] = &[
-    GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
+    GgmlType::MXFP4, GgmlType::NVFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
     GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::Q1_0, GgmlType::Q2_0,
 ];
 
@@ -202,7 +204,7 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
         Isa::Scalar => SimdKernels::default(),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::kernels(ty),
-        // The types added in issue 27 have AVX2 kernels only (no AVX-512 machine to test
+        // The types added in issue 27 and NVFP4 have AVX2 kernels only (no AVX-512 machine to test
         // others on): an AVX-512 CPU runs those.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if AVX2_ONLY.contains(&ty) => avx2::kernels(ty),

@@ -24,6 +24,7 @@ pub const MODEL_TYPES: &[(&str, GgmlType)] = &[
     ("iq4_nl", GgmlType::IQ4_NL),
     ("iq4_xs", GgmlType::IQ4_XS),
     ("mxfp4", GgmlType::MXFP4),
+    ("nvfp4", GgmlType::NVFP4),
     ("tq1_0", GgmlType::TQ1_0),
     ("tq2_0", GgmlType::TQ2_0),
     ("iq2_xxs", GgmlType::IQ2_XXS),
@@ -41,7 +42,7 @@ pub const MODEL_TYPES: &[(&str, GgmlType)] = &[
 pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
     GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
+    GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4, GgmlType::NVFP4,
     GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S,
     GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::Q1_0, GgmlType::Q2_0,
 ];

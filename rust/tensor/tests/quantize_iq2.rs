@@ -1,7 +1,8 @@
-//! The IQ2 quantizers rebuild the tiny IQ2 models byte for byte from the F32 model: those files
-//! were written by llama.cpp's llama_model_quantize (tests/data/make_tiny_types.py: every matrix
-//! in the type, an importance matrix of ones over every column), i.e. ggml's quantizers on real
-//! model rows under unit weights.
+//! The IQ2 quantizers (beyond tests/quantize_iq.rs's recorded rows): they rebuild the tiny IQ2
+//! models byte for byte from the F32 model, files written by llama.cpp's llama_model_quantize
+//! (tests/data/make_tiny_types.py: every matrix in the type, an importance matrix of ones over
+//! every column), i.e. ggml's quantizers on real model rows under unit weights; and rows ggml
+//! aborts on (non-finite values) quantize without a panic.
 
 mod common;
 
@@ -37,3 +38,20 @@ fn iq2_xxs_rebuilds_its_tiny_model() { rebuild("iq2_xxs", GgmlType::IQ2_XXS) }
 fn iq2_xs_rebuilds_its_tiny_model() { rebuild("iq2_xs", GgmlType::IQ2_XS) }
 #[test]
 fn iq2_s_rebuilds_its_tiny_model() { rebuild("iq2_s", GgmlType::IQ2_S) }
+
+/// ggml aborts on these (no finite distance in the neighbour search); ours write some block.
+#[test]
+fn non_finite_rows_quantize_without_panicking() {
+    let mut x: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
+    x[3] = f32::NAN;
+    x[300] = f32::INFINITY;
+    x[301] = f32::NEG_INFINITY;
+    let mut qw = vec![1.0f32; 512];
+    qw[7] = f32::INFINITY;
+    for ty in [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S] {
+        let mut out = vec![0u8; tr(ty).row_bytes(512)];
+        quantize_row_weighted(ty, &x, &qw, &mut out).expect("an IQ2 quantizer");
+    }
+    let mut out = vec![0u8; tr(GgmlType::IQ2_S).row_bytes(512)];
+    (tr(GgmlType::IQ2_S).from_f32_ref.expect("IQ2_S quantizes without weights"))(&x, &mut out);
+}

@@ -32,6 +32,13 @@ OUT = DATA / "quants" / "llama_quantize.json"
 #: TYPE -> llama_ftype whose default tensor type it is (with pure, every matrix gets it)
 FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18,
           "IQ4_NL": 25, "IQ4_XS": 30}
+#: the i-quants, by the preset whose default type each is (IQ2_M's is IQ2_S; IQ2_S's is IQ2_XS). With
+#: pure, token_embd and output would get the type too, and llama.cpp's quantizer of IQ2_XXS, IQ2_XS and
+#: IQ1_S aborts without importance weights (the imatrix has none for token_embd): both are Q8_0 here.
+IQ_FTYPES = {"IQ2_XXS": 19, "IQ2_XS": 20, "IQ2_M": 29, "IQ3_XXS": 23, "IQ3_S": 26, "IQ1_S": 24, "IQ1_M": 31}
+#: the i-quant presets llama-quantize writes without an imatrix (tensor_requires_imatrix is false for IQ3_S)
+IQ_PLAIN = {"IQ3_S"}
+Q8_0 = 8
 
 
 def load_imatrix(path: Path) -> dict[str, np.ndarray]:
@@ -64,14 +71,20 @@ def imatrix_param(imatrix: dict[str, np.ndarray]):
 
 #: mixes (not pure) with each model's own llama.cpp imatrix: (model, preset, llama_ftype)
 MIXES = [("tiny-llama-f32", "Q4_K_M", 15), ("tiny-llama-f32", "Q2_K_S", 21), ("tiny-llama-f32", "Q3_K_M", 12),
-         ("tiny-qwen3moe-f32", "Q4_K_M", 15), ("tiny-qwen3moe-f32", "Q5_K_S", 16)]
+         ("tiny-qwen3moe-f32", "Q4_K_M", 15), ("tiny-qwen3moe-f32", "Q5_K_S", 16),
+         ("tiny-llama-f32", "IQ2_M", 29), ("tiny-llama-f32", "IQ3_M", 27), ("tiny-llama-f32", "IQ1_M", 31),
+         ("tiny-llama-f32", "IQ3_XS", 22), ("tiny-qwen3moe-f32", "IQ2_XXS", 19)]
 
 
-def quantize(ftype: int, imatrix: dict[str, np.ndarray] | None, model: Path = MODEL, pure: bool = True) -> dict[str, list[str]]:
+def quantize(ftype: int, imatrix: dict[str, np.ndarray] | None, model: Path = MODEL, pure: bool = True,
+             embd_and_output: int | None = None) -> dict[str, list[str]]:
     params = L.llama_model_quantize_default_params()
     params.nthread = 2
     params.ftype = ftype
     params.pure = pure
+    if embd_and_output is not None:
+        params.token_embedding_type = embd_and_output
+        params.output_tensor_type = embd_and_output
     keep = None
     if imatrix is not None:
         entries, keep = imatrix_param(imatrix)
@@ -91,6 +104,11 @@ def main() -> None:
     record = {"model": MODEL.name, "imatrix": IMATRIX.name, "types": {}}
     for name, ftype in FTYPES.items():
         record["types"][name] = {"plain": quantize(ftype, None), "imatrix": quantize(ftype, imatrix)}
+        print(name, "done")
+    for name, ftype in IQ_FTYPES.items():
+        record["types"][name] = {"imatrix": quantize(ftype, imatrix, embd_and_output=Q8_0), "embd_and_output": "Q8_0"}
+        if name in IQ_PLAIN:
+            record["types"][name]["plain"] = quantize(ftype, None, embd_and_output=Q8_0)
         print(name, "done")
     record["mixes"] = {}
     for model, preset, ftype in MIXES:

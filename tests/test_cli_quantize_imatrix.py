@@ -29,12 +29,27 @@ def digests(path: Path) -> dict[str, list[str]]:
             for t in gguf.GGUFReader(path).tensors}
 
 
+def embd_and_output(kind: str) -> list[str]:
+    """The i-quant records keep token_embd and output in Q8_0 (benches/record_quantize.py says why)."""
+    other = RECORD["types"][kind].get("embd_and_output")
+    return ["--token-embedding-type", other, "--output-tensor-type", other] if other else []
+
+
 @pytest.mark.parametrize("kind", sorted(RECORD["types"]))
 def test_weighted_quantizers_equal_llama_quantize(tmp_path, kind):
     out = tmp_path / "out.gguf"
-    r = ferrollama("quantize", F32, out, kind, "--pure", "--imatrix", IMATRIX)
+    r = ferrollama("quantize", F32, out, kind, "--pure", "--imatrix", IMATRIX, *embd_and_output(kind))
     assert r.returncode == 0, r.stderr
     assert digests(out) == RECORD["types"][kind]["imatrix"]
+
+
+@pytest.mark.parametrize("kind", sorted(k for k, v in RECORD["types"].items() if "plain" in v and v.get("embd_and_output")))
+def test_i_quants_without_imatrix_equal_llama_quantize(tmp_path, kind):
+    """IQ3_S is the i-quant llama-quantize writes without an importance matrix (ggml weights by x²)."""
+    out = tmp_path / "out.gguf"
+    r = ferrollama("quantize", F32, out, kind, "--pure", *embd_and_output(kind))
+    assert r.returncode == 0, r.stderr
+    assert digests(out) == RECORD["types"][kind]["plain"]
 
 
 @pytest.mark.parametrize("case", sorted(RECORD["mixes"]))
@@ -84,13 +99,22 @@ def test_types_that_need_an_imatrix_are_refused_without_one(tmp_path, preset):
     assert not (tmp_path / "o.gguf").exists()
 
 
-def test_q2_k_s_with_an_imatrix_writes_and_iq_types_are_named_as_unwritable(tmp_path):
+def test_q2_k_s_with_an_imatrix_writes(tmp_path):
     r = ferrollama("quantize", F32, tmp_path / "o.gguf", "Q2_K_S", "--imatrix", IMATRIX)
     assert r.returncode == 0, r.stderr
     types = {v[0] for v in digests(tmp_path / "o.gguf").values()}
     assert "Q2_K" in types
-    r = ferrollama("quantize", F32, tmp_path / "i.gguf", "IQ2_XXS", "--imatrix", IMATRIX)
-    assert r.returncode == 1 and "IQ2_XXS, a type ferrollama reads but cannot write yet" in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["IQ2_XXS", "IQ2_XS", "IQ1_S"])
+def test_a_tensor_without_importance_weights_is_refused_by_name(tmp_path, kind):
+    """With --pure the token embeddings get the type too, and the imatrix has no weights for them
+    (llama-imatrix sees no product with them): ggml's quantizer of these types has nothing to work
+    with (llama.cpp aborts there). The error names the tensor and the way out."""
+    r = ferrollama("quantize", F32, tmp_path / "o.gguf", kind, "--pure", "--imatrix", IMATRIX)
+    assert r.returncode == 1
+    assert f"token_embd.weight would be {kind}" in r.stderr and "--token-embedding-type" in r.stderr
+    assert not (tmp_path / "o.gguf").exists()
 
 
 def test_an_imatrix_of_another_model_is_refused(tmp_path):

@@ -9,15 +9,17 @@ divide falls back to a smaller block (F16 at worst); tensors llama.cpp never qua
 biases, routers, 1-D tensors) are copied as they are. ``general.file_type`` is the preset's id.
 
 ``--imatrix FILE`` (llama-imatrix's GGUF format, or its older .dat) weights the quantizers that
-take importance weights (Q2_K..Q6_K, Q4_0..Q5_1, IQ4_NL, IQ4_XS: ggml's quantize_row_*_impl);
+take importance weights (Q2_K..Q6_K, Q4_0..Q5_1, IQ4_NL, IQ4_XS and the IQ1/IQ2/IQ3 types: ggml's
+quantize_row_*_impl);
 without it they are ggml's reference quantizers. As llama.cpp, quantize refuses without an
 importance matrix where the result would be garbage: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS
-tensors, and the Q2_K tensors of Q2_K_S. The IQ1/IQ2/IQ3 types themselves, which the engine reads,
-are not written yet: a plan that needs one is refused, naming the tensor and the type.
+tensors, and the Q2_K tensors of Q2_K_S. IQ2_XXS, IQ2_XS and IQ1_S cannot be quantized at all without
+importance weights: a tensor of those types that the imatrix has no weights for (token_embd, output)
+is refused by name, where llama.cpp aborts.
 
 Quantization itself is ggml's code, bit for bit: the ``gguf`` package's for F16, BF16, Q8_0, TQ1_0,
 TQ2_0, MXFP4 and (without an imatrix) Q4_0..Q5_1; the engine's (``ferrollama._core.quantize``) for
-the k-quants, IQ4 and everything under an importance matrix.
+the k-quants, the i-quants and everything under an importance matrix.
 
   ferrollama imatrix -m model-f16.gguf -f calibration.txt -o imatrix.gguf
   ferrollama quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M --imatrix imatrix.gguf
@@ -36,7 +38,10 @@ from .quant_plan import ALIASES, PRESETS, ModelFacts, Planner, requires_imatrix,
 #: types the gguf package quantizes with ggml's reference code
 GGUF_PACKAGE_TYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0", "MXFP4"}
 #: types whose ggml quantizer takes importance weights (the others ignore them)
-WEIGHTED_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"}
+WEIGHTED_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS",
+                  "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"}
+#: types ggml cannot quantize at all without importance weights (ggml_quantize_requires_imatrix)
+ONLY_WEIGHTED = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
 #: types ferrollama writes
 WRITABLE = GGUF_PACKAGE_TYPES | WEIGHTED_TYPES
 SOURCE_TYPES = {"F32", "F16", "BF16"}
@@ -213,16 +218,24 @@ def plan_of(reader, preset: str, pure: bool, has_imatrix: bool, output_type: str
     return planner.plan(tensors)
 
 
-def _check_plan(plan: dict[str, str], reader, preset: str, has_imatrix: bool) -> None:
-    """llama.cpp's refusal without an importance matrix, then the types ferrollama cannot write."""
+def _check_plan(plan: dict[str, str], reader, preset: str, imatrix: dict | None) -> None:
+    """llama.cpp's refusal without an importance matrix; the tensors whose type cannot be quantized
+    without weights that the imatrix has none for (where llama.cpp aborts); the types ferrollama cannot
+    write."""
     current = {t.name: t.tensor_type.name for t in reader.tensors}
-    if not has_imatrix:
-        for name, new_type in plan.items():
-            if new_type != current[name] and requires_imatrix(name, new_type, preset):
+    changed = {name: new_type for name, new_type in plan.items() if new_type != current[name]}
+    if imatrix is None:
+        for name, new_type in changed.items():
+            if requires_imatrix(name, new_type, preset):
                 raise CLIError(f"this quantization requires an importance matrix (--imatrix FILE, from ferrollama "
                                f"imatrix): {name} would be {new_type}, which is garbage without one")
-    for name, new_type in plan.items():
-        if new_type != current[name] and new_type not in WRITABLE:
+    for name, new_type in changed.items():
+        if new_type in ONLY_WEIGHTED and (imatrix is None or name not in imatrix):
+            raise CLIError(f"{name} would be {new_type}, whose quantizer needs importance weights, and the imatrix has "
+                           f"none for it (llama-imatrix records the inputs of the layers' products only): give it another "
+                           f"type with --token-embedding-type T / --output-tensor-type T")
+    for name, new_type in changed.items():
+        if new_type not in WRITABLE:
             raise CLIError(f"{preset} puts {name} in {new_type}, a type ferrollama reads but cannot write yet "
                            f"(it writes {', '.join(sorted(WRITABLE))})")
 
@@ -238,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     imatrix = load_imatrix(args.imatrix) if args.imatrix else None
     reader = _open(gguf, args.input)
     plan = plan_of(reader, preset, args.pure, imatrix is not None, output_type, embd_type)
-    _check_plan(plan, reader, preset, imatrix is not None)
+    _check_plan(plan, reader, preset, imatrix)
     partial = args.output + ".partial"
     try:
         sizes = _write(gguf, reader, partial, PRESETS[preset][0], plan, imatrix, args.allow_requantize)

@@ -5,7 +5,7 @@
 use ferrollama_tensor::scalar::weighted::quantize_row_weighted;
 use ferrollama_tensor::{traits, GgmlType};
 use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::errors::UnsupportedError;
@@ -37,22 +37,43 @@ pub fn quantize<'py>(py: Python<'py>, rows: PyReadonlyArray2<'_, f32>, r#type: &
         }
     }
     let row_bytes = tr.row_bytes(n_per_row);
+    if n_rows == 0 || row_bytes == 0 {
+        return numpy::PyArray1::from_vec(py, Vec::new()).reshape([n_rows, row_bytes]);
+    }
     let src = rows.as_array();
     let mut out = vec![0u8; n_rows * row_bytes];
-    let mut row = vec![0f32; n_per_row];
+    // Rows are independent: split them between the cores (llama-quantize's nthread), each
+    // thread converting its rows with a scratch row of its own. The bytes do not depend on the split.
+    let n_threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(n_rows.max(1));
+    let rows_per_thread = n_rows.div_ceil(n_threads).max(1);
+    let weights = weights.as_deref();
     let unweighted = py.allow_threads(|| {
-        for (r, dst) in out.chunks_exact_mut(row_bytes).enumerate() {
-            for (d, s) in row.iter_mut().zip(src.row(r).iter()) {
-                *d = *s;
-            }
-            match (&weights, tr.from_f32_ref) {
-                (Some(w), _) => quantize_row_weighted(ty, &row, w, dst)?,
-                (None, Some(quant)) => quant(&row, dst),
-                (None, None) => return None,
-            }
-        }
-        Some(())
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = out.chunks_mut(rows_per_thread * row_bytes).enumerate().map(|(part, dst)| {
+                let src = &src;
+                scope.spawn(move || {
+                    let mut row = vec![0f32; n_per_row];
+                    for (i, dst) in dst.chunks_exact_mut(row_bytes).enumerate() {
+                        for (d, s) in row.iter_mut().zip(src.row(part * rows_per_thread + i).iter()) {
+                            *d = *s;
+                        }
+                        match (weights, tr.from_f32_ref) {
+                            (Some(w), _) => quantize_row_weighted(ty, &row, w, dst)?,
+                            (None, Some(quant)) => quant(&row, dst),
+                            (None, None) => return None,
+                        }
+                    }
+                    Some(())
+                })
+            }).collect();
+            // a quantizer that panicked is reported, not taken for a missing one
+            parts.into_iter().map(|p| p.join()).collect::<Result<Vec<Option<()>>, _>>()
+        })
     });
+    let Ok(parts) = unweighted else {
+        return Err(PyRuntimeError::new_err(format!("the {ty} quantizer failed")));
+    };
+    let unweighted = parts.into_iter().collect::<Option<Vec<()>>>();
     if unweighted.is_none() {
         return Err(UnsupportedError::new_err(format!("{ty} has no quantizer that takes an importance matrix")));
     }

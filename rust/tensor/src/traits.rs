@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::dispatch::{active_isa, Isa};
-use crate::scalar::{float, iq2quantize as iq2q, iquants as iq, kquantize as kq, kquants as k, legacy as l, ternary as tq, tiled};
+use crate::scalar::{float, iq1quantize as iq1, iq2quantize as iq2q, iq3quantize as iq3, iquants as iq, kquantize as kq, kquants as k, legacy as l, ternary as tq, tiled};
 use crate::GgmlType;
 
 /// Converts `n` elements (a whole number of blocks) from a type's bytes to f32.
@@ -103,10 +103,10 @@ fn scalar_rows() -> Vec<Row> {
         (T::IQ2_XXS, iq::dequantize_iq2_xxs, None, None, T::Q8_K, iq::vec_dot_iq2_xxs_q8_k),
         (T::IQ2_XS, iq::dequantize_iq2_xs, None, None, T::Q8_K, iq::vec_dot_iq2_xs_q8_k),
         (T::IQ2_S, iq::dequantize_iq2_s, None, Some(iq2q::quantize_iq2_s), T::Q8_K, iq::vec_dot_iq2_s_q8_k),
-        (T::IQ3_XXS, iq::dequantize_iq3_xxs, None, None, T::Q8_K, iq::vec_dot_iq3_xxs_q8_k),
-        (T::IQ3_S, iq::dequantize_iq3_s, None, None, T::Q8_K, iq::vec_dot_iq3_s_q8_k),
+        (T::IQ3_XXS, iq::dequantize_iq3_xxs, None, Some(iq3::quantize_iq3_xxs), T::Q8_K, iq::vec_dot_iq3_xxs_q8_k),
+        (T::IQ3_S, iq::dequantize_iq3_s, None, Some(iq3::quantize_iq3_s), T::Q8_K, iq::vec_dot_iq3_s_q8_k),
         (T::IQ1_S, iq::dequantize_iq1_s, None, None, T::Q8_K, iq::vec_dot_iq1_s_q8_k),
-        (T::IQ1_M, iq::dequantize_iq1_m, None, None, T::Q8_K, iq::vec_dot_iq1_m_q8_k),
+        (T::IQ1_M, iq::dequantize_iq1_m, None, Some(iq1::quantize_iq1_m), T::Q8_K, iq::vec_dot_iq1_m_q8_k),
         (T::IQ4_XS, k::dequantize_iq4_xs, Some(kq::quantize_iq4_xs), Some(kq::quantize_iq4_xs), T::Q8_K, k::vec_dot_iq4_xs_q8_k),
     ]
 }

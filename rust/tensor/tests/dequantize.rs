@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use ferrollama_gguf::GgufFile;
+use ferrollama_tensor::scalar::weighted::quantize_row_weighted;
 use ferrollama_tensor::{GgmlType, QMatrix, WeightBytes};
 use std::sync::Arc;
 
@@ -101,6 +102,32 @@ fn random_blocks_of_the_new_types_dequantize_as_the_gguf_package() {
     }
     let iquants = [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M];
     assert_eq!(types, [[GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0].as_slice(), &iquants].concat());
+}
+
+/// The i-quant tiny models were written by llama_model_quantize with an importance matrix of ones
+/// (make_tiny_types.py): the weighted quantizers under the same weights give every tensor's bytes.
+#[test]
+fn weighted_quantizers_rebuild_the_i_quant_tiny_models() {
+    let f32_file = GgufFile::open(model_path("f32"), true).expect("f32 model");
+    for &(suffix, ty) in MODEL_TYPES.iter().filter(|(_, t)| NO_QUANTIZER.contains(t)) {
+        let file = GgufFile::open(model_path(suffix), true).expect("tiny model opens");
+        let t = tr(ty);
+        let mut checked = 0;
+        for info in file.tensors.iter().filter(|i| i.ggml_type == ty) {
+            let src = f32_file.tensor(&info.name).expect("same tensor in the f32 model");
+            let x: Vec<f32> = f32_file.tensor_data(src).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let (n, rb) = (info.row_len(), t.row_bytes(info.row_len()));
+            let ones = vec![1.0f32; n];
+            let mut q = vec![0u8; t.row_bytes(x.len())];
+            for (row, dst) in x.chunks_exact(n).zip(q.chunks_exact_mut(rb)) {
+                quantize_row_weighted(ty, row, &ones, dst).expect("a weighted quantizer");
+            }
+            let first_bad = q.iter().zip(file.tensor_data(info)).position(|(a, b)| a != b);
+            assert!(first_bad.is_none(), "{suffix} {}: first differing byte {} (row {})", info.name, first_bad.unwrap(), first_bad.unwrap() / rb);
+            checked += 1;
+        }
+        assert!(checked > 0, "{suffix}: no {ty} tensors");
+    }
 }
 
 #[test]

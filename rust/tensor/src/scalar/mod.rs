@@ -3,6 +3,8 @@
 pub mod float;
 pub mod iq2quantize;
 pub mod iq_grids;
+pub mod iq1quantize;
+pub mod iq3quantize;
 pub mod iq_index;
 pub mod iquants;
 pub mod kquantize;

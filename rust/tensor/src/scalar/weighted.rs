@@ -1,10 +1,10 @@
 //! Quantizers under an importance matrix: ggml's quantize_row_*_impl with `quant_weights`
-//! (what llama-quantize writes with --imatrix) for the k-quants, the legacy types, IQ4 and (in
-//! `iq2quantize`) IQ2.
+//! (what llama-quantize writes with --imatrix) for the k-quants, the legacy types, IQ4 and the
+//! i-quants: IQ2 (`iq2quantize`), IQ3 (`iq3quantize`) and IQ1 (`iq1quantize`).
 //! Each takes one row and the row's importance weights (one per column: the imatrix's mean
 //! squared activations); the float operations are in ggml's order, so the bytes are ggml's.
 
-use super::iq2quantize;
+use super::{iq1quantize, iq2quantize, iq3quantize};
 use super::kquantize::{kx_levels, make_qx_quants, pack_q4k, pack_q5k, pack_scales_k4, q2k_levels_and_pack,
                        q3k_levels_and_pack, q6k_finish, quantize_iq4_impl};
 use super::kquants::{IQ4_XS_BYTES, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
@@ -33,6 +33,10 @@ pub fn quantize_row_weighted(ty: GgmlType, x: &[f32], qw: &[f32], dst: &mut [u8]
         GgmlType::IQ2_XXS => iq2quantize::quantize_iq2_xxs(x, qw, dst),
         GgmlType::IQ2_XS => iq2quantize::quantize_iq2_xs(x, qw, dst),
         GgmlType::IQ2_S => iq2quantize::quantize_iq2_s_weighted(x, Some(qw), dst),
+        GgmlType::IQ3_XXS => iq3quantize::quantize_iq3_xxs_weighted(x, Some(qw), dst),
+        GgmlType::IQ3_S => iq3quantize::quantize_iq3_s_weighted(x, Some(qw), dst),
+        GgmlType::IQ1_S => iq1quantize::quantize_iq1_s_weighted(x, qw, dst),
+        GgmlType::IQ1_M => iq1quantize::quantize_iq1_m_weighted(x, Some(qw), dst),
         _ => return None,
     }
     Some(())

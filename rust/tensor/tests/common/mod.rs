@@ -44,9 +44,10 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M,
 ];
 
-/// The weight types the table reads but does not write: the i-quants, whose quantizers
-/// search their grids under an importance matrix (the tiny models were written by
-/// llama.cpp's). Their random test weights are random bytes with a sane scale.
+/// The i-quants: no run-time quantizer (ggml's CPU backend has none: activations are never
+/// i-quants), and their reference quantizers search grids under importance weights (IQ2_XXS,
+/// IQ2_XS and IQ1_S only with them). Their tiny models were written by llama.cpp's quantizer
+/// under weights of ones; their random test weights are random bytes with a sane scale.
 pub const NO_QUANTIZER: &[GgmlType] = &[GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M];
 
 pub fn model_path(suffix: &str) -> String {

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import ferrollama as fl
+from ferrollama.cli.inspect import read_header
 
 DATA = Path(__file__).parent / "data"
 F32 = DATA / "models" / "tiny-llama-f32.gguf"
@@ -99,3 +100,22 @@ def test_k_quants_match_llama_quantize_pure(tmp_path, kind):
     r = ferrollama("quantize", F32, out, kind.upper(), "--pure")
     assert r.returncode == 0, r.stderr
     assert tensors(out) == tensors(DATA / "models" / f"tiny-llama-{kind}.gguf")
+
+
+@pytest.mark.parametrize("kind, file_type", [("q1_0", 40), ("q2_0", 41)])
+def test_q1_0_and_q2_0_models_load_and_decode_as_llama_quantizes(tmp_path, kind, file_type):
+    """The files `ferrollama quantize` writes (the gguf package cannot read Q2_0: ferrollama's reader
+    here) have llama.cpp's file type, and decode to the same logits as the model llama.cpp's
+    llama_model_quantize wrote (tests/data/make_tiny_types.py)."""
+    out = tmp_path / f"{kind}.gguf"
+    r = ferrollama("quantize", F32, out, kind.upper(), "--pure")
+    assert r.returncode == 0, r.stderr
+    assert {f.name: f.value for f in read_header(str(out)).fields}["general.file_type"] == file_type
+    logits = []
+    for path in (out, DATA / "models" / f"tiny-llama-{kind}.gguf"):
+        model = fl.Model(str(path))
+        assert {t.type for t in model.tensors} == {kind.upper(), "F32"}
+        ctx = fl.Context(model, n_ctx=64, type_k="f32", type_v="f32")
+        ctx.decode(fl.Batch.from_tokens([1, 100, 200, 300, 400], logits="last"))
+        logits.append(np.array(ctx.logits(-1)))
+    assert np.isfinite(logits[0]).all() and np.array_equal(logits[0], logits[1])

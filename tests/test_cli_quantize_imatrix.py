@@ -14,6 +14,8 @@ import gguf
 import numpy as np
 import pytest
 
+from ferrollama.cli.inspect import read_header
+
 DATA = Path(__file__).parent / "data"
 F32 = DATA / "models" / "tiny-llama-f32.gguf"
 IMATRIX = DATA / "imatrix" / "tiny-llama-f32.imatrix.gguf"
@@ -25,8 +27,12 @@ def ferrollama(*args) -> subprocess.CompletedProcess:
 
 
 def digests(path: Path) -> dict[str, list[str]]:
-    return {t.name: [t.tensor_type.name, hashlib.sha256(np.asarray(t.data).tobytes()).hexdigest()]
-            for t in gguf.GGUFReader(path).tensors}
+    """Each tensor's type and sha256, read as benches/record_quantize.py reads them (the gguf package
+    does not know Q2_0)."""
+    header = read_header(str(path))
+    data = path.read_bytes()
+    return {t.name: [t.type, hashlib.sha256(data[header.data_offset + t.offset:][:t.nbytes]).hexdigest()]
+            for t in header.tensors}
 
 
 def embd_and_output(kind: str) -> list[str]:
@@ -64,7 +70,7 @@ def test_mixes_with_an_imatrix_equal_llama_quantize(tmp_path, case):
     assert digests(out) == RECORD["mixes"][case]
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q1_0", "Q2_0"])
 def test_legacy_types_without_imatrix_equal_llama_quantize(tmp_path, kind):
     out = tmp_path / "out.gguf"
     assert ferrollama("quantize", F32, out, kind, "--pure").returncode == 0
@@ -121,3 +127,17 @@ def test_an_imatrix_of_another_model_is_refused(tmp_path):
     other = DATA / "imatrix" / "tiny-qwen3moe-f32.imatrix.gguf"
     r = ferrollama("quantize", F32, tmp_path / "o.gguf", "Q4_K_M", "--imatrix", other)
     assert r.returncode == 1 and "imatrix size" in r.stderr and "is different from tensor size" in r.stderr
+
+
+def test_row_size_fallbacks_of_q1_0_and_q2_0_are_llama_quantizes(tmp_path):
+    """Rows of 96 and 48 values (tiny-llama-oddrows-f32.gguf): Q2_0 falls back to Q4_0, then to F16;
+    Q1_0 has no fallback type, and llama.cpp refuses the model."""
+    odd_rows = DATA / "models" / "tiny-llama-oddrows-f32.gguf"
+    out = tmp_path / "q2.gguf"
+    r = ferrollama("quantize", odd_rows, out, "Q2_0", "--pure")
+    assert r.returncode == 0, r.stderr
+    assert digests(out) == RECORD["fallbacks"]["Q2_0"]
+    assert RECORD["fallbacks"]["Q1_0"] is None
+    r = ferrollama("quantize", odd_rows, tmp_path / "q1.gguf", "Q1_0", "--pure")
+    assert r.returncode == 1 and "no tensor type fallback is defined for type Q1_0" in r.stderr
+    assert not (tmp_path / "q1.gguf").exists()

@@ -42,10 +42,10 @@ def test_every_spine_and_kv_scenario_is_collected() -> None:
     # The families the issues name must all be present in tests/data.
     for prefix in ENGINE_SPINE + KV_CACHE + GEMMA3:
         assert any(n.startswith(prefix) for n in NAMES), prefix
-    assert len([n for n in NAMES if n.startswith("forward-")]) == 25
+    assert len([n for n in NAMES if n.startswith("forward-")]) == 27
     assert len([n for n in NAMES if n.startswith("gemma3-")]) == 6
     assert sorted(n for n in NAMES if n.startswith("arch-")) == sorted(
         f"arch-{a}-{t}" for a in ARCH_NAMES for t in ("f32", "q8_0"))
     assert sorted(n for n in NAMES if n.startswith("params-")) == [
         "params-kv-overrides", "params-none-ctx", "params-rope-ctx", "params-yarn-ctx"]
-    assert len(NAMES) == 49 + 18 + 4  # every recorded scenario
+    assert len(NAMES) == 51 + 18 + 4  # every recorded scenario

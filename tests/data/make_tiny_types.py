@@ -3,9 +3,10 @@ logits for them (tests/data/REFERENCE.md describes the models and the scenario f
 
 models: tests/data/models/tiny-llama-TYPE.gguf from tiny-llama-f32.gguf, same metadata, every
     weight matrix (token_embd and output included) in TYPE, norms F32. MXFP4, TQ1_0 and TQ2_0
-    through the `gguf` package's quantizer (ggml's reference code); the i-quants through
-    llama.cpp's own (llama_model_quantize, pure, with a uniform importance matrix: the IQ1/IQ2
-    types refuse to quantize without one).
+    through the `gguf` package's quantizer (ggml's reference code); the i-quants, Q1_0 and Q2_0
+    (which the gguf package does not quantize) through llama.cpp's own (llama_model_quantize,
+    pure, with a uniform importance matrix: the IQ1/IQ2 types refuse to quantize without one,
+    Q1_0 and Q2_0 ignore it).
 record: tests/data/scenarios/forward-TYPE.json: the steps of forward-f32.json decoded by
     llama.cpp with an F32 KV cache (`expected`) and an F16 one (`expected_kv_f16`), the
     context parameters those records name, flash attention off as in the other records,
@@ -32,12 +33,24 @@ SCENARIOS = DATA / "scenarios"
 SOURCE = MODELS / "tiny-llama-f32.gguf"
 #: the types the gguf package quantizes with ggml's reference code
 GGUF_PACKAGE = ["MXFP4", "TQ1_0", "TQ2_0"]
-#: the llama_ftype whose default tensor type (what --pure writes) is each i-quant: IQ2_S is
-#: LLAMA_FTYPE_MOSTLY_IQ2_M's (MOSTLY_IQ2_S writes IQ2_XS)
+#: the llama_ftype whose default tensor type (what --pure writes) is each type quantized by
+#: llama.cpp: IQ2_S is LLAMA_FTYPE_MOSTLY_IQ2_M's (MOSTLY_IQ2_S writes IQ2_XS)
 LLAMA_FTYPES = {"IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XXS": 23, "IQ1_S": 24, "IQ3_S": 26,
-                "IQ2_S": 29, "IQ1_M": 31}
+                "IQ2_S": 29, "IQ1_M": 31, "Q1_0": 40, "Q2_0": 41}
 #: general.file_type written for the gguf-package types (llama_ftype)
 FILE_TYPES = {"MXFP4": 38, "TQ1_0": 36, "TQ2_0": 37}
+
+
+def copy_fields(reader, writer) -> None:  # noqa: ANN001
+    """The metadata of a gguf.GGUFReader into a gguf.GGUFWriter, less the GGUF header's fields,
+    the architecture (the writer's own) and the name."""
+    import gguf
+
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.name"):
+            continue
+        sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
+        writer.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
 
 
 def write_with_gguf(type_name: str, out: Path) -> None:
@@ -45,11 +58,7 @@ def write_with_gguf(type_name: str, out: Path) -> None:
 
     reader = gguf.GGUFReader(SOURCE)
     writer = gguf.GGUFWriter(out, "llama")
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.name"):
-            continue
-        sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
-        writer.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+    copy_fields(reader, writer)
     writer.add_name(f"tiny-llama-{type_name.lower()}")
     writer.add_file_type(FILE_TYPES[type_name])
     qtype = gguf.GGMLQuantizationType[type_name]

@@ -22,7 +22,7 @@ PRESETS: dict[str, tuple[int, str]] = {
     "IQ2_XXS": (19, "IQ2_XXS"), "IQ2_XS": (20, "IQ2_XS"), "IQ2_S": (28, "IQ2_XS"), "IQ2_M": (29, "IQ2_S"),
     "IQ3_XXS": (23, "IQ3_XXS"), "IQ3_XS": (22, "IQ3_S"), "IQ3_S": (26, "IQ3_S"), "IQ3_M": (27, "IQ3_S"),
     "IQ1_S": (24, "IQ1_S"), "IQ1_M": (31, "IQ1_M"), "IQ4_NL": (25, "IQ4_NL"), "IQ4_XS": (30, "IQ4_XS"),
-    "TQ1_0": (36, "TQ1_0"), "TQ2_0": (37, "TQ2_0"), "MXFP4_MOE": (38, "MXFP4"),
+    "TQ1_0": (36, "TQ1_0"), "TQ2_0": (37, "TQ2_0"), "MXFP4_MOE": (38, "MXFP4"), "Q1_0": (40, "Q1_0"), "Q2_0": (41, "Q2_0"),
 }
 #: llama-quantize's aliases
 ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "MXFP4": "MXFP4_MOE"}
@@ -30,11 +30,11 @@ ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "MXFP4": "MXFP4
 BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32,
          "MXFP4": 32, "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ2_XXS": 256, "IQ2_XS": 256,
          "IQ2_S": 256, "IQ3_XXS": 256, "IQ3_S": 256, "IQ1_S": 256, "IQ1_M": 256, "IQ4_XS": 256, "TQ1_0": 256,
-         "TQ2_0": 256}
+         "TQ2_0": 256, "Q1_0": 128, "Q2_0": 64}
 #: tensor_type_fallback: the 32-block type of a 256-block type whose block does not divide the row
 FALLBACK = {"IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
             "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q2_K": "Q4_0", "Q3_K": "Q4_0",
-            "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+            "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_0": "Q4_0"}
 #: tensor_requires_imatrix: types whose quantizer needs an importance matrix
 NEEDS_IMATRIX = {"IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S"}
 IQ2_FTYPES = {"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}
@@ -208,7 +208,7 @@ class Planner:
                 return "Q2_K"
             if ft in ("IQ2_S", "IQ2_M", "IQ3_XXS"):
                 return "IQ3_S"
-            if ft in ("TQ1_0", "TQ2_0"):
+            if ft in ("TQ1_0", "TQ2_0", "Q2_0"):
                 return "Q4_K"
             return new_type
         if ft in IQ2_FTYPES:

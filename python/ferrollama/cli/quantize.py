@@ -19,7 +19,7 @@ is refused by name, where llama.cpp aborts.
 
 Quantization itself is ggml's code, bit for bit: the ``gguf`` package's for F16, BF16, Q8_0, TQ1_0,
 TQ2_0, MXFP4 and (without an imatrix) Q4_0..Q5_1; the engine's (``ferrollama._core.quantize``) for
-the k-quants, the i-quants and everything under an importance matrix.
+the k-quants, the i-quants, Q1_0, Q2_0 and everything under an importance matrix.
 
   ferrollama imatrix -m model-f16.gguf -f calibration.txt -o imatrix.gguf
   ferrollama quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M --imatrix imatrix.gguf
@@ -42,8 +42,12 @@ WEIGHTED_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0"
                   "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"}
 #: types ggml cannot quantize at all without importance weights (ggml_quantize_requires_imatrix)
 ONLY_WEIGHTED = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
+#: types only the engine quantizes, whose ggml quantizers ignore importance weights
+ENGINE_ONLY_TYPES = {"Q1_0", "Q2_0"}
+#: ggml type ids of the types the gguf package may not know (0.19 has no Q2_0)
+TYPE_IDS = {"Q1_0": 41, "Q2_0": 42}
 #: types ferrollama writes
-WRITABLE = GGUF_PACKAGE_TYPES | WEIGHTED_TYPES
+WRITABLE = GGUF_PACKAGE_TYPES | WEIGHTED_TYPES | ENGINE_ONLY_TYPES
 SOURCE_TYPES = {"F32", "F16", "BF16"}
 
 
@@ -154,7 +158,10 @@ def _as_f32(gguf, tensor) -> np.ndarray:
     """The tensor's values as float32 rows (n_rows, n_per_row)."""
     kind = tensor.tensor_type.name
     n_per_row = int(tensor.shape[0])
-    values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type) if kind != "F32" else np.asarray(tensor.data)
+    try:
+        values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type) if kind != "F32" else np.asarray(tensor.data)
+    except NotImplementedError:
+        raise CLIError(f"{tensor.name}: the gguf package cannot dequantize {kind} to requantize it") from None
     return np.asarray(values, dtype=np.float32).reshape(-1, n_per_row)
 
 
@@ -229,11 +236,12 @@ def _check_plan(plan: dict[str, str], reader, preset: str, imatrix: dict | None)
             if requires_imatrix(name, new_type, preset):
                 raise CLIError(f"this quantization requires an importance matrix (--imatrix FILE, from ferrollama "
                                f"imatrix): {name} would be {new_type}, which is garbage without one")
-    for name, new_type in changed.items():
-        if new_type in ONLY_WEIGHTED and (imatrix is None or name not in imatrix):
-            raise CLIError(f"{name} would be {new_type}, whose quantizer needs importance weights, and the imatrix has "
-                           f"none for it (llama-imatrix records the inputs of the layers' products only): give it another "
-                           f"type with --token-embedding-type T / --output-tensor-type T")
+    unweighted = [f"{name} would be {new_type}" for name, new_type in changed.items()
+                  if new_type in ONLY_WEIGHTED and (imatrix is None or name not in imatrix)]
+    if unweighted:
+        raise CLIError(f"{', '.join(unweighted)}: that quantizer needs importance weights, and the imatrix has none "
+                       f"(llama-imatrix records the inputs of the layers' products only); give such tensors another "
+                       f"type with --token-embedding-type T / --output-tensor-type T")
     for name, new_type in changed.items():
         if new_type not in WRITABLE:
             raise CLIError(f"{preset} puts {name} in {new_type}, a type ferrollama reads but cannot write yet "
@@ -272,7 +280,7 @@ def _write(gguf, reader, path: str, ftype: int, plan: dict[str, str], imatrix: d
     with progress(len(reader.tensors), "quantize", unit="tensor") as bar:
         for tensor in reader.tensors:
             data, kind = _convert(gguf, tensor, plan[tensor.name], imatrix, allow_requantize)
-            writer.add_tensor(tensor.name, data, raw_dtype=gguf.GGMLQuantizationType[kind])
+            _add_tensor(gguf, writer, tensor, data, kind)
             sizes[0] += int(tensor.n_bytes)
             sizes[1] += int(data.nbytes)
             bar.update(1)
@@ -281,6 +289,17 @@ def _write(gguf, reader, path: str, ftype: int, plan: dict[str, str], imatrix: d
     writer.write_tensors_to_file()
     writer.close()
     return sizes
+
+
+def _add_tensor(gguf, writer, tensor, data: np.ndarray, kind: str) -> None:
+    member = gguf.GGMLQuantizationType.__members__.get(kind)
+    if member is not None:
+        writer.add_tensor(tensor.name, data, raw_dtype=member)
+        return
+    # A type this gguf package does not know: its writer derives the element shape of uint8 bytes
+    # from its own table, so the bytes go as int8, with the element shape given.
+    shape = [int(d) for d in reversed(tensor.shape)]
+    writer.add_tensor(tensor.name, data.view(np.int8), raw_shape=shape, raw_dtype=TYPE_IDS[kind])
 
 
 def _importance(imatrix: dict | None, name: str, shape: list[int]) -> np.ndarray | None:

@@ -8,7 +8,7 @@
 pub enum GgmlType {
     F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
     IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, I8, I16, I32, I64, F64,
-    IQ1_M, BF16, TQ1_0, TQ2_0, MXFP4,
+    IQ1_M, BF16, TQ1_0, TQ2_0, MXFP4, Q1_0, Q2_0,
 }
 
 /// (type, id, name, elements per block, bytes per block)
@@ -45,6 +45,8 @@ const TABLE: &[(GgmlType, u32, &str, usize, usize)] = &[
     (GgmlType::TQ1_0, 34, "TQ1_0", 256, 54),
     (GgmlType::TQ2_0, 35, "TQ2_0", 256, 66),
     (GgmlType::MXFP4, 39, "MXFP4", 32, 17),
+    (GgmlType::Q1_0, 41, "Q1_0", 128, 18),
+    (GgmlType::Q2_0, 42, "Q2_0", 64, 18),
 ];
 
 impl GgmlType {

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::dispatch::{active_isa, Isa};
-use crate::scalar::{float, iq1quantize as iq1, iq2quantize as iq2q, iq3quantize as iq3, iquants as iq, kquantize as kq, kquants as k, legacy as l, ternary as tq, tiled};
+use crate::scalar::{float, iq1quantize as iq1, iq2quantize as iq2q, iq3quantize as iq3, iquants as iq, kquantize as kq, kquants as k, legacy as l, q1q2, ternary as tq, tiled};
 use crate::GgmlType;
 
 /// Converts `n` elements (a whole number of blocks) from a type's bytes to f32.
@@ -98,6 +98,8 @@ fn scalar_rows() -> Vec<Row> {
         (T::Q8_K, k::dequantize_q8_k, Some(k::quantize_q8_k), Some(k::quantize_q8_k), T::Q8_K, q8_k_self_dot),
         (T::IQ4_NL, l::dequantize_iq4_nl, Some(kq::quantize_iq4_nl), Some(kq::quantize_iq4_nl), T::Q8_0, l::vec_dot_iq4_nl_q8_0),
         (T::MXFP4, l::dequantize_mxfp4, Some(l::quantize_mxfp4), Some(l::quantize_mxfp4), T::Q8_0, l::vec_dot_mxfp4_q8_0),
+        (T::Q1_0, q1q2::dequantize_q1_0, Some(q1q2::quantize_q1_0), Some(q1q2::quantize_q1_0), T::Q8_0, q1q2::vec_dot_q1_0_q8_0),
+        (T::Q2_0, q1q2::dequantize_q2_0, Some(q1q2::quantize_q2_0), Some(q1q2::quantize_q2_0), T::Q8_0, q1q2::vec_dot_q2_0_q8_0),
         (T::TQ1_0, tq::dequantize_tq1_0, Some(tq::quantize_tq1_0), Some(tq::quantize_tq1_0), T::Q8_K, tq::vec_dot_tq1_0_q8_k),
         (T::TQ2_0, tq::dequantize_tq2_0, Some(tq::quantize_tq2_0), Some(tq::quantize_tq2_0), T::Q8_K, tq::vec_dot_tq2_0_q8_k),
         (T::IQ2_XXS, iq::dequantize_iq2_xxs, None, None, T::Q8_K, iq::vec_dot_iq2_xxs_q8_k),

@@ -1,7 +1,9 @@
 //! (a) Dequantization of real blocks from every tiny model equals the `gguf` Python
 //! package's gguf.quants.dequantize bit for bit (fixtures from tests/gen_fixtures.py), and
 //! the reference quantizers rebuild every tiny model's weights byte for byte from the
-//! F32 model (the files were written by `gguf` and `llama-quantize --pure` from it).
+//! F32 model (the files were written by `gguf` and `llama-quantize --pure` from it). Q1_0
+//! and Q2_0, which the `gguf` package cannot dequantize, are checked against ggml's own
+//! dequantize_row_* (tests/gen_q1q2_fixtures.py).
 
 mod common;
 
@@ -22,6 +24,12 @@ fn u32_at(b: &[u8], off: &mut usize) -> usize {
     let v = u32::from_le_bytes(b[*off..*off + 4].try_into().unwrap()) as usize;
     *off += 4;
     v
+}
+
+/// The next `len` bytes at `off`.
+fn take<'a>(b: &'a [u8], off: &mut usize, len: usize) -> &'a [u8] {
+    *off += len;
+    &b[*off - len..*off]
 }
 
 fn read_fixture(suffix: &str) -> Vec<Section> {
@@ -78,11 +86,10 @@ fn dequantization_matches_the_gguf_package_bit_for_bit() {
     }
 }
 
-/// tests/data/quants/lowbit_dequant.fix (tests/gen_lowbit_fixtures.py): random blocks of the
-/// types of issue 27, every code value, with gguf.quants.dequantize's values.
-#[test]
-fn random_blocks_of_the_new_types_dequantize_as_the_gguf_package() {
-    let path = format!("{DATA}/quants/lowbit_dequant.fix");
+/// Checks every section of a b"FDQX" fixture (random rows of a type and ggml's values for
+/// them) bit for bit; returns the sections' types.
+fn random_blocks_dequantize_as_recorded(file: &str) -> Vec<GgmlType> {
+    let path = format!("{DATA}/quants/{file}");
     let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     assert_eq!(&b[..4], b"FDQX");
     let mut off = 4;
@@ -100,6 +107,14 @@ fn random_blocks_of_the_new_types_dequantize_as_the_gguf_package() {
         off += 4 * n_rows * n;
         types.push(ty);
     }
+    types
+}
+
+/// tests/data/quants/lowbit_dequant.fix (tests/gen_lowbit_fixtures.py): random blocks of the
+/// types of issue 27, every code value, with gguf.quants.dequantize's values.
+#[test]
+fn random_blocks_of_the_new_types_dequantize_as_the_gguf_package() {
+    let types = random_blocks_dequantize_as_recorded("lowbit_dequant.fix");
     let iquants = [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M];
     assert_eq!(types, [[GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0].as_slice(), &iquants].concat());
 }
@@ -128,6 +143,44 @@ fn weighted_quantizers_rebuild_the_i_quant_tiny_models() {
         }
         assert!(checked > 0, "{suffix}: no {ty} tensors");
     }
+}
+
+/// tests/data/quants/q1q2_dequant.fix (tests/gen_q1q2_fixtures.py): random Q1_0 and Q2_0
+/// blocks with ggml's dequantize_row_q1_0 / dequantize_row_q2_0 values.
+#[test]
+fn random_q1_0_and_q2_0_blocks_dequantize_as_ggml() {
+    assert_eq!(random_blocks_dequantize_as_recorded("q1q2_dequant.fix"), [GgmlType::Q1_0, GgmlType::Q2_0]);
+}
+
+/// tests/data/quants/q1q2_quantize.fix (tests/gen_q1q2_fixtures.py): rows of random values and
+/// of edge cases (zeros and -0.0, ties of roundf, a maximum below f16's range), with what
+/// ggml's quantize_row_q1_0_ref / q2_0_ref write and what quantize_q1_0 / q2_0 write under
+/// importance weights (the same: ggml ignores them for these types).
+#[test]
+fn q1_0_and_q2_0_quantizers_write_ggml_bytes() {
+    let path = format!("{DATA}/quants/q1q2_quantize.fix");
+    let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(&b[..4], b"FQZX");
+    let mut off = 4;
+    let f32s = |bytes: &[u8]| -> Vec<f32> { bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+    let mut types = Vec::new();
+    for _ in 0..u32_at(&b, &mut off) {
+        let ty = GgmlType::from_id(u32_at(&b, &mut off) as u32).expect("known type");
+        let (n, n_rows) = (u32_at(&b, &mut off), u32_at(&b, &mut off));
+        let rb = tr(ty).row_bytes(n);
+        let values = f32s(take(&b, &mut off, 4 * n * n_rows));
+        let weights = f32s(take(&b, &mut off, 4 * n));
+        let (reference, weighted) = (take(&b, &mut off, rb * n_rows), take(&b, &mut off, rb * n_rows));
+        for r in 0..n_rows {
+            let x = &values[r * n..(r + 1) * n];
+            assert_eq!(quantize_ref(ty, x), reference[r * rb..(r + 1) * rb], "{ty} row {r}: reference quantizer");
+            let mut q = vec![0u8; rb];
+            quantize_row_weighted(ty, x, &weights, &mut q).expect("Q1_0 and Q2_0 take importance weights");
+            assert_eq!(q, weighted[r * rb..(r + 1) * rb], "{ty} row {r}: under importance weights");
+        }
+        types.push(ty);
+    }
+    assert_eq!(types, [GgmlType::Q1_0, GgmlType::Q2_0]);
 }
 
 #[test]

@@ -62,7 +62,9 @@ fn unit_scales(ty: GgmlType, bytes: &mut [u8]) {
                     b[49 + 2 * k] = (b[49 + 2 * k] & 0x0f) | nibble << 4;
                 }
             }
-            GgmlType::IQ4_XS | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => b[0..2].copy_from_slice(&one),
+            GgmlType::IQ4_XS | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::Q1_0 | GgmlType::Q2_0 => {
+                b[0..2].copy_from_slice(&one)
+            }
             _ => {}
         }
     }
@@ -247,7 +249,7 @@ fn four_token_kernels_equal_the_one_token_kernel_bit_for_bit() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 22 * levels().len(), "every quantized weight type has a four-token kernel");
+    assert_eq!(checked, 24 * levels().len(), "every quantized weight type has a four-token kernel");
 }
 
 #[test]

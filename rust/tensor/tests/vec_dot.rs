@@ -91,6 +91,7 @@ fn entry(table: &[TypeTraits], ty: GgmlType) -> &TypeTraits {
 #[test]
 fn activation_quantizers_give_ggml_x86_bytes() {
     let lowbit = read_lowbit_fixture().into_iter().chain(read_lowbit_repacked_fixture()).chain(read_sections("lowbit_tiled.fix", b"FTLX"));
+    let lowbit = lowbit.chain(read_q1q2_fixture());
     for s in read_dot_fixture().into_iter().chain(read_tiled_fixture()).chain(lowbit) {
         let act = tr(s.ty).vec_dot_type;
         for (seed, want) in s.seeds.iter().zip(&s.acts) {
@@ -112,6 +113,20 @@ fn new_types_dot_products_are_ggml_avx2_bit_for_bit() {
     let types: Vec<GgmlType> = sections.iter().map(|s| s.ty).collect();
     let done = [GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M];
     assert_eq!(types, done.iter().flat_map(|&t| [t, t]).collect::<Vec<_>>(), "two sections for each type of issue 27");
+    sections_are_ggml_bit_for_bit(&sections, |e| Some((e.vec_dot, e.vec_dot_x4)));
+}
+
+/// tests/data/quants/q1q2_vec_dot.fix (tests/gen_q1q2_fixtures.py): Q1_0 through ggml's AVX2
+/// kernel, Q2_0 through its generic one (x86 has no other).
+fn read_q1q2_fixture() -> Vec<DotSection> {
+    read_sections("q1q2_vec_dot.fix", b"FVDX")
+}
+
+#[test]
+fn q1_0_and_q2_0_dot_products_are_ggml_x86_bit_for_bit() {
+    let sections = read_q1q2_fixture();
+    let types: Vec<GgmlType> = sections.iter().map(|s| s.ty).collect();
+    assert_eq!(types, [GgmlType::Q1_0, GgmlType::Q1_0, GgmlType::Q2_0, GgmlType::Q2_0], "two sections for each type");
     sections_are_ggml_bit_for_bit(&sections, |e| Some((e.vec_dot, e.vec_dot_x4)));
 }
 
@@ -215,6 +230,10 @@ fn round_trip_bound(ty: GgmlType) -> f32 {
         GgmlType::MXFP4 => 0.25,
         // -amax, 0 or amax: at most half the block maximum.
         GgmlType::TQ1_0 | GgmlType::TQ2_0 => 0.5,
+        // Q2_0: -amax, 0, amax (or 2 amax, which no value reaches), plus the f16 rounding of
+        // amax. Q1_0: +-mean(|x|), no farther from any value than the block maximum.
+        GgmlType::Q2_0 => 0.5 + 1.0 / 1024.0,
+        GgmlType::Q1_0 => 1.0 + 1.0 / 1024.0,
         other => panic!("no bound for {other}"),
     }
 }

@@ -11,6 +11,7 @@ pub mod kquantize;
 pub mod kquants;
 pub mod lanes;
 pub mod legacy;
+pub mod q1q2;
 pub mod repacked;
 pub mod ternary;
 pub mod tiled;

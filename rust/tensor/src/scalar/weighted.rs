@@ -37,6 +37,9 @@ pub fn quantize_row_weighted(ty: GgmlType, x: &[f32], qw: &[f32], dst: &mut [u8]
         GgmlType::IQ3_S => iq3quantize::quantize_iq3_s_weighted(x, Some(qw), dst),
         GgmlType::IQ1_S => iq1quantize::quantize_iq1_s_weighted(x, qw, dst),
         GgmlType::IQ1_M => iq1quantize::quantize_iq1_m_weighted(x, Some(qw), dst),
+        // ggml's quantize_q1_0 and quantize_q2_0 take the weights and leave them unused.
+        GgmlType::Q1_0 => super::q1q2::quantize_q1_0(x, dst),
+        GgmlType::Q2_0 => super::q1q2::quantize_q2_0(x, dst),
         _ => return None,
     }
     Some(())

@@ -18,6 +18,8 @@ pub mod packed_avx2;
 pub mod ternary_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod iquants_avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod q1q2_avx2;
 
 /// The SIMD replacements for one type at one instruction-set level.
 #[derive(Default, Clone, Copy)]
@@ -131,6 +133,8 @@ macro_rules! level {
             block_dot!(iq1_s_tiled, iq1_s_tiled_x4, super::iquants_avx2::iq1_s_tiled, 256, 50, 292);
             block_dot!(iq1_m, iq1_m_x4, super::iquants_avx2::iq1_m, 256, 56, 292);
             block_dot!(iq1_m_tiled, iq1_m_tiled_x4, super::iquants_avx2::iq1_m_tiled, 256, 56, 292);
+            block_dot!(q1_0, q1_0_x4, super::q1q2_avx2::q1_0, 128, 18, 136);
+            block_dot!(q2_0, q2_0_x4, super::q1q2_avx2::q2_0, 64, 18, 68);
 
             pub fn kernels(ty: GgmlType) -> SimdKernels {
                 let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), ..SimdKernels::default() };
@@ -167,6 +171,8 @@ macro_rules! level {
                     GgmlType::IQ3_S => kq(iq3_s, iq3_s_x4, iq3_s_tiled, iq3_s_tiled_x4),
                     GgmlType::IQ1_S => kq(iq1_s, iq1_s_x4, iq1_s_tiled, iq1_s_tiled_x4),
                     GgmlType::IQ1_M => kq(iq1_m, iq1_m_x4, iq1_m_tiled, iq1_m_tiled_x4),
+                    GgmlType::Q1_0 => both(q1_0, q1_0_x4),
+                    GgmlType::Q2_0 => both(q2_0, q2_0_x4),
                     GgmlType::Q8_K => SimdKernels { from_f32: Some(quantize_q8_k), ..SimdKernels::default() },
                     GgmlType::F16 => SimdKernels { vec_dot: Some(f16), from_f32: Some(quantize_f16), ..SimdKernels::default() },
                     GgmlType::F32 => SimdKernels { vec_dot: Some(f32), ..SimdKernels::default() },
@@ -185,7 +191,7 @@ level!(avx512, avx512);
 /// Types whose SIMD kernels exist at the AVX2 level only.
 const AVX2_ONLY: &[GgmlType] = &[
     GgmlType::MXFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
-    GgmlType::IQ1_S, GgmlType::IQ1_M,
+    GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::Q1_0, GgmlType::Q2_0,
 ];
 
 /// The kernels written for `ty` at `isa` (empty for Scalar or on other architectures).

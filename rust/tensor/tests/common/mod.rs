@@ -33,6 +33,8 @@ pub const MODEL_TYPES: &[(&str, GgmlType)] = &[
     ("iq3_s", GgmlType::IQ3_S),
     ("iq1_s", GgmlType::IQ1_S),
     ("iq1_m", GgmlType::IQ1_M),
+    ("q1_0", GgmlType::Q1_0),
+    ("q2_0", GgmlType::Q2_0),
 ];
 
 /// Every weight type of the table (the activation-only Q8_1/Q8_K excluded).
@@ -41,7 +43,7 @@ pub const WEIGHT_TYPES: &[GgmlType] = &[
     GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
     GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4,
     GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S,
-    GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M,
+    GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::Q1_0, GgmlType::Q2_0,
 ];
 
 /// The i-quants: no run-time quantizer (ggml's CPU backend has none: activations are never

@@ -23,7 +23,7 @@ const KMAX: i32 = 3;
 /// IQ2_XXS rows under importance weights `qw` (one per value).
 pub fn quantize_iq2_xxs(x: &[f32], qw: &[f32], dst: &mut [u8]) {
     let index = grid_index(Iq2Grid::Xxs);
-    for ((xb, wb), y) in x.chunks_exact(QK_K).zip(qw.chunks_exact(QK_K)).zip(dst.chunks_exact_mut(IqKind::Iq2Xxs.bytes())) {
+    for ((xb, wb), y) in super_blocks(x, qw, dst, IqKind::Iq2Xxs) {
         iq2_xxs_block(index, xb, wb, y);
     }
 }
@@ -31,17 +31,24 @@ pub fn quantize_iq2_xxs(x: &[f32], qw: &[f32], dst: &mut [u8]) {
 /// IQ2_XS rows under importance weights `qw` (one per value).
 pub fn quantize_iq2_xs(x: &[f32], qw: &[f32], dst: &mut [u8]) {
     let index = grid_index(Iq2Grid::Xs);
-    for (ibl, (xb, y)) in x.chunks_exact(QK_K).zip(dst.chunks_exact_mut(IqKind::Iq2Xs.bytes())).enumerate() {
-        iq2_xs_block(index, xb, &qw[QK_K * ibl..QK_K * (ibl + 1)], y);
+    for ((xb, wb), y) in super_blocks(x, qw, dst, IqKind::Iq2Xs) {
+        iq2_xs_block(index, xb, wb, y);
     }
 }
 
 /// IQ2_S rows under importance weights `qw` if given, else ggml's own weighting.
 pub fn quantize_iq2_s_weighted(x: &[f32], qw: Option<&[f32]>, dst: &mut [u8]) {
     let index = grid_index(Iq2Grid::S);
-    for (ibl, (xb, y)) in x.chunks_exact(QK_K).zip(dst.chunks_exact_mut(IqKind::Iq2S.bytes())).enumerate() {
-        iq2_s_block(index, xb, qw.map(|w| &w[QK_K * ibl..QK_K * (ibl + 1)]), y);
+    match qw {
+        Some(qw) => super_blocks(x, qw, dst, IqKind::Iq2S).for_each(|((xb, wb), y)| iq2_s_block(index, xb, Some(wb), y)),
+        None => x.chunks_exact(QK_K).zip(dst.chunks_exact_mut(IqKind::Iq2S.bytes())).for_each(|(xb, y)| iq2_s_block(index, xb, None, y)),
     }
+}
+
+/// The super-blocks of a row with their weights and output blocks.
+fn super_blocks<'a>(x: &'a [f32], qw: &'a [f32], dst: &'a mut [u8], kind: IqKind)
+                    -> impl Iterator<Item = ((&'a [f32], &'a [f32]), &'a mut [u8])> {
+    x.chunks_exact(QK_K).zip(qw.chunks_exact(QK_K)).zip(dst.chunks_exact_mut(kind.bytes()))
 }
 
 /// IQ2_S rows without importance weights (ggml's quantize_row_iq2_s_ref).

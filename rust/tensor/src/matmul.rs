@@ -85,6 +85,8 @@ fn sums_gemm(t: &'static TypeTraits, rows: usize) -> Option<(SumsGemm, usize)> {
         // below 8 tokens decoding the octets costs more than they save (4864 x 896, one
         // thread: 8 tokens 42.4 GMAC/s against the four-token kernel's 38.6).
         GgmlType::Q6_K => Some((gemm, 8)),
+        // The i-quants' octets compute llama.cpp's tiled arithmetic, which it uses from 8 tokens.
+        ty if is_iquant(ty) => Some((gemm, TILED_TOKENS)),
         _ => llama_repacks(t, rows).then_some((gemm, 1)),
     }
 }

@@ -997,7 +997,7 @@ pub mod avx2 {
     /// Transposes eight rows of eight dwords: out[k] lane r = rows[r] lane k.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn transpose_8x8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {
+    pub(crate) unsafe fn transpose_8x8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {
         let t = [
             _mm256_unpacklo_epi32(r[0], r[1]), _mm256_unpackhi_epi32(r[0], r[1]),
             _mm256_unpacklo_epi32(r[2], r[3]), _mm256_unpackhi_epi32(r[2], r[3]),

@@ -338,18 +338,19 @@ fn check_octet(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, 
 /// any quad of a tile) equals the specification's dot of each row with each token bit for
 /// bit, writing only its outputs. Scale 0 is the extreme of each kind's i16 pair sums, as
 /// raw blocks (d = 1.0): the unsigned kinds' top level (15, 31) against activations of -128,
-/// the signed kinds' largest magnitude (Q8_0 -128, IQ4_NL -127) against -127.
+/// the signed kinds' largest magnitude (Q8_0 -128, IQ4_NL -127, MXFP4 -12) against -127.
 #[test]
 fn octet_sums_kernel_equals_the_one_accumulator_dot() {
     use ferrollama_tensor::scalar::repacked as rp;
     use ferrollama_tensor::simd::SumsGemm;
     let mut rng = Rng::new(37);
     // (type, spec, block bytes, weight fill byte, activation fill byte)
-    let spec: [(GgmlType, VecDot, usize, u8, u8); 4] = [
+    let spec: [(GgmlType, VecDot, usize, u8, u8); 5] = [
         (GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0, 18, 0xff, 0x80),
         (GgmlType::Q5_0, rp::vec_dot_q5_0_q8_0_blocks, 22, 0xff, 0x80),
         (GgmlType::Q8_0, rp::vec_dot_q8_0_q8_0_blocks, 34, 0x80, 0x81),
         (GgmlType::IQ4_NL, rp::vec_dot_iq4_nl_q8_0, 18, 0x00, 0x81),
+        (GgmlType::MXFP4, rp::vec_dot_mxfp4_q8_0, 17, 0xff, 0x81),
     ];
     for (isa, _) in levels() {
         for &(ty, dot, wbytes, wfill, xfill) in &spec {
@@ -358,7 +359,9 @@ fn octet_sums_kernel_equals_the_one_accumulator_dot() {
                 for scale in [0.0f32, 0.02, 2.0, 300.0] {
                     let tokens = 4 * (first_quad + quads);
                     let (w, xs): (Vec<u8>, Vec<u8>) = if scale == 0.0 {
-                        let wblock: Vec<u8> = [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(wfill, wbytes - 2)).collect();
+                        // d = 1.0: the f16 0x3c00, MXFP4's E8M0 exponent 128 (2^1, halved).
+                        let scale: &[u8] = if ty == GgmlType::MXFP4 { &[128] } else { &[0x00, 0x3c] };
+                        let wblock: Vec<u8> = scale.iter().copied().chain(std::iter::repeat_n(wfill, wbytes - scale.len())).collect();
                         let xblock: Vec<u8> = [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(xfill, 32)).collect();
                         (wblock.repeat(8 * n / 32), xblock.repeat(tokens * n / 32))
                     } else {
@@ -418,11 +421,12 @@ fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
     use ferrollama_tensor::scalar::repacked as rp;
     use ferrollama_tensor::simd::{SumsGemm, TileFactors};
     let mut rng = Rng::new(31);
-    let spec: [(GgmlType, VecDot); 4] = [
+    let spec: [(GgmlType, VecDot); 5] = [
         (GgmlType::Q8_0, rp::vec_dot_q8_0_q8_0_blocks),
         (GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0),
         (GgmlType::Q5_0, rp::vec_dot_q5_0_q8_0_blocks),
         (GgmlType::IQ4_NL, rp::vec_dot_iq4_nl_q8_0),
+        (GgmlType::MXFP4, rp::vec_dot_mxfp4_q8_0),
     ];
     for (isa, _) in levels() {
         for &(ty, dot) in &spec {

@@ -240,10 +240,10 @@ pub struct TileFactors {
 }
 
 /// `SumsGemm::kind` of Q4_K and Q6_K (the others are `decode32`'s).
-const KIND_Q4_K: u8 = 4;
-const KIND_Q6_K: u8 = 5;
+const KIND_Q4_K: u8 = 5;
+const KIND_Q6_K: u8 = 6;
 /// The i-quants' kinds: this plus `iquants_avx2`'s octet kind (0..=6).
-const KIND_IQ: u8 = 6;
+const KIND_IQ: u8 = 7;
 
 /// The quants of the 4 * quads Q8_K rows x[t * stride..] (nb blocks each) + 128, as the
 /// i-quant octet kernels take them (`TileFactors::biased`).
@@ -273,6 +273,7 @@ impl SumsGemm {
             GgmlType::Q4_0 => (1, 18),
             GgmlType::Q5_0 => (2, 22),
             GgmlType::IQ4_NL => (3, 18),
+            GgmlType::MXFP4 => (4, 17),
             GgmlType::Q4_K => (KIND_Q4_K, 144),
             GgmlType::Q6_K => (KIND_Q6_K, 210),
             GgmlType::IQ2_XXS => (KIND_IQ, 66),
@@ -289,7 +290,7 @@ impl SumsGemm {
 
     /// Whether the kind's levels are signed (Q8_0, IQ4_NL).
     fn signed(&self) -> bool {
-        matches!(self.kind, 0 | 3)
+        matches!(self.kind, 0 | 3 | 4)
     }
 
     /// Whether `run` (two rows) serves this kind: the legacy ones.
@@ -331,14 +332,15 @@ impl SumsGemm {
                     1 => x86::avx2::decode_octet::<1>(nb, src, row_bytes, self.wbytes, out),
                     2 => x86::avx2::decode_octet::<2>(nb, src, row_bytes, self.wbytes, out),
                     3 => x86::avx2::decode_octet::<3>(nb, src, row_bytes, self.wbytes, out),
+                    4 => x86::avx2::decode_octet::<4>(nb, src, row_bytes, self.wbytes, out),
                     KIND_Q4_K => x86::avx2::decode_octet_q4_k(nb, src, row_bytes, out),
                     KIND_Q6_K => x86::avx2::decode_octet_q6_k(nb, src, row_bytes, out),
-                    6 => iquants_avx2::decode_octet_iq::<0>(nb, src, row_bytes, out),
-                    7 => iquants_avx2::decode_octet_iq::<1>(nb, src, row_bytes, out),
-                    8 => iquants_avx2::decode_octet_iq::<2>(nb, src, row_bytes, out),
-                    9 => iquants_avx2::decode_octet_iq::<3>(nb, src, row_bytes, out),
-                    10 => iquants_avx2::decode_octet_iq::<4>(nb, src, row_bytes, out),
-                    11 => iquants_avx2::decode_octet_iq::<5>(nb, src, row_bytes, out),
+                    7 => iquants_avx2::decode_octet_iq::<0>(nb, src, row_bytes, out),
+                    8 => iquants_avx2::decode_octet_iq::<1>(nb, src, row_bytes, out),
+                    9 => iquants_avx2::decode_octet_iq::<2>(nb, src, row_bytes, out),
+                    10 => iquants_avx2::decode_octet_iq::<3>(nb, src, row_bytes, out),
+                    11 => iquants_avx2::decode_octet_iq::<4>(nb, src, row_bytes, out),
+                    12 => iquants_avx2::decode_octet_iq::<5>(nb, src, row_bytes, out),
                     _ => iquants_avx2::decode_octet_iq::<6>(nb, src, row_bytes, out),
                 }
             }
@@ -461,7 +463,8 @@ impl SumsGemm {
                 0 => call!(0),
                 1 => call!(1),
                 2 => call!(2),
-                _ => call!(3),
+                3 => call!(3),
+                _ => call!(4),
             }
         }
     }

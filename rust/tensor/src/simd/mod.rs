@@ -208,8 +208,10 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
 }
 
 /// Products of many tokens, for CPUs whose products have no packed kernels: Q8_0, Q4_0,
-/// Q5_0, IQ4_NL (against Q8_0 activations) and Q4_K (against Q8_K) with the one-accumulator
-/// arithmetic of `scalar::repacked`, Q6_K with ggml's vec_dot lanes. Two kernels, both
+/// Q5_0, IQ4_NL, MXFP4 (against Q8_0 activations) and Q4_K (against Q8_K) with the
+/// one-accumulator arithmetic of `scalar::repacked`, Q6_K with ggml's vec_dot lanes, the
+/// i-quants with llama.cpp's tiled arithmetic (`scalar::iquants::tiled`, decoded into signed
+/// values against biased activations, `iquants_avx2::octet_sums_iq`). Two kernels, both
 /// bit-identical to the one-output dots:
 /// - octets (every kind): eight rows decoded once per product into a transposed form
 ///   (`decode_octet`), one row per lane, so that a token's sums for the eight rows come out
@@ -405,7 +407,8 @@ impl SumsGemm {
     }
 
     /// Prepares `f` for the 4 * quads activation rows x[t * stride..] of n elements (the
-    /// legacy kinds' activation scales and corrections; Q4_K's kernel reads its own).
+    /// legacy kinds' activation scales and corrections, the i-quants' biased quants; the
+    /// k-quant kernels read their own).
     pub fn factors(&self, n: usize, x: &[u8], stride: usize, quads: usize, f: &mut TileFactors) {
         self.check_acts(n, x, stride, 0, quads, OCTET_MAX_QUADS);
         if self.kind >= KIND_IQ {

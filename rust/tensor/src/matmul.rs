@@ -75,8 +75,9 @@ fn llama_row_dot(t: &'static TypeTraits, rows: usize) -> (VecDot, Option<VecDotX
 
 /// The many-token kernels (`SumsGemm`) and the token count from which they serve: the
 /// products whose dot is one accumulator fed exact block sums (`scalar::repacked`), Q8_0 and
-/// Q5_0 from `TILED_TOKENS` (`many_token_dot`), Q4_0, IQ4_NL and Q4_K where llama.cpp
-/// repacks them, always; and Q6_K.
+/// Q5_0 from `TILED_TOKENS` (`many_token_dot`), Q4_0, IQ4_NL, MXFP4 and Q4_K where llama.cpp
+/// repacks them, always; Q6_K; and the i-quants from `TILED_TOKENS` (llama.cpp's tiled
+/// arithmetic).
 fn sums_gemm(t: &'static TypeTraits, rows: usize) -> Option<(SumsGemm, usize)> {
     let gemm = SumsGemm::for_type(t.ty, t.isa)?;
     match t.ty {
@@ -85,6 +86,8 @@ fn sums_gemm(t: &'static TypeTraits, rows: usize) -> Option<(SumsGemm, usize)> {
         // below 8 tokens decoding the octets costs more than they save (4864 x 896, one
         // thread: 8 tokens 42.4 GMAC/s against the four-token kernel's 38.6).
         GgmlType::Q6_K => Some((gemm, 8)),
+        // The i-quants' octets compute llama.cpp's tiled arithmetic, which it uses from 8 tokens.
+        ty if is_iquant(ty) => Some((gemm, TILED_TOKENS)),
         _ => llama_repacks(t, rows).then_some((gemm, 1)),
     }
 }

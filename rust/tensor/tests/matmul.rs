@@ -258,3 +258,32 @@ fn a_copy_published_part_by_part_gives_the_in_place_bits_at_every_step() {
         }
     }
 }
+
+/// The low-bit types' many-token kernels (the i-quants' and MXFP4's eight-row octets, the rows
+/// and tokens they leave to the row dots) give every output the row dot of its token count
+/// bit for bit: row counts a multiple of 8 and not (MXFP4 is llama.cpp's repacked type only
+/// then), token counts inside one tile of the octet kernel and over several, with quads and
+/// single tokens left over.
+#[test]
+fn low_bit_products_equal_their_row_dots_at_every_token_count() {
+    let mut rng = Rng::new(27);
+    let two = Threads::new(2);
+    let cols = 512;
+    for ty in [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::MXFP4] {
+        for rows in [40, 45] {
+            let m = random_matrix(ty, rows, cols, &mut rng);
+            for n_tokens in [8, 9, 19, 21, 37] {
+                let x = rng.vec(n_tokens * cols, 1.0);
+                let out = product(&m, &x, n_tokens, &two);
+                let dot = m.row_dot_for(n_tokens);
+                for (t, xt) in x.chunks_exact(cols).enumerate() {
+                    let xq = quantize(tr(ty).vec_dot_type, xt);
+                    for r in 0..rows {
+                        let want = dot(cols, m.row(r), &xq);
+                        assert_eq!(out[t * rows + r].to_bits(), want.to_bits(), "{ty} {rows} rows, {n_tokens} tokens: row {r} token {t}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -342,18 +342,19 @@ fn check_octet(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, 
 /// any quad of a tile) equals the specification's dot of each row with each token bit for
 /// bit, writing only its outputs. Scale 0 is the extreme of each kind's i16 pair sums, as
 /// raw blocks (d = 1.0): the unsigned kinds' top level (15, 31) against activations of -128,
-/// the signed kinds' largest magnitude (Q8_0 -128, IQ4_NL -127) against -127.
+/// the signed kinds' largest magnitude (Q8_0 -128, IQ4_NL -127, MXFP4 -12) against -127.
 #[test]
 fn octet_sums_kernel_equals_the_one_accumulator_dot() {
     use ferrollama_tensor::scalar::repacked as rp;
     use ferrollama_tensor::simd::SumsGemm;
     let mut rng = Rng::new(37);
     // (type, spec, block bytes, weight fill byte, activation fill byte)
-    let spec: [(GgmlType, VecDot, usize, u8, u8); 4] = [
+    let spec: [(GgmlType, VecDot, usize, u8, u8); 5] = [
         (GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0, 18, 0xff, 0x80),
         (GgmlType::Q5_0, rp::vec_dot_q5_0_q8_0_blocks, 22, 0xff, 0x80),
         (GgmlType::Q8_0, rp::vec_dot_q8_0_q8_0_blocks, 34, 0x80, 0x81),
         (GgmlType::IQ4_NL, rp::vec_dot_iq4_nl_q8_0, 18, 0x00, 0x81),
+        (GgmlType::MXFP4, rp::vec_dot_mxfp4_q8_0, 17, 0xff, 0x81),
     ];
     for (isa, _) in levels() {
         for &(ty, dot, wbytes, wfill, xfill) in &spec {
@@ -362,7 +363,9 @@ fn octet_sums_kernel_equals_the_one_accumulator_dot() {
                 for scale in [0.0f32, 0.02, 2.0, 300.0] {
                     let tokens = 4 * (first_quad + quads);
                     let (w, xs): (Vec<u8>, Vec<u8>) = if scale == 0.0 {
-                        let wblock: Vec<u8> = [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(wfill, wbytes - 2)).collect();
+                        // d = 1.0: the f16 0x3c00, MXFP4's E8M0 exponent 128 (2^1, halved).
+                        let scale: &[u8] = if ty == GgmlType::MXFP4 { &[128] } else { &[0x00, 0x3c] };
+                        let wblock: Vec<u8> = scale.iter().copied().chain(std::iter::repeat_n(wfill, wbytes - scale.len())).collect();
                         let xblock: Vec<u8> = [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(xfill, 32)).collect();
                         (wblock.repeat(8 * n / 32), xblock.repeat(tokens * n / 32))
                     } else {
@@ -422,11 +425,12 @@ fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
     use ferrollama_tensor::scalar::repacked as rp;
     use ferrollama_tensor::simd::{SumsGemm, TileFactors};
     let mut rng = Rng::new(31);
-    let spec: [(GgmlType, VecDot); 4] = [
+    let spec: [(GgmlType, VecDot); 5] = [
         (GgmlType::Q8_0, rp::vec_dot_q8_0_q8_0_blocks),
         (GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0),
         (GgmlType::Q5_0, rp::vec_dot_q5_0_q8_0_blocks),
         (GgmlType::IQ4_NL, rp::vec_dot_iq4_nl_q8_0),
+        (GgmlType::MXFP4, rp::vec_dot_mxfp4_q8_0),
     ];
     for (isa, _) in levels() {
         for &(ty, dot) in &spec {
@@ -446,6 +450,52 @@ fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
                             assert_eq!(got.to_bits(), dot(n, wr, x).to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// A Q8_K activation row of n elements whose quants are all `q` (d = 1.0): the extreme of the
+/// i-quant octet kernels' biased sums (q = 127: every biased byte 255).
+fn constant_q8_k(n: usize, q: i8) -> Vec<u8> {
+    let mut block: Vec<u8> = 1.0f32.to_le_bytes().into_iter().chain(std::iter::repeat_n(q as u8, 256)).collect();
+    block.extend((0..16).flat_map(|_| (16 * q as i16).to_le_bytes()));
+    block.repeat(n / 256)
+}
+
+/// The eight-row i-quant kernels equal llama.cpp's tiled product (`scalar::iquants`'s
+/// tiled dots) bit for bit, from any quad of a tile, with random blocks of every grid index,
+/// sign and scale against random activations of several scales and against activations all
+/// 127 or all -127 (the largest biased bytes and the largest unbiased magnitudes).
+#[test]
+fn iquant_octet_kernels_equal_the_tiled_dots() {
+    use ferrollama_tensor::scalar::iquants as iq;
+    use ferrollama_tensor::simd::SumsGemm;
+    let mut rng = Rng::new(43);
+    let spec: [(GgmlType, VecDot); 7] = [
+        (GgmlType::IQ2_XXS, iq::tiled_iq2_xxs_q8_k),
+        (GgmlType::IQ2_XS, iq::tiled_iq2_xs_q8_k),
+        (GgmlType::IQ2_S, iq::tiled_iq2_s_q8_k),
+        (GgmlType::IQ3_XXS, iq::tiled_iq3_xxs_q8_k),
+        (GgmlType::IQ3_S, iq::tiled_iq3_s_q8_k),
+        (GgmlType::IQ1_S, iq::tiled_iq1_s_q8_k),
+        (GgmlType::IQ1_M, iq::tiled_iq1_m_q8_k),
+    ];
+    for (isa, _) in levels() {
+        for &(ty, dot) in &spec {
+            let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
+            assert!(!gemm.has_pairs());
+            for (n, first_quad, quads) in [(256, 0, 1), (2048, 0, 4), (4864, 1, 3), (1024, 2, 2), (512, 3, 1)] {
+                for scale in [0.0f32, 0.02, 2.0, 300.0] {
+                    let tokens = 4 * (first_quad + quads);
+                    let w: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                    let xs: Vec<u8> = if scale == 0.0 {
+                        (0..tokens).flat_map(|t| constant_q8_k(n, if t % 2 == 0 { 127 } else { -127 })).collect()
+                    } else {
+                        (0..tokens).flat_map(|_| quantize(GgmlType::Q8_K, &rng.vec(n, scale))).collect()
+                    };
+                    check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{ty} {isa:?} scale {scale}"));
                 }
             }
         }

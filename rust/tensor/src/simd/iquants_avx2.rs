@@ -15,6 +15,7 @@
 
 use std::arch::x86_64::*;
 
+use super::x86::avx2::transpose_8x8_epi32;
 use super::x86::{f16_1, hsum_epi32, hsum_ps, loadu, scale_halves};
 use crate::scalar::iquants::{iq1_m_d, iq1_m_scales16, iq1_s_scale_sign, sub_block, IqKind, IQ1_M_BYTES, IQ1_S_BYTES};
 use crate::scalar::iq_grids::IQ1S_GRID;
@@ -64,16 +65,21 @@ const fn kind(k: u8) -> IqKind {
 unsafe fn decode<const KIND: u8>(b: *const u8) -> Decoded {
     let k = kind(KIND);
     let block = std::slice::from_raw_parts(b, k.bytes());
-    let mut d = Decoded { grid: [_mm256_setzero_si256(); 8], signs: [_mm256_setzero_si256(); 8], scales: [_mm256_setzero_si256(); 8] };
+    // Every vector is written below: not zeroed first (the zeroing was a 768-byte memset
+    // call per block, 15 % of a one-token IQ2_XXS product).
+    let mut d = std::mem::MaybeUninit::<Decoded>::uninit();
+    let p = d.as_mut_ptr();
+    let (grid, signs, scales) = (&raw mut (*p).grid as *mut __m256i, &raw mut (*p).signs as *mut __m256i, &raw mut (*p).scales as *mut __m256i);
     for ib in 0..8 {
         let sb = sub_block(k, block, ib);
         let g = |l: usize| sb.grid[l] as i64;
         let s = |l: usize| SIGN_BYTES[sb.signs[l] as usize] as i64;
-        d.grid[ib] = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
-        d.signs[ib] = _mm256_set_epi64x(s(3), s(2), s(1), s(0));
-        d.scales[ib] = scale_halves(2 * sb.scales[0] as i16 + 1, 2 * sb.scales[1] as i16 + 1);
+        grid.add(ib).write(_mm256_set_epi64x(g(3), g(2), g(1), g(0)));
+        signs.add(ib).write(_mm256_set_epi64x(s(3), s(2), s(1), s(0)));
+        scales.add(ib).write(scale_halves(2 * sb.scales[0] as i16 + 1, 2 * sb.scales[1] as i16 + 1));
     }
-    d
+    // SAFETY: the loop wrote the eight vectors of each of the three arrays.
+    d.assume_init()
 }
 /// The eight lanes of one decoded block against one activation block.
 #[inline]
@@ -247,4 +253,180 @@ pub unsafe fn iq1_m<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn iq1_m_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
     iq1_m_impl::<TILED, T>(nb, w, x, out)
+}
+
+// ---------------------------------------------------------------- octets (many tokens)
+
+/// The kinds of the octet kernels: `kind`'s five, then IQ1_S and IQ1_M.
+pub const OCTET_IQ1_S: u8 = 5;
+pub const OCTET_IQ1_M: u8 = 6;
+
+/// Bytes `decode_octet_iq` writes per super-block of eight rows: the eight 32-element
+/// chunks' signed values (256 bytes each, vector k holding bytes 4k..4k + 4 of row r in dword
+/// lane r, as `x86::avx2::decode_octet`'s), the sixteen group scales (a vector per group:
+/// row r's odd scale in i16 lanes 2r and 2r + 1), the rows' activation-bias corrections
+/// (i32), then the rows' d times the kind's factor (f32).
+pub const IQ_OCTET_BYTES: usize = 8 * 256 + 16 * 32 + 32 + 32;
+
+/// Whether the kind's values are small enough (|v| <= 15) for four `maddubs` of biased
+/// activations (at most 255) to add in i16 before the scale multiply: 4 * 2 * 255 * 15 <
+/// 2^15. IQ3_S's magnitudes reach 15, IQ1's 8 * 1 + 1; the others reach 43 or 62.
+pub const fn narrow_values(kind: u8) -> bool {
+    kind >= 4
+}
+
+/// One block of a row as the octet kernels use it: each 32-element chunk's signed values
+/// (IQ1: 8 * grid + delta sign, whose sum against the activation is the tiled product's
+/// `8 * grid + delta`), the sixteen odd group scales, and d times the kind's factor.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn octet_row_block<const KIND: u8>(b: *const u8) -> ([__m256i; 8], [i16; 16], f32) {
+    let mut v = [_mm256_setzero_si256(); 8];
+    let mut scales = [0i16; 16];
+    let eight = _mm256_set1_epi8(8);
+    match KIND {
+        OCTET_IQ1_S => {
+            let block = std::slice::from_raw_parts(b, IQ1_S_BYTES);
+            for (ib, chunk) in v.iter_mut().enumerate() {
+                let qh = u16::from_le_bytes([block[34 + 2 * ib], block[35 + 2 * ib]]) as usize;
+                let e = |l: usize| IQ1S_GRID[block[2 + 4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)] as i64;
+                let (ls, sign) = iq1_s_scale_sign(block, ib);
+                let grid = _mm256_set_epi64x(e(3), e(2), e(1), e(0));
+                *chunk = _mm256_add_epi8(_mm256_sign_epi8(eight, grid), _mm256_set1_epi8(sign as i8));
+                scales[2 * ib] = ls as i16;
+                scales[2 * ib + 1] = ls as i16;
+            }
+            (v, scales, f16_1(b) * 0.125)
+        }
+        OCTET_IQ1_M => {
+            let block = std::slice::from_raw_parts(b, IQ1_M_BYTES);
+            for (ib, chunk) in v.iter_mut().enumerate() {
+                let octet = |l: usize| {
+                    let k = 4 * ib + l;
+                    let qh = block[32 + k / 2] >> (4 * (k % 2));
+                    let g = IQ1S_GRID[block[k] as usize | (((qh & 7) as usize) << 8)] as i64;
+                    (g, if qh & 8 != 0 { -1i64 } else { 0x0101_0101_0101_0101 })
+                };
+                let o: [(i64, i64); 4] = std::array::from_fn(octet);
+                let grid = _mm256_set_epi64x(o[3].0, o[2].0, o[1].0, o[0].0);
+                let delta = _mm256_set_epi64x(o[3].1, o[2].1, o[1].1, o[0].1);
+                *chunk = _mm256_add_epi8(_mm256_sign_epi8(eight, grid), delta);
+            }
+            scales = iq1_m_scales16(block).map(|s| s as i16);
+            (v, scales, iq1_m_d(block) * 0.125)
+        }
+        _ => {
+            let k = kind(KIND);
+            let block = std::slice::from_raw_parts(b, k.bytes());
+            for (ib, chunk) in v.iter_mut().enumerate() {
+                let sb = sub_block(k, block, ib);
+                let g = |l: usize| sb.grid[l] as i64;
+                let s = |l: usize| SIGN_BYTES[sb.signs[l] as usize] as i64;
+                *chunk = _mm256_sign_epi8(_mm256_set_epi64x(g(3), g(2), g(1), g(0)), _mm256_set_epi64x(s(3), s(2), s(1), s(0)));
+                scales[2 * ib] = 2 * sb.scales[0] as i16 + 1;
+                scales[2 * ib + 1] = 2 * sb.scales[1] as i16 + 1;
+            }
+            (v, scales, f16_1(b) * k.factor())
+        }
+    }
+}
+
+/// Block bytes of an octet kind.
+pub const fn octet_block_bytes(kind_: u8) -> usize {
+    match kind_ {
+        OCTET_IQ1_S => IQ1_S_BYTES,
+        OCTET_IQ1_M => IQ1_M_BYTES,
+        _ => kind(kind_).bytes(),
+    }
+}
+
+/// 128 * sum over groups of scale * (sum of the group's values): what the biased activations
+/// (q + 128) add to a row's block sum.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bias_correction(v: &[__m256i; 8], scales: &[i16; 16]) -> i32 {
+    let ones = _mm256_set1_epi8(1);
+    let mut sum = _mm256_setzero_si256();
+    for (ib, chunk) in v.iter().enumerate() {
+        let pairs = _mm256_maddubs_epi16(ones, *chunk);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale_halves(scales[2 * ib], scales[2 * ib + 1])));
+    }
+    128 * hsum_epi32(sum)
+}
+
+/// Decodes nsb super-blocks of eight consecutive rows of octet kind KIND (row r at w + r *
+/// row_bytes) into `IQ_OCTET_BYTES` a super-block at dst, for `octet_sums_iq`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn decode_octet_iq<const KIND: u8>(nsb: usize, w: *const u8, row_bytes: usize, dst: *mut u8) {
+    let bytes = octet_block_bytes(KIND);
+    for i in 0..nsb {
+        let out = dst.add(i * IQ_OCTET_BYTES);
+        let rows: [([__m256i; 8], [i16; 16], f32); 8] = std::array::from_fn(|r| octet_row_block::<KIND>(w.add(r * row_bytes + i * bytes)));
+        for c in 0..8 {
+            let chunk: [__m256i; 8] = std::array::from_fn(|r| rows[r].0[c]);
+            for (k, v) in transpose_8x8_epi32(&chunk).iter().enumerate() {
+                _mm256_storeu_si256(out.add(256 * c + 32 * k) as *mut __m256i, *v);
+            }
+        }
+        for g in 0..16 {
+            let lanes: [i16; 16] = std::array::from_fn(|l| rows[l / 2].1[g]);
+            _mm256_storeu_si256(out.add(2048 + 32 * g) as *mut __m256i, _mm256_loadu_si256(lanes.as_ptr() as *const __m256i));
+        }
+        let corr: [i32; 8] = std::array::from_fn(|r| bias_correction(&rows[r].0, &rows[r].1));
+        let d: [f32; 8] = std::array::from_fn(|r| rows[r].2);
+        std::ptr::copy_nonoverlapping(corr.as_ptr() as *const u8, out.add(2560), 32);
+        std::ptr::copy_nonoverlapping(d.as_ptr() as *const u8, out.add(2592), 32);
+    }
+}
+
+/// Eight rows (an octet from `decode_octet_iq`) times 4 * Q Q8_K activation rows, llama.cpp's
+/// tiled arithmetic (`scalar::iquants::tiled`) bit for bit: per super-block the exact integer
+/// isum = sum of scale * value * activation, `r = float(isum) * d`, `acc = fma(r, d_x, acc)`.
+/// The activations come biased (`biased[q][t]`: each row's quants + 128 as unsigned bytes,
+/// 256 a block, see `SumsGemm::factors`) so that `maddubs` takes them as its unsigned operand
+/// and the signed values as the other (|pair| <= 2 * 255 * 62 < 2^15); the bias's part of
+/// the sum, a constant of the row's block, is subtracted at the block's end. `x[q][t]`: the
+/// Q8_K rows, for their d. NARROW (`narrow_values`): a group's four multiplies add in i16.
+/// out[(4 q + t) * ldo + r]: row r times token t of quad q.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn octet_sums_iq<const Q: usize, const NARROW: bool>(
+    nsb: usize, octet: *const u8, x: [[*const u8; 4]; Q], biased: [[*const u8; 4]; Q], out: *mut f32, ldo: usize,
+) {
+    for q in 0..Q {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in 0..nsb {
+            let ob = octet.add(i * IQ_OCTET_BYTES);
+            let mut isum = [_mm256_setzero_si256(); 4];
+            for g in 0..16 {
+                let (c, scale) = (g / 2, loadu(ob.add(2048 + 32 * g)));
+                let mut narrow = [_mm256_setzero_si256(); 4];
+                for k in 4 * (g % 2)..4 * (g % 2) + 4 {
+                    let wk = loadu(ob.add(256 * c + 32 * k));
+                    for t in 0..4 {
+                        let xk = std::ptr::read_unaligned(biased[q][t].add(256 * i + 32 * c + 4 * k) as *const i32);
+                        let p = _mm256_maddubs_epi16(_mm256_set1_epi32(xk), wk);
+                        if NARROW {
+                            narrow[t] = _mm256_add_epi16(narrow[t], p);
+                        } else {
+                            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, scale));
+                        }
+                    }
+                }
+                if NARROW {
+                    for t in 0..4 {
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(narrow[t], scale));
+                    }
+                }
+            }
+            let corr = loadu(ob.add(2560));
+            let d = _mm256_loadu_ps(ob.add(2592) as *const f32);
+            for t in 0..4 {
+                let r = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[t], corr)), d);
+                acc[t] = _mm256_fmadd_ps(r, _mm256_broadcast_ss(&*(x[q][t].add(i * 292) as *const f32)), acc[t]);
+            }
+        }
+        for t in 0..4 {
+            _mm256_storeu_ps(out.add((4 * q + t) * ldo), acc[t]);
+        }
+    }
 }

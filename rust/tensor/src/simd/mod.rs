@@ -216,8 +216,10 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
 }
 
 /// Products of many tokens, for CPUs whose products have no packed kernels: Q8_0, Q4_0,
-/// Q5_0, IQ4_NL (against Q8_0 activations) and Q4_K (against Q8_K) with the one-accumulator
-/// arithmetic of `scalar::repacked`, Q6_K with ggml's vec_dot lanes. Two kernels, both
+/// Q5_0, IQ4_NL, MXFP4 (against Q8_0 activations) and Q4_K (against Q8_K) with the
+/// one-accumulator arithmetic of `scalar::repacked`, Q6_K with ggml's vec_dot lanes, the
+/// i-quants with llama.cpp's tiled arithmetic (`scalar::iquants::tiled`, decoded into signed
+/// values against biased activations, `iquants_avx2::octet_sums_iq`). Two kernels, both
 /// bit-identical to the one-output dots:
 /// - octets (every kind): eight rows decoded once per product into a transposed form
 ///   (`decode_octet`), one row per lane, so that a token's sums for the eight rows come out
@@ -242,11 +244,33 @@ pub const OCTET_MAX_QUADS: usize = 4;
 pub struct TileFactors {
     d: [Vec<f32>; OCTET_MAX_QUADS],
     corr: [Vec<i32>; OCTET_MAX_QUADS],
+    /// The i-quant kinds' activation quants + 128, 256 bytes a block, the four rows of a
+    /// quad one after another (`iquants_avx2::octet_sums_iq`).
+    biased: [Vec<u8>; OCTET_MAX_QUADS],
 }
 
 /// `SumsGemm::kind` of Q4_K and Q6_K (the others are `decode32`'s).
-const KIND_Q4_K: u8 = 4;
-const KIND_Q6_K: u8 = 5;
+const KIND_Q4_K: u8 = 5;
+const KIND_Q6_K: u8 = 6;
+/// The i-quants' kinds: this plus `iquants_avx2`'s octet kind (0..=6).
+const KIND_IQ: u8 = 7;
+
+/// The quants of the 4 * quads Q8_K rows x[t * stride..] (nb blocks each) + 128, as the
+/// i-quant octet kernels take them (`TileFactors::biased`).
+fn biased_quants(nb: usize, x: &[u8], stride: usize, quads: usize, f: &mut TileFactors) {
+    for q in 0..quads {
+        f.biased[q].resize(4 * nb * 256, 0);
+        for t in 0..4 {
+            let row = &x[(4 * q + t) * stride..];
+            let dst = &mut f.biased[q][t * nb * 256..(t + 1) * nb * 256];
+            for (b, d) in dst.chunks_exact_mut(256).enumerate() {
+                for (d, &v) in d.iter_mut().zip(&row[292 * b + 4..292 * b + 260]) {
+                    *d = v ^ 0x80;
+                }
+            }
+        }
+    }
+}
 
 impl SumsGemm {
     /// The kernel for `ty` at `isa`, if there is one (AVX2 and up).
@@ -259,8 +283,16 @@ impl SumsGemm {
             GgmlType::Q4_0 => (1, 18),
             GgmlType::Q5_0 => (2, 22),
             GgmlType::IQ4_NL => (3, 18),
+            GgmlType::MXFP4 => (4, 17),
             GgmlType::Q4_K => (KIND_Q4_K, 144),
             GgmlType::Q6_K => (KIND_Q6_K, 210),
+            GgmlType::IQ2_XXS => (KIND_IQ, 66),
+            GgmlType::IQ2_XS => (KIND_IQ + 1, 74),
+            GgmlType::IQ2_S => (KIND_IQ + 2, 82),
+            GgmlType::IQ3_XXS => (KIND_IQ + 3, 98),
+            GgmlType::IQ3_S => (KIND_IQ + 4, 110),
+            GgmlType::IQ1_S => (KIND_IQ + 5, 50),
+            GgmlType::IQ1_M => (KIND_IQ + 6, 56),
             _ => return None,
         };
         cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes })
@@ -268,7 +300,7 @@ impl SumsGemm {
 
     /// Whether the kind's levels are signed (Q8_0, IQ4_NL).
     fn signed(&self) -> bool {
-        matches!(self.kind, 0 | 3)
+        matches!(self.kind, 0 | 3 | 4)
     }
 
     /// Whether `run` (two rows) serves this kind: the legacy ones.
@@ -287,6 +319,7 @@ impl SumsGemm {
         let per_block = match self.kind {
             KIND_Q4_K => x86::avx2::Q4K_OCTET_BYTES,
             KIND_Q6_K => x86::avx2::Q6K_OCTET_BYTES,
+            k if k >= KIND_IQ => iquants_avx2::IQ_OCTET_BYTES,
             _ => x86::avx2::OCTET_BLOCK_BYTES,
         };
         #[cfg(not(target_arch = "x86_64"))]
@@ -309,8 +342,16 @@ impl SumsGemm {
                     1 => x86::avx2::decode_octet::<1>(nb, src, row_bytes, self.wbytes, out),
                     2 => x86::avx2::decode_octet::<2>(nb, src, row_bytes, self.wbytes, out),
                     3 => x86::avx2::decode_octet::<3>(nb, src, row_bytes, self.wbytes, out),
+                    4 => x86::avx2::decode_octet::<4>(nb, src, row_bytes, self.wbytes, out),
                     KIND_Q4_K => x86::avx2::decode_octet_q4_k(nb, src, row_bytes, out),
-                    _ => x86::avx2::decode_octet_q6_k(nb, src, row_bytes, out),
+                    KIND_Q6_K => x86::avx2::decode_octet_q6_k(nb, src, row_bytes, out),
+                    7 => iquants_avx2::decode_octet_iq::<0>(nb, src, row_bytes, out),
+                    8 => iquants_avx2::decode_octet_iq::<1>(nb, src, row_bytes, out),
+                    9 => iquants_avx2::decode_octet_iq::<2>(nb, src, row_bytes, out),
+                    10 => iquants_avx2::decode_octet_iq::<3>(nb, src, row_bytes, out),
+                    11 => iquants_avx2::decode_octet_iq::<4>(nb, src, row_bytes, out),
+                    12 => iquants_avx2::decode_octet_iq::<5>(nb, src, row_bytes, out),
+                    _ => iquants_avx2::decode_octet_iq::<6>(nb, src, row_bytes, out),
                 }
             }
         }
@@ -332,12 +373,12 @@ impl SumsGemm {
             let o = octet.as_ptr();
             // The kernels take the quad count as a constant: one instance for each.
             macro_rules! per_quads {
-                ($kernel:ident($nb:expr $(, $per_quad:expr)*)) => {
+                ($kernel:ident $(::<$narrow:literal>)? ($nb:expr $(, $per_quad:expr)*)) => {
                     match quads {
-                        4 => x86::avx2::$kernel::<4>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
-                        3 => x86::avx2::$kernel::<3>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
-                        2 => x86::avx2::$kernel::<2>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
-                        _ => x86::avx2::$kernel::<1>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
+                        4 => $kernel::<4 $(, $narrow)?>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
+                        3 => $kernel::<3 $(, $narrow)?>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
+                        2 => $kernel::<2 $(, $narrow)?>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
+                        _ => $kernel::<1 $(, $narrow)?>($nb, o, std::array::from_fn(rows) $(, std::array::from_fn($per_quad))*, out, ldo),
                     }
                 };
             }
@@ -347,8 +388,16 @@ impl SumsGemm {
             }
             let d = |q: usize| f.d[first_quad + q].as_ptr();
             let c = |q: usize| f.corr[first_quad + q].as_ptr();
+            if self.kind >= KIND_IQ {
+                assert!((first_quad..first_quad + quads).all(|q| f.biased[q].len() >= 4 * nb * 256), "tile factors of another size");
+            }
+            let biased = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| f.biased[first_quad + q][t * nb * 256..].as_ptr()) };
+            use iquants_avx2::octet_sums_iq;
+            use x86::avx2::{octet_sums, octet_sums_q4_k, octet_sums_q6_k, octet_sums_signed};
             // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
             match self.kind {
+                k if k >= KIND_IQ && iquants_avx2::narrow_values(k - KIND_IQ) => per_quads!(octet_sums_iq::<true>(nb, biased)),
+                k if k >= KIND_IQ => per_quads!(octet_sums_iq::<false>(nb, biased)),
                 KIND_Q6_K => per_quads!(octet_sums_q6_k(nb)),
                 KIND_Q4_K => per_quads!(octet_sums_q4_k(nb)),
                 _ if self.signed() => per_quads!(octet_sums_signed(nb, d)),
@@ -366,9 +415,13 @@ impl SumsGemm {
     }
 
     /// Prepares `f` for the 4 * quads activation rows x[t * stride..] of n elements (the
-    /// legacy kinds' activation scales and corrections; Q4_K's kernel reads its own).
+    /// legacy kinds' activation scales and corrections, the i-quants' biased quants; the
+    /// k-quant kernels read their own).
     pub fn factors(&self, n: usize, x: &[u8], stride: usize, quads: usize, f: &mut TileFactors) {
         self.check_acts(n, x, stride, 0, quads, OCTET_MAX_QUADS);
+        if self.kind >= KIND_IQ {
+            return biased_quants(n / 256, x, stride, quads, f);
+        }
         if self.kind >= KIND_Q4_K {
             return;
         }
@@ -421,7 +474,8 @@ impl SumsGemm {
                 0 => call!(0),
                 1 => call!(1),
                 2 => call!(2),
-                _ => call!(3),
+                3 => call!(3),
+                _ => call!(4),
             }
         }
     }

@@ -974,7 +974,7 @@ pub mod avx2 {
             } else {
                 (decode32::<KIND>(b0), decode32::<KIND>(b1))
             };
-            let dw = _mm256_set_m128(_mm_set1_ps(f16_1(b1)), _mm_set1_ps(f16_1(b0)));
+            let dw = _mm256_set_m128(_mm_set1_ps(block_scale::<KIND>(b1)), _mm_set1_ps(block_scale::<KIND>(b0)));
             for q in 0..Q {
                 let mut p = [_mm256_setzero_si256(); 8];
                 let isum = if unsigned {
@@ -1028,7 +1028,7 @@ pub mod avx2 {
     /// Transposes eight rows of eight dwords: out[k] lane r = rows[r] lane k.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn transpose_8x8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {
+    pub(crate) unsafe fn transpose_8x8_epi32(r: &[__m256i; 8]) -> [__m256i; 8] {
         let t = [
             _mm256_unpacklo_epi32(r[0], r[1]), _mm256_unpackhi_epi32(r[0], r[1]),
             _mm256_unpacklo_epi32(r[2], r[3]), _mm256_unpackhi_epi32(r[2], r[3]),
@@ -1069,7 +1069,8 @@ pub mod avx2 {
                     _mm256_storeu_si256(out.add(32 * k) as *mut __m256i, *v);
                 }
             }
-            _mm256_storeu_ps(out.add(256) as *mut f32, f16x8_rows(block));
+            let d = if KIND == 4 { _mm256_loadu_ps(std::array::from_fn::<f32, 8, _>(|r| block_scale::<KIND>(block(r))).as_ptr()) } else { f16x8_rows(block) };
+            _mm256_storeu_ps(out.add(256) as *mut f32, d);
         }
     }
 

@@ -12,8 +12,14 @@ pub fn data_dir() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data"))
 }
 
-/// Loads the vocabulary of a GGUF file.
+/// Loads the vocabulary of a GGUF file. A real model installed from PyPI is in the models
+/// directory as its list of pieces (NAME.gguf.pieces, read in place), which is taken when the
+/// file itself is not there.
 pub fn load(path: &std::path::Path) -> Vocab {
+    let mut pieces = path.as_os_str().to_owned();
+    pieces.push(".pieces");
+    let pieces = PathBuf::from(pieces);
+    let path = if !path.exists() && pieces.exists() { pieces.as_path() } else { path };
     let f = GgufFile::open(path, true).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     Vocab::from_gguf(&f).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

@@ -92,6 +92,13 @@ fn raw_levels(xval: &[f32], id: f32, levels: &mut [i8]) {
     }
 }
 
+/// Octet k's levels at 1/id, each octet moved to its nearest grid point (at `scale`).
+fn snap_octet(index: &GridIndex, k: usize, id: f32, scale: f32, xval: &[f32], waux: &[f32], levels: &mut [i8]) {
+    let r = 8 * k..8 * k + 8;
+    raw_levels(&xval[r.clone()], id, &mut levels[r.clone()]);
+    index.nearest(&mut levels[r.clone()], &xval[r.clone()], &waux[r], scale);
+}
+
 /// Σ w·x·q and Σ w·q² over the magnitudes q = 2·level + 1.
 fn weighted_sums(xval: &[f32], weight: &[f32], levels: &[i8]) -> (f32, f32) {
     let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
@@ -145,9 +152,7 @@ fn search16(index: &GridIndex, xval: &[f32; 16], weight: &[f32; 16], waux: &[f32
     if on_grid.contains(&false) && scale > 0.0 {
         let id = 1.0 / scale;
         for k in (0..2).filter(|&k| !on_grid[k]) {
-            let r = 8 * k..8 * k + 8;
-            raw_levels(&xval[r.clone()], id, &mut l[r.clone()]);
-            index.nearest(&mut l[r.clone()], &xval[r.clone()], &waux[r], scale);
+            snap_octet(index, k, id, scale, xval, waux, &mut l[..]);
         }
         let (sumqx, sumq2) = weighted_sums(xval, weight, l);
         if sumq2 > 0.0 {
@@ -176,9 +181,7 @@ fn search32(index: &GridIndex, xval: &[f32; 32], weight: &[f32; 32], waux: &[f32
         let id = ((2 * KMAX - 1) as f32 + is as f32 * 0.1) / eff_max;
         let this_scale = 1.0 / id;
         for k in 0..4 {
-            let r = 8 * k..8 * k + 8;
-            raw_levels(&xval[r.clone()], id, &mut laux[r.clone()]);
-            index.nearest(&mut laux[r.clone()], &xval[r.clone()], &waux[r], this_scale);
+            snap_octet(index, k, id, this_scale, xval, waux, &mut laux[..]);
         }
         let (sumqx, sumq2) = weighted_sums(xval, weight, &laux);
         if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
@@ -190,9 +193,7 @@ fn search32(index: &GridIndex, xval: &[f32; 32], weight: &[f32; 32], waux: &[f32
     if scale > 0.0 {
         let id = 1.0 / scale;
         for k in 0..4 {
-            let r = 8 * k..8 * k + 8;
-            raw_levels(&xval[r.clone()], id, &mut l[r.clone()]);
-            index.nearest(&mut l[r.clone()], &xval[r.clone()], &waux[r], scale);
+            snap_octet(index, k, id, scale, xval, waux, &mut l[..]);
         }
         let (sumqx, sumq2) = weighted_sums(xval, weight, l);
         if sumq2 > 0.0 {

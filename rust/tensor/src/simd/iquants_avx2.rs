@@ -1,7 +1,8 @@
 //! AVX2 kernels of the i-quants against Q8_K activations, the arithmetic of ggml's AVX2
 //! `ggml_vec_dot_iq*_q8_K` (`scalar::iquants`, their specification) or of llama.cpp's tiled
-//! product (`TILED`). A block is decoded once for every token into its unsigned grid
-//! magnitudes, their signs (bytes of 1 or -1) and its 16-element group scales; per token the
+//! product (`TILED`). Each 32-element sub-block is decoded once for every token, straight into
+//! registers: its unsigned grid magnitudes, their signs (bytes of 1 or -1) and its 16-element
+//! group scales; per token the
 //! signs go onto the activation (`_mm256_sign_epi8`), `maddubs` pairs magnitudes with it in
 //! 16-bit words (at most 2 * 62 * 127: exact), `madd` by the group scales gives eight i32
 //! lanes (element p in lane (p % 32) / 4).
@@ -17,8 +18,8 @@ use std::arch::x86_64::*;
 
 use super::x86::avx2::transpose_8x8_epi32;
 use super::x86::{f16_1, hsum_epi32, hsum_ps, loadu, scale_halves};
-use crate::scalar::iquants::{iq1_m_d, iq1_m_scales16, iq1_s_scale_sign, sub_block, IqKind, IQ1_M_BYTES, IQ1_S_BYTES};
-use crate::scalar::iq_grids::IQ1S_GRID;
+use crate::scalar::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
+use crate::scalar::iquants::{iq1_m_d, iq1_m_scales16, iq1_s_scale_sign, IqKind, IQ1_M_BYTES, IQ1_S_BYTES};
 
 /// For each sign byte, its eight bytes 1 or -1 (bit j set: byte j is -1), the operand of
 /// `_mm256_sign_epi8` (ggml's keven_signs_q2xs and bit-selection masks alike).
@@ -41,13 +42,17 @@ const SIGN_BYTES: [u64; 256] = {
 pub const VEC_DOT: u8 = 0;
 pub const TILED: u8 = 1;
 
-/// A decoded super-block: per 32-element sub-block the magnitudes, the signs and the odd
-/// scales of its two 16-element halves.
-struct Decoded {
-    grid: [__m256i; 8],
-    signs: [__m256i; 8],
-    scales: [__m256i; 8],
-}
+/// For each 7-bit sign group, `SIGN_BYTES` of its 8-bit sign byte (the eighth bit makes the
+/// count of negatives even: ggml's `keven_signs_q2xs`).
+const EVEN_SIGN_BYTES: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        t[i] = SIGN_BYTES[KSIGNS_IQ2XS[i] as usize];
+        i += 1;
+    }
+    t
+};
 
 /// The kinds by number, for the kernels' const parameter.
 const fn kind(k: u8) -> IqKind {
@@ -60,37 +65,68 @@ const fn kind(k: u8) -> IqKind {
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn decode<const KIND: u8>(b: *const u8) -> Decoded {
-    let k = kind(KIND);
-    let block = std::slice::from_raw_parts(b, k.bytes());
-    // Every vector is written below: not zeroed first (the zeroing was a 768-byte memset
-    // call per block, 15 % of a one-token IQ2_XXS product).
-    let mut d = std::mem::MaybeUninit::<Decoded>::uninit();
-    let p = d.as_mut_ptr();
-    let (grid, signs, scales) = (&raw mut (*p).grid as *mut __m256i, &raw mut (*p).signs as *mut __m256i, &raw mut (*p).scales as *mut __m256i);
-    for ib in 0..8 {
-        let sb = sub_block(k, block, ib);
-        let g = |l: usize| sb.grid[l] as i64;
-        let s = |l: usize| SIGN_BYTES[sb.signs[l] as usize] as i64;
-        grid.add(ib).write(_mm256_set_epi64x(g(3), g(2), g(1), g(0)));
-        signs.add(ib).write(_mm256_set_epi64x(s(3), s(2), s(1), s(0)));
-        scales.add(ib).write(scale_halves(2 * sb.scales[0] as i16 + 1, 2 * sb.scales[1] as i16 + 1));
-    }
-    // SAFETY: the loop wrote the eight vectors of each of the three arrays.
-    d.assume_init()
+#[inline(always)]
+unsafe fn rd_u32_at(p: *const u8) -> u32 {
+    std::ptr::read_unaligned(p as *const u32)
 }
-/// The eight lanes of one decoded block against one activation block.
+
+/// Four sign bytes at p (bit j of byte l set: element 8l + j negative) as 32 bytes of 1 or -1,
+/// in vector arithmetic: each byte copied over its octet, its bits picked out by a mask.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lanes(d: &Decoded, bx: *const u8) -> __m256i {
-    let mut sumi = _mm256_setzero_si256();
-    for ib in 0..8 {
-        let q8 = _mm256_sign_epi8(loadu(bx.add(4 + 32 * ib)), d.signs[ib]);
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(d.grid[ib], q8), d.scales[ib]));
+unsafe fn sign_bytes_of(p: *const u8) -> __m256i {
+    let spread = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let octets = _mm256_shuffle_epi8(_mm256_set1_epi32(rd_u32_at(p) as i32), spread);
+    let negative = _mm256_cmpeq_epi8(_mm256_and_si256(octets, bit), bit);
+    _mm256_or_si256(negative, _mm256_set1_epi8(1))
+}
+
+/// Sub-block `ib` of the block at b, decoded straight into registers: its 32 unsigned grid
+/// magnitudes, their signs as bytes of 1 or -1 (the operand of `_mm256_sign_epi8`) and the
+/// odd scales 2 s + 1 of its two 16-element halves as i16 lanes (`scalar::iquants::sub_block`
+/// is the specification; this reads the bytes without bounds checks or a struct in memory).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize) -> (__m256i, __m256i, __m256i) {
+    let odd = |s: u32| (2 * s + 1) as i16;
+    match kind(KIND) {
+        IqKind::Iq2Xxs => {
+            let (idx, aux) = (rd_u32_at(b.add(2 + 8 * ib)), rd_u32_at(b.add(6 + 8 * ib)));
+            let g = |l: u32| IQ2XXS_GRID[(idx >> (8 * l)) as u8 as usize] as i64;
+            let s = |l: u32| EVEN_SIGN_BYTES[((aux >> (7 * l)) & 127) as usize] as i64;
+            let scale = _mm256_set1_epi16(odd(aux >> 28));
+            (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), _mm256_set_epi64x(s(3), s(2), s(1), s(0)), scale)
+        }
+        IqKind::Iq2Xs => {
+            let q = |l: usize| std::ptr::read_unaligned(b.add(2 + 8 * ib + 2 * l) as *const u16) as usize;
+            let g = |l: usize| IQ2XS_GRID[q(l) & 511] as i64;
+            let s = |l: usize| EVEN_SIGN_BYTES[q(l) >> 9] as i64;
+            let sc = *b.add(66 + ib) as u32;
+            (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), _mm256_set_epi64x(s(3), s(2), s(1), s(0)), scale_halves(odd(sc & 15), odd(sc >> 4)))
+        }
+        IqKind::Iq2S => {
+            let qh = *b.add(66 + ib) as usize;
+            let g = |l: usize| IQ2S_GRID[*b.add(2 + 4 * ib + l) as usize | ((qh << (8 - 2 * l)) & 0x300)] as i64;
+            let sc = *b.add(74 + ib) as u32;
+            (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), sign_bytes_of(b.add(34 + 4 * ib)), scale_halves(odd(sc & 15), odd(sc >> 4)))
+        }
+        IqKind::Iq3Xxs => {
+            let q = b.add(2 + 8 * ib);
+            let g = |k: usize| IQ3XXS_GRID[*q.add(k) as usize] as i32;
+            let aux = rd_u32_at(b.add(66 + 4 * ib));
+            let s = |l: u32| EVEN_SIGN_BYTES[((aux >> (7 * l)) & 127) as usize] as i64;
+            let grid = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
+            (grid, _mm256_set_epi64x(s(3), s(2), s(1), s(0)), _mm256_set1_epi16(odd(aux >> 28)))
+        }
+        IqKind::Iq3S => {
+            let (q, qh) = (b.add(2 + 8 * ib), *b.add(66 + ib) as usize);
+            let g = |k: usize| IQ3S_GRID[*q.add(k) as usize | ((qh << (8 - k)) & 256)] as i32;
+            let s = (*b.add(106 + ib / 2) as u32 >> (4 * (ib % 2))) & 15;
+            let grid = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
+            (grid, sign_bytes_of(b.add(74 + 4 * ib)), _mm256_set1_epi16(odd(s)))
+        }
     }
-    sumi
 }
 
 /// The dot of one weight row with T activation rows: per super-block `acc = fma(d * d_x,
@@ -104,16 +140,22 @@ unsafe fn iquant<const KIND: u8, const MODE: u8, const T: usize>(nb: usize, w: *
     let mut one = [0f32; T];
     for i in 0..nb {
         let bw = w.add(i * bytes);
-        let dec = decode::<KIND>(bw);
+        // Each sub-block is decoded once into registers and used for every token.
+        let mut sumi = [_mm256_setzero_si256(); T];
+        for ib in 0..8 {
+            let (grid, signs, scales) = sub_vectors::<KIND>(bw, ib);
+            for t in 0..T {
+                let q8 = _mm256_sign_epi8(loadu(x[t].add(i * 292 + 4 + 32 * ib)), signs);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(grid, q8), scales));
+            }
+        }
         let dw = f16_1(bw);
         for t in 0..T {
-            let bx = x[t].add(i * 292);
-            let dx = std::ptr::read_unaligned(bx as *const f32);
-            let sumi = lanes(&dec, bx);
+            let dx = std::ptr::read_unaligned(x[t].add(i * 292) as *const f32);
             if MODE == TILED {
-                one[t] = (hsum_epi32(sumi) as f32 * (dw * factor)).mul_add(dx, one[t]);
+                one[t] = (hsum_epi32(sumi[t]) as f32 * (dw * factor)).mul_add(dx, one[t]);
             } else {
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(sumi), acc[t]);
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
             }
         }
     }
@@ -316,17 +358,13 @@ unsafe fn octet_row_block<const KIND: u8>(b: *const u8) -> ([__m256i; 8], [i16; 
             (v, scales, iq1_m_d(block) * 0.125)
         }
         _ => {
-            let k = kind(KIND);
-            let block = std::slice::from_raw_parts(b, k.bytes());
             for (ib, chunk) in v.iter_mut().enumerate() {
-                let sb = sub_block(k, block, ib);
-                let g = |l: usize| sb.grid[l] as i64;
-                let s = |l: usize| SIGN_BYTES[sb.signs[l] as usize] as i64;
-                *chunk = _mm256_sign_epi8(_mm256_set_epi64x(g(3), g(2), g(1), g(0)), _mm256_set_epi64x(s(3), s(2), s(1), s(0)));
-                scales[2 * ib] = 2 * sb.scales[0] as i16 + 1;
-                scales[2 * ib + 1] = 2 * sb.scales[1] as i16 + 1;
+                let (grid, signs, halves) = sub_vectors::<KIND>(b, ib);
+                *chunk = _mm256_sign_epi8(grid, signs);
+                scales[2 * ib] = _mm256_extract_epi16::<0>(halves) as i16;
+                scales[2 * ib + 1] = _mm256_extract_epi16::<8>(halves) as i16;
             }
-            (v, scales, f16_1(b) * k.factor())
+            (v, scales, f16_1(b) * kind(KIND).factor())
         }
     }
 }

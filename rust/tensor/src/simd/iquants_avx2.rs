@@ -70,16 +70,17 @@ unsafe fn rd_u32_at(p: *const u8) -> u32 {
     std::ptr::read_unaligned(p as *const u32)
 }
 
-/// Four sign bytes at p (bit j of byte l set: element 8l + j negative) as 32 bytes of 1 or -1,
-/// in vector arithmetic: each byte copied over its octet, its bits picked out by a mask.
+/// Four sign bytes at p (bit j of byte l set: element 8l + j negative) as 32 sign operands of
+/// `_mm256_sign_epi8`, in vector arithmetic: each byte copied over its octet, its bit j
+/// picked out (0 or 2^j), then 127 added with unsigned saturation: 127 (keep) or 128..255
+/// (negative as i8: negate).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn sign_bytes_of(p: *const u8) -> __m256i {
     let spread = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let octets = _mm256_shuffle_epi8(_mm256_set1_epi32(rd_u32_at(p) as i32), spread);
-    let negative = _mm256_cmpeq_epi8(_mm256_and_si256(octets, bit), bit);
-    _mm256_or_si256(negative, _mm256_set1_epi8(1))
+    _mm256_adds_epu8(_mm256_and_si256(octets, bit), _mm256_set1_epi8(127))
 }
 
 /// 32 bytes of 7-bit sign groups (one a byte, bit 7 clear) completed with the parity bit that
@@ -98,13 +99,16 @@ unsafe fn even_signs(groups: __m256i) -> __m256i {
 /// The block's sign bytes where a sub-block reads them as four bytes (byte 4 ib + l: octet l
 /// of sub-block ib, bit j set: element j negative), and the odd scale 2 s + 1 of each
 /// sub-block of the kinds with one scale per 32 (IQ2_XXS, IQ3_XXS; untouched for the others).
+/// Returns, for IQ2_XS and IQ2_S (a 4-bit scale per 16 elements), the sixteen odd scales as
+/// i16 lanes, the first halves' in the low 128 bits and the second halves' in the high, for
+/// `sub_block_halves` to pick a sub-block's pair out of (zero for the other kinds).
 /// IQ2_S and IQ3_S store the bytes as they are. IQ3_XXS keeps four 7-bit groups and the scale
 /// in a u32 per sub-block: the groups are completed in vector arithmetic for the whole block
 /// at once. IQ2_XXS and IQ2_XS look their groups up per octet in `sub_vectors` instead: with
 /// their four grid lookups per sub-block (IQ3's take eight) that measured faster.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block_signs<const KIND: u8>(b: *const u8, signs: &mut [u8; 32], scales: &mut [i32; 8]) {
+unsafe fn block_signs<const KIND: u8>(b: *const u8, signs: &mut [u8; 32], scales: &mut [i32; 8]) -> __m256i {
     let odd_scales = |aux: __m256i| _mm256_or_si256(_mm256_srli_epi32(aux, 27), _mm256_set1_epi32(1));
     let bytes = match kind(KIND) {
         IqKind::Iq2Xxs => {
@@ -113,9 +117,9 @@ unsafe fn block_signs<const KIND: u8>(b: *const u8, signs: &mut [u8; 32], scales
             let first = _mm256_permutevar8x32_epi32(loadu(b.add(2)), odd_dwords);
             let second = _mm256_permutevar8x32_epi32(loadu(b.add(34)), odd_dwords);
             _mm256_storeu_si256(scales.as_mut_ptr() as *mut __m256i, odd_scales(_mm256_blend_epi32::<0xf0>(first, second)));
-            return;
+            return _mm256_setzero_si256();
         }
-        IqKind::Iq2Xs => return,
+        IqKind::Iq2Xs => return odd_halves(b.add(66)),
         IqKind::Iq3Xxs => {
             let aux = loadu(b.add(66));
             _mm256_storeu_si256(scales.as_mut_ptr() as *mut __m256i, odd_scales(aux));
@@ -126,10 +130,54 @@ unsafe fn block_signs<const KIND: u8>(b: *const u8, signs: &mut [u8; 32], scales
             let g3 = _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_slli_epi32(m, 24));
             even_signs(_mm256_or_si256(_mm256_or_si256(g0, g1), _mm256_or_si256(g2, g3)))
         }
-        IqKind::Iq2S => loadu(b.add(34)),
+        IqKind::Iq2S => {
+            _mm256_storeu_si256(signs.as_mut_ptr() as *mut __m256i, loadu(b.add(34)));
+            return odd_halves(b.add(74));
+        }
         IqKind::Iq3S => loadu(b.add(74)),
     };
     _mm256_storeu_si256(signs.as_mut_ptr() as *mut __m256i, bytes);
+    _mm256_setzero_si256()
+}
+
+/// IQ2_S's 32 10-bit grid indices of the block at b, in vector arithmetic: index 4 ib + l is
+/// byte qs[4 ib + l] with bits 2l, 2l + 1 of qh[ib] above it (moved there by a multiply:
+/// AVX2 has no per-lane 16-bit shift).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq2_s_indices(b: *const u8, out: &mut [u16; 32]) {
+    let qh = _mm256_broadcastsi128_si256(_mm_loadl_epi64(b.add(66) as *const __m128i));
+    let shifts = _mm256_set1_epi64x(0x0004_0010_0040_0100);
+    let high = _mm256_set1_epi16(0x300);
+    for half in 0..2 {
+        let low = _mm256_cvtepu8_epi16(_mm_loadu_si128(b.add(2 + 16 * half) as *const __m128i));
+        // u16 lane k of this half: qh[4 half + k / 4] in its low byte.
+        let c = |k: i8| k + 4 * half as i8;
+        let pick = _mm256_setr_epi8(
+            c(0), -1, c(0), -1, c(0), -1, c(0), -1, c(1), -1, c(1), -1, c(1), -1, c(1), -1,
+            c(2), -1, c(2), -1, c(2), -1, c(2), -1, c(3), -1, c(3), -1, c(3), -1, c(3), -1,
+        );
+        let bits = _mm256_and_si256(_mm256_mullo_epi16(_mm256_shuffle_epi8(qh, pick), shifts), high);
+        _mm256_storeu_si256(out.as_mut_ptr().add(16 * half) as *mut __m256i, _mm256_or_si256(low, bits));
+    }
+}
+
+/// Eight bytes of two 4-bit scales (sub-block ib's halves in byte ib) as the sixteen odd
+/// scales 2 s + 1 in i16 lanes: low nibbles in the low 128 bits, high nibbles in the high.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn odd_halves(p: *const u8) -> __m256i {
+    let packed = std::ptr::read_unaligned(p as *const i64);
+    let nibbles = _mm_and_si128(_mm_set_epi64x(packed >> 4, packed), _mm_set1_epi8(15));
+    _mm256_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(nibbles, nibbles), _mm_set1_epi8(1)))
+}
+
+/// Sub-block ib's two odd half scales out of `odd_halves`: lane ib of each 128-bit half
+/// copied over the half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sub_block_halves(halves: __m256i, ib: usize) -> __m256i {
+    _mm256_shuffle_epi8(halves, _mm256_set1_epi16((2 * ib | (2 * ib + 1) << 8) as i16))
 }
 
 /// Sub-block `ib` of the block at b, decoded straight into registers: its 32 unsigned grid
@@ -138,7 +186,7 @@ unsafe fn block_signs<const KIND: u8>(b: *const u8, signs: &mut [u8; 32], scales
 /// is the specification; this reads the bytes without bounds checks or a struct in memory).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize, signs: &[u8; 32], scales: &[i32; 8]) -> (__m256i, __m256i, __m256i) {
+unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize, signs: &[u8; 32], scales: &[i32; 8], halves: __m256i, indices: &[u16; 32]) -> (__m256i, __m256i, __m256i) {
     let odd = |s: u32| (2 * s + 1) as i16;
     let sign = || sign_bytes_of(signs.as_ptr().add(4 * ib));
     match kind(KIND) {
@@ -152,14 +200,11 @@ unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize, signs: &[u8; 32],
             let q = |l: usize| std::ptr::read_unaligned(b.add(2 + 8 * ib + 2 * l) as *const u16) as usize;
             let g = |l: usize| IQ2XS_GRID[q(l) & 511] as i64;
             let s = |l: usize| EVEN_SIGN_BYTES[q(l) >> 9] as i64;
-            let sc = *b.add(66 + ib) as u32;
-            (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), _mm256_set_epi64x(s(3), s(2), s(1), s(0)), scale_halves(odd(sc & 15), odd(sc >> 4)))
+            (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), _mm256_set_epi64x(s(3), s(2), s(1), s(0)), sub_block_halves(halves, ib))
         }
         IqKind::Iq2S => {
-            let qh = *b.add(66 + ib) as usize;
-            let g = |l: usize| IQ2S_GRID[*b.add(2 + 4 * ib + l) as usize | ((qh << (8 - 2 * l)) & 0x300)] as i64;
-            let sc = *b.add(74 + ib) as u32;
-            (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), sign(), scale_halves(odd(sc & 15), odd(sc >> 4)))
+            let g = |l: usize| IQ2S_GRID[indices[4 * ib + l] as usize & 1023] as i64;
+            (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), sign(), sub_block_halves(halves, ib))
         }
         IqKind::Iq3Xxs => {
             let q = b.add(2 + 8 * ib);
@@ -191,10 +236,14 @@ unsafe fn iquant<const KIND: u8, const MODE: u8, const T: usize>(nb: usize, w: *
         // Each sub-block is decoded once into registers and used for every token.
         // Two sub-blocks a step, into two sums, as ggml: independent chains to overlap.
         let (mut signs, mut scales) = ([0u8; 32], [0i32; 8]);
-        block_signs::<KIND>(bw, &mut signs, &mut scales);
+        let halves = block_signs::<KIND>(bw, &mut signs, &mut scales);
+        let mut indices = [0u16; 32];
+        if kind(KIND) == IqKind::Iq2S {
+            iq2_s_indices(bw, &mut indices);
+        }
         let mut sumi = [[_mm256_setzero_si256(); T]; 2];
         for ib in (0..8).step_by(2) {
-            let pair = [sub_vectors::<KIND>(bw, ib, &signs, &scales), sub_vectors::<KIND>(bw, ib + 1, &signs, &scales)];
+            let pair = [sub_vectors::<KIND>(bw, ib, &signs, &scales, halves, &indices), sub_vectors::<KIND>(bw, ib + 1, &signs, &scales, halves, &indices)];
             for (h, (grid, signs, scales)) in pair.into_iter().enumerate() {
                 for t in 0..T {
                     let q8 = _mm256_sign_epi8(loadu(x[t].add(i * 292 + 4 + 32 * (ib + h))), signs);
@@ -413,9 +462,13 @@ unsafe fn octet_row_block<const KIND: u8>(b: *const u8) -> ([__m256i; 8], [i16; 
         }
         _ => {
             let (mut sign_bytes, mut sub_scales) = ([0u8; 32], [0i32; 8]);
-            block_signs::<KIND>(b, &mut sign_bytes, &mut sub_scales);
+            let halves = block_signs::<KIND>(b, &mut sign_bytes, &mut sub_scales);
+            let mut indices = [0u16; 32];
+            if kind(KIND) == IqKind::Iq2S {
+                iq2_s_indices(b, &mut indices);
+            }
             for (ib, chunk) in v.iter_mut().enumerate() {
-                let (grid, signs, halves) = sub_vectors::<KIND>(b, ib, &sign_bytes, &sub_scales);
+                let (grid, signs, halves) = sub_vectors::<KIND>(b, ib, &sign_bytes, &sub_scales, halves, &indices);
                 *chunk = _mm256_sign_epi8(grid, signs);
                 scales[2 * ib] = _mm256_extract_epi16::<0>(halves) as i16;
                 scales[2 * ib + 1] = _mm256_extract_epi16::<8>(halves) as i16;

@@ -323,7 +323,22 @@ macro_rules! x86_kernels {
         #[target_feature(enable = $features)]
         unsafe fn dot_blocks32_sums<const KIND: u8, const T: usize>(nb: usize, w: *const u8, wbytes: usize, x: [*const u8; T], out: &mut [f32; T]) {
             let mut acc = [0f32; T];
-            for i in 0..nb {
+            let mut first = 0;
+            if T == 1 {
+                // One token: eight blocks' integer sums reduced together, then their fmas in
+                // block order as below (the same roundings, an eighth of the horizontal sums).
+                let mut isums = [0i32; 8];
+                while first + 8 <= nb {
+                    let (bw, bx) = (w.add(first * wbytes), x[0].add(first * 34));
+                    _mm256_storeu_si256(isums.as_mut_ptr() as *mut __m256i, block_sums8::<KIND>(bw, wbytes, bx));
+                    for (b, isum) in isums.iter().enumerate() {
+                        let dw = block_scale::<KIND>(bw.add(b * wbytes));
+                        acc[0] = (*isum as f32).mul_add(dw * f16_1(bx.add(b * 34)), acc[0]);
+                    }
+                    first += 8;
+                }
+            }
+            for i in first..nb {
                 let bw = w.add(i * wbytes);
                 let q = decode32::<KIND>(bw);
                 let dw = block_scale::<KIND>(bw);
@@ -334,6 +349,24 @@ macro_rules! x86_kernels {
                 }
             }
             *out = acc;
+        }
+
+        /// The exact integer sums of eight consecutive blocks against their Q8_0 activation
+        /// blocks, lane b block b: each block's eight lanes, then a transposed horizontal sum
+        /// (integer adds: any order gives the same sums).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn block_sums8<const KIND: u8>(w: *const u8, wbytes: usize, x: *const u8) -> __m256i {
+            let mut lanes = [_mm256_setzero_si256(); 8];
+            for (b, l) in lanes.iter_mut().enumerate() {
+                *l = dot_i8_signed!(decode32::<KIND>(w.add(b * wbytes)), loadu(x.add(b * 34 + 2)));
+            }
+            let quads = [
+                _mm256_hadd_epi32(_mm256_hadd_epi32(lanes[0], lanes[1]), _mm256_hadd_epi32(lanes[2], lanes[3])),
+                _mm256_hadd_epi32(_mm256_hadd_epi32(lanes[4], lanes[5]), _mm256_hadd_epi32(lanes[6], lanes[7])),
+            ];
+            // quads[q]: blocks 4q..4q+4's sums of lanes 0-3 in the low half, of lanes 4-7 in the high.
+            _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(quads[0], quads[1]), _mm256_permute2x128_si256::<0x31>(quads[0], quads[1]))
         }
 
         /// Q8_0 with one accumulator (ferrollama's products of 8 or more tokens).

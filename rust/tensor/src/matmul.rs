@@ -481,9 +481,24 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
             t0 += TOKEN_TILE;
         }
     }
+    // The kinds llama.cpp repacks take eight rows at a time for the tokens left (one per
+    // block and row: the same dot, bit for bit, without a horizontal sum per block and row).
+    let rows8 = match w.sums_gemm {
+        Some((gemm, from)) if n_tokens >= from && gemm.has_rows8() => Some(gemm),
+        _ => None,
+    };
     for tok in t0..n_tokens {
         let xs = &act[tok * xrow..(tok + 1) * xrow];
-        for r in rows.clone() {
+        let mut r = rows.start;
+        while let Some(gemm) = rows8.filter(|_| r + 8 <= rows.end) {
+            let mut eight = [0f32; 8];
+            gemm.rows8(w.cols, &all[r * rb..(r + 8) * rb], xs, &mut eight);
+            for (k, v) in eight.iter().enumerate() {
+                *out.0.add(tok * w.rows + r + k) = *v;
+            }
+            r += 8;
+        }
+        for r in r..rows.end {
             *out.0.add(tok * w.rows + r) = row_dot(w.cols, row(r), xs);
         }
     }

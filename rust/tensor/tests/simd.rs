@@ -456,6 +456,41 @@ fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
     }
 }
 
+/// The eight-row one-token kernels of the kinds llama.cpp repacks equal their one-accumulator
+/// row dots (`scalar::repacked`, the specification) bit for bit, at every block count the
+/// tiny and real models use and activations of several scales; the other kinds have none.
+#[test]
+fn eight_row_one_token_kernel_equals_the_one_accumulator_dot() {
+    use ferrollama_tensor::scalar::repacked as rp;
+    use ferrollama_tensor::simd::SumsGemm;
+    let mut rng = Rng::new(37);
+    let spec: [(GgmlType, VecDot); 3] = [
+        (GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0),
+        (GgmlType::IQ4_NL, rp::vec_dot_iq4_nl_q8_0),
+        (GgmlType::MXFP4, rp::vec_dot_mxfp4_q8_0),
+    ];
+    for (isa, _) in levels() {
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K] {
+            assert!(!SumsGemm::for_type(ty, isa).expect("a kernel").has_rows8(), "{ty}: its one-token dot is not one accumulator");
+        }
+        for &(ty, dot) in &spec {
+            let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
+            assert!(gemm.has_rows8());
+            for n in [32, 96, 896, 4864] {
+                for scale in [0.02f32, 2.0, 300.0] {
+                    let w: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                    let x = quantize(GgmlType::Q8_0, &rng.vec(n, scale));
+                    let mut out = [0f32; 8];
+                    gemm.rows8(n, &w, &x, &mut out);
+                    for (r, wr) in w.chunks_exact(w.len() / 8).enumerate() {
+                        assert_eq!(out[r].to_bits(), dot(n, wr, &x).to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A Q8_K activation row of n elements whose quants are all `q` (d = 1.0): the extreme of the
 /// i-quant octet kernels' biased sums (q = 127: every biased byte 255).
 fn constant_q8_k(n: usize, q: i8) -> Vec<u8> {

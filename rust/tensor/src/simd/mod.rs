@@ -439,6 +439,34 @@ impl SumsGemm {
         }
     }
 
+    /// Whether `rows8` serves this kind: the kinds llama.cpp repacks, whose one-token dot
+    /// is one accumulator fed exact block sums (Q4_0, IQ4_NL, MXFP4).
+    pub fn has_rows8(&self) -> bool {
+        matches!(self.kind, 1 | 3 | 4)
+    }
+
+    /// out[r] = row r of `w` (eight consecutive rows of n elements) times the Q8_0 activation
+    /// row `x`, each bit for bit the kind's one-accumulator row dot (`scalar::repacked`).
+    /// Panics unless `has_rows8`.
+    pub fn rows8(&self, n: usize, w: &[u8], x: &[u8], out: &mut [f32; 8]) {
+        assert!(self.has_rows8(), "eight-row one-token kernels of the repacked legacy kinds only");
+        let nb = n / 32;
+        assert!(w.len() >= 8 * nb * self.wbytes && x.len() >= nb * 34, "rows shorter than {n} elements");
+        #[cfg(target_arch = "x86_64")]
+        {
+            use x86::avx2::rows8_one_token;
+            let (w, x, rb) = (w.as_ptr(), x.as_ptr(), nb * self.wbytes);
+            // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
+            unsafe {
+                match self.kind {
+                    1 => rows8_one_token::<1>(nb, w, rb, self.wbytes, x, out),
+                    3 => rows8_one_token::<3>(nb, w, rb, self.wbytes, x, out),
+                    _ => rows8_one_token::<4>(nb, w, rb, self.wbytes, x, out),
+                }
+            }
+        }
+    }
+
     /// out[q][r][t] = row r of `w` (two consecutive rows of n elements) times activation row
     /// 4 (first_quad + q) + t (x[(4 (first_quad + q) + t) * stride..], as given to
     /// `factors`, which prepared `f`), for q < quads. Panics unless `has_pairs`.

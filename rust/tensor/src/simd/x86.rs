@@ -216,6 +216,18 @@ unsafe fn scales_mins_k4_16(packed: *const u8) -> __m128i {
     _mm_set_epi32(mins_hi as i32, (w1 & low6) as i32, scales_hi as i32, (w0 & low6) as i32)
 }
 
+/// Eight i32 vectors to one vector of their eight lane totals, in order (integers: any
+/// order of additions gives the same totals).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn totals8(p: &[__m256i; 8]) -> __m256i {
+    let h = [_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]), _mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7])];
+    // g0 lanes: p0..p3's sums over their low 128 bits, then over their high 128 bits.
+    let (g0, g1) = (_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
+    let fold = |g: __m256i| _mm_add_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256::<1>(g));
+    _mm256_set_m128i(fold(g1), fold(g0))
+}
+
 /// Signed-by-signed i8 products summed in fours into i32 lanes, through the unsigned-by-
 /// signed `dot_u8i8` of the level: |x| * (y with x's sign). Exact while y != -128.
 macro_rules! dot_i8_signed {
@@ -352,8 +364,7 @@ macro_rules! x86_kernels {
         }
 
         /// The exact integer sums of eight consecutive blocks against their Q8_0 activation
-        /// blocks, lane b block b: each block's eight lanes, then a transposed horizontal sum
-        /// (integer adds: any order gives the same sums).
+        /// blocks, lane b block b: each block's eight lanes, then their totals together.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn block_sums8<const KIND: u8>(w: *const u8, wbytes: usize, x: *const u8) -> __m256i {
@@ -361,12 +372,7 @@ macro_rules! x86_kernels {
             for (b, l) in lanes.iter_mut().enumerate() {
                 *l = dot_i8_signed!(decode32::<KIND>(w.add(b * wbytes)), loadu(x.add(b * 34 + 2)));
             }
-            let quads = [
-                _mm256_hadd_epi32(_mm256_hadd_epi32(lanes[0], lanes[1]), _mm256_hadd_epi32(lanes[2], lanes[3])),
-                _mm256_hadd_epi32(_mm256_hadd_epi32(lanes[4], lanes[5]), _mm256_hadd_epi32(lanes[6], lanes[7])),
-            ];
-            // quads[q]: blocks 4q..4q+4's sums of lanes 0-3 in the low half, of lanes 4-7 in the high.
-            _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(quads[0], quads[1]), _mm256_permute2x128_si256::<0x31>(quads[0], quads[1]))
+            totals8(&lanes)
         }
 
         /// Q8_0 with one accumulator (ferrollama's products of 8 or more tokens).
@@ -958,18 +964,6 @@ pub mod avx2 {
         }
     }
 
-    /// Eight i32 vectors to one vector of their eight lane totals, in order (integers: any
-    /// order of additions gives the same totals).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn totals8(p: &[__m256i; 8]) -> __m256i {
-        let h = [_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]), _mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7])];
-        // g0 lanes: p0..p3's sums over their low 128 bits, then over their high 128 bits.
-        let (g0, g1) = (_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
-        let fold = |g: __m256i| _mm_add_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256::<1>(g));
-        _mm256_set_m128i(fold(g1), fold(g0))
-    }
-
     /// Eight vectors of `maddubs` pair sums (i16) to one vector of their eight lane totals
     /// (i32), in order. The first two levels add in i16, which is exact when every pair sum
     /// is at most 7936 in magnitude (8 of them stay within i16): levels 0..31 times
@@ -1035,6 +1029,30 @@ pub mod avx2 {
                 out[q][r].copy_from_slice(&lanes[4 * r..4 * r + 4]);
             }
         }
+    }
+
+    /// Eight consecutive weight rows (row r at w + r * row_bytes) times one Q8_0 activation
+    /// row with one accumulator per row, as `dot_blocks32_sums` computes each (llama.cpp's
+    /// repacked gemv): per block the rows' exact integer sums (`totals8`), then one vector
+    /// FMA for the eight rows, acc = fma(float(isum), d_w * d_x, acc), lane r row r. A block
+    /// of activations is loaded once for the eight rows, and there is no horizontal sum per
+    /// row and block. KIND as `decode32` (the repacked kinds 1, 3, 4).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn rows8_one_token<const KIND: u8>(nb: usize, w: *const u8, row_bytes: usize, wbytes: usize, x: *const u8, out: &mut [f32; 8]) {
+        let mut acc = _mm256_setzero_ps();
+        let mut lanes = [_mm256_setzero_si256(); 8];
+        let mut scales = [0f32; 8];
+        for b in 0..nb {
+            let xb = loadu(x.add(b * 34 + 2));
+            for (r, (l, d)) in lanes.iter_mut().zip(scales.iter_mut()).enumerate() {
+                let bw = w.add(r * row_bytes + b * wbytes);
+                *l = dot_i8_signed!(decode32::<KIND>(bw), xb);
+                *d = block_scale::<KIND>(bw);
+            }
+            let dd = _mm256_mul_ps(_mm256_loadu_ps(scales.as_ptr()), _mm256_set1_ps(f16_1(x.add(b * 34))));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8(&lanes)), dd, acc);
+        }
+        _mm256_storeu_ps(out.as_mut_ptr(), acc);
     }
 
     /// The f16 at `at(r)` of eight rows as f32, one row per lane (the rows' d or dmin).

@@ -1042,7 +1042,15 @@ pub mod avx2 {
         let mut acc = _mm256_setzero_ps();
         let mut lanes = [_mm256_setzero_si256(); 8];
         let mut scales = [0f32; 8];
+        // The next eight rows (one contiguous span) come from memory while these are
+        // multiplied, a share of them before each block: eight interleaved row streams do not
+        // start the hardware prefetchers.
+        let next = w.wrapping_add(8 * row_bytes);
+        let share = 8 * wbytes;
         for b in 0..nb {
+            for line in 0..share.div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(b * share + 64 * line) as *const i8);
+            }
             let xb = loadu(x.add(b * 34 + 2));
             for (r, (l, d)) in lanes.iter_mut().zip(scales.iter_mut()).enumerate() {
                 let bw = w.add(r * row_bytes + b * wbytes);

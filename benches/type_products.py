@@ -41,10 +41,13 @@ WIDE_FOR_256 = 1024
 TOKENS = [1, 512]
 THREADS = int(os.environ.get("TYPE_PRODUCTS_THREADS", "2"))  # the worker processes inherit --threads
 COLD_BYTES = 64 << 20
-#: the issue's types (and the reference Q4_K), each with (ggml id, block elements, block bytes, offset of
+#: the issue's types (and the references Q4_K, Q4_0, IQ4_NL: types of the engine before issue 27 that
+#: llama.cpp also repacks, for scale), each with (ggml id, block elements, block bytes, offset of
 #: an f16 scale to make sane in random blocks, or a function that does it)
 TYPES = {
     "Q4_K": (12, 256, 144, [0, 2]),
+    "Q4_0": (2, 32, 18, [0]),
+    "IQ4_NL": (20, 32, 18, [0]),
     "MXFP4": (39, 32, 17, "e8m0"),
     "NVFP4": (40, 64, 36, "ue4m3"),
     "Q1_0": (41, 128, 18, [0]),
@@ -61,7 +64,9 @@ TYPES = {
 }
 #: types llama.cpp's CPU backend repacks on an AVX2 CPU when the row count is a multiple of 8
 #: (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type)
-GGML_REPACKS_ON_AVX2 = {"Q4_K", "MXFP4"}
+GGML_REPACKS_ON_AVX2 = {"Q4_K", "Q4_0", "IQ4_NL", "MXFP4"}
+#: the references, measured only when named in --types
+REFERENCES = {"Q4_K", "Q4_0", "IQ4_NL"}
 
 
 def random_blocks(name: str, rows: int, cols: int, seed: int = 27) -> bytes:
@@ -223,7 +228,7 @@ def main() -> None:
         print(json.dumps(ggml_time(name, int(rows), int(cols), int(tokens), int(reps), Path(weights), int(copies))))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", default=",".join(t for t in TYPES if t != "Q4_K"))
+    ap.add_argument("--types", default=",".join(t for t in TYPES if t not in REFERENCES))
     ap.add_argument("--tokens", default="1,512")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=THREADS)

@@ -207,7 +207,9 @@ unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize, signs: &[u8; 32],
             (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), _mm256_set_epi64x(s(3), s(2), s(1), s(0)), sub_block_halves(halves, ib))
         }
         IqKind::Iq2S => {
-            let g = |l: usize| IQ2S_GRID[indices[4 * ib + l] as usize & 1023] as i64;
+            // Read back from memory one by one (LLVM would otherwise take the stored vector
+            // apart with two-uop word extracts).
+            let g = |l: usize| IQ2S_GRID[std::ptr::read_volatile(&indices[4 * ib + l]) as usize & 1023] as i64;
             (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), sign(), sub_block_halves(halves, ib))
         }
         IqKind::Iq3Xxs => {

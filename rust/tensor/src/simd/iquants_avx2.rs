@@ -96,6 +96,22 @@ unsafe fn even_signs(groups: __m256i) -> __m256i {
     _mm256_or_si256(groups, _mm256_xor_si256(lo, hi))
 }
 
+/// The eight aux words of IQ2_XXS or IQ3_XXS (per sub-block four 7-bit sign groups, then
+/// the 4-bit scale in the top bits): the odd scales 2 s + 1 into `scales`, and the 32
+/// completed sign bytes returned.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn aux_signs_scales(aux: __m256i, scales: &mut [i32; 8]) -> __m256i {
+    _mm256_storeu_si256(scales.as_mut_ptr() as *mut __m256i, _mm256_or_si256(_mm256_srli_epi32(aux, 27), _mm256_set1_epi32(1)));
+    // Group l (bits 7l..7l + 7) moved to byte l.
+    let m = _mm256_set1_epi32(0x7f);
+    let g0 = _mm256_and_si256(aux, m);
+    let g1 = _mm256_and_si256(_mm256_slli_epi32(aux, 1), _mm256_slli_epi32(m, 8));
+    let g2 = _mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_slli_epi32(m, 16));
+    let g3 = _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_slli_epi32(m, 24));
+    even_signs(_mm256_or_si256(_mm256_or_si256(g0, g1), _mm256_or_si256(g2, g3)))
+}
+
 /// The block's sign bytes where a sub-block reads them as four bytes (byte 4 ib + l: octet l
 /// of sub-block ib, bit j set: element j negative), and the odd scale 2 s + 1 of each
 /// sub-block of the kinds with one scale per 32 (IQ2_XXS, IQ3_XXS; untouched for the others).
@@ -109,33 +125,16 @@ unsafe fn even_signs(groups: __m256i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block_signs<const KIND: u8>(b: *const u8, signs: &mut [u8; 32], scales: &mut [i32; 8]) -> __m256i {
-    let odd_scales = |aux: __m256i| _mm256_or_si256(_mm256_srli_epi32(aux, 27), _mm256_set1_epi32(1));
     let bytes = match kind(KIND) {
         IqKind::Iq2Xxs => {
             // (index u32, aux u32) per sub-block: the odd dwords of 64 bytes.
             let odd_dwords = _mm256_set_epi32(7, 5, 3, 1, 7, 5, 3, 1);
             let first = _mm256_permutevar8x32_epi32(loadu(b.add(2)), odd_dwords);
             let second = _mm256_permutevar8x32_epi32(loadu(b.add(34)), odd_dwords);
-            let aux = _mm256_blend_epi32::<0xf0>(first, second);
-            _mm256_storeu_si256(scales.as_mut_ptr() as *mut __m256i, odd_scales(aux));
-            let m = _mm256_set1_epi32(0x7f);
-            let g0 = _mm256_and_si256(aux, m);
-            let g1 = _mm256_and_si256(_mm256_slli_epi32(aux, 1), _mm256_slli_epi32(m, 8));
-            let g2 = _mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_slli_epi32(m, 16));
-            let g3 = _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_slli_epi32(m, 24));
-            even_signs(_mm256_or_si256(_mm256_or_si256(g0, g1), _mm256_or_si256(g2, g3)))
+            aux_signs_scales(_mm256_blend_epi32::<0xf0>(first, second), scales)
         }
         IqKind::Iq2Xs => return odd_halves(b.add(66)),
-        IqKind::Iq3Xxs => {
-            let aux = loadu(b.add(66));
-            _mm256_storeu_si256(scales.as_mut_ptr() as *mut __m256i, odd_scales(aux));
-            let m = _mm256_set1_epi32(0x7f);
-            let g0 = _mm256_and_si256(aux, m);
-            let g1 = _mm256_and_si256(_mm256_slli_epi32(aux, 1), _mm256_slli_epi32(m, 8));
-            let g2 = _mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_slli_epi32(m, 16));
-            let g3 = _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_slli_epi32(m, 24));
-            even_signs(_mm256_or_si256(_mm256_or_si256(g0, g1), _mm256_or_si256(g2, g3)))
-        }
+        IqKind::Iq3Xxs => aux_signs_scales(loadu(b.add(66)), scales),
         IqKind::Iq2S => {
             _mm256_storeu_si256(signs.as_mut_ptr() as *mut __m256i, loadu(b.add(34)));
             return odd_halves(b.add(74));

@@ -1033,24 +1033,20 @@ pub mod avx2 {
 
     /// The offset that makes a kind's levels unsigned for `rows8_one_token`, where `maddubs`
     /// pairs stay exact (2 * 255 * 128 would not: at most 2 * 24 * 128 here): Q4_0's stored
-    /// nibbles (levels + 8), MXFP4's levels + 12. The block's integer sum is then the
+    /// nibbles (`unsigned_offset`), MXFP4's levels + 12. The block's integer sum is then the
     /// unsigned one minus offset times the activation's block sum, one subtraction for the
     /// eight rows instead of the sign trick's two extra operations per row. IQ4_NL's levels
     /// (-127..113) keep the sign trick (0).
     const fn rows8_offset(kind: u8) -> i32 {
-        match kind {
-            1 => 8,
-            4 => 12,
-            _ => 0,
-        }
+        if kind == 4 { 12 } else { unsigned_offset(kind) }
     }
 
     /// A block's levels plus `rows8_offset` as unsigned bytes (Q4_0, MXFP4).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn rows8_unsigned<const KIND: u8>(b: *const u8) -> __m256i {
-        if KIND == 1 {
-            return bytes_from_nibbles_32(b.add(2));
+        if KIND != 4 {
+            return decode32_unsigned::<KIND>(b);
         }
         // KVALUES_MXFP4 + 12.
         let table = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));

@@ -77,6 +77,50 @@ pub unsafe fn q1_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], o
     }
 }
 
+/// Sub-block k of a Q1_0 block (`bw`) against its Q8_0 block (`bx`, the block's first):
+/// the signed quants' eight lanes as floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q1_0_signed_lanes(bw: *const u8, bx: *const u8, k: usize) -> __m256 {
+    let sign = signs(std::ptr::read_unaligned(bw.add(2 + 4 * k) as *const u32));
+    _mm256_cvtepi32_ps(lanes_of_bytes(_mm256_sign_epi8(loadu(bx.add(k * Q8_0_BYTES + 2)), sign)))
+}
+
+/// Eight consecutive Q1_0 rows (row r at w + r * row_bytes) times one Q8_0 activation row,
+/// each row's accumulators as ggml_vec_dot_q1_0_q8_0 computes them (the same bits as `q1_0`),
+/// with the activation's four scales per block converted and broadcast once for the eight
+/// rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q1_0_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    // The next eight rows (one contiguous span) come from memory while these are multiplied,
+    // a share of them per block: interleaved row streams do not start the hardware prefetch.
+    let next = w.wrapping_add(8 * row_bytes);
+    let share = 8 * Q1_0_BYTES;
+    for i in 0..nb {
+        for line in 0..share.div_ceil(64) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(i * share + 64 * line) as *const i8);
+        }
+        let bx = x.add(i * 4 * Q8_0_BYTES);
+        let mut dx = [_mm256_setzero_ps(); 4];
+        for (k, d) in dx.iter_mut().enumerate() {
+            *d = _mm256_set1_ps(f16_1(bx.add(k * Q8_0_BYTES)));
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let bw = w.add(r * row_bytes + i * Q1_0_BYTES);
+            // A loop and a function, not closures: closures do not inherit the target features.
+            let mut block = _mm256_mul_ps(dx[0], q1_0_signed_lanes(bw, bx, 0));
+            for (k, &d) in dx.iter().enumerate().skip(1) {
+                block = _mm256_fmadd_ps(d, q1_0_signed_lanes(bw, bx, k), block);
+            }
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_1(bw)), block, *acc);
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        *o = hsum_ps(acc);
+    }
+}
+
 /// The 2-bit codes (0..3) of a Q2_0 block's two sub-blocks of 32, in element order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

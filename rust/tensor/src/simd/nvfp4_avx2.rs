@@ -90,3 +90,33 @@ pub unsafe fn nvfp4_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u
         *o = hsum_ps(acc);
     }
 }
+
+/// Two NVFP4 rows times four Q8_0 activation rows: out[r][t] bit for bit the row dot of
+/// row r and token t (one accumulator each, as the four-token kernel `x86::nvfp4`), each
+/// half block decoded once for the four tokens and each activation scale converted once
+/// for the two rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn nvfp4_2x4(nb: usize, w: [*const u8; 2], x: [*const u8; 4], out: &mut [[f32; 4]; 2]) {
+    let table = level_table();
+    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    for i in 0..nb {
+        for h in 0..2 {
+            let bw = [w[0].add(i * NVFP4_BYTES), w[1].add(i * NVFP4_BYTES)];
+            let levels = [half_levels(bw[0], h, table), half_levels(bw[1], h, table)];
+            let dw = [half_scales(bw[0], h), half_scales(bw[1], h)];
+            for t in 0..4 {
+                let bx = x[t].add((2 * i + h) * Q8_0_BYTES);
+                let (dx, q) = (q8_scale(bx), loadu(bx.add(2)));
+                for r in 0..2 {
+                    let lanes = signed_lanes(levels[r], q);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(lanes), acc[r][t]);
+                }
+            }
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        for (o, acc) in o.iter_mut().zip(acc) {
+            *o = hsum_ps(acc);
+        }
+    }
+}

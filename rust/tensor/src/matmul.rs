@@ -470,9 +470,22 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
     };
     if let Some(x4) = row_dot_x4 {
         let mut res = [0f32; 4];
+        // NVFP4 and Q1_0 take two rows at a time (the same bits as the four-token dot).
+        let pair = crate::simd::rows2_x4_dot_for(w.traits.ty, w.traits.isa);
         while t0 + TOKEN_TILE <= n_tokens {
             let xs = &act[t0 * xrow..(t0 + TOKEN_TILE) * xrow];
-            for r in rows.clone() {
+            let mut r = rows.start;
+            while let Some(dot2) = pair.filter(|_| r + 2 <= rows.end) {
+                let mut res2 = [[0f32; 4]; 2];
+                dot2(w.cols, &all[r * rb..(r + 2) * rb], xs, xrow, &mut res2);
+                for (k, row) in res2.iter().enumerate() {
+                    for (t, v) in row.iter().enumerate() {
+                        *out.0.add((t0 + t) * w.rows + r + k) = *v;
+                    }
+                }
+                r += 2;
+            }
+            for r in r..rows.end {
                 x4(w.cols, row(r), xs, xrow, &mut res);
                 for (k, v) in res.iter().enumerate() {
                     *out.0.add((t0 + k) * w.rows + r) = *v;
@@ -487,9 +500,20 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
         Some((gemm, from)) if n_tokens >= from && gemm.has_rows8() => Some(gemm),
         _ => None,
     };
+    // NVFP4 and Q1_0 likewise: their row dots keep a vector accumulator per row, computed
+    // eight rows at a time with the activation's loads and scales shared.
+    let rows8_dot = crate::simd::rows8_dot_for(w.traits.ty, w.traits.isa);
     for tok in t0..n_tokens {
         let xs = &act[tok * xrow..(tok + 1) * xrow];
         let mut r = rows.start;
+        while let Some(dot8) = rows8_dot.filter(|_| r + 8 <= rows.end) {
+            let mut eight = [0f32; 8];
+            dot8(w.cols, &all[r * rb..(r + 8) * rb], xs, &mut eight);
+            for (k, v) in eight.iter().enumerate() {
+                *out.0.add(tok * w.rows + r + k) = *v;
+            }
+            r += 8;
+        }
         while let Some(gemm) = rows8.filter(|_| r + 8 <= rows.end) {
             let mut eight = [0f32; 8];
             gemm.rows8(w.cols, &all[r * rb..(r + 8) * rb], xs, &mut eight);

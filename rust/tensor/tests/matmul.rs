@@ -287,3 +287,31 @@ fn low_bit_products_equal_their_row_dots_at_every_token_count() {
         }
     }
 }
+
+/// NVFP4's and Q1_0's products (eight-row kernels for the tokens the four-token kernel leaves)
+/// give every output its row dot bit for bit: row counts a multiple of 8 and not, one to
+/// nine tokens, one and two threads.
+#[test]
+fn vector_accumulator_products_equal_their_row_dots() {
+    let mut rng = Rng::new(41);
+    let pools = [Threads::new(1), Threads::new(2)];
+    let cols = 896;
+    for ty in [GgmlType::NVFP4, GgmlType::Q1_0] {
+        for rows in [40, 45] {
+            let m = random_matrix(ty, rows, cols, &mut rng);
+            for n_tokens in [1, 2, 5, 9] {
+                let x = rng.vec(n_tokens * cols, 1.0);
+                for pool in &pools {
+                    let out = product(&m, &x, n_tokens, pool);
+                    for (t, xt) in x.chunks_exact(cols).enumerate() {
+                        let xq = quantize(tr(ty).vec_dot_type, xt);
+                        for r in 0..rows {
+                            let want = (tr(ty).vec_dot)(cols, m.row(r), &xq);
+                            assert_eq!(out[t * rows + r].to_bits(), want.to_bits(), "{ty} {rows} rows, {n_tokens} tokens, {} threads: row {r} token {t}", pool.n_threads());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

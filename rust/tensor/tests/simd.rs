@@ -536,3 +536,67 @@ fn iquant_octet_kernels_equal_the_tiled_dots() {
         }
     }
 }
+
+/// The eight-row one-token kernels of NVFP4 and Q1_0 equal their row dots (ggml's vec_dot
+/// arithmetic, one vector accumulator per row) bit for bit, at several block counts and
+/// activation scales; the other types have none.
+#[test]
+fn eight_row_vector_accumulator_kernels_equal_the_row_dot() {
+    use ferrollama_tensor::simd::rows8_dot_for;
+    let mut rng = Rng::new(41);
+    for (isa, table) in levels() {
+        assert!(rows8_dot_for(GgmlType::Q4_0, isa).is_none() && rows8_dot_for(GgmlType::NVFP4, Isa::Scalar).is_none());
+        for ty in [GgmlType::NVFP4, GgmlType::Q1_0] {
+            let dot8 = rows8_dot_for(ty, isa).expect("a kernel at every SIMD level");
+            let (row_dot, spec) = (entry(&table, ty).vec_dot, entry(&table, ty).vec_dot_scalar);
+            for n in [128, 384, 896, 4864] {
+                for scale in [0.02f32, 2.0, 300.0] {
+                    let w: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                    let x = quantize(GgmlType::Q8_0, &rng.vec(n, scale));
+                    let mut out = [0f32; 8];
+                    dot8(n, &w, &x, &mut out);
+                    for (r, wr) in w.chunks_exact(w.len() / 8).enumerate() {
+                        assert_eq!(out[r].to_bits(), row_dot(n, wr, &x).to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r}");
+                        assert_eq!(out[r].to_bits(), spec(n, wr, &x).to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r}: the scalar kernel");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The two-row, four-token kernels of NVFP4 and Q1_0 equal their row dots bit for bit, at
+/// several block counts and activation scales, with activation rows further apart than
+/// their length; the other types have none.
+#[test]
+fn two_row_four_token_kernels_equal_the_row_dot() {
+    use ferrollama_tensor::simd::rows2_x4_dot_for;
+    let mut rng = Rng::new(43);
+    for (isa, table) in levels() {
+        assert!(rows2_x4_dot_for(GgmlType::Q4_0, isa).is_none() && rows2_x4_dot_for(GgmlType::Q1_0, Isa::Scalar).is_none());
+        for ty in [GgmlType::NVFP4, GgmlType::Q1_0] {
+            let dot2 = rows2_x4_dot_for(ty, isa).expect("a kernel at every SIMD level");
+            let (row_dot, spec) = (entry(&table, ty).vec_dot, entry(&table, ty).vec_dot_scalar);
+            for n in [128, 384, 896, 4864] {
+                for scale in [0.02f32, 2.0, 300.0] {
+                    let w: Vec<u8> = (0..2).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                    let xs: Vec<Vec<u8>> = (0..4).map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect();
+                    let stride = xs[0].len() + 68;
+                    let mut x = vec![0u8; 3 * stride + xs[0].len()];
+                    for (t, xt) in xs.iter().enumerate() {
+                        x[t * stride..t * stride + xt.len()].copy_from_slice(xt);
+                    }
+                    let mut out = [[0f32; 4]; 2];
+                    dot2(n, &w, &x, stride, &mut out);
+                    for (r, wr) in w.chunks_exact(w.len() / 2).enumerate() {
+                        for (t, xt) in xs.iter().enumerate() {
+                            let what = format!("{ty} {isa:?} n={n} scale {scale} row {r} token {t}");
+                            assert_eq!(out[r][t].to_bits(), row_dot(n, wr, xt).to_bits(), "{what}");
+                            assert_eq!(out[r][t].to_bits(), spec(n, wr, xt).to_bits(), "{what}: the scalar kernel");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

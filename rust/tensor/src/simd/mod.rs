@@ -20,6 +20,8 @@ pub mod ternary_avx2;
 pub mod iquants_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod q1q2_avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod nvfp4_avx2;
 
 /// The SIMD replacements for one type at one instruction-set level.
 #[derive(Default, Clone, Copy)]
@@ -195,6 +197,79 @@ const AVX2_ONLY: &[GgmlType] = &[
     GgmlType::MXFP4, GgmlType::NVFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
     GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::Q1_0, GgmlType::Q2_0,
 ];
+
+/// Eight consecutive weight rows times one Q8_0 activation row: out[r] = row r of `w` (rows
+/// of n elements) times `x`, each bit for bit the type's row dot.
+pub type Rows8Dot = fn(n: usize, w: &[u8], x: &[u8], out: &mut [f32; 8]);
+
+/// Defines the safe wrapper of an eight-row one-token kernel.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows8_dot {
+    ($name:ident, $kernel:path, $block:expr, $wbytes:expr, $xbytes:expr) => {
+        fn $name(n: usize, w: &[u8], x: &[u8], out: &mut [f32; 8]) {
+            let nb = n / $block;
+            assert!(w.len() >= 8 * nb * $wbytes && x.len() >= nb * $xbytes, "rows shorter than {n} elements");
+            // SAFETY: lengths checked above; `rows8_dot_for` returns it only for CPUs with AVX2.
+            unsafe { $kernel(nb, w.as_ptr(), nb * $wbytes, x.as_ptr(), out) }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(nvfp4_rows8, nvfp4_avx2::nvfp4_rows8, 64, 36, 68);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(q1_0_rows8, q1q2_avx2::q1_0_rows8, 128, 18, 136);
+
+/// The eight-row one-token kernel of `ty` at `isa`, for the types whose row dot keeps one
+/// vector accumulator per row (NVFP4, Q1_0): llama.cpp's one-token products of these call
+/// vec_dot row by row, and eight rows at a time share the activation's loads and scales.
+pub fn rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa.available() {
+        match ty {
+            GgmlType::NVFP4 => return Some(nvfp4_rows8),
+            GgmlType::Q1_0 => return Some(q1_0_rows8),
+            _ => {}
+        }
+    }
+    let _ = (ty, isa);
+    None
+}
+
+/// Two consecutive weight rows times four activation rows (row t at x[t * stride..]):
+/// out[r][t] bit for bit the type's row dot of row r and token t.
+pub type Rows2X4Dot = fn(n: usize, w: &[u8], x: &[u8], stride: usize, out: &mut [[f32; 4]; 2]);
+
+/// Defines the safe wrapper of a two-row, four-token kernel.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows2_x4_dot {
+    ($name:ident, $kernel:path, $block:expr, $wbytes:expr, $xbytes:expr) => {
+        fn $name(n: usize, w: &[u8], x: &[u8], stride: usize, out: &mut [[f32; 4]; 2]) {
+            let nb = n / $block;
+            assert!(w.len() >= 2 * nb * $wbytes && stride >= nb * $xbytes && x.len() >= 3 * stride + nb * $xbytes, "rows shorter than {n} elements");
+            let (w, p) = (w.as_ptr(), x.as_ptr());
+            // SAFETY: lengths checked above; `rows2_x4_dot_for` returns it only for CPUs with AVX2.
+            unsafe { $kernel(nb, [w, w.add(nb * $wbytes)], [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], out) }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+rows2_x4_dot!(nvfp4_2x4, nvfp4_avx2::nvfp4_2x4, 64, 36, 68);
+#[cfg(target_arch = "x86_64")]
+rows2_x4_dot!(q1_0_2x4, q1q2_avx2::q1_0_2x4, 128, 18, 136);
+
+/// The two-row, four-token kernel of `ty` at `isa` (NVFP4, Q1_0; see `rows8_dot_for`).
+pub fn rows2_x4_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows2X4Dot> {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa.available() {
+        match ty {
+            GgmlType::NVFP4 => return Some(nvfp4_2x4),
+            GgmlType::Q1_0 => return Some(q1_0_2x4),
+            _ => {}
+        }
+    }
+    let _ = (ty, isa);
+    None
+}
 
 /// The kernels written for `ty` at `isa` (empty for Scalar or on other architectures).
 /// Panics if `isa` is not available on this CPU: callers pass the detected level.

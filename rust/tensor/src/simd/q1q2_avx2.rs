@@ -42,11 +42,26 @@ unsafe fn lanes_of_bytes(v: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1))
 }
 
-/// A Q8_0 sub-block's scale (broadcast) and its signed quants' lanes as floats.
+/// A Q8_0 sub-block's signed quants' lanes as floats.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q1_0_sub_block(sx: *const u8, sign: __m256i) -> (__m256, __m256) {
-    (_mm256_set1_ps(f16_1(sx)), _mm256_cvtepi32_ps(lanes_of_bytes(_mm256_sign_epi8(loadu(sx.add(2)), sign))))
+unsafe fn q1_0_sub_block(sx: *const u8, sign: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(lanes_of_bytes(_mm256_sign_epi8(loadu(sx.add(2)), sign)))
+}
+
+/// The f16 scales of the four Q8_0 sub-blocks at `bx` (one Q1_0 block's activations) as f32,
+/// converted together: the four halves gathered in a general register, one conversion,
+/// then broadcast lane by lane (the same values as one conversion each).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_scales4(bx: *const u8) -> [__m256; 4] {
+    let mut packed = 0u64;
+    for k in 0..4 {
+        packed |= (std::ptr::read_unaligned(bx.add(k * Q8_0_BYTES) as *const u16) as u64) << (16 * k);
+    }
+    let mut d = [0f32; 4];
+    _mm_storeu_ps(d.as_mut_ptr(), _mm_cvtph_ps(_mm_cvtsi64_si128(packed as i64)));
+    [_mm256_broadcast_ss(&d[0]), _mm256_broadcast_ss(&d[1]), _mm256_broadcast_ss(&d[2]), _mm256_broadcast_ss(&d[3])]
 }
 
 /// Q1_0 x Q8_0 as ggml_vec_dot_q1_0_q8_0 (AVX2), for T activation rows.
@@ -63,17 +78,96 @@ pub unsafe fn q1_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], o
         let dw = _mm256_set1_ps(f16_1(bw));
         for t in 0..T {
             let bx = x[t].add(i * 4 * Q8_0_BYTES);
-            let (d, s) = q1_0_sub_block(bx, sign[0]);
-            let mut block = _mm256_mul_ps(d, s);
+            let mut block = _mm256_mul_ps(_mm256_set1_ps(f16_1(bx)), q1_0_sub_block(bx, sign[0]));
             for (k, &sign_k) in sign.iter().enumerate().skip(1) {
-                let (d, s) = q1_0_sub_block(bx.add(k * Q8_0_BYTES), sign_k);
-                block = _mm256_fmadd_ps(d, s, block);
+                // One conversion per scale here: converting the four together measured slower.
+                let sx = bx.add(k * Q8_0_BYTES);
+                block = _mm256_fmadd_ps(_mm256_set1_ps(f16_1(sx)), q1_0_sub_block(sx, sign_k), block);
             }
             acc[t] = _mm256_fmadd_ps(dw, block, acc[t]);
         }
     }
     for t in 0..T {
         out[t] = hsum_ps(acc[t]);
+    }
+}
+
+/// Sub-block k of a Q1_0 block (`bw`) against its Q8_0 block (`bx`, the block's first):
+/// the signed quants' eight lanes as floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q1_0_signed_lanes(bw: *const u8, bx: *const u8, k: usize) -> __m256 {
+    q1_0_sub_block(bx.add(k * Q8_0_BYTES), signs(std::ptr::read_unaligned(bw.add(2 + 4 * k) as *const u32)))
+}
+
+/// Eight consecutive Q1_0 rows (row r at w + r * row_bytes) times one Q8_0 activation row,
+/// each row's accumulators as ggml_vec_dot_q1_0_q8_0 computes them (the same bits as `q1_0`),
+/// with the activation's four scales per block converted and broadcast once for the eight
+/// rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q1_0_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    // The next eight rows (one contiguous span) come from memory while these are multiplied,
+    // a share of them per block: interleaved row streams do not start the hardware prefetch.
+    let next = w.wrapping_add(8 * row_bytes);
+    let share = 8 * Q1_0_BYTES;
+    for i in 0..nb {
+        for line in 0..share.div_ceil(64) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(i * share + 64 * line) as *const i8);
+        }
+        let bx = x.add(i * 4 * Q8_0_BYTES);
+        let dx = q8_0_scales4(bx);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let bw = w.add(r * row_bytes + i * Q1_0_BYTES);
+            // A loop and a function, not closures: closures do not inherit the target features.
+            let mut block = _mm256_mul_ps(dx[0], q1_0_signed_lanes(bw, bx, 0));
+            for (k, &d) in dx.iter().enumerate().skip(1) {
+                block = _mm256_fmadd_ps(d, q1_0_signed_lanes(bw, bx, k), block);
+            }
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_1(bw)), block, *acc);
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        *o = hsum_ps(acc);
+    }
+}
+
+/// Two Q1_0 rows times four Q8_0 activation rows: out[r][t] bit for bit the row dot of row r
+/// and token t (as `q1_0`), each block's signs expanded once for the four tokens and each
+/// activation sub-block's scale and quants loaded once for the two rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q1_0_2x4(nb: usize, w: [*const u8; 2], x: [*const u8; 4], out: &mut [[f32; 4]; 2]) {
+    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    let mut sign = [[_mm256_setzero_si256(); 4]; 2];
+    for i in 0..nb {
+        let bw = [w[0].add(i * Q1_0_BYTES), w[1].add(i * Q1_0_BYTES)];
+        for (s, &bw) in sign.iter_mut().zip(&bw) {
+            for (k, s) in s.iter_mut().enumerate() {
+                *s = signs(std::ptr::read_unaligned(bw.add(2 + 4 * k) as *const u32));
+            }
+        }
+        let dw = [_mm256_set1_ps(f16_1(bw[0])), _mm256_set1_ps(f16_1(bw[1]))];
+        for t in 0..4 {
+            let bx = x[t].add(i * 4 * Q8_0_BYTES);
+            let d = q8_0_scales4(bx);
+            let mut block = [_mm256_setzero_ps(); 2];
+            for (k, &d) in d.iter().enumerate() {
+                let q = loadu(bx.add(k * Q8_0_BYTES + 2));
+                for r in 0..2 {
+                    let lanes = _mm256_cvtepi32_ps(lanes_of_bytes(_mm256_sign_epi8(q, sign[r][k])));
+                    // ggml's order: a multiply for the first sub-block, then FMAs.
+                    block[r] = if k == 0 { _mm256_mul_ps(d, lanes) } else { _mm256_fmadd_ps(d, lanes, block[r]) };
+                }
+            }
+            for r in 0..2 {
+                acc[r][t] = _mm256_fmadd_ps(dw[r], block[r], acc[r][t]);
+            }
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        for (o, acc) in o.iter_mut().zip(acc) {
+            *o = hsum_ps(acc);
+        }
     }
 }
 

@@ -428,23 +428,20 @@ macro_rules! x86_kernels {
         /// lanes scaled by its sub-block's scale, one accumulator.
         #[target_feature(enable = $features)]
         pub unsafe fn nvfp4<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            use crate::scalar::nvfp4::ue4m3_to_f32_half;
-            let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::scalar::legacy::KVALUES_MXFP4.as_ptr() as *const __m128i));
+            use crate::simd::nvfp4_avx2::{half_levels, half_scales, level_table, signed_lanes};
+            let table = level_table();
             let mut acc = [_mm256_setzero_ps(); T];
             for i in 0..nb {
                 let bw = w.add(i * 36);
                 for h in 0..2 {
-                    // Low nibbles of the two sub-blocks, then their high nibbles: the 64-bit
-                    // groups reordered to sub-block 2h's 16 elements, then 2h + 1's.
-                    let nibbles = bytes_from_nibbles_32(bw.add(4 + 16 * h));
-                    let q = _mm256_shuffle_epi8(table, _mm256_permute4x64_epi64::<0b11_01_10_00>(nibbles));
-                    // Lanes 0-3 take sub-block 2h's scale, 4-7 sub-block 2h + 1's; each times
-                    // the activation's d lane by lane (ggml's scalar products, the same roundings).
-                    let dw = _mm256_set_m128(_mm_set1_ps(ue4m3_to_f32_half(*bw.add(2 * h + 1))), _mm_set1_ps(ue4m3_to_f32_half(*bw.add(2 * h))));
+                    let q = half_levels(bw, h, table);
+                    // Each sub-block's scale times the activation's d lane by lane (ggml's
+                    // scalar products, the same roundings).
+                    let dw = half_scales(bw, h);
                     for t in 0..T {
                         let bx = x[t].add((2 * i + h) * 34);
                         let scales = _mm256_mul_ps(dw, f16x8(bx));
-                        let s = dot_i8_signed!(q, loadu(bx.add(2)));
+                        let s = signed_lanes(q, loadu(bx.add(2)));
                         acc[t] = _mm256_fmadd_ps(scales, _mm256_cvtepi32_ps(s), acc[t]);
                     }
                 }

@@ -1,0 +1,122 @@
+//! NVFP4 x Q8_0 on AVX2, the arithmetic of ggml_vec_dot_nvfp4_q8_0 (`scalar::nvfp4`, the
+//! specification): the block decoding shared by the T-token kernel (`x86::nvfp4`) and the
+//! eight-row one-token kernel here.
+//!
+//! SAFETY (whole module): callers pass whole blocks readable at every pointer (checked by the
+//! safe wrappers in `simd::mod`) and call these only on CPUs with AVX2, FMA and F16C (checked
+//! by the dispatch).
+
+// The kernels' contract is the module's SAFETY paragraph above.
+#![allow(clippy::missing_safety_doc)]
+
+use std::arch::x86_64::*;
+
+use super::x86::{hsum_ps, loadu};
+use crate::scalar::nvfp4::{ue4m3_to_f32_half, NVFP4_BYTES};
+
+const Q8_0_BYTES: usize = 34;
+
+/// The doubled E2M1 levels as a byte table for `_mm256_shuffle_epi8` (both lanes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn level_table() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::scalar::legacy::KVALUES_MXFP4.as_ptr() as *const __m128i))
+}
+
+/// The 32 levels of half `h` of the block at `bw` in element order: sub-block 2h's 16 (its
+/// bytes' low nibbles, then their high ones) in the low lane, 2h + 1's in the high one. Each
+/// 64-bit group of nibble bytes is copied twice and the copy shifted by 4 bits, so that
+/// masking keeps the low nibbles of one and the high nibbles of the other.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn half_levels(bw: *const u8, h: usize, table: __m256i) -> __m256i {
+    let bytes = _mm256_castsi128_si256(_mm_loadu_si128(bw.add(4 + 16 * h) as *const __m128i));
+    let doubled = _mm256_permute4x64_epi64::<0b01_01_00_00>(bytes);
+    let nibbles = _mm256_and_si256(_mm256_srlv_epi64(doubled, _mm256_setr_epi64x(0, 4, 0, 4)), _mm256_set1_epi8(0x0f));
+    _mm256_shuffle_epi8(table, nibbles)
+}
+
+/// Half `h`'s sub-block scales: lanes 0-3 sub-block 2h's, lanes 4-7 sub-block 2h + 1's.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn half_scales(bw: *const u8, h: usize) -> __m256 {
+    _mm256_set_m128(_mm_set1_ps(ue4m3_to_f32_half(*bw.add(2 * h + 1))), _mm_set1_ps(ue4m3_to_f32_half(*bw.add(2 * h))))
+}
+
+/// One Q8_0 block's f16 scale in all eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_scale(bx: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(bx as *const u16) as i16))
+}
+
+/// The eight i32 lanes of 32 signed levels times 32 activation quants, through the sign
+/// trick of ggml's `mul_sum_i8_pairs_float` (the same lanes, -128 included).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn signed_lanes(levels: __m256i, q: __m256i) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(levels, levels), _mm256_sign_epi8(q, levels));
+    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+}
+
+/// Eight consecutive NVFP4 rows (row r at w + r * row_bytes) times one Q8_0 activation row,
+/// each row's accumulator as ggml_vec_dot_nvfp4_q8_0 computes it (`acc = fma(d_w * d_x,
+/// lanes, acc)` per half block, `hsum_float_8`): the same bits as the one-row kernel, with
+/// the activation's quants and scales loaded once for the eight rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn nvfp4_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
+    let table = level_table();
+    let mut acc = [_mm256_setzero_ps(); 8];
+    // The next eight rows (one contiguous span) come from memory while these are multiplied,
+    // a share of them per block: interleaved row streams do not start the hardware prefetch.
+    let next = w.wrapping_add(8 * row_bytes);
+    let share = 8 * NVFP4_BYTES;
+    for i in 0..nb {
+        for line in 0..share.div_ceil(64) {
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(i * share + 64 * line) as *const i8);
+        }
+        for h in 0..2 {
+            let bx = x.add((2 * i + h) * Q8_0_BYTES);
+            let (dx, q) = (q8_scale(bx), loadu(bx.add(2)));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let bw = w.add(r * row_bytes + i * NVFP4_BYTES);
+                let scales = _mm256_mul_ps(half_scales(bw, h), dx);
+                let lanes = signed_lanes(half_levels(bw, h, table), q);
+                *acc = _mm256_fmadd_ps(scales, _mm256_cvtepi32_ps(lanes), *acc);
+            }
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        *o = hsum_ps(acc);
+    }
+}
+
+/// Two NVFP4 rows times four Q8_0 activation rows: out[r][t] bit for bit the row dot of
+/// row r and token t (one accumulator each, as the four-token kernel `x86::nvfp4`), each
+/// half block decoded once for the four tokens and each activation scale converted once
+/// for the two rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn nvfp4_2x4(nb: usize, w: [*const u8; 2], x: [*const u8; 4], out: &mut [[f32; 4]; 2]) {
+    let table = level_table();
+    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    for i in 0..nb {
+        for h in 0..2 {
+            let bw = [w[0].add(i * NVFP4_BYTES), w[1].add(i * NVFP4_BYTES)];
+            let levels = [half_levels(bw[0], h, table), half_levels(bw[1], h, table)];
+            let dw = [half_scales(bw[0], h), half_scales(bw[1], h)];
+            for t in 0..4 {
+                let bx = x[t].add((2 * i + h) * Q8_0_BYTES);
+                let (dx, q) = (q8_scale(bx), loadu(bx.add(2)));
+                for r in 0..2 {
+                    let lanes = signed_lanes(levels[r], q);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(lanes), acc[r][t]);
+                }
+            }
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        for (o, acc) in o.iter_mut().zip(acc) {
+            *o = hsum_ps(acc);
+        }
+    }
+}

@@ -50,6 +50,9 @@ pub struct QMatrix {
     /// The two-row, four-token kernel of the one-accumulator dots, and the token count from
     /// which the product computes them (see `sums_gemm`).
     sums_gemm: Option<(SumsGemm, usize)>,
+    /// Eight rows at a time for one token, bit for bit `row_dot`, where the type has such a
+    /// kernel (`simd::rows8_dot_for`, `simd::repacked_rows8_dot_for`).
+    row_dot8: Option<crate::simd::Rows8Dot>,
 }
 
 /// llama.cpp's repacking is on (FERROLLAMA_NO_REPACK=1 turns ours off, for comparisons).
@@ -135,7 +138,12 @@ impl QMatrix {
         let (row_dot, row_dot_x4) = llama_row_dot(traits, rows);
         let tiled_dot = many_token_dot(traits);
         let sums_gemm = sums_gemm(traits, rows);
-        let m = QMatrix { ty, rows, cols, traits, data, packed: Arc::new(OnceLock::new()), row_dot, row_dot_x4, tiled_dot, sums_gemm };
+        let row_dot8 = if llama_repacks(traits, rows) {
+            crate::simd::repacked_rows8_dot_for(ty, traits.isa)
+        } else {
+            crate::simd::rows8_dot_for(ty, traits.isa)
+        };
+        let m = QMatrix { ty, rows, cols, traits, data, packed: Arc::new(OnceLock::new()), row_dot, row_dot_x4, tiled_dot, sums_gemm, row_dot8 };
         if repack {
             if let Some(job) = m.pack_job() {
                 job.run(usize::MAX);
@@ -494,29 +502,16 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
             t0 += TOKEN_TILE;
         }
     }
-    // The kinds llama.cpp repacks take eight rows at a time for the tokens left (one per
-    // block and row: the same dot, bit for bit, without a horizontal sum per block and row).
-    let rows8 = match w.sums_gemm {
-        Some((gemm, from)) if n_tokens >= from && gemm.has_rows8() => Some(gemm),
-        _ => None,
-    };
-    // NVFP4 and Q1_0 likewise: their row dots keep a vector accumulator per row, computed
-    // eight rows at a time with the activation's loads and scales shared.
-    let rows8_dot = crate::simd::rows8_dot_for(w.traits.ty, w.traits.isa);
+    // The tokens left take eight rows at a time where the type has such a kernel: the row
+    // dot's bits, with the activation's loads and scales shared by the rows (and, for the
+    // one-accumulator kinds, one reduction for the eight rows' block sums).
+    let dot8 = w.row_dot8.filter(|_| w.tiled_dot.is_none() || n_tokens < TILED_TOKENS);
     for tok in t0..n_tokens {
         let xs = &act[tok * xrow..(tok + 1) * xrow];
         let mut r = rows.start;
-        while let Some(dot8) = rows8_dot.filter(|_| r + 8 <= rows.end) {
+        while let Some(dot8) = dot8.filter(|_| r + 8 <= rows.end) {
             let mut eight = [0f32; 8];
             dot8(w.cols, &all[r * rb..(r + 8) * rb], xs, &mut eight);
-            for (k, v) in eight.iter().enumerate() {
-                *out.0.add(tok * w.rows + r + k) = *v;
-            }
-            r += 8;
-        }
-        while let Some(gemm) = rows8.filter(|_| r + 8 <= rows.end) {
-            let mut eight = [0f32; 8];
-            gemm.rows8(w.cols, &all[r * rb..(r + 8) * rb], xs, &mut eight);
             for (k, v) in eight.iter().enumerate() {
                 *out.0.add(tok * w.rows + r + k) = *v;
             }

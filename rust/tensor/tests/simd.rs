@@ -462,7 +462,7 @@ fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
 #[test]
 fn eight_row_one_token_kernel_equals_the_one_accumulator_dot() {
     use ferrollama_tensor::scalar::repacked as rp;
-    use ferrollama_tensor::simd::SumsGemm;
+    use ferrollama_tensor::simd::repacked_rows8_dot_for;
     let mut rng = Rng::new(37);
     let spec: [(GgmlType, VecDot); 3] = [
         (GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0),
@@ -471,17 +471,16 @@ fn eight_row_one_token_kernel_equals_the_one_accumulator_dot() {
     ];
     for (isa, _) in levels() {
         for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K] {
-            assert!(!SumsGemm::for_type(ty, isa).expect("a kernel").has_rows8(), "{ty}: its one-token dot is not one accumulator");
+            assert!(repacked_rows8_dot_for(ty, isa).is_none(), "{ty}: its one-token dot is not one accumulator");
         }
         for &(ty, dot) in &spec {
-            let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
-            assert!(gemm.has_rows8());
+            let rows8 = repacked_rows8_dot_for(ty, isa).expect("a kernel at every SIMD level");
             for n in [32, 96, 896, 4864] {
                 for scale in [0.02f32, 2.0, 300.0] {
                     let w: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
                     let x = quantize(GgmlType::Q8_0, &rng.vec(n, scale));
                     let mut out = [0f32; 8];
-                    gemm.rows8(n, &w, &x, &mut out);
+                    rows8(n, &w, &x, &mut out);
                     for (r, wr) in w.chunks_exact(w.len() / 8).enumerate() {
                         assert_eq!(out[r].to_bits(), dot(n, wr, &x).to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r}");
                     }

@@ -218,6 +218,12 @@ macro_rules! rows8_dot {
 rows8_dot!(nvfp4_rows8, nvfp4_avx2::nvfp4_rows8, 64, 36, 68);
 #[cfg(target_arch = "x86_64")]
 rows8_dot!(q1_0_rows8, q1q2_avx2::q1_0_rows8, 128, 18, 136);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(q4_0_repacked_rows8, x86::avx2::q4_0_repacked_rows8, 32, 18, 34);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(iq4_nl_repacked_rows8, x86::avx2::iq4_nl_repacked_rows8, 32, 18, 34);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(mxfp4_repacked_rows8, x86::avx2::mxfp4_repacked_rows8, 32, 17, 34);
 
 /// The eight-row one-token kernel of `ty` at `isa`, for the types whose row dot keeps one
 /// vector accumulator per row (NVFP4, Q1_0): llama.cpp's one-token products of these call
@@ -228,6 +234,24 @@ pub fn rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
         match ty {
             GgmlType::NVFP4 => return Some(nvfp4_rows8),
             GgmlType::Q1_0 => return Some(q1_0_rows8),
+            _ => {}
+        }
+    }
+    let _ = (ty, isa);
+    None
+}
+
+/// The eight-row one-token kernel of the types llama.cpp repacks (Q4_0, IQ4_NL, MXFP4), for
+/// matrices it repacks: their row dot is then one accumulator fed exact block sums
+/// (`scalar::repacked`), eight rows at a time reduced together and accumulated by one vector
+/// FMA (llama.cpp's repacked gemv shape).
+pub fn repacked_rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && isa.available() {
+        match ty {
+            GgmlType::Q4_0 => return Some(q4_0_repacked_rows8),
+            GgmlType::IQ4_NL => return Some(iq4_nl_repacked_rows8),
+            GgmlType::MXFP4 => return Some(mxfp4_repacked_rows8),
             _ => {}
         }
     }
@@ -510,34 +534,6 @@ impl SumsGemm {
                 let offset = x86::avx2::unsigned_offset(self.kind);
                 // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
                 unsafe { x86::avx2::sums_tile_factors(nb, [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], offset, f.d[q].as_mut_ptr(), f.corr[q].as_mut_ptr()) };
-            }
-        }
-    }
-
-    /// Whether `rows8` serves this kind: the kinds llama.cpp repacks, whose one-token dot
-    /// is one accumulator fed exact block sums (Q4_0, IQ4_NL, MXFP4).
-    pub fn has_rows8(&self) -> bool {
-        matches!(self.kind, 1 | 3 | 4)
-    }
-
-    /// out[r] = row r of `w` (eight consecutive rows of n elements) times the Q8_0 activation
-    /// row `x`, each bit for bit the kind's one-accumulator row dot (`scalar::repacked`).
-    /// Panics unless `has_rows8`.
-    pub fn rows8(&self, n: usize, w: &[u8], x: &[u8], out: &mut [f32; 8]) {
-        assert!(self.has_rows8(), "eight-row one-token kernels of the repacked legacy kinds only");
-        let nb = n / 32;
-        assert!(w.len() >= 8 * nb * self.wbytes && x.len() >= nb * 34, "rows shorter than {n} elements");
-        #[cfg(target_arch = "x86_64")]
-        {
-            use x86::avx2::rows8_one_token;
-            let (w, x, rb) = (w.as_ptr(), x.as_ptr(), nb * self.wbytes);
-            // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
-            unsafe {
-                match self.kind {
-                    1 => rows8_one_token::<1>(nb, w, rb, self.wbytes, x, out),
-                    3 => rows8_one_token::<3>(nb, w, rb, self.wbytes, x, out),
-                    _ => rows8_one_token::<4>(nb, w, rb, self.wbytes, x, out),
-                }
             }
         }
     }

@@ -1057,7 +1057,7 @@ pub mod avx2 {
     /// of activations is loaded once for the eight rows, and there is no horizontal sum per
     /// row and block. KIND as `decode32` (the repacked kinds 1, 3, 4).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn rows8_one_token<const KIND: u8>(nb: usize, w: *const u8, row_bytes: usize, wbytes: usize, x: *const u8, out: &mut [f32; 8]) {
+    unsafe fn rows8_one_token<const KIND: u8>(nb: usize, w: *const u8, row_bytes: usize, wbytes: usize, x: *const u8, out: &mut [f32; 8]) {
         let mut acc = _mm256_setzero_ps();
         let mut lanes = [_mm256_setzero_si256(); 8];
         let mut scales = [0f32; 8];
@@ -1089,6 +1089,20 @@ pub mod avx2 {
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
         }
         _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    }
+
+    /// `rows8_one_token` of each repacked kind, with the `simd::rows8_dot!` signature.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q4_0_repacked_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
+        rows8_one_token::<1>(nb, w, row_bytes, 18, x, out)
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn iq4_nl_repacked_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
+        rows8_one_token::<3>(nb, w, row_bytes, 18, x, out)
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mxfp4_repacked_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
+        rows8_one_token::<4>(nb, w, row_bytes, 17, x, out)
     }
 
     /// The f16 at `at(r)` of eight rows as f32, one row per lane (the rows' d or dmin).

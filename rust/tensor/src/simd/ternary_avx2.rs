@@ -17,12 +17,28 @@ use super::x86::{f16_1, hsum_ps, loadu};
 
 /// The trits (0, 1, 2) of 32 bytes that each hold one in their top bits as a fraction of
 /// 256: ggml's `(q * 3) >> 8` through averages, ((q - 1) + (q - 1 + 1) / 2 + 1) / 2 >> 6.
+/// Written as instructions: LLVM rewrites the averages into wider arithmetic (a zero operand
+/// into max, shift and mask; the outer average into 16-bit halves), twice the instructions.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn top_trits(q: __m256i) -> __m256i {
-    let q = _mm256_subs_epu8(q, _mm256_set1_epi8(1));
-    let q = _mm256_avg_epu8(q, _mm256_avg_epu8(q, _mm256_setzero_si256()));
-    _mm256_and_si256(_mm256_srli_epi16::<6>(q), _mm256_set1_epi8(3))
+    let t: __m256i;
+    // SAFETY: register arithmetic only (AVX2, enabled here); no memory, no flags.
+    std::arch::asm!(
+        "vpsubusb {t}, {q}, {one}",
+        "vpavgb {half}, {t}, {zero}",
+        "vpavgb {t}, {t}, {half}",
+        "vpsrlw {t}, {t}, 6",
+        "vpand {t}, {t}, {three}",
+        q = in(ymm_reg) q,
+        one = in(ymm_reg) _mm256_set1_epi8(1),
+        zero = in(ymm_reg) _mm256_setzero_si256(),
+        three = in(ymm_reg) _mm256_set1_epi8(3),
+        t = out(ymm_reg) t,
+        half = out(ymm_reg) _,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    t
 }
 
 /// Each byte times 9 (mod 256), without 8-bit multiplies: (b << 3 within the byte) + b.
@@ -98,10 +114,12 @@ unsafe fn ternary<const TQ1: bool, const T: usize>(nb: usize, w: *const u8, x: [
     for i in 0..nb {
         let bw = w.add(i * bytes);
         let t8 = if TQ1 { tq1_0_trits(bw) } else { tq2_0_trits(bw) };
-        let dw = f16_1(bw.add(bytes - 2));
+        let dw = _mm256_set1_ps(f16_1(bw.add(bytes - 2)));
         for t in 0..T {
             let bx = x[t].add(i * 292);
-            let d = _mm256_set1_ps(std::ptr::read_unaligned(bx as *const f32) * dw);
+            // The activation's scale broadcast from memory, times the weight's in every lane:
+            // the same product as in scalar, one instruction fewer per token.
+            let d = _mm256_mul_ps(_mm256_set1_ps(std::ptr::read_unaligned(bx as *const f32)), dw);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_lanes(&t8, bx)), d, acc[t]);
         }
     }

@@ -487,12 +487,22 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
         Some((gemm, from)) if n_tokens >= from && gemm.has_rows8() => Some(gemm),
         _ => None,
     };
+    // The ternary types' eight-row kernels likewise (their row dots' bits).
+    let ternary8 = crate::simd::rows8_for(w.ty, w.traits.isa);
     for tok in t0..n_tokens {
         let xs = &act[tok * xrow..(tok + 1) * xrow];
         let mut r = rows.start;
         while let Some(gemm) = rows8.filter(|_| r + 8 <= rows.end) {
             let mut eight = [0f32; 8];
             gemm.rows8(w.cols, &all[r * rb..(r + 8) * rb], xs, &mut eight);
+            for (k, v) in eight.iter().enumerate() {
+                *out.0.add(tok * w.rows + r + k) = *v;
+            }
+            r += 8;
+        }
+        while let Some(dot8) = ternary8.filter(|_| r + 8 <= rows.end) {
+            let mut eight = [0f32; 8];
+            dot8(w.cols, &all[r * rb..(r + 8) * rb], xs, &mut eight);
             for (k, v) in eight.iter().enumerate() {
                 *out.0.add(tok * w.rows + r + k) = *v;
             }

@@ -287,3 +287,30 @@ fn low_bit_products_equal_their_row_dots_at_every_token_count() {
         }
     }
 }
+
+/// The ternary types' products (eight rows at a time at the tokens left after the four-token
+/// tiles, `simd::rows8_for`; the rows left over through the row dot) give every output the
+/// row dot bit for bit: row counts a multiple of 8 and not, one token and several.
+#[test]
+fn ternary_products_equal_their_row_dots() {
+    let mut rng = Rng::new(29);
+    let two = Threads::new(2);
+    let cols = 1024;
+    for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0] {
+        for rows in [40, 45] {
+            let m = random_matrix(ty, rows, cols, &mut rng);
+            for n_tokens in [1, 2, 3, 5, 9] {
+                let x = rng.vec(n_tokens * cols, 1.0);
+                let out = product(&m, &x, n_tokens, &two);
+                let dot = m.row_dot_for(n_tokens);
+                for (t, xt) in x.chunks_exact(cols).enumerate() {
+                    let xq = quantize(tr(ty).vec_dot_type, xt);
+                    for r in 0..rows {
+                        let want = dot(cols, m.row(r), &xq);
+                        assert_eq!(out[t * rows + r].to_bits(), want.to_bits(), "{ty} {rows} rows, {n_tokens} tokens: row {r} token {t}");
+                    }
+                }
+            }
+        }
+    }
+}

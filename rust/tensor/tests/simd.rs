@@ -536,3 +536,32 @@ fn iquant_octet_kernels_equal_the_tiled_dots() {
         }
     }
 }
+
+/// The ternary types' eight-row one-token kernels (`simd::rows8_for`) against their row dots,
+/// bit for bit, at the block counts of the benchmark shapes and activations of several
+/// scales; no other type has one, nor the scalar level.
+#[test]
+fn ternary_eight_row_kernels_equal_the_row_dot() {
+    use ferrollama_tensor::simd::rows8_for;
+    let mut rng = Rng::new(41);
+    assert!(rows8_for(GgmlType::TQ1_0, Isa::Scalar).is_none());
+    for (isa, table) in levels() {
+        assert!(rows8_for(GgmlType::Q4_K, isa).is_none() && rows8_for(GgmlType::IQ2_XXS, isa).is_none());
+        for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0] {
+            let (dot8, e) = (rows8_for(ty, isa).expect("a kernel at every SIMD level"), entry(&table, ty));
+            for n in [256, 1024, 4864] {
+                for scale in [0.02f32, 2.0, 300.0] {
+                    let w: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                    let x = quantize(GgmlType::Q8_K, &rng.vec(n, scale));
+                    let mut out = [0f32; 8];
+                    dot8(n, &w, &x, &mut out);
+                    for (r, wr) in w.chunks_exact(w.len() / 8).enumerate() {
+                        let (simd, spec) = ((e.vec_dot)(n, wr, &x), (e.vec_dot_scalar)(n, wr, &x));
+                        assert_eq!(out[r].to_bits(), simd.to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r}");
+                        assert_eq!(out[r].to_bits(), spec.to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r}: scalar");
+                    }
+                }
+            }
+        }
+    }
+}

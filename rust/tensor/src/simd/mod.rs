@@ -215,6 +215,42 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
     }
 }
 
+/// An eight-row one-token dot: out[r] = the row dot of row r of `w` (eight consecutive rows
+/// of n elements) with the activation row `x`, bit for bit.
+pub type Rows8 = fn(usize, &[u8], &[u8], &mut [f32; 8]);
+
+/// Defines the safe wrapper of an eight-row one-token kernel over 256-element blocks.
+#[cfg(target_arch = "x86_64")]
+macro_rules! rows8_dot {
+    ($name:ident, $kernel:path, $wbytes:expr) => {
+        fn $name(n: usize, w: &[u8], x: &[u8], out: &mut [f32; 8]) {
+            let nb = n / 256;
+            assert!(w.len() >= 8 * nb * $wbytes && x.len() >= nb * 292, "rows shorter than {n} elements");
+            // SAFETY: lengths checked above; `rows8_for` hands these out on AVX2 CPUs only.
+            unsafe { $kernel(nb, w.as_ptr(), nb * $wbytes, x.as_ptr(), out) }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(tq1_0_rows8, ternary_avx2::tq1_0_rows8, 54);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(tq2_0_rows8, ternary_avx2::tq2_0_rows8, 66);
+
+/// The eight-row one-token kernels of `ty` at `isa` (TQ1_0 and TQ2_0 from AVX2: their row
+/// dots' bits, one horizontal sum for the eight rows), if any.
+pub fn rows8_for(ty: GgmlType, isa: Isa) -> Option<Rows8> {
+    if isa < Isa::Avx2 || !isa.available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    match ty {
+        GgmlType::TQ1_0 => return Some(tq1_0_rows8),
+        GgmlType::TQ2_0 => return Some(tq2_0_rows8),
+        _ => {}
+    }
+    None
+}
+
 /// Products of many tokens, for CPUs whose products have no packed kernels: Q8_0, Q4_0,
 /// Q5_0, IQ4_NL, MXFP4 (against Q8_0 activations) and Q4_K (against Q8_K) with the
 /// one-accumulator arithmetic of `scalar::repacked`, Q6_K with ggml's vec_dot lanes, the

@@ -288,18 +288,18 @@ fn low_bit_products_equal_their_row_dots_at_every_token_count() {
     }
 }
 
-/// NVFP4's and Q1_0's products (eight-row kernels for the tokens the four-token kernel leaves)
-/// give every output its row dot bit for bit: row counts a multiple of 8 and not, one to
-/// nine tokens, one and two threads.
+/// The products of NVFP4, Q1_0, TQ1_0 and TQ2_0 (eight-row kernels for the tokens the
+/// four-token kernels leave, NVFP4's and Q1_0's four-token tiles two rows at a time) give
+/// every output its row dot bit for bit: row counts a multiple of 8 and not, one to nine
+/// tokens, one and two threads.
 #[test]
 fn vector_accumulator_products_equal_their_row_dots() {
     let mut rng = Rng::new(41);
     let pools = [Threads::new(1), Threads::new(2)];
-    let cols = 896;
-    for ty in [GgmlType::NVFP4, GgmlType::Q1_0] {
+    for (ty, cols) in [(GgmlType::NVFP4, 896), (GgmlType::Q1_0, 896), (GgmlType::TQ1_0, 1024), (GgmlType::TQ2_0, 1024)] {
         for rows in [40, 45] {
             let m = random_matrix(ty, rows, cols, &mut rng);
-            for n_tokens in [1, 2, 5, 9] {
+            for n_tokens in [1, 2, 3, 5, 9] {
                 let x = rng.vec(n_tokens * cols, 1.0);
                 for pool in &pools {
                     let out = product(&m, &x, n_tokens, pool);

@@ -536,22 +536,32 @@ fn iquant_octet_kernels_equal_the_tiled_dots() {
     }
 }
 
-/// The eight-row one-token kernels of NVFP4 and Q1_0 equal their row dots (ggml's vec_dot
-/// arithmetic, one vector accumulator per row) bit for bit, at several block counts and
-/// activation scales; the other types have none.
+/// The eight-row one-token kernels of NVFP4, Q1_0 (against Q8_0), TQ1_0 and TQ2_0 (against
+/// Q8_K) equal their row dots (ggml's vec_dot arithmetic, one vector accumulator per row) and
+/// the scalar specification bit for bit, at several block counts (the benchmark shapes'
+/// among them) and activation scales; other types and the scalar level have none.
 #[test]
 fn eight_row_vector_accumulator_kernels_equal_the_row_dot() {
     use ferrollama_tensor::simd::rows8_dot_for;
     let mut rng = Rng::new(41);
+    assert!(rows8_dot_for(GgmlType::NVFP4, Isa::Scalar).is_none() && rows8_dot_for(GgmlType::TQ1_0, Isa::Scalar).is_none());
     for (isa, table) in levels() {
-        assert!(rows8_dot_for(GgmlType::Q4_0, isa).is_none() && rows8_dot_for(GgmlType::NVFP4, Isa::Scalar).is_none());
-        for ty in [GgmlType::NVFP4, GgmlType::Q1_0] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::IQ2_XXS] {
+            assert!(rows8_dot_for(ty, isa).is_none(), "{ty}");
+        }
+        let cases: [(GgmlType, GgmlType, &[usize]); 4] = [
+            (GgmlType::NVFP4, GgmlType::Q8_0, &[128, 384, 896, 4864]),
+            (GgmlType::Q1_0, GgmlType::Q8_0, &[128, 384, 896, 4864]),
+            (GgmlType::TQ1_0, GgmlType::Q8_K, &[256, 1024, 4864]),
+            (GgmlType::TQ2_0, GgmlType::Q8_K, &[256, 1024, 4864]),
+        ];
+        for (ty, act, ns) in cases {
             let dot8 = rows8_dot_for(ty, isa).expect("a kernel at every SIMD level");
             let (row_dot, spec) = (entry(&table, ty).vec_dot, entry(&table, ty).vec_dot_scalar);
-            for n in [128, 384, 896, 4864] {
+            for &n in ns {
                 for scale in [0.02f32, 2.0, 300.0] {
                     let w: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
-                    let x = quantize(GgmlType::Q8_0, &rng.vec(n, scale));
+                    let x = quantize(act, &rng.vec(n, scale));
                     let mut out = [0f32; 8];
                     dot8(n, &w, &x, &mut out);
                     for (r, wr) in w.chunks_exact(w.len() / 8).enumerate() {

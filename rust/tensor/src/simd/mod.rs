@@ -198,8 +198,8 @@ const AVX2_ONLY: &[GgmlType] = &[
     GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::Q1_0, GgmlType::Q2_0,
 ];
 
-/// Eight consecutive weight rows times one Q8_0 activation row: out[r] = row r of `w` (rows
-/// of n elements) times `x`, each bit for bit the type's row dot.
+/// Eight consecutive weight rows times one activation row (of the type's `vec_dot_type`):
+/// out[r] = row r of `w` (rows of n elements) times `x`, each bit for bit the type's row dot.
 pub type Rows8Dot = fn(n: usize, w: &[u8], x: &[u8], out: &mut [f32; 8]);
 
 /// Defines the safe wrapper of an eight-row one-token kernel.
@@ -219,6 +219,10 @@ rows8_dot!(nvfp4_rows8, nvfp4_avx2::nvfp4_rows8, 64, 36, 68);
 #[cfg(target_arch = "x86_64")]
 rows8_dot!(q1_0_rows8, q1q2_avx2::q1_0_rows8, 128, 18, 136);
 #[cfg(target_arch = "x86_64")]
+rows8_dot!(tq1_0_rows8, ternary_avx2::tq1_0_rows8, 256, 54, 292);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(tq2_0_rows8, ternary_avx2::tq2_0_rows8, 256, 66, 292);
+#[cfg(target_arch = "x86_64")]
 rows8_dot!(q4_0_repacked_rows8, x86::avx2::q4_0_repacked_rows8, 32, 18, 34);
 #[cfg(target_arch = "x86_64")]
 rows8_dot!(iq4_nl_repacked_rows8, x86::avx2::iq4_nl_repacked_rows8, 32, 18, 34);
@@ -226,14 +230,18 @@ rows8_dot!(iq4_nl_repacked_rows8, x86::avx2::iq4_nl_repacked_rows8, 32, 18, 34);
 rows8_dot!(mxfp4_repacked_rows8, x86::avx2::mxfp4_repacked_rows8, 32, 17, 34);
 
 /// The eight-row one-token kernel of `ty` at `isa`, for the types whose row dot keeps one
-/// vector accumulator per row (NVFP4, Q1_0): llama.cpp's one-token products of these call
-/// vec_dot row by row, and eight rows at a time share the activation's loads and scales.
+/// vector accumulator per row (NVFP4, Q1_0 against Q8_0; TQ1_0, TQ2_0 against Q8_K):
+/// llama.cpp's one-token products of these call vec_dot row by row, and eight rows at a time
+/// share the activation's loads and scales (and the ternary types' eight horizontal sums are
+/// done together).
 pub fn rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa.available() {
         match ty {
             GgmlType::NVFP4 => return Some(nvfp4_rows8),
             GgmlType::Q1_0 => return Some(q1_0_rows8),
+            GgmlType::TQ1_0 => return Some(tq1_0_rows8),
+            GgmlType::TQ2_0 => return Some(tq2_0_rows8),
             _ => {}
         }
     }

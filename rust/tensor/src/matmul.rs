@@ -337,14 +337,17 @@ fn quantize_activations(dt: &TypeTraits, x: &[f32], cols: usize, n_tokens: usize
 }
 
 /// Rows per task: an even share per thread (so the threads finish together), cut into
-/// a few pieces for load balance when other work shares the cores.
+/// pieces for load balance when other work shares the cores: eight a thread for the short
+/// products of one to three tokens, where a core taken away for a moment (a neighbour on a
+/// shared host) otherwise leaves the other threads waiting for its half (llama.cpp's
+/// one-token chunks are 64 rows).
 fn rows_per_task(w: &QMatrix, rows: usize, n_tokens: usize, n_threads: usize) -> usize {
-    let pieces = if n_tokens >= TOKEN_TILE { 4 } else { 2 };
+    let pieces = if n_tokens >= TOKEN_TILE { 4 } else { 8 };
     let share = rows.div_ceil(n_threads * pieces);
     let per_chunk = (ROW_CHUNK_BYTES / w.row_bytes().max(1)).max(1);
     let rows = if n_tokens >= TOKEN_TILE { share.min(per_chunk.max(16)) } else { share };
-    // Whole octets for the octet kernel (see `sums_tiles`).
-    let octets = n_tokens >= TOKEN_TILE && w.sums_gemm.is_some();
+    // Whole octets for the octet kernel (see `sums_tiles`) and the eight-row kernels.
+    let octets = (n_tokens >= TOKEN_TILE && w.sums_gemm.is_some()) || (n_tokens < TOKEN_TILE && w.row_dot8.is_some());
     if octets { rows.next_multiple_of(8) } else { rows.max(1) }
 }
 

@@ -418,22 +418,27 @@ fn k_quant_octet_kernels_equal_their_dots() {
     }
 }
 
-/// The two-row one-accumulator kernel (one and two quads of four tokens) equals the
-/// specification's dot of each row with each token bit for bit, for every type it serves.
-#[test]
-fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
+/// The legacy kinds' one-accumulator dots (`scalar::repacked`, the specification of the
+/// two-row, octet and eight-row kernels).
+fn one_accumulator_specs() -> [(GgmlType, VecDot); 5] {
     use ferrollama_tensor::scalar::repacked as rp;
-    use ferrollama_tensor::simd::{SumsGemm, TileFactors};
-    let mut rng = Rng::new(31);
-    let spec: [(GgmlType, VecDot); 5] = [
+    [
         (GgmlType::Q8_0, rp::vec_dot_q8_0_q8_0_blocks),
         (GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0),
         (GgmlType::Q5_0, rp::vec_dot_q5_0_q8_0_blocks),
         (GgmlType::IQ4_NL, rp::vec_dot_iq4_nl_q8_0),
         (GgmlType::MXFP4, rp::vec_dot_mxfp4_q8_0),
-    ];
+    ]
+}
+
+/// The two-row one-accumulator kernel (one and two quads of four tokens) equals the
+/// specification's dot of each row with each token bit for bit, for every type it serves.
+#[test]
+fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
+    use ferrollama_tensor::simd::{SumsGemm, TileFactors};
+    let mut rng = Rng::new(31);
     for (isa, _) in levels() {
-        for &(ty, dot) in &spec {
+        for (ty, dot) in one_accumulator_specs() {
             let gemm = SumsGemm::for_type(ty, isa).expect("a kernel at every SIMD level");
             let mut f = TileFactors::default();
             for (n, quads) in [(32, 1), (896, 2), (4864, 1), (4864, 2)] {
@@ -461,19 +466,14 @@ fn two_row_sums_kernel_equals_the_one_accumulator_dot() {
 /// tiny and real models use and activations of several scales; the other kinds have none.
 #[test]
 fn eight_row_one_token_kernel_equals_the_one_accumulator_dot() {
-    use ferrollama_tensor::scalar::repacked as rp;
     use ferrollama_tensor::simd::repacked_rows8_dot_for;
     let mut rng = Rng::new(37);
-    let spec: [(GgmlType, VecDot); 3] = [
-        (GgmlType::Q4_0, rp::vec_dot_q4_0_q8_0),
-        (GgmlType::IQ4_NL, rp::vec_dot_iq4_nl_q8_0),
-        (GgmlType::MXFP4, rp::vec_dot_mxfp4_q8_0),
-    ];
+    let repacked = [GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::MXFP4];
     for (isa, _) in levels() {
         for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K] {
             assert!(repacked_rows8_dot_for(ty, isa).is_none(), "{ty}: its one-token dot is not one accumulator");
         }
-        for &(ty, dot) in &spec {
+        for (ty, dot) in one_accumulator_specs().into_iter().filter(|(ty, _)| repacked.contains(ty)) {
             let rows8 = repacked_rows8_dot_for(ty, isa).expect("a kernel at every SIMD level");
             for n in [32, 96, 896, 4864] {
                 for scale in [0.02f32, 2.0, 300.0] {

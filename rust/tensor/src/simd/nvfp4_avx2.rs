@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{hsum_ps, loadu};
+use super::x86::{f16x8, hsum_ps, loadu, prefetch_next_rows};
 use crate::scalar::nvfp4::{ue4m3_to_f32_half, NVFP4_BYTES};
 
 const Q8_0_BYTES: usize = 34;
@@ -43,13 +43,6 @@ pub unsafe fn half_scales(bw: *const u8, h: usize) -> __m256 {
     _mm256_set_m128(_mm_set1_ps(ue4m3_to_f32_half(*bw.add(2 * h + 1))), _mm_set1_ps(ue4m3_to_f32_half(*bw.add(2 * h))))
 }
 
-/// One Q8_0 block's f16 scale in all eight lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_scale(bx: *const u8) -> __m256 {
-    _mm256_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(bx as *const u16) as i16))
-}
-
 /// The eight i32 lanes of 32 signed levels times 32 activation quants, through the sign
 /// trick of ggml's `mul_sum_i8_pairs_float` (the same lanes, -128 included).
 #[inline]
@@ -67,17 +60,11 @@ pub unsafe fn signed_lanes(levels: __m256i, q: __m256i) -> __m256i {
 pub unsafe fn nvfp4_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
     let table = level_table();
     let mut acc = [_mm256_setzero_ps(); 8];
-    // The next eight rows (one contiguous span) come from memory while these are multiplied,
-    // a share of them per block: interleaved row streams do not start the hardware prefetch.
-    let next = w.wrapping_add(8 * row_bytes);
-    let share = 8 * NVFP4_BYTES;
     for i in 0..nb {
-        for line in 0..share.div_ceil(64) {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(i * share + 64 * line) as *const i8);
-        }
+        prefetch_next_rows(w, row_bytes, NVFP4_BYTES, i);
         for h in 0..2 {
             let bx = x.add((2 * i + h) * Q8_0_BYTES);
-            let (dx, q) = (q8_scale(bx), loadu(bx.add(2)));
+            let (dx, q) = (f16x8(bx), loadu(bx.add(2)));
             for (r, acc) in acc.iter_mut().enumerate() {
                 let bw = w.add(r * row_bytes + i * NVFP4_BYTES);
                 let scales = _mm256_mul_ps(half_scales(bw, h), dx);
@@ -106,7 +93,7 @@ pub unsafe fn nvfp4_2x4(nb: usize, w: [*const u8; 2], x: [*const u8; 4], out: &m
             let dw = [half_scales(bw[0], h), half_scales(bw[1], h)];
             for t in 0..4 {
                 let bx = x[t].add((2 * i + h) * Q8_0_BYTES);
-                let (dx, q) = (q8_scale(bx), loadu(bx.add(2)));
+                let (dx, q) = (f16x8(bx), loadu(bx.add(2)));
                 for r in 0..2 {
                     let lanes = signed_lanes(levels[r], q);
                     acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(lanes), acc[r][t]);

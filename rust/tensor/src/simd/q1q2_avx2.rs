@@ -16,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{f16_1, hsum_ps, loadu};
+use super::x86::{f16_1, hsum_ps, loadu, prefetch_next_rows};
 
 const Q1_0_BYTES: usize = 18;
 const Q2_0_BYTES: usize = 18;
@@ -107,14 +107,8 @@ unsafe fn q1_0_signed_lanes(bw: *const u8, bx: *const u8, k: usize) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q1_0_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
     let mut acc = [_mm256_setzero_ps(); 8];
-    // The next eight rows (one contiguous span) come from memory while these are multiplied,
-    // a share of them per block: interleaved row streams do not start the hardware prefetch.
-    let next = w.wrapping_add(8 * row_bytes);
-    let share = 8 * Q1_0_BYTES;
     for i in 0..nb {
-        for line in 0..share.div_ceil(64) {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(i * share + 64 * line) as *const i8);
-        }
+        prefetch_next_rows(w, row_bytes, Q1_0_BYTES, i);
         let bx = x.add(i * 4 * Q8_0_BYTES);
         let dx = q8_0_scales4(bx);
         for (r, acc) in acc.iter_mut().enumerate() {

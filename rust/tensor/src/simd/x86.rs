@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 /// block of the loop on the previous one.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16x8(p: *const u8) -> __m256 {
+pub(crate) unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(p as *const u16) as i16))
 }
 
@@ -214,6 +214,20 @@ unsafe fn scales_mins_k4_16(packed: *const u8) -> __m128i {
     let scales_hi = (w2 & low4) | (((w0 >> 6) & low2) << 4);
     let mins_hi = ((w2 >> 4) & low4) | (((w1 >> 6) & low2) << 4);
     _mm_set_epi32(mins_hi as i32, (w1 & low6) as i32, scales_hi as i32, (w0 & low6) as i32)
+}
+
+/// For the eight-row one-token kernels, before block `b` of eight rows of `row_bytes` at `w`
+/// (blocks of `block_bytes`): asks for the share of the next eight rows (one contiguous span)
+/// that block's work covers, so that they come from memory while these are multiplied; eight
+/// interleaved row streams do not start the hardware prefetchers (4864x896 MXFP4, one
+/// thread: 0.90 ms without, 0.56 ms with).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn prefetch_next_rows(w: *const u8, row_bytes: usize, block_bytes: usize, b: usize) {
+    let (next, share) = (w.wrapping_add(8 * row_bytes), 8 * block_bytes);
+    for line in 0..share.div_ceil(64) {
+        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(b * share + 64 * line) as *const i8);
+    }
 }
 
 /// Eight i32 vectors to one vector of their eight lane totals, in order (integers: any
@@ -1061,15 +1075,8 @@ pub mod avx2 {
         let mut acc = _mm256_setzero_ps();
         let mut lanes = [_mm256_setzero_si256(); 8];
         let mut scales = [0f32; 8];
-        // The next eight rows (one contiguous span) come from memory while these are
-        // multiplied, a share of them before each block: eight interleaved row streams do not
-        // start the hardware prefetchers.
-        let next = w.wrapping_add(8 * row_bytes);
-        let share = 8 * wbytes;
         for b in 0..nb {
-            for line in 0..share.div_ceil(64) {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(b * share + 64 * line) as *const i8);
-            }
+            prefetch_next_rows(w, row_bytes, wbytes, b);
             let xb = loadu(x.add(b * 34 + 2));
             for (r, (l, d)) in lanes.iter_mut().zip(scales.iter_mut()).enumerate() {
                 let bw = w.add(r * row_bytes + b * wbytes);

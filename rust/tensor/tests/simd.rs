@@ -574,6 +574,35 @@ fn eight_row_vector_accumulator_kernels_equal_the_row_dot() {
     }
 }
 
+/// NVFP4's eight-row kernel converts the ue4m3 scales in vector arithmetic: on blocks of
+/// random bytes whose scales take every byte value (subnormals, 0x7f, bit 7 set) it equals
+/// the row dot and the scalar specification (ggml's table) bit for bit.
+#[test]
+fn nvfp4_eight_row_kernel_takes_every_scale_byte() {
+    use ferrollama_tensor::simd::rows8_dot_for;
+    let mut rng = Rng::new(47);
+    for (isa, table) in levels() {
+        let dot8 = rows8_dot_for(GgmlType::NVFP4, isa).expect("a kernel at every SIMD level");
+        let (row_dot, spec) = (entry(&table, GgmlType::NVFP4).vec_dot, entry(&table, GgmlType::NVFP4).vec_dot_scalar);
+        let n = 4864;
+        let mut w = rng.bytes(8 * tr(GgmlType::NVFP4).row_bytes(n));
+        for (k, block) in w.chunks_exact_mut(GgmlType::NVFP4.type_size()).enumerate() {
+            for (j, scale) in block[..4].iter_mut().enumerate() {
+                *scale = ((4 * k + j) % 256) as u8;
+            }
+        }
+        for scale in [0.02f32, 2.0, 300.0] {
+            let x = quantize(GgmlType::Q8_0, &rng.vec(n, scale));
+            let mut out = [0f32; 8];
+            dot8(n, &w, &x, &mut out);
+            for (r, wr) in w.chunks_exact(w.len() / 8).enumerate() {
+                assert_eq!(out[r].to_bits(), row_dot(n, wr, &x).to_bits(), "{isa:?} scale {scale} row {r}");
+                assert_eq!(out[r].to_bits(), spec(n, wr, &x).to_bits(), "{isa:?} scale {scale} row {r}: the scalar kernel");
+            }
+        }
+    }
+}
+
 /// The two-row, four-token kernels of NVFP4 and Q1_0 equal their row dots bit for bit, at
 /// several block counts and activation scales, with activation rows further apart than
 /// their length; the other types have none.

@@ -52,29 +52,72 @@ pub unsafe fn signed_lanes(levels: __m256i, q: __m256i) -> __m256i {
     _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
 }
 
+/// The four sub-block scales of the block at `bw` (ue4m3, as ggml_ue4m3_to_fp32: halved) in
+/// vector arithmetic: the byte's low seven bits moved to an f32's exponent and mantissa fields
+/// (exponent bias 7 for 127) and scaled by 2^119, exact for the normal and the subnormal
+/// codes alike; 0x7f (NaN) gives 0 as in ggml, and bit 7 is ignored as there.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_scales(bw: *const u8) -> __m128 {
+    let bytes = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(std::ptr::read_unaligned(bw as *const i32)));
+    let fields = _mm_and_si128(_mm_slli_epi32::<20>(bytes), _mm_set1_epi32(0x7f << 20));
+    let value = _mm_mul_ps(_mm_castsi128_ps(fields), _mm_castsi128_ps(_mm_set1_epi32((127 + 119) << 23)));
+    _mm_andnot_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(bytes, _mm_set1_epi32(0x7f))), value)
+}
+
+/// Lanes of the eight-row kernel's sums: its lane j holds ggml's lane `PERMUTED_LANES[j]` (a
+/// permutation that is its own inverse), see `nvfp4_rows8`.
+const PERMUTED_LANES: [i32; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+
 /// Eight consecutive NVFP4 rows (row r at w + r * row_bytes) times one Q8_0 activation row,
 /// each row's accumulator as ggml_vec_dot_nvfp4_q8_0 computes it (`acc = fma(d_w * d_x,
 /// lanes, acc)` per half block, `hsum_float_8`): the same bits as the one-row kernel, with
-/// the activation's quants and scales loaded once for the eight rows.
+/// the work that does not depend on the row done once for the eight rows:
+/// - a block's 32 nibble bytes are split into low and high nibbles as they lie, and the
+///   lanes of the two halves taken 128 bits from each: lane j of a half holds ggml's lane
+///   `PERMUTED_LANES[j]`, so the activation's quants are permuted once (64-bit groups) to
+///   meet them and the accumulators are put back in ggml's order before the sum;
+/// - levels are made unsigned by an offset of 12 (`maddubs` takes unsigned bytes): the
+///   lanes are the products' minus 12 times the activation's lane sums, computed once. For
+///   the quantizer's activations (-127..127) these are the lanes of ggml's sign trick;
+/// - the four ue4m3 scales are converted in one vector (`block_scales`) and multiplied by
+///   the activation's scales together (ggml's scalar products, the same roundings).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn nvfp4_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
-    let table = level_table();
+    let offset = _mm256_set1_epi8(12);
+    let table = _mm256_add_epi8(level_table(), offset);
+    let (nibble, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
     let mut acc = [_mm256_setzero_ps(); 8];
     for i in 0..nb {
         prefetch_next_rows(w, row_bytes, NVFP4_BYTES, i);
-        for h in 0..2 {
-            let bx = x.add((2 * i + h) * Q8_0_BYTES);
-            let (dx, q) = (f16x8(bx), loadu(bx.add(2)));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let bw = w.add(r * row_bytes + i * NVFP4_BYTES);
-                let scales = _mm256_mul_ps(half_scales(bw, h), dx);
-                let lanes = signed_lanes(half_levels(bw, h, table), q);
-                *acc = _mm256_fmadd_ps(scales, _mm256_cvtepi32_ps(lanes), *acc);
+        let bx = x.add(2 * i * Q8_0_BYTES);
+        let q = [0, 1].map(|h| _mm256_permute4x64_epi64::<0b11_01_10_00>(loadu(bx.add(h * Q8_0_BYTES + 2))));
+        let offsets = q.map(|q| _mm256_madd_epi16(_mm256_maddubs_epi16(offset, q), ones));
+        let dx = {
+            let halves = std::ptr::read_unaligned(bx as *const u16) as i32 | (std::ptr::read_unaligned(bx.add(Q8_0_BYTES) as *const u16) as i32) << 16;
+            // [dx0, dx0, dx1, dx1]: the activation block of each sub-block's scale.
+            _mm_cvtph_ps(_mm_unpacklo_epi16(_mm_cvtsi32_si128(halves), _mm_cvtsi32_si128(halves)))
+        };
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let bw = w.add(r * row_bytes + i * NVFP4_BYTES);
+            let products = _mm_mul_ps(block_scales(bw), dx);
+            let both = _mm256_set_m128(products, products);
+            // Half h's scales by lane, in the lanes' pattern [a, a, b, b, a, a, b, b] (a, b
+            // the products of sub-blocks 2h and 2h + 1).
+            let scales = [_mm256_shuffle_ps::<0b01_01_00_00>(both, both), _mm256_shuffle_ps::<0b11_11_10_10>(both, both)];
+            let bytes = loadu(bw.add(4));
+            let low = _mm256_shuffle_epi8(table, _mm256_and_si256(bytes, nibble));
+            let high = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), nibble));
+            let levels = [_mm256_permute2x128_si256::<0x20>(low, high), _mm256_permute2x128_si256::<0x31>(low, high)];
+            for h in 0..2 {
+                let sums = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(levels[h], q[h]), ones), offsets[h]);
+                *acc = _mm256_fmadd_ps(scales[h], _mm256_cvtepi32_ps(sums), *acc);
             }
         }
     }
+    let lanes = _mm256_loadu_si256(PERMUTED_LANES.as_ptr() as *const __m256i);
     for (o, acc) in out.iter_mut().zip(acc) {
-        *o = hsum_ps(acc);
+        *o = hsum_ps(_mm256_permutevar8x32_ps(acc, lanes));
     }
 }
 

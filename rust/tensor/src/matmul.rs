@@ -369,6 +369,8 @@ struct TileScratch {
 }
 
 thread_local! {
+    /// A tile's Q8_0 activation scales as f32 (`simd::q8_0_tile_scales`).
+    static TILE_SCALES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     static TILE_SCRATCH: std::cell::RefCell<TileScratch> = std::cell::RefCell::new(TileScratch::default());
 }
 
@@ -481,10 +483,26 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
     };
     if let Some(x4) = row_dot_x4 {
         let mut res = [0f32; 4];
-        // NVFP4 and Q1_0 take two rows at a time (the same bits as the four-token dot).
+        // NVFP4 takes two rows at a time, Q1_0 its activation scales converted once per tile
+        // (the same bits as the four-token dot).
         let pair = crate::simd::rows2_x4_dot_for(w.traits.ty, w.traits.isa);
+        let scaled = crate::simd::scaled_x4_dot_for(w.traits.ty, w.traits.isa);
         while t0 + TOKEN_TILE <= n_tokens {
             let xs = &act[t0 * xrow..(t0 + TOKEN_TILE) * xrow];
+            if let Some(dot) = scaled {
+                TILE_SCALES.with(|dx| {
+                    let dx = &mut *dx.borrow_mut();
+                    crate::simd::q8_0_tile_scales(w.cols, xs, xrow, dx);
+                    for r in rows.clone() {
+                        dot(w.cols, row(r), xs, xrow, dx, &mut res);
+                        for (k, v) in res.iter().enumerate() {
+                            *out.0.add((t0 + k) * w.rows + r) = *v;
+                        }
+                    }
+                });
+                t0 += TOKEN_TILE;
+                continue;
+            }
             let mut r = rows.start;
             while let Some(dot2) = pair.filter(|_| r + 2 <= rows.end) {
                 let mut res2 = [[0f32; 4]; 2];

@@ -289,7 +289,8 @@ fn low_bit_products_equal_their_row_dots_at_every_token_count() {
 }
 
 /// The products of NVFP4, Q1_0, TQ1_0 and TQ2_0 (eight-row kernels for the tokens the
-/// four-token kernels leave, NVFP4's and Q1_0's four-token tiles two rows at a time) give
+/// four-token kernels leave, NVFP4's four-token tiles two rows at a time, Q1_0's on the
+/// tile's activation scales converted once) give
 /// every output its row dot bit for bit: row counts a multiple of 8 and not, one to nine
 /// tokens, one and two threads.
 #[test]

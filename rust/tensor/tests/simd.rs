@@ -603,17 +603,18 @@ fn nvfp4_eight_row_kernel_takes_every_scale_byte() {
     }
 }
 
-/// The two-row, four-token kernels of NVFP4 and Q1_0 equal their row dots bit for bit, at
-/// several block counts and activation scales, with activation rows further apart than
-/// their length; the other types have none.
+/// The two-row, four-token kernel of NVFP4 and the one-row, four-token kernel of Q1_0 on f32
+/// activation scales (`q8_0_tile_scales`) equal their row dots bit for bit, at several block
+/// counts and activation scales, with activation rows further apart than their length; the
+/// other types have none.
 #[test]
-fn two_row_four_token_kernels_equal_the_row_dot() {
-    use ferrollama_tensor::simd::rows2_x4_dot_for;
+fn four_token_tile_kernels_equal_the_row_dot() {
+    use ferrollama_tensor::simd::{q8_0_tile_scales, rows2_x4_dot_for, scaled_x4_dot_for};
     let mut rng = Rng::new(43);
     for (isa, table) in levels() {
-        assert!(rows2_x4_dot_for(GgmlType::Q4_0, isa).is_none() && rows2_x4_dot_for(GgmlType::Q1_0, Isa::Scalar).is_none());
+        assert!(rows2_x4_dot_for(GgmlType::Q4_0, isa).is_none() && rows2_x4_dot_for(GgmlType::Q1_0, isa).is_none());
+        assert!(scaled_x4_dot_for(GgmlType::NVFP4, isa).is_none() && scaled_x4_dot_for(GgmlType::Q1_0, Isa::Scalar).is_none());
         for ty in [GgmlType::NVFP4, GgmlType::Q1_0] {
-            let dot2 = rows2_x4_dot_for(ty, isa).expect("a kernel at every SIMD level");
             let (row_dot, spec) = (entry(&table, ty).vec_dot, entry(&table, ty).vec_dot_scalar);
             for n in [128, 384, 896, 4864] {
                 for scale in [0.02f32, 2.0, 300.0] {
@@ -625,7 +626,16 @@ fn two_row_four_token_kernels_equal_the_row_dot() {
                         x[t * stride..t * stride + xt.len()].copy_from_slice(xt);
                     }
                     let mut out = [[0f32; 4]; 2];
-                    dot2(n, &w, &x, stride, &mut out);
+                    if ty == GgmlType::NVFP4 {
+                        rows2_x4_dot_for(ty, isa).expect("a kernel at every SIMD level")(n, &w, &x, stride, &mut out);
+                    } else {
+                        let dot = scaled_x4_dot_for(ty, isa).expect("a kernel at every SIMD level");
+                        let mut dx = Vec::new();
+                        q8_0_tile_scales(n, &x, stride, &mut dx);
+                        for (r, wr) in w.chunks_exact(w.len() / 2).enumerate() {
+                            dot(n, wr, &x, stride, &dx, &mut out[r]);
+                        }
+                    }
                     for (r, wr) in w.chunks_exact(w.len() / 2).enumerate() {
                         for (t, xt) in xs.iter().enumerate() {
                             let what = format!("{ty} {isa:?} n={n} scale {scale} row {r} token {t}");

@@ -286,16 +286,54 @@ macro_rules! rows2_x4_dot {
 }
 #[cfg(target_arch = "x86_64")]
 rows2_x4_dot!(nvfp4_2x4, nvfp4_avx2::nvfp4_2x4, 64, 36, 68);
-#[cfg(target_arch = "x86_64")]
-rows2_x4_dot!(q1_0_2x4, q1q2_avx2::q1_0_2x4, 128, 18, 136);
 
-/// The two-row, four-token kernel of `ty` at `isa` (NVFP4, Q1_0; see `rows8_dot_for`).
+/// One weight row times four Q8_0 activation rows (row t at x[t * stride..]) whose sub-block
+/// scales were converted to f32 beforehand (`q8_0_tile_scales`): out[t] bit for bit the
+/// type's row dot of the row and token t.
+pub type ScaledX4Dot = fn(n: usize, w: &[u8], x: &[u8], stride: usize, dx: &[f32], out: &mut [f32; 4]);
+
+/// The f16 scales of four Q8_0 activation rows of n elements (row t at x[t * stride..]) as
+/// f32, sub-block by sub-block: dx[4 * s + t] is sub-block s of row t (what `ScaledX4Dot`
+/// kernels read).
+pub fn q8_0_tile_scales(n: usize, x: &[u8], stride: usize, dx: &mut Vec<f32>) {
+    let subs = n / 32;
+    assert!(stride >= subs * 34 && x.len() >= 3 * stride + subs * 34, "rows shorter than {n} elements");
+    dx.clear();
+    for s in 0..subs {
+        for t in 0..4 {
+            let at = t * stride + s * 34;
+            dx.push(crate::util::f16_to_f32(u16::from_le_bytes([x[at], x[at + 1]])));
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn q1_0_x4_scaled(n: usize, w: &[u8], x: &[u8], stride: usize, dx: &[f32], out: &mut [f32; 4]) {
+    let nb = n / 128;
+    assert!(w.len() >= nb * 18 && stride >= nb * 136 && x.len() >= 3 * stride + nb * 136 && dx.len() >= 16 * nb, "rows shorter than {n} elements");
+    let p = x.as_ptr();
+    // SAFETY: lengths checked above; `scaled_x4_dot_for` returns it only for CPUs with AVX2.
+    unsafe { q1q2_avx2::q1_0_x4_scaled(nb, w.as_ptr(), [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], dx.as_ptr(), out) }
+}
+
+/// The one-row, four-token kernel on f32 activation scales of `ty` at `isa` (Q1_0, whose
+/// four Q8_0 scales per block and token otherwise cost as much to convert as the block's
+/// products).
+pub fn scaled_x4_dot_for(ty: GgmlType, isa: Isa) -> Option<ScaledX4Dot> {
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::Q1_0 && isa >= Isa::Avx2 && isa.available() {
+        return Some(q1_0_x4_scaled);
+    }
+    let _ = (ty, isa);
+    None
+}
+
+/// The two-row, four-token kernel of `ty` at `isa` (NVFP4; see `rows8_dot_for`).
 pub fn rows2_x4_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows2X4Dot> {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa.available() {
         match ty {
             GgmlType::NVFP4 => return Some(nvfp4_2x4),
-            GgmlType::Q1_0 => return Some(q1_0_2x4),
             _ => {}
         }
     }

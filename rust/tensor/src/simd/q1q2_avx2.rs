@@ -92,6 +92,37 @@ pub unsafe fn q1_0<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], o
     }
 }
 
+/// One Q1_0 row times four Q8_0 activation rows, bit for bit `q1_0::<4>`, with the
+/// activations' sub-block scales given as f32 (`dx[4 * s + t]`: sub-block s of token t, see
+/// `simd::q8_0_tile_scales`), converted once per tile of tokens for all the rows rather than
+/// once per row: each is then one broadcast load. Each block's signs are expanded once for
+/// the four tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q1_0_x4_scaled(nb: usize, w: *const u8, x: [*const u8; 4], dx: *const f32, out: &mut [f32; 4]) {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut sign = [_mm256_setzero_si256(); 4];
+    for i in 0..nb {
+        let bw = w.add(i * Q1_0_BYTES);
+        for (k, s) in sign.iter_mut().enumerate() {
+            *s = signs(std::ptr::read_unaligned(bw.add(2 + 4 * k) as *const u32));
+        }
+        let dw = _mm256_set1_ps(f16_1(bw));
+        let d = dx.add(16 * i);
+        for t in 0..4 {
+            let bx = x[t].add(i * 4 * Q8_0_BYTES);
+            let mut block = _mm256_mul_ps(_mm256_broadcast_ss(&*d.add(t)), q1_0_sub_block(bx, sign[0]));
+            for (k, &sign_k) in sign.iter().enumerate().skip(1) {
+                let lanes = q1_0_sub_block(bx.add(k * Q8_0_BYTES), sign_k);
+                block = _mm256_fmadd_ps(_mm256_broadcast_ss(&*d.add(4 * k + t)), lanes, block);
+            }
+            acc[t] = _mm256_fmadd_ps(dw, block, acc[t]);
+        }
+    }
+    for t in 0..4 {
+        out[t] = hsum_ps(acc[t]);
+    }
+}
+
 /// Sub-block k of a Q1_0 block (`bw`) against its Q8_0 block (`bx`, the block's first):
 /// the signed quants' eight lanes as floats.
 #[inline]
@@ -123,45 +154,6 @@ pub unsafe fn q1_0_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8
     }
     for (o, acc) in out.iter_mut().zip(acc) {
         *o = hsum_ps(acc);
-    }
-}
-
-/// Two Q1_0 rows times four Q8_0 activation rows: out[r][t] bit for bit the row dot of row r
-/// and token t (as `q1_0`), each block's signs expanded once for the four tokens and each
-/// activation sub-block's scale and quants loaded once for the two rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q1_0_2x4(nb: usize, w: [*const u8; 2], x: [*const u8; 4], out: &mut [[f32; 4]; 2]) {
-    let mut acc = [[_mm256_setzero_ps(); 4]; 2];
-    let mut sign = [[_mm256_setzero_si256(); 4]; 2];
-    for i in 0..nb {
-        let bw = [w[0].add(i * Q1_0_BYTES), w[1].add(i * Q1_0_BYTES)];
-        for (s, &bw) in sign.iter_mut().zip(&bw) {
-            for (k, s) in s.iter_mut().enumerate() {
-                *s = signs(std::ptr::read_unaligned(bw.add(2 + 4 * k) as *const u32));
-            }
-        }
-        let dw = [_mm256_set1_ps(f16_1(bw[0])), _mm256_set1_ps(f16_1(bw[1]))];
-        for t in 0..4 {
-            let bx = x[t].add(i * 4 * Q8_0_BYTES);
-            let d = q8_0_scales4(bx);
-            let mut block = [_mm256_setzero_ps(); 2];
-            for (k, &d) in d.iter().enumerate() {
-                let q = loadu(bx.add(k * Q8_0_BYTES + 2));
-                for r in 0..2 {
-                    let lanes = _mm256_cvtepi32_ps(lanes_of_bytes(_mm256_sign_epi8(q, sign[r][k])));
-                    // ggml's order: a multiply for the first sub-block, then FMAs.
-                    block[r] = if k == 0 { _mm256_mul_ps(d, lanes) } else { _mm256_fmadd_ps(d, lanes, block[r]) };
-                }
-            }
-            for r in 0..2 {
-                acc[r][t] = _mm256_fmadd_ps(dw[r], block[r], acc[r][t]);
-            }
-        }
-    }
-    for (o, acc) in out.iter_mut().zip(acc) {
-        for (o, acc) in o.iter_mut().zip(acc) {
-            *o = hsum_ps(acc);
-        }
     }
 }
 

@@ -85,8 +85,8 @@ const PERMUTED_LANES: [i32; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn nvfp4_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
     let offset = _mm256_set1_epi8(12);
-    let table = _mm256_add_epi8(level_table(), offset);
-    let (nibble, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
+    let table = _mm256_castsi256_si128(_mm256_add_epi8(level_table(), offset));
+    let (nibble, ones) = (_mm_set1_epi8(0x0f), _mm256_set1_epi16(1));
     let mut acc = [_mm256_setzero_ps(); 8];
     for i in 0..nb {
         prefetch_next_rows(w, row_bytes, NVFP4_BYTES, i);
@@ -105,12 +105,14 @@ pub unsafe fn nvfp4_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u
             // Half h's scales by lane, in the lanes' pattern [a, a, b, b, a, a, b, b] (a, b
             // the products of sub-blocks 2h and 2h + 1).
             let scales = [_mm256_shuffle_ps::<0b01_01_00_00>(both, both), _mm256_shuffle_ps::<0b11_11_10_10>(both, both)];
-            let bytes = loadu(bw.add(4));
-            let low = _mm256_shuffle_epi8(table, _mm256_and_si256(bytes, nibble));
-            let high = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), nibble));
-            let levels = [_mm256_permute2x128_si256::<0x20>(low, high), _mm256_permute2x128_si256::<0x31>(low, high)];
             for h in 0..2 {
-                let sums = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(levels[h], q[h]), ones), offsets[h]);
+                // In 128 bits, then one insert: the cross-lane permutes this replaces are
+                // the slowest operations on CPUs with 128-bit vector units.
+                let bytes = _mm_loadu_si128(bw.add(4 + 16 * h) as *const __m128i);
+                let low = _mm_shuffle_epi8(table, _mm_and_si128(bytes, nibble));
+                let high = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(bytes), nibble));
+                let levels = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(low), high);
+                let sums = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(levels, q[h]), ones), offsets[h]);
                 *acc = _mm256_fmadd_ps(scales[h], _mm256_cvtepi32_ps(sums), *acc);
             }
         }

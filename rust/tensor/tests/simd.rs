@@ -501,7 +501,8 @@ fn constant_q8_k(n: usize, q: i8) -> Vec<u8> {
 /// The eight-row i-quant kernels equal llama.cpp's tiled product (`scalar::iquants`'s
 /// tiled dots) bit for bit, from any quad of a tile, with random blocks of every grid index,
 /// sign and scale against random activations of several scales and against activations all
-/// 127 or all -127 (the largest biased bytes and the largest unbiased magnitudes).
+/// 127, all -127 or all -128 (the largest biased bytes, the largest unbiased magnitudes, and
+/// the quantizer's extreme, which Q8_K rows hold wherever a block's largest value is positive).
 #[test]
 fn iquant_octet_kernels_equal_the_tiled_dots() {
     use ferrollama_tensor::scalar::iquants as iq;
@@ -525,7 +526,7 @@ fn iquant_octet_kernels_equal_the_tiled_dots() {
                     let tokens = 4 * (first_quad + quads);
                     let w: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
                     let xs: Vec<u8> = if scale == 0.0 {
-                        (0..tokens).flat_map(|t| constant_q8_k(n, if t % 2 == 0 { 127 } else { -127 })).collect()
+                        (0..tokens).flat_map(|t| constant_q8_k(n, [127, -127, -128][t % 3])).collect()
                     } else {
                         (0..tokens).flat_map(|_| quantize(GgmlType::Q8_K, &rng.vec(n, scale))).collect()
                     };

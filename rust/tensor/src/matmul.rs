@@ -295,11 +295,26 @@ pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch:
     let rows_per_task = rows_per_task(w, plain_rows, n_tokens, threads.n_threads());
     let n_tasks = plain_rows.div_ceil(rows_per_task);
     let out_ptr = SendPtr(out.as_mut_ptr());
+    let n_threads = threads.n_threads();
     threads.run(n_tasks, |task| {
-        let rows = first_plain_row + task * rows_per_task..(first_plain_row + (task + 1) * rows_per_task).min(w.rows);
+        let piece = piece_of_task(task, n_tasks, n_threads);
+        let rows = first_plain_row + piece * rows_per_task..(first_plain_row + (piece + 1) * rows_per_task).min(w.rows);
         // SAFETY: tasks own disjoint row ranges, so each (t, r) is written by one task.
         unsafe { rows_product(w, activations, xrow, n_tokens, rows, &out_ptr) };
     });
+}
+
+/// The piece of the rows that task `task` computes. The threads claim tasks in turn, so with
+/// the pieces in thread-sized regions (task k of thread j: piece k of region j) each thread's
+/// successive tasks are usually neighbours: the eight-row kernels prefetch the rows after
+/// their own, which are then the next task's, rather than another core's. Claiming stays
+/// dynamic (a slowed thread still takes fewer tasks); only the order of the pieces changes.
+/// 896 x 4864 NVFP4, one token, 2 threads: 0.343 -> 0.33 ms.
+fn piece_of_task(task: usize, n_tasks: usize, n_threads: usize) -> usize {
+    if n_threads < 2 || n_tasks % n_threads != 0 {
+        return task;
+    }
+    (task % n_threads) * (n_tasks / n_threads) + task / n_threads
 }
 
 /// The activations as bytes (F32 rows are used in place).
@@ -544,3 +559,26 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::piece_of_task;
+
+    /// Every piece is computed by exactly one task, whatever the counts; with as many tasks
+    /// per thread as pieces per region, a thread claiming every n-th task walks its region.
+    #[test]
+    fn tasks_cover_every_piece_once() {
+        for n_threads in 1..6 {
+            for n_tasks in 0..50 {
+                let mut seen = vec![false; n_tasks];
+                for task in 0..n_tasks {
+                    let piece = piece_of_task(task, n_tasks, n_threads);
+                    assert!(piece < n_tasks && !seen[piece], "{n_threads} threads, {n_tasks} tasks: task {task}");
+                    seen[piece] = true;
+                }
+            }
+        }
+        let first_thread: Vec<usize> = (0..16).step_by(2).map(|t| piece_of_task(t, 16, 2)).collect();
+        assert_eq!(first_thread, (0..8).collect::<Vec<_>>());
+    }
+}

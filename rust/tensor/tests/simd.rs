@@ -537,6 +537,18 @@ fn iquant_octet_kernels_equal_the_tiled_dots() {
     }
 }
 
+/// An eight-row kernel's outputs on rows `w` (eight of n elements) and activation `x` equal,
+/// bit for bit, each of `dots` (the row dot, the scalar specification) row by row.
+fn assert_rows8_equal_their_dots(dot8: ferrollama_tensor::simd::Rows8Dot, dots: [VecDot; 2], n: usize, w: &[u8], x: &[u8], what: &str) {
+    let mut out = [0f32; 8];
+    dot8(n, w, x, &mut out);
+    for (r, wr) in w.chunks_exact(w.len() / 8).enumerate() {
+        for (dot, which) in dots.iter().zip(["the row dot", "the scalar kernel"]) {
+            assert_eq!(out[r].to_bits(), dot(n, wr, x).to_bits(), "{what} row {r}: {which}");
+        }
+    }
+}
+
 /// The eight-row one-token kernels of NVFP4, Q1_0 (against Q8_0), TQ1_0 and TQ2_0 (against
 /// Q8_K) equal their row dots (ggml's vec_dot arithmetic, one vector accumulator per row) and
 /// the scalar specification bit for bit, at several block counts (the benchmark shapes'
@@ -563,12 +575,7 @@ fn eight_row_vector_accumulator_kernels_equal_the_row_dot() {
                 for scale in [0.02f32, 2.0, 300.0] {
                     let w: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
                     let x = quantize(act, &rng.vec(n, scale));
-                    let mut out = [0f32; 8];
-                    dot8(n, &w, &x, &mut out);
-                    for (r, wr) in w.chunks_exact(w.len() / 8).enumerate() {
-                        assert_eq!(out[r].to_bits(), row_dot(n, wr, &x).to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r}");
-                        assert_eq!(out[r].to_bits(), spec(n, wr, &x).to_bits(), "{ty} {isa:?} n={n} scale {scale} row {r}: the scalar kernel");
-                    }
+                    assert_rows8_equal_their_dots(dot8, [row_dot, spec], n, &w, &x, &format!("{ty} {isa:?} n={n} scale {scale}"));
                 }
             }
         }
@@ -594,12 +601,7 @@ fn nvfp4_eight_row_kernel_takes_every_scale_byte() {
         }
         for scale in [0.02f32, 2.0, 300.0] {
             let x = quantize(GgmlType::Q8_0, &rng.vec(n, scale));
-            let mut out = [0f32; 8];
-            dot8(n, &w, &x, &mut out);
-            for (r, wr) in w.chunks_exact(w.len() / 8).enumerate() {
-                assert_eq!(out[r].to_bits(), row_dot(n, wr, &x).to_bits(), "{isa:?} scale {scale} row {r}");
-                assert_eq!(out[r].to_bits(), spec(n, wr, &x).to_bits(), "{isa:?} scale {scale} row {r}: the scalar kernel");
-            }
+            assert_rows8_equal_their_dots(dot8, [row_dot, spec], n, &w, &x, &format!("{isa:?} scale {scale}"));
         }
     }
 }

@@ -198,6 +198,30 @@ const AVX2_ONLY: &[GgmlType] = &[
     GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::Q1_0, GgmlType::Q2_0,
 ];
 
+/// The kernel of `ty` in `table`, a list of AVX2 kernels, when `isa` is AVX2 or above and
+/// this CPU has it (the `*_dot_for` lookups); None on other architectures.
+#[cfg(target_arch = "x86_64")]
+fn avx2_kernel<K: Copy>(ty: GgmlType, isa: Isa, table: &[(GgmlType, K)]) -> Option<K> {
+    if isa < Isa::Avx2 || !isa.available() {
+        return None;
+    }
+    table.iter().find(|(t, _)| *t == ty).map(|&(_, k)| k)
+}
+
+/// `avx2_kernel` on x86-64 (where the kernels exist), None elsewhere.
+macro_rules! avx2_kernel {
+    ($ty:expr, $isa:expr, [$($entry:expr),* $(,)?]) => {{
+        #[cfg(target_arch = "x86_64")]
+        let kernel = avx2_kernel($ty, $isa, &[$($entry),*]);
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernel = {
+            let _ = ($ty, $isa);
+            None
+        };
+        kernel
+    }};
+}
+
 /// Eight consecutive weight rows times one activation row (of the type's `vec_dot_type`):
 /// out[r] = row r of `w` (rows of n elements) times `x`, each bit for bit the type's row dot.
 pub type Rows8Dot = fn(n: usize, w: &[u8], x: &[u8], out: &mut [f32; 8]);
@@ -235,18 +259,7 @@ rows8_dot!(mxfp4_repacked_rows8, x86::avx2::mxfp4_repacked_rows8, 32, 17, 34);
 /// share the activation's loads and scales (and the ternary types' eight horizontal sums are
 /// done together).
 pub fn rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && isa.available() {
-        match ty {
-            GgmlType::NVFP4 => return Some(nvfp4_rows8),
-            GgmlType::Q1_0 => return Some(q1_0_rows8),
-            GgmlType::TQ1_0 => return Some(tq1_0_rows8),
-            GgmlType::TQ2_0 => return Some(tq2_0_rows8),
-            _ => {}
-        }
-    }
-    let _ = (ty, isa);
-    None
+    avx2_kernel!(ty, isa, [(GgmlType::NVFP4, nvfp4_rows8 as Rows8Dot), (GgmlType::Q1_0, q1_0_rows8), (GgmlType::TQ1_0, tq1_0_rows8), (GgmlType::TQ2_0, tq2_0_rows8)])
 }
 
 /// The eight-row one-token kernel of the types llama.cpp repacks (Q4_0, IQ4_NL, MXFP4), for
@@ -254,17 +267,7 @@ pub fn rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
 /// (`scalar::repacked`), eight rows at a time reduced together and accumulated by one vector
 /// FMA (llama.cpp's repacked gemv shape).
 pub fn repacked_rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && isa.available() {
-        match ty {
-            GgmlType::Q4_0 => return Some(q4_0_repacked_rows8),
-            GgmlType::IQ4_NL => return Some(iq4_nl_repacked_rows8),
-            GgmlType::MXFP4 => return Some(mxfp4_repacked_rows8),
-            _ => {}
-        }
-    }
-    let _ = (ty, isa);
-    None
+    avx2_kernel!(ty, isa, [(GgmlType::Q4_0, q4_0_repacked_rows8 as Rows8Dot), (GgmlType::IQ4_NL, iq4_nl_repacked_rows8), (GgmlType::MXFP4, mxfp4_repacked_rows8)])
 }
 
 /// Two consecutive weight rows times four activation rows (row t at x[t * stride..]):
@@ -320,25 +323,12 @@ fn q1_0_x4_scaled(n: usize, w: &[u8], x: &[u8], stride: usize, dx: &[f32], out: 
 /// four Q8_0 scales per block and token otherwise cost as much to convert as the block's
 /// products).
 pub fn scaled_x4_dot_for(ty: GgmlType, isa: Isa) -> Option<ScaledX4Dot> {
-    #[cfg(target_arch = "x86_64")]
-    if ty == GgmlType::Q1_0 && isa >= Isa::Avx2 && isa.available() {
-        return Some(q1_0_x4_scaled);
-    }
-    let _ = (ty, isa);
-    None
+    avx2_kernel!(ty, isa, [(GgmlType::Q1_0, q1_0_x4_scaled as ScaledX4Dot)])
 }
 
 /// The two-row, four-token kernel of `ty` at `isa` (NVFP4; see `rows8_dot_for`).
 pub fn rows2_x4_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows2X4Dot> {
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && isa.available() {
-        match ty {
-            GgmlType::NVFP4 => return Some(nvfp4_2x4),
-            _ => {}
-        }
-    }
-    let _ = (ty, isa);
-    None
+    avx2_kernel!(ty, isa, [(GgmlType::NVFP4, nvfp4_2x4 as Rows2X4Dot)])
 }
 
 /// The kernels written for `ty` at `isa` (empty for Scalar or on other architectures).

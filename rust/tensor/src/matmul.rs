@@ -53,6 +53,10 @@ pub struct QMatrix {
     /// Eight rows at a time for one token, bit for bit `row_dot`, where the type has such a
     /// kernel (`simd::rows8_dot_for`, `simd::repacked_rows8_dot_for`).
     row_dot8: Option<crate::simd::Rows8Dot>,
+    /// Four-token tiles two rows at a time (NVFP4) or on the tile's f32 activation scales
+    /// (Q1_0), bit for bit `row_dot_x4`, where the type has such a kernel.
+    row_dot2_x4: Option<crate::simd::Rows2X4Dot>,
+    scaled_x4: Option<crate::simd::ScaledX4Dot>,
 }
 
 /// llama.cpp's repacking is on (FERROLLAMA_NO_REPACK=1 turns ours off, for comparisons).
@@ -143,7 +147,8 @@ impl QMatrix {
         } else {
             crate::simd::rows8_dot_for(ty, traits.isa)
         };
-        let m = QMatrix { ty, rows, cols, traits, data, packed: Arc::new(OnceLock::new()), row_dot, row_dot_x4, tiled_dot, sums_gemm, row_dot8 };
+        let (row_dot2_x4, scaled_x4) = (crate::simd::rows2_x4_dot_for(ty, traits.isa), crate::simd::scaled_x4_dot_for(ty, traits.isa));
+        let m = QMatrix { ty, rows, cols, traits, data, packed: Arc::new(OnceLock::new()), row_dot, row_dot_x4, tiled_dot, sums_gemm, row_dot8, row_dot2_x4, scaled_x4 };
         if repack {
             if let Some(job) = m.pack_job() {
                 job.run(usize::MAX);
@@ -500,11 +505,9 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
         let mut res = [0f32; 4];
         // NVFP4 takes two rows at a time, Q1_0 its activation scales converted once per tile
         // (the same bits as the four-token dot).
-        let pair = crate::simd::rows2_x4_dot_for(w.traits.ty, w.traits.isa);
-        let scaled = crate::simd::scaled_x4_dot_for(w.traits.ty, w.traits.isa);
         while t0 + TOKEN_TILE <= n_tokens {
             let xs = &act[t0 * xrow..(t0 + TOKEN_TILE) * xrow];
-            if let Some(dot) = scaled {
+            if let Some(dot) = w.scaled_x4 {
                 TILE_SCALES.with(|dx| {
                     let dx = &mut *dx.borrow_mut();
                     crate::simd::q8_0_tile_scales(w.cols, xs, xrow, dx);
@@ -519,7 +522,7 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
                 continue;
             }
             let mut r = rows.start;
-            while let Some(dot2) = pair.filter(|_| r + 2 <= rows.end) {
+            while let Some(dot2) = w.row_dot2_x4.filter(|_| r + 2 <= rows.end) {
                 let mut res2 = [[0f32; 4]; 2];
                 dot2(w.cols, &all[r * rb..(r + 2) * rb], xs, xrow, &mut res2);
                 for (k, row) in res2.iter().enumerate() {

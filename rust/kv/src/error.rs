@@ -72,6 +72,15 @@ pub enum KvError {
     /// A defragmentation plan that does not match the cells.
     #[error("invalid defrag plan: {0}")]
     InvalidDefrag(String),
+    /// A recurrent micro-batch of `needed` sequence groups found no free state cell (there
+    /// are `size`, one per sequence).
+    #[error("no free recurrent state cell for {needed} sequences ({size} cells)")]
+    NoStateCell {
+        /// Sequence groups of the micro-batch.
+        needed: u32,
+        /// Cells of the recurrent memory.
+        size: u32,
+    },
     /// Serialized cell metadata that cannot be read back.
     #[error("invalid KV state: {0}")]
     InvalidState(String),

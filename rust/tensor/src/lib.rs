@@ -15,6 +15,7 @@ pub mod matmul;
 pub mod packed;
 pub mod scalar;
 pub mod simd;
+pub mod ssm;
 pub mod threads;
 pub mod traits;
 pub mod util;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrollama_kv::{padded_ctx_size, swa_cache_size, KvCells, KvError, SwaParams, UBatchView as KvUBatch};
+use ferrollama_kv::{padded_ctx_size, swa_cache_size, KvCells, KvError, RsCells, RsSeqGroup, SwaParams, UBatchView as KvUBatch};
 use ferrollama_tensor::{GgmlType, Threads};
 
 use crate::batch::Batch;
@@ -15,6 +15,8 @@ use crate::graph::{ControlVector, KvView, UBatchView, Workspace};
 use crate::lora::{LoraAdapter, LoraSet};
 use crate::kvstore::KvStore;
 use crate::model::Model;
+use crate::recurrent::{RsStore, RsUBatch};
+use crate::split::{split_equal, split_simple, UBatchPlan};
 
 /// The cache padding llama.cpp's old defragmentation rule used.
 const DEFRAG_PAD: u32 = 256;
@@ -75,6 +77,8 @@ pub struct Context {
     pub caches: Vec<Cache>,
     /// For each layer, the index of its cache.
     layer_cache: Vec<usize>,
+    /// The recurrent states' cells (models with recurrent layers; their rows are in store.rs).
+    pub rs: Option<RsCells>,
     pub store: KvStore,
     /// The RoPE this context runs (the model's resolved with params.rope).
     pub rope: crate::ops::RopeParams,
@@ -83,6 +87,8 @@ pub struct Context {
     threads_batch: Option<Threads>,
     /// One mask buffer per cache.
     masks: Vec<Vec<f32>>,
+    /// A micro-batch's logits before they go to their rows, when its order is not the batch's.
+    logits_tmp: Vec<f32>,
     /// Logits of the last decode's outputs, n_outputs rows of n_vocab, in batch order.
     logits: Vec<f32>,
     /// For each batch index of the last decode: its output row, or -1.
@@ -177,15 +183,25 @@ impl Context {
         // llama.cpp pads the context to a multiple of 256 cells.
         params.n_ctx = padded_ctx_size(params.n_ctx as u32) as usize;
         let (caches, layer_cache) = build_caches(&model, &params)?;
-        let cells_per_layer: Vec<usize> = layer_cache.iter().map(|&c| caches[c].cells.size() as usize).collect();
-        let store = KvStore::new(params.type_k, params.type_v, &cells_per_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)?;
+        let cells_per_layer: Vec<usize> = (0..hp.n_layer)
+            .map(|il| if hp.kv_layers[il] { caches[layer_cache[il]].cells.size() as usize } else { 0 })
+            .collect();
+        let mut store = KvStore::new(params.type_k, params.type_v, &cells_per_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)?;
+        // one recurrent state cell per sequence (llama.cpp: max(1, n_seq_max))
+        let rs = match &hp.rs {
+            Some(p) => {
+                store.rs = RsStore::new(p, params.n_seq_max)?;
+                Some(RsCells::new(params.n_seq_max as u32).map_err(kv_arg)?)
+            }
+            None => None,
+        };
         let ws = Workspace::new(hp, params.n_ubatch);
         let rope = if params.rope == Default::default() { hp.rope } else { hp.rope_train.resolve(&hp.rope, &params.rope)? };
         let threads = Threads::new(params.n_threads);
         let threads_batch = (params.n_threads_batch != params.n_threads).then(|| Threads::new(params.n_threads_batch));
         Ok(Context {
             masks: vec![Vec::new(); caches.len()],
-            model, params, rope, caches, layer_cache, store, ws, threads, threads_batch,
+            model, params, rope, caches, layer_cache, rs, store, ws, threads, threads_batch, logits_tmp: Vec::new(),
             logits: Vec::new(), output_ids: Vec::new(), n_outputs: 0, shift_scratch: Vec::new(),
             embd: Vec::new(), embd_seq: Default::default(), cvec: None, loras: Vec::new(), lora_set: None, perf: Perf::default(),
         })
@@ -409,7 +425,7 @@ impl Context {
         let views = [KvView { slots: &slots, mask: &self.masks[0], n_kv }];
         let ub = UBatchView {
             tokens: &batch.tokens, pos: &batch.pos, out_rows: &out_rows, caches: &views, layer_cache: &self.layer_cache,
-            cvec: None, lora: self.lora_set.as_ref(), rope_factors: None, rope: &self.rope,
+            cvec: None, lora: self.lora_set.as_ref(), rope_factors: None, rope: &self.rope, rs: None,
         };
         let threads = match (&self.threads_batch, n > 1) {
             (Some(tb), true) => tb,
@@ -440,13 +456,22 @@ impl Context {
             self.defrag_if(|cells| cells.needs_defrag(thold, DEFRAG_PAD));
         }
         let n = batch.len();
-        let n_ub = self.params.n_ubatch;
-        let ubatches: Vec<std::ops::Range<usize>> = (0..n).step_by(n_ub).map(|s| s..(s + n_ub).min(n)).collect();
-        let seq_sets: Vec<Vec<i32>> = batch.seq_ids.clone();
-        let views: Vec<KvUBatch> = ubatches.iter()
-            .map(|r| KvUBatch::new(&batch.pos[r.clone()], &seq_sets[r.clone()]))
+        let plans = self.plan_ubatches(batch)?;
+        let pos_of: Vec<Vec<i32>> = plans.iter().map(|p| p.idx.iter().map(|&i| batch.pos[i]).collect()).collect();
+        let seqs_of: Vec<Vec<Vec<i32>>> = plans.iter().map(|p| p.idx.iter().map(|&i| batch.seq_ids[i].clone()).collect()).collect();
+        let views: Vec<KvUBatch> = pos_of.iter().zip(&seqs_of).map(|(p, s)| KvUBatch::new(p, s)).collect();
+        let groups: Vec<Vec<RsSeqGroup>> = plans.iter().zip(&pos_of).zip(&seqs_of)
+            .map(|((p, pos), seqs)| rs_groups(p, pos, seqs))
             .collect();
-        // Every cache must find room for every micro-batch before anything is written.
+        // Every memory must find room for every micro-batch before anything is written: the
+        // recurrent states first, then the caches (llama_memory_hybrid's order).
+        if let Some(rs) = &self.rs {
+            if !rs.prepare(&groups) {
+                return Err(EngineError::Decode(format!(
+                    "the batch's sequences find no free recurrent state cell ({} of {} used; one per sequence, n_seq_max)",
+                    rs.used(), rs.size())));
+            }
+        }
         let mut slots: Vec<Vec<Vec<u32>>> = Vec::with_capacity(self.caches.len());
         for cache in &mut self.caches {
             slots.push(cache.cells.prepare(&views).map_err(|e| EngineError::Decode(format!(
@@ -456,21 +481,16 @@ impl Context {
         }
 
         let want = self.prepare_outputs(batch);
-        let d = self.model.hparams.n_embd;
-
-        let mut out_row0 = 0;
-        for (u, (range, view)) in ubatches.iter().zip(&views).enumerate() {
+        for (u, (plan, view)) in plans.iter().zip(&views).enumerate() {
             for (cache, cache_slots) in self.caches.iter_mut().zip(&slots) {
                 cache.cells.apply_ubatch(&cache_slots[u], view).map_err(|e| EngineError::Decode(e.to_string()))?;
             }
-            let out_rows: Vec<usize> = (0..range.len()).filter(|&i| want[range.start + i]).collect();
+            let rs_ub = self.place_states(plan, &groups[u])?;
+            let out_rows: Vec<usize> = (0..plan.idx.len()).filter(|&i| want[plan.idx[i]]).collect();
+            let dest_rows: Vec<usize> = out_rows.iter().map(|&i| self.output_ids[plan.idx[i]] as usize).collect();
+            let tokens: Vec<u32> = plan.idx.iter().map(|&i| batch.tokens[i]).collect();
             let ub_slots: Vec<&[u32]> = slots.iter().map(|s| s[u].as_slice()).collect();
-            self.run_ubatch(&batch.tokens[range.clone()], view, &ub_slots, &out_rows, out_row0)?;
-            if self.params.embeddings {
-                let rows = out_rows.len() * d;
-                self.embd[out_row0 * d..out_row0 * d + rows].copy_from_slice(&self.ws.h[..rows]);
-            }
-            out_row0 += out_rows.len();
+            self.run_ubatch(&tokens, view, &ub_slots, &out_rows, &dest_rows, rs_ub)?;
         }
         if self.params.embeddings && self.params.pooling != Pooling::None {
             self.pool_embeddings(batch);
@@ -480,7 +500,30 @@ impl Context {
         Ok(())
     }
 
-    fn run_ubatch(&mut self, tokens: &[u32], view: &KvUBatch, slots: &[&[u32]], out_rows: &[usize], out_row0: usize) -> Result<()> {
+    /// The micro-batches of a batch: in order for an attention-only model, equal splits of
+    /// whole sequence groups for a model with recurrent layers (sequential ids for a purely
+    /// recurrent one, as llama_memory_recurrent asks; any for a hybrid with one cell array).
+    fn plan_ubatches(&self, batch: &Batch) -> Result<Vec<UBatchPlan>> {
+        if self.rs.is_none() {
+            return Ok(split_simple(batch.len(), self.params.n_ubatch));
+        }
+        split_equal(batch, self.params.n_ubatch, self.caches.is_empty())
+    }
+
+    /// Places a micro-batch's sequence groups in the recurrent cells and moves their states
+    /// where the placement says (nothing for an attention-only model).
+    fn place_states(&mut self, plan: &UBatchPlan, groups: &[RsSeqGroup]) -> Result<Option<RsUBatch>> {
+        let Some(rs) = &mut self.rs else { return Ok(None) };
+        let placed = rs.place(groups).map_err(|e| EngineError::Decode(e.to_string()))?;
+        self.store.rs.apply(&placed);
+        Ok(Some(RsUBatch { head: placed.head as usize, n_seqs: plan.n_seqs, n_seq_tokens: plan.n_seq_tokens }))
+    }
+
+    /// Runs one micro-batch; the logits (and embeddings) of its `out_rows` go to the output
+    /// rows `dest_rows` (in order and consecutive for a simple split; through a scratch
+    /// otherwise).
+    fn run_ubatch(&mut self, tokens: &[u32], view: &KvUBatch, slots: &[&[u32]], out_rows: &[usize], dest_rows: &[usize],
+                  rs: Option<RsUBatch>) -> Result<()> {
         let mut n_kvs = Vec::with_capacity(self.caches.len());
         for (cache, mask) in self.caches.iter().zip(self.masks.iter_mut()) {
             let n_kv = cache.cells.n_kv_window() as usize;
@@ -490,21 +533,38 @@ impl Context {
         }
         let model = self.model.clone();
         let w = model.weights.as_ref().expect("checked at context creation");
-        let nv = model.hparams.n_vocab;
+        let (nv, d) = (model.hparams.n_vocab, model.hparams.n_embd);
         let views: Vec<KvView> = (0..self.caches.len())
             .map(|c| KvView { slots: slots[c], mask: &self.masks[c], n_kv: n_kvs[c] })
             .collect();
         let ub = UBatchView {
             tokens, pos: view.pos, out_rows, caches: &views, layer_cache: &self.layer_cache, cvec: self.cvec.as_ref(),
-            lora: self.lora_set.as_ref(), rope_factors: rope_factors(&model, &self.params), rope: &self.rope,
+            lora: self.lora_set.as_ref(), rope_factors: rope_factors(&model, &self.params), rope: &self.rope, rs,
         };
         let threads = match (&self.threads_batch, tokens.len() > 1) {
             (Some(tb), true) => tb,
             _ => &self.threads,
         };
-        let logits = &mut self.logits[out_row0 * nv..(out_row0 + out_rows.len()) * nv];
+        let in_place = dest_rows.windows(2).all(|p| p[1] == p[0] + 1);
+        let row0 = dest_rows.first().copied().unwrap_or(0);
+        let logits = if in_place {
+            &mut self.logits[row0 * nv..(row0 + dest_rows.len()) * nv]
+        } else {
+            self.logits_tmp.resize(dest_rows.len() * nv, 0.0);
+            &mut self.logits_tmp[..]
+        };
         let arch = model.arch.expect("a context needs a runnable architecture (checked in Context::new)");
         (arch.forward)(&model, w, &mut self.ws, &mut self.store, &ub, threads, logits);
+        if !in_place {
+            for (k, &r) in dest_rows.iter().enumerate() {
+                self.logits[r * nv..(r + 1) * nv].copy_from_slice(&self.logits_tmp[k * nv..(k + 1) * nv]);
+            }
+        }
+        if self.params.embeddings {
+            for (k, &r) in dest_rows.iter().enumerate() {
+                self.embd[r * d..(r + 1) * d].copy_from_slice(&self.ws.h[k * d..(k + 1) * d]);
+            }
+        }
         Ok(())
     }
 
@@ -664,6 +724,17 @@ fn rope_factors<'m>(model: &'m Model, params: &ContextParams) -> Option<&'m [f32
     model.weights.as_ref()?.rope_factors.for_context(n_ctx_seq, model.hparams.n_ctx_orig)
 }
 
+/// The sequence groups of an equal split's micro-batch, as the recurrent cells see them:
+/// each group's ids and the position of its last token (none for a simple split).
+fn rs_groups<'a>(plan: &UBatchPlan, pos: &[i32], seqs: &'a [Vec<i32>]) -> Vec<RsSeqGroup<'a>> {
+    (0..plan.n_seqs)
+        .map(|s| {
+            let last = (s + 1) * plan.n_seq_tokens - 1;
+            RsSeqGroup { ids: &seqs[s * plan.n_seq_tokens], last_pos: pos[last] }
+        })
+        .collect()
+}
+
 fn kv_arg(e: KvError) -> EngineError { EngineError::InvalidArgument(e.to_string()) }
 
 /// The caches a model needs: one of n_ctx cells, or for an interleaved sliding-window model a
@@ -673,8 +744,13 @@ fn build_caches(model: &Model, p: &ContextParams) -> Result<(Vec<Cache>, Vec<usi
     let hp = &model.hparams;
     let (n_ctx, n_seq) = (p.n_ctx as u32, p.n_seq_max as u32);
     let full = KvCells::new(n_ctx, n_seq).map_err(kv_arg)?;
+    let attending: Vec<usize> = (0..hp.n_layer).filter(|&il| hp.kv_layers[il]).collect();
+    if attending.is_empty() {
+        // a state-space model keeps no K/V at all
+        return Ok((Vec::new(), vec![0; hp.n_layer]));
+    }
     if !hp.has_swa() {
-        return Ok((vec![Cache { cells: full, layers: (0..hp.n_layer).collect() }], vec![0; hp.n_layer]));
+        return Ok((vec![Cache { cells: full, layers: attending }], vec![0; hp.n_layer]));
     }
     // The cells are one array shared by every sequence (llama.cpp's unified layout) whatever
     // kv_unified says, so the window must be held for each sequence: size it as unified.
@@ -685,12 +761,18 @@ fn build_caches(model: &Model, p: &ContextParams) -> Result<(Vec<Cache>, Vec<usi
     Ok((vec![Cache { cells: full, layers: layers_of(0) }, Cache { cells: swa, layers: layers_of(1) }], layer_cache))
 }
 
-/// Sequence operations over every cache (llama_kv_cache_iswa applies each to both caches;
-/// seq_rm succeeds when both do; positions are reported from the sliding cache, which holds
-/// the fewest).
+/// Sequence operations over every memory: the caches (llama_kv_cache_iswa applies each to
+/// both; seq_rm succeeds when both do; positions are reported from the sliding cache, which
+/// holds the fewest) and the recurrent states (llama_memory_hybrid: seq_rm asks the states
+/// first and stops at their refusal; a sequence's positions are those both memories hold).
 impl Context {
     pub fn seq_rm(&mut self, seq: i32, p0: i32, p1: i32) -> Result<bool> {
         self.check_seq(seq, true)?;
+        if let Some(rs) = &mut self.rs {
+            if !rs.seq_rm(seq, p0, p1).map_err(kv_arg)? {
+                return Ok(false);
+            }
+        }
         let mut ok = true;
         for c in &mut self.caches {
             ok &= c.cells.seq_rm(seq, p0, p1).map_err(kv_arg)?;
@@ -700,31 +782,56 @@ impl Context {
     pub fn seq_cp(&mut self, src: i32, dst: i32, p0: i32, p1: i32) -> Result<()> {
         self.check_seq(src, false)?;
         self.check_seq(dst, false)?;
-        self.caches.iter_mut().try_for_each(|c| c.cells.seq_cp(src, dst, p0, p1).map_err(kv_arg))
+        self.caches.iter_mut().try_for_each(|c| c.cells.seq_cp(src, dst, p0, p1).map_err(kv_arg))?;
+        self.rs.as_mut().map_or(Ok(()), |rs| rs.seq_cp(src, dst).map_err(kv_arg))
     }
     pub fn seq_keep(&mut self, seq: i32) -> Result<()> {
         self.check_seq(seq, false)?;
-        self.caches.iter_mut().try_for_each(|c| c.cells.seq_keep(seq).map_err(kv_arg))
+        self.caches.iter_mut().try_for_each(|c| c.cells.seq_keep(seq).map_err(kv_arg))?;
+        self.rs.as_mut().map_or(Ok(()), |rs| rs.seq_keep(seq).map_err(kv_arg))
     }
     pub fn seq_add(&mut self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
         self.check_seq(seq, false)?;
-        self.caches.iter_mut().try_for_each(|c| c.cells.seq_add(seq, p0, p1, delta).map_err(kv_arg))
+        self.caches.iter_mut().try_for_each(|c| c.cells.seq_add(seq, p0, p1, delta).map_err(kv_arg))?;
+        self.rs.as_mut().map_or(Ok(()), |rs| rs.seq_add(seq, p0, p1, delta).map_err(kv_arg))
     }
     pub fn seq_div(&mut self, seq: i32, p0: i32, p1: i32, d: i32) -> Result<()> {
         self.check_seq(seq, false)?;
-        self.caches.iter_mut().try_for_each(|c| c.cells.seq_div(seq, p0, p1, d).map_err(kv_arg))
+        self.caches.iter_mut().try_for_each(|c| c.cells.seq_div(seq, p0, p1, d).map_err(kv_arg))?;
+        self.rs.as_mut().map_or(Ok(()), |rs| rs.seq_div(seq, p0, p1, d).map_err(kv_arg))
     }
     pub fn seq_pos_min(&self, seq: i32) -> Result<i32> {
-        self.caches.last().expect("a context has a cache").cells.seq_pos_min(seq).map_err(kv_arg)
+        let attn = match self.caches.last() { Some(c) => Some(c.cells.seq_pos_min(seq).map_err(kv_arg)?), None => None };
+        let rs = self.rs.as_ref().map(|rs| rs.seq_pos_min(seq));
+        Ok(match (attn, rs) { (Some(a), Some(r)) => a.max(r), (a, r) => a.or(r).unwrap_or(-1) })
     }
     pub fn seq_pos_max(&self, seq: i32) -> Result<i32> {
-        self.caches.last().expect("a context has a cache").cells.seq_pos_max(seq).map_err(kv_arg)
+        let attn = match self.caches.last() { Some(c) => Some(c.cells.seq_pos_max(seq).map_err(kv_arg)?), None => None };
+        let rs = self.rs.as_ref().map(|rs| rs.seq_pos_max(seq));
+        Ok(match (attn, rs) { (Some(a), Some(r)) => a.min(r), (a, r) => a.or(r).unwrap_or(-1) })
     }
     pub fn kv_clear(&mut self) {
         self.caches.iter_mut().for_each(|c| c.cells.clear());
+        if let Some(rs) = &mut self.rs {
+            rs.clear();
+            self.store.rs.clear();
+        }
     }
-    /// The full-attention cache's cells (the one every layer type can be inspected through).
-    pub fn cells(&self) -> &KvCells { &self.caches[0].cells }
+    /// Every cell of the memories as (position, sequence ids): the attention caches' cells,
+    /// then the recurrent state cells (one per sequence).
+    pub fn cell_list(&self) -> Vec<(i32, Vec<i32>)> {
+        let mut all: Vec<(i32, Vec<i32>)> = self.caches.first().map(|c| c.cells.cells()).unwrap_or_default();
+        all.extend(self.rs.iter().flat_map(|rs| rs.cells()));
+        all
+    }
+    /// Cells, used cells and the search head, over the same memories as `cell_list`.
+    pub fn cells_size(&self) -> u32 {
+        self.caches.first().map_or(0, |c| c.cells.size()) + self.rs.as_ref().map_or(0, |rs| rs.size())
+    }
+    pub fn cells_used(&self) -> u32 {
+        self.caches.first().map_or(0, |c| c.cells.used()) + self.rs.as_ref().map_or(0, |rs| rs.used())
+    }
+    pub fn cells_head(&self) -> u32 { self.caches.first().map_or(0, |c| c.cells.head()) }
 
     fn check_seq(&self, seq: i32, allow_all: bool) -> Result<()> {
         if (allow_all && seq < 0) || (seq >= 0 && (seq as usize) < self.params.n_seq_max) {

@@ -32,6 +32,8 @@ pub struct UBatchView<'a> {
     pub rope_factors: Option<&'a [f32]>,
     /// The context's RoPE (the model's, unless the context overrides it: RopeOverrides).
     pub rope: &'a crate::ops::RopeParams,
+    /// The micro-batch's sequence groups and their state cells (recurrent and hybrid models).
+    pub rs: Option<crate::recurrent::RsUBatch>,
 }
 
 /// Directions added to the output of layers `start..=end` (llama.cpp's control vectors).
@@ -90,6 +92,8 @@ pub struct Workspace {
     pub lora: crate::lora::LoraScratch,
     /// The input activations' statistics, while a context collects them (else None).
     pub stats: Option<Box<crate::actstats::ActivationStats>>,
+    /// The recurrent layers' buffers (empty for an attention-only model).
+    pub rs: crate::recurrent::RsScratch,
 }
 
 impl Workspace {
@@ -112,6 +116,7 @@ impl Workspace {
             moe: crate::moe::MoeScratch::new(hp, n_ubatch),
             lora: Default::default(),
             stats: None,
+            rs: Default::default(),
         }
     }
 }

@@ -59,6 +59,31 @@ pub struct HParams {
     /// Context length the RoPE frequency factors were made for (LongRoPE chooses its long
     /// factors for a context per sequence above it).
     pub n_ctx_orig: usize,
+    /// Per layer: does it attend (KV heads > 0; every layer of a model without per-layer
+    /// head counts)?
+    pub kv_layers: Vec<bool>,
+    /// Per layer: does it have an FFN (feed_forward_length > 0)?
+    pub ff_layers: Vec<bool>,
+    /// The recurrent layers' sizes (hybrid and state-space models; None for the others).
+    pub rs: Option<RsParams>,
+}
+
+/// What the recurrent layers of a model keep per sequence, and their sizes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RsParams {
+    /// Per layer: is it recurrent (a state per sequence instead of K/V per token)?
+    pub layers: Vec<bool>,
+    /// Floats of a layer's convolution state (llama.cpp's n_embd_r).
+    pub n_r: usize,
+    /// Floats of a layer's recurrent (SSM / delta-net) state (llama.cpp's n_embd_s).
+    pub n_s: usize,
+    /// ssm.conv_kernel, ssm.inner_size, ssm.state_size, ssm.group_count, ssm.time_step_rank
+    /// (the Mamba-2 head count); 0 where the family has none.
+    pub d_conv: usize,
+    pub d_inner: usize,
+    pub d_state: usize,
+    pub n_group: usize,
+    pub dt_rank: usize,
 }
 
 /// How a mixture of experts weighs the experts it picks (llama_expert_gating_func_type).
@@ -71,7 +96,7 @@ pub enum MoeGating {
 }
 
 /// Typed access to `{arch}.KEY` with errors that name the key.
-pub(crate) struct Meta<'a> {
+pub struct Meta<'a> {
     pub file: &'a GgufFile,
     pub arch: &'a str,
 }
@@ -99,6 +124,19 @@ impl Meta<'_> {
             Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| self.bad(&key, "not a number")),
         }
     }
+    /// `{arch}.KEY` per layer: a scalar for every layer, or an array of n_layer values.
+    pub fn layer_values(&self, k: &str, n_layer: usize) -> Result<Option<Vec<usize>>> {
+        let key = self.key(k);
+        let Some(v) = self.file.get(&key) else { return Ok(None) };
+        if let Some(n) = v.as_u64() {
+            return Ok(Some(vec![usize::try_from(n).map_err(|_| self.bad(&key, "too large"))?; n_layer]));
+        }
+        let vals = v.as_array().and_then(Array::to_i64_vec).ok_or_else(|| self.bad(&key, "not an integer"))?;
+        if vals.len() != n_layer {
+            return Err(self.bad(&key, &format!("{} values for {n_layer} layers", vals.len())));
+        }
+        vals.iter().map(|&x| usize::try_from(x).map_err(|_| self.bad(&key, "negative"))).collect::<Result<Vec<_>>>().map(Some)
+    }
     fn uniform_array(&self, key: &str, a: Option<&Array>) -> Result<usize> {
         let vals = a.and_then(Array::to_i64_vec).ok_or_else(|| self.bad(key, "not an integer"))?;
         let first = *vals.first().ok_or_else(|| self.bad(key, "empty array"))?;
@@ -112,6 +150,17 @@ impl Meta<'_> {
     }
 }
 
+/// The one non-zero value of a per-layer array (0 where no layer has one); layers with
+/// different non-zero values are not supported.
+fn uniform_nonzero(m: &Meta, key: &str, vals: &[usize]) -> Result<usize> {
+    let mut nz = vals.iter().copied().filter(|&v| v > 0);
+    let first = nz.next().unwrap_or(0);
+    if nz.any(|v| v != first) {
+        return Err(EngineError::Unsupported(format!("{}: per-layer values differ ({vals:?})", m.key(key))));
+    }
+    Ok(first)
+}
+
 /// Refuse sizes no real model has, so a crafted file cannot size huge scratch buffers.
 const MAX_DIM: usize = 1 << 20;
 
@@ -119,21 +168,30 @@ impl HParams {
     pub fn from_gguf(file: &GgufFile, arch: &str, n_vocab: usize) -> Result<HParams> {
         let m = Meta { file, arch };
         let n_embd = m.usize("embedding_length")?;
-        let n_head = m.usize("attention.head_count")?;
         let n_layer = m.usize("block_count")?;
-        let n_head_kv = m.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
-        let n_ff = m.usize("feed_forward_length")?;
-        for (name, v) in [("embedding_length", n_embd), ("head_count", n_head), ("block_count", n_layer),
-                          ("head_count_kv", n_head_kv), ("feed_forward_length", n_ff)] {
-            if v == 0 || v > MAX_DIM {
+        if n_embd == 0 || n_embd > MAX_DIM || n_layer == 0 || n_layer > MAX_DIM {
+            return Err(file.error(format!("{arch}.embedding_length {n_embd} or block_count {n_layer} is out of range")).into());
+        }
+        // Per-layer arrays: a hybrid model marks its recurrent layers with 0 KV heads (and
+        // Nemotron-H its FFN-only layers with 0 heads); a state-space model has no heads.
+        let heads = m.layer_values("attention.head_count", n_layer)?;
+        let heads_kv = m.layer_values("attention.head_count_kv", n_layer)?
+            .unwrap_or_else(|| heads.clone().unwrap_or_else(|| vec![0; n_layer]));
+        let ffs = m.layer_values("feed_forward_length", n_layer)?;
+        let n_head = uniform_nonzero(&m, "attention.head_count", heads.as_deref().unwrap_or(&[]))?;
+        let n_head_kv = uniform_nonzero(&m, "attention.head_count_kv", &heads_kv)?;
+        let n_ff = ffs.as_deref().unwrap_or(&[]).iter().copied().max().unwrap_or(0);
+        for (name, v) in [("head_count", n_head), ("head_count_kv", n_head_kv), ("feed_forward_length", n_ff)] {
+            if v > MAX_DIM {
                 return Err(file.error(format!("{arch}.{name} = {v} is out of range")).into());
             }
         }
-        if n_head % n_head_kv != 0 {
+        if n_head_kv > 0 && n_head % n_head_kv != 0 {
             return Err(file.error(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")).into());
         }
-        let head_dim_k = m.opt_usize("attention.key_length")?.unwrap_or(n_embd / n_head);
-        let head_dim_v = m.opt_usize("attention.value_length")?.unwrap_or(n_embd / n_head);
+        let n_head_div = n_head.max(1);
+        let head_dim_k = m.opt_usize("attention.key_length")?.unwrap_or(n_embd / n_head_div);
+        let head_dim_v = m.opt_usize("attention.value_length")?.unwrap_or(n_embd / n_head_div);
         let n_rot = m.opt_usize("rope.dimension_count")?.unwrap_or(head_dim_k);
         if n_rot > head_dim_k || n_rot % 2 != 0 || head_dim_k > MAX_DIM {
             return Err(file.error(format!("rope.dimension_count {n_rot} does not fit head size {head_dim_k}")).into());
@@ -146,7 +204,7 @@ impl HParams {
             return Err(file.error(format!("{arch}.expert_used_count {n_expert_used} does not fit expert_count {n_expert}")).into());
         }
         let n_ff_exp = m.opt_usize("expert_feed_forward_length")?.unwrap_or(n_ff);
-        if n_ff_exp == 0 || n_ff_exp > MAX_DIM {
+        if (n_expert > 0 && n_ff_exp == 0) || n_ff_exp > MAX_DIM {
             return Err(file.error(format!("{arch}.expert_feed_forward_length = {n_ff_exp} is out of range")).into());
         }
         Ok(HParams {
@@ -161,7 +219,10 @@ impl HParams {
             swa_layers: vec![false; n_layer],
             rope_freq_base_swa: m.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0),
             rope_freq_scale_swa: 1.0,
-            attn_scale: 1.0 / (head_dim_k as f32).sqrt(),
+            attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
+            kv_layers: heads_kv.iter().map(|&h| h > 0).collect(),
+            ff_layers: match &ffs { Some(v) => v.iter().map(|&f| f > 0).collect(), None => vec![false; n_layer] },
+            rs: None,
             final_logit_softcap: m.opt_f32("final_logit_softcapping")?.unwrap_or(0.0),
             attn_logit_softcap: m.opt_f32("attn_logit_softcapping")?.unwrap_or(0.0),
             n_expert, n_expert_used, n_ff_exp,
@@ -225,6 +286,20 @@ impl HParams {
         }
     }
 
+    /// The sizes an attention-only architecture needs: heads in every layer, an FFN width
+    /// (a recurrent architecture reads its own layer kinds).
+    pub fn check_attention_only(&self, file: &GgufFile) -> Result<()> {
+        for (name, v) in [("head_count", self.n_head), ("head_count_kv", self.n_head_kv), ("feed_forward_length", self.n_ff)] {
+            if v == 0 {
+                return Err(file.error(format!("{}.{name} = {v} is out of range", self.arch)).into());
+            }
+        }
+        if !self.kv_layers.iter().all(|&k| k) || !self.ff_layers.iter().all(|&f| f) {
+            return Err(EngineError::Unsupported(format!("{}: layers without attention heads or FFN", self.arch)));
+        }
+        Ok(())
+    }
+
     pub fn has_swa(&self) -> bool { self.n_swa > 0 && self.swa_layers.iter().any(|&s| s) }
 
     /// Placeholder hyper-parameters of a vocabulary-only file (no weights to run).
@@ -240,7 +315,7 @@ impl HParams {
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
-            norm_eps: 1e-5, pooling_type: 0,
+            norm_eps: 1e-5, pooling_type: 0, kv_layers: Vec::new(), ff_layers: Vec::new(), rs: None,
         }
     }
 

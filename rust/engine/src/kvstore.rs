@@ -64,6 +64,8 @@ pub struct KvStore {
     pub head_dim_k: usize,
     pub head_dim_v: usize,
     pub layers: Vec<LayerKv>,
+    /// The recurrent layers' per-sequence states (none for an attention-only model).
+    pub rs: crate::recurrent::RsStore,
 }
 
 impl KvStore {
@@ -85,7 +87,7 @@ impl KvStore {
                 LayerKv { k: vec![0; tk.row_bytes(k_row) * cells], v: vec![0; tv.row_bytes(v_row) * V_SETS * v_cols], cells, v_cols }
             })
             .collect();
-        Ok(KvStore { type_k: tk, type_v: tv, n_head_kv, k_row, v_row, head_dim_k, head_dim_v, layers })
+        Ok(KvStore { type_k: tk, type_v: tv, n_head_kv, k_row, v_row, head_dim_k, head_dim_v, layers, rs: Default::default() })
     }
 
     /// Bytes of one cell's whole row (every KV head).
@@ -94,7 +96,7 @@ impl KvStore {
     /// Bytes of one head's row.
     pub fn k_head_bytes(&self) -> usize { self.type_k.row_bytes(self.head_dim_k) }
     pub fn v_head_bytes(&self) -> usize { self.type_v.row_bytes(self.head_dim_v) }
-    pub fn bytes(&self) -> usize { self.layers.iter().map(|l| l.k.len() + l.v.len()).sum() }
+    pub fn bytes(&self) -> usize { self.layers.iter().map(|l| l.k.len() + l.v.len()).sum::<usize>() + self.rs.bytes() }
 
     /// Where KV head h's block starts in `layer.k` / `layer.v`.
     pub fn k_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.cells * self.k_head_bytes() }

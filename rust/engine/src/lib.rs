@@ -17,6 +17,8 @@ pub mod lora;
 pub mod model;
 mod moe;
 pub mod ops;
+pub mod recurrent;
+pub mod split;
 pub mod state;
 mod weights;
 

@@ -13,10 +13,26 @@ use crate::hparams::HParams;
 pub(crate) use crate::weights::Loader;
 
 /// The weights of one decoder block. Optional tensors are those only some architectures have;
-/// an architecture loads only those its graph applies (see `LayerParts`).
+/// an architecture loads only those its graph applies (see `LayerParts`). A block mixes its
+/// tokens by attention, by a recurrent mixer (hybrid and state-space models), or both in
+/// parallel (Falcon-H1); some blocks of Nemotron-H have neither, only their FFN.
 pub struct LayerWeights {
-    /// RMSNorm before attention (OLMo 2 has none).
+    /// RMSNorm before the mixer (OLMo 2 has none).
     pub attn_norm: Option<Vec<f32>>,
+    pub attn: Option<AttnWeights>,
+    /// The recurrent mixer (see `recurrent`).
+    pub rs: Option<crate::recurrent::RsWeights>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Option<Vec<f32>>,
+    pub ffn: Ffn,
+    pub post_ffn_norm: Option<Vec<f32>>,
+    /// BERT's LayerNorms after the attention's and the FFN's residual adds.
+    pub attn_out_norm: Option<LayerNorm>,
+    pub layer_out_norm: Option<LayerNorm>,
+}
+
+/// The attention of a block: Q/K/V/O projections and what goes with them.
+pub struct AttnWeights {
     pub wq: QMatrix,
     pub wk: QMatrix,
     pub wv: QMatrix,
@@ -31,15 +47,16 @@ pub struct LayerWeights {
     /// projection (OLMo 2).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
-    pub post_attn_norm: Option<Vec<f32>>,
     /// Per-head attention sinks (gpt-oss): a logit that takes part in each softmax.
     pub sinks: Option<Vec<f32>>,
-    pub ffn_norm: Option<Vec<f32>>,
-    pub ffn: Ffn,
-    pub post_ffn_norm: Option<Vec<f32>>,
-    /// BERT's LayerNorms after the attention's and the FFN's residual adds.
-    pub attn_out_norm: Option<LayerNorm>,
-    pub layer_out_norm: Option<LayerNorm>,
+}
+
+impl LayerWeights {
+    /// The block's attention; the architectures call the attention blocks only on blocks that
+    /// have one (their loaders build them so).
+    pub fn attn(&self) -> &AttnWeights {
+        self.attn.as_ref().expect("an attention step on a block the architecture loaded without attention")
+    }
 }
 
 /// Per-tensor second scales of the attention projections (`NAME.scale`, one f32: an NVFP4
@@ -77,6 +94,8 @@ pub enum Ffn {
     Experts(Experts),
     /// down(act(up·x + b_up)) + b_down, not gated (BERT's GELU).
     Plain(PlainFfn),
+    /// No FFN (a Mamba-2 block is its mixer alone).
+    None,
 }
 
 pub struct PlainFfn {
@@ -210,6 +229,9 @@ impl Model {
         if let Some(arch) = arch {
             hparams.rope.neox = arch.rope_neox;
             (arch.hparams)(&mut hparams, &file)?;
+            if hparams.rs.is_none() {
+                hparams.check_attention_only(&file)?;
+            }
         }
         let vocab = Arc::new(Vocab::from_gguf(&file).map_err(|e| match e {
             VocabError::Unsupported(m) => EngineError::Unsupported(format!("tokenizer: {m}")),
@@ -325,6 +347,19 @@ pub(crate) fn load_decoder(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Res
     Ok(Weights { tok_embd, output_norm, output, output_b, output_s, output_tied, layers, rope_factors, encoder: None })
 }
 
+/// The token embedding, the output norm and head (tied to the embedding when the file has no
+/// `output.weight`) around `layers` an architecture loaded itself.
+pub(crate) fn load_embeddings_and_head(ld: &Loader, hp: &HParams, layers: Vec<LayerWeights>) -> Result<Weights> {
+    let tok_embd = ld.matrix("token_embd.weight", hp.n_embd, hp.n_vocab)?;
+    let own_output = ld.opt_matrix("output.weight", hp.n_embd, hp.n_vocab)?;
+    let output_tied = own_output.is_none();
+    let output = own_output.unwrap_or_else(|| tok_embd.clone());
+    let output_s = load_output_scale(ld, &output, output_tied)?;
+    let output_norm = ld.vector("output_norm.weight", hp.n_embd)?;
+    Ok(Weights { tok_embd, output_norm, output, output_b: None, output_s, output_tied, layers,
+                 rope_factors: RopeFactors::default(), encoder: None })
+}
+
 /// `output.scale` (and the unused `output.input_scale`), which llama.cpp reads for an NVFP4
 /// output only, and refuses (an assertion) beside an NVFP4 output tied to the embedding.
 fn load_output_scale(ld: &Loader, output: &QMatrix, tied: bool) -> Result<Option<f32>> {
@@ -372,8 +407,7 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         Some(QkNorm::Whole) => (q_dim, k_dim),
         _ => (hp.head_dim_k, hp.head_dim_k),
     };
-    Ok(LayerWeights {
-        attn_norm: norm(parts.pre_norms, "attn_norm.weight")?,
+    let attn = AttnWeights {
         wq, wk, wv,
         wo: ld.matrix(&n("attn_output.weight"), hp.head_dim_v * hp.n_head, n_embd)?,
         bq, bk, bv,
@@ -381,8 +415,13 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         scales,
         q_norm: opt(parts.qk_norm.is_some(), "attn_q_norm.weight", q_norm_len)?,
         k_norm: opt(parts.qk_norm.is_some(), "attn_k_norm.weight", k_norm_len)?,
-        post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
         sinks: opt(parts.sinks, "attn_sinks.weight", hp.n_head)?,
+    };
+    Ok(LayerWeights {
+        attn_norm: norm(parts.pre_norms, "attn_norm.weight")?,
+        attn: Some(attn),
+        rs: None,
+        post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
         ffn_norm: norm(parts.pre_norms, parts.ffn_norm_name)?,
         ffn: if hp.n_expert > 0 { Ffn::Experts(load_experts(ld, hp, parts, il)?) } else { Ffn::Gated(load_gated(ld, hp, parts, il)?) },
         post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,

@@ -333,14 +333,14 @@ impl PyKv {
     }
     /// Moves cells down to close holes (positions unchanged).
     fn defrag(&self) -> PyResult<()> { self.ctx.get().lock()?.defrag(); Ok(()) }
-    #[getter] fn size(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells().size()) }
-    #[getter] fn used(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells().used()) }
-    #[getter] fn head(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells().head()) }
+    #[getter] fn size(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells_size()) }
+    #[getter] fn used(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells_used()) }
+    #[getter] fn head(&self) -> PyResult<u32> { Ok(self.ctx.get().lock()?.cells_head()) }
 
     /// (pos, frozenset(seq_ids)) per cell; pos -1 for an empty cell.
     fn cells(&self, py: Python<'_>) -> PyResult<Vec<(i32, PyObject)>> {
         let ctx = self.ctx.get().lock()?;
-        ctx.cells().cells().into_iter()
+        ctx.cell_list().into_iter()
             .map(|(pos, seqs)| Ok((pos, pyo3::types::PyFrozenSet::new(py, &seqs)?.into_any().unbind())))
             .collect()
     }

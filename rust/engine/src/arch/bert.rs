@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::graph::{UBatchView, Workspace};
 use crate::hparams::HParams;
 use crate::kvstore::KvStore;
-use crate::model::{load_qkv, load_qkv_biases, EncoderInputs, Ffn, GatedFfn, LayerNorm, LayerWeights, Loader, Model,
+use crate::model::{load_qkv, load_qkv_biases, AttnWeights, EncoderInputs, Ffn, GatedFfn, LayerNorm, LayerWeights, Loader, Model,
                    PlainFfn, RopeFactors, Weights};
 use crate::ops::{add_inplace, layer_norm_inplace, swiglu};
 
@@ -81,15 +81,19 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, bert: bool) -> Result<LayerW
         let gate = ld.matrix(&n("ffn_gate.weight"), d, ff)?;
         Ffn::Gated(GatedFfn { gate, up, down, gate_b: None, up_b: None, down_b: None, gate_s: None, up_s: None, down_s: None })
     };
-    Ok(LayerWeights {
-        attn_norm: None, wq, wk, wv,
+    let attn = AttnWeights {
+        wq, wk, wv,
         wo: ld.matrix(&n("attn_output.weight"), d, d)?,
         bq, bk, bv,
         bo: ld.opt_vector(&n("attn_output.bias"), d)?,
         // llama.cpp's BERT graphs apply attention scales too; no NVFP4 encoder exists to
         // check them against, so a file with them is refused (unread).
         scales: Default::default(),
-        q_norm: None, k_norm: None, post_attn_norm: None, sinks: None, ffn_norm: None, ffn, post_ffn_norm: None,
+        q_norm: None, k_norm: None, sinks: None,
+    };
+    Ok(LayerWeights {
+        attn_norm: None, attn: Some(attn), rs: None,
+        post_attn_norm: None, ffn_norm: None, ffn, post_ffn_norm: None,
         attn_out_norm: Some(layer_norm(ld, &n("attn_output_norm"), d)?),
         layer_out_norm: Some(layer_norm(ld, &n("layer_output_norm"), d)?),
     })
@@ -110,15 +114,15 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
             s.begin_layer(il);
         }
         ws.h[..n * d].copy_from_slice(&ws.x[..n * d]);
-        project_qkv(lw, ws, n, ub.lora_layer(il), threads);
+        project_qkv(lw.attn(), ws, n, ub.lora_layer(il), threads);
         if enc.pos_embd.is_none() {
             let rope_cache = std::mem::take(&mut ws.rope_cache);
-            rope_and_store(hp, lw, ub.rope, &rope_cache, ws, kv, ub, il);
+            rope_and_store(hp, lw.attn(), ub.rope, &rope_cache, ws, kv, ub, il);
             ws.rope_cache = rope_cache;
         } else {
-            store_kv(lw, ws, kv, ub, il);
+            store_kv(lw.attn(), ws, kv, ub, il);
         }
-        attend(hp, lw, ws, kv, ub, il, hp.attn_scale, 0.0, threads);
+        attend(hp, lw.attn(), ws, kv, ub, il, hp.attn_scale, 0.0, threads);
         add_and_norm(ws, lw.attn_out_norm.as_ref(), eps, n, d);
         ws.h[..n * d].copy_from_slice(&ws.x[..n * d]);
         ffn(hp, lw, ws, n, swiglu, ub.lora_layer(il), threads);
@@ -149,7 +153,7 @@ fn add_inputs(enc: &EncoderInputs, ws: &mut Workspace, ub: &UBatchView, d: usize
 }
 
 /// Stores each token's K and V (no RoPE: BERT's positions are in its embeddings).
-fn store_kv(lw: &LayerWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
+fn store_kv(lw: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
     let (k_dim, v_dim) = (lw.wk.rows, lw.wv.rows);
     for t in 0..ub.tokens.len() {
         kv.write(il, ub.kv(il).slots[t] as usize, &ws.k[t * k_dim..(t + 1) * k_dim], &ws.v[t * v_dim..(t + 1) * v_dim]);

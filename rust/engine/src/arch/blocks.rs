@@ -11,7 +11,7 @@ use crate::graph::{UBatchView, Workspace};
 use crate::hparams::HParams;
 use crate::kvstore::KvStore;
 use crate::lora::{add_embedding_terms, add_terms, LayerLora, LoraScratch, Proj, Term};
-use crate::model::{Ffn, GatedFfn, LayerWeights, Weights};
+use crate::model::{AttnWeights, Ffn, GatedFfn, LayerWeights, Weights};
 use crate::ops::{add_bias, add_inplace, rms_norm, rms_norm_inplace, rope_apply, scale_inplace, RopeParams};
 
 /// out = W·x for n tokens, times W's second scale where it has one, plus the LoRA terms of W
@@ -65,7 +65,7 @@ pub fn pre_norm(ws: &mut Workspace, norm: Option<&[f32]>, eps: f32, n: usize, d:
 }
 
 /// ws.q, ws.k, ws.v = W·ws.h (+ the adapters' terms, + biases) for n tokens.
-pub fn project_qkv(lw: &LayerWeights, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
+pub fn project_qkv(lw: &AttnWeights, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
     let (q_dim, k_dim, v_dim) = (lw.wq.rows, lw.wk.rows, lw.wv.rows);
     let s = lw.scales;
     lora_mm(&lw.wq, s.q, lora.terms(Proj::Q), &ws.h, n, &mut ws.q[..n * q_dim], &mut ws.mm, &mut ws.lora, threads);
@@ -87,7 +87,7 @@ pub fn project_qkv(lw: &LayerWeights, ws: &mut Workspace, n: usize, lora: LayerL
 /// RMSNorm of Q and K where the layer has their norms: per head (norms of head_dim values)
 /// or over each token's whole projection (norms of n_head·head_dim values): the norm's
 /// length is the row it normalizes.
-pub fn qk_norm(lw: &LayerWeights, ws: &mut Workspace, n: usize, eps: f32) {
+pub fn qk_norm(lw: &AttnWeights, ws: &mut Workspace, n: usize, eps: f32) {
     let (q_dim, k_dim) = (lw.wq.rows, lw.wk.rows);
     if let Some(w) = &lw.q_norm { rms_norm_inplace(&mut ws.q[..n * q_dim], w, eps); }
     if let Some(w) = &lw.k_norm { rms_norm_inplace(&mut ws.k[..n * k_dim], w, eps); }
@@ -95,7 +95,7 @@ pub fn qk_norm(lw: &LayerWeights, ws: &mut Workspace, n: usize, eps: f32) {
 
 /// Rotates every head of Q and K (`rope_cache` holds each token's cos/sin) and stores each
 /// token's K and V in its cell of layer `il`.
-pub fn rope_and_store(hp: &HParams, lw: &LayerWeights, rope: &RopeParams, rope_cache: &[f32], ws: &mut Workspace,
+pub fn rope_and_store(hp: &HParams, lw: &AttnWeights, rope: &RopeParams, rope_cache: &[f32], ws: &mut Workspace,
                       kv: &mut KvStore, ub: &UBatchView, il: usize) {
     let (q_dim, k_dim, v_dim) = (lw.wq.rows, lw.wk.rows, lw.wv.rows);
     let n_rot = rope.n_dims;
@@ -112,7 +112,7 @@ pub fn rope_and_store(hp: &HParams, lw: &LayerWeights, rope: &RopeParams, rope_c
 }
 
 /// RoPE of layer il (its sliding-window base where it has one) and the K/V store.
-pub fn rope_layer_and_store(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
+pub fn rope_layer_and_store(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
     let sliding = hp.swa_layers[il] && !ws.rope_cache_swa.is_empty();
     let rope_cache = std::mem::take(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache });
     rope_and_store(hp, lw, &hp.layer_rope(ub.rope, il), &rope_cache, ws, kv, ub, il);
@@ -121,7 +121,7 @@ pub fn rope_layer_and_store(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace,
 
 /// ws.o = Wo · attention(ws.q over layer il's cells) (+ output bias), scores scaled by
 /// `scale` and soft-capped by `softcap` (0: none) before the softmax.
-pub fn attend(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, kv: &KvStore, ub: &UBatchView, il: usize,
+pub fn attend(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &KvStore, ub: &UBatchView, il: usize,
               scale: f32, softcap: f32, threads: &Threads) {
     let n = ub.tokens.len();
     let (q_dim, attn_dim, d) = (lw.wq.rows, hp.n_head * hp.head_dim_v, hp.n_embd);
@@ -162,6 +162,7 @@ pub fn ffn(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, n: usize, act: A
         Ffn::Gated(f) => gated_ffn(hp, f, ws, n, act, lora, threads),
         Ffn::Experts(e) => crate::moe::moe_ffn(hp, e, ws, n, act, lora, threads),
         Ffn::Plain(f) => plain_ffn(hp, f, ws, n, lora, threads),
+        Ffn::None => ws.o[..n * hp.n_embd].fill(0.0),
     }
 }
 
@@ -276,16 +277,17 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
             s.begin_layer(il);
         }
         pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
-        project_qkv(lw, ws, n, ub.lora_layer(il), threads);
-        qk_norm(lw, ws, n, eps);
-        rope_layer_and_store(hp, lw, ws, kv, ub, il);
+        let a = lw.attn();
+        project_qkv(a, ws, n, ub.lora_layer(il), threads);
+        qk_norm(a, ws, n, eps);
+        rope_layer_and_store(hp, a, ws, kv, ub, il);
         let scale = if style.q_prescale {
-            scale_inplace(&mut ws.q[..n * lw.wq.rows], hp.attn_scale);
+            scale_inplace(&mut ws.q[..n * a.wq.rows], hp.attn_scale);
             1.0
         } else {
             hp.attn_scale
         };
-        attend(hp, lw, ws, kv, ub, il, scale, hp.attn_logit_softcap, threads);
+        attend(hp, a, ws, kv, ub, il, scale, hp.attn_logit_softcap, threads);
         residual(ws, lw.post_attn_norm.as_deref(), eps, hp.residual_scale, n, d);
         pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
         ffn(hp, lw, ws, n, style.act, ub.lora_layer(il), threads);

@@ -8,6 +8,7 @@ pub mod gemma3;
 pub mod gpt_oss;
 pub mod granite;
 pub mod llama;
+pub mod mamba2;
 pub mod olmo2;
 pub mod phi3;
 pub mod qwen3;
@@ -53,6 +54,7 @@ pub const ARCHS: &[ArchInfo] = &[
     gpt_oss::GPT_OSS,
     bert::BERT,
     bert::NOMIC_BERT,
+    mamba2::MAMBA2,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

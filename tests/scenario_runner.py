@@ -47,6 +47,7 @@ def run(scn: dict, model: fl.Model, cache_type: str, setup=None) -> list[dict]:
     if setup is not None:
         setup(ctx)
     kv = ctx.kv
+    slots: dict[str, bytes] = {}
     got: list[dict] = []
     for si, st in enumerate(scn["steps"]):
         op = st["op"]
@@ -76,6 +77,14 @@ def run(scn: dict, model: fl.Model, cache_type: str, setup=None) -> list[dict]:
             kv.seq_div(st["seq_id"], st["p0"], st["p1"], st["d"])
         elif op == "clear":
             kv.clear()
+        elif op == "state_save":
+            slots[st["slot"]] = ctx.state_get()
+        elif op == "state_load":
+            ctx.state_set(slots[st["slot"]])
+        elif op == "seq_state_save":
+            slots[st["slot"]] = ctx.seq_state_get(st["seq_id"])
+        elif op == "seq_state_load":
+            ctx.seq_state_set(slots[st["slot"]], st["seq_id"])
         else:
             raise ValueError(f"unknown op {op}")
         for s in st.get("check_pos", []):

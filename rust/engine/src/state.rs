@@ -84,6 +84,14 @@ struct CacheBlob<'a> {
     rows: &'a [u8],
 }
 
+/// What a blob holds for the recurrent states, checked but not yet applied.
+struct StatesBlob<'a> {
+    /// Per saved cell: its position and sequence ids (none in a one-sequence blob).
+    cells: Vec<(i32, Vec<i32>)>,
+    /// Each cell's rows, as RsStore::read_cell writes them.
+    rows: &'a [u8],
+}
+
 impl Context {
     fn header(&self, kind: u8) -> Vec<u8> {
         let mut out = STATE_MAGIC.to_vec();
@@ -185,11 +193,81 @@ impl Context {
         Ok(())
     }
 
+    /// Serializes the recurrent state cells (`seq`: the one holding that sequence's state,
+    /// or all) and their rows: count, then per cell its position and sequence ids (none for
+    /// one sequence), then the rows (nothing for a model without recurrent layers).
+    fn write_states(&self, seq: Option<i32>, out: &mut Vec<u8>) {
+        let Some(rs) = &self.rs else { return };
+        let cells = rs.state_cells(seq);
+        out.extend((cells.len() as u64).to_le_bytes());
+        for (_, pos, seqs) in &cells {
+            out.extend(pos.to_le_bytes());
+            out.extend((seqs.len() as u32).to_le_bytes());
+            seqs.iter().for_each(|s| out.extend(s.to_le_bytes()));
+        }
+        out.extend(((cells.len() * self.store.rs.cell_bytes()) as u64).to_le_bytes());
+        for (cell, _, _) in &cells {
+            self.store.rs.read_cell(*cell as usize, out);
+        }
+    }
+
+    fn read_states<'a>(&self, r: &mut BlobReader<'a>) -> Result<Option<StatesBlob<'a>>> {
+        if self.rs.is_none() {
+            return Ok(None);
+        }
+        let n = r.len(8, "recurrent cell count")?;
+        let mut cells = Vec::with_capacity(n);
+        for _ in 0..n {
+            let pos = r.u32("recurrent cell position")? as i32;
+            let k = r.u32("recurrent cell sequence count")? as usize;
+            if k > crate::context::MAX_SEQ {
+                return Err(bad("the recurrent cell metadata is corrupt"));
+            }
+            let seqs = (0..k).map(|_| r.u32("sequence id").map(|s| s as i32)).collect::<Result<Vec<_>>>()?;
+            cells.push((pos, seqs));
+        }
+        let len = r.len(1, "recurrent state length")?;
+        if len != n * self.store.rs.cell_bytes() {
+            return Err(bad("the recurrent state data does not match its cells"));
+        }
+        Ok(Some(StatesBlob { cells, rows: r.take(len, "recurrent states")? }))
+    }
+
+    /// The recurrent cells a blob restores, computed on a copy (nothing changes): the cells
+    /// and the cell each saved state goes to.
+    fn restore_states(&self, blob: &StatesBlob, dst: Option<i32>) -> Result<(ferrollama_kv::RsCells, Vec<u32>)> {
+        let mut cells = self.rs.clone().expect("read_states gave a blob");
+        let placed = match dst {
+            None => {
+                cells.restore_all(&blob.cells).map_err(|e| bad(e.to_string()))?;
+                (0..blob.cells.len() as u32).collect()
+            }
+            Some(dst) => match blob.cells.as_slice() {
+                [] => {
+                    cells.seq_rm(dst, -1, -1).map_err(|e| bad(e.to_string()))?;
+                    Vec::new()
+                }
+                [(pos, seqs)] if seqs.is_empty() => vec![cells.restore_seq(dst, *pos).map_err(|e| bad(e.to_string()))?],
+                _ => return Err(bad("a sequence state holds one recurrent cell")),
+            },
+        };
+        Ok((cells, placed))
+    }
+
+    fn commit_states(&mut self, blob: &StatesBlob, cells: ferrollama_kv::RsCells, placed: &[u32]) {
+        let per_cell = self.store.rs.cell_bytes();
+        for (k, &cell) in placed.iter().enumerate() {
+            self.store.rs.write_cell(cell as usize, &blob.rows[k * per_cell..(k + 1) * per_cell]);
+        }
+        self.rs = Some(cells);
+    }
+
     /// The whole context: every cache and the outputs of the last decode.
     pub fn state_get(&mut self) -> Result<Vec<u8>> {
         let mut out = self.header(KIND_WHOLE);
         self.write_outputs(&mut out);
         self.write_caches(None, &mut out)?;
+        self.write_states(None, &mut out);
         Ok(out)
     }
 
@@ -198,10 +276,16 @@ impl Context {
         self.read_header(&mut r, KIND_WHOLE)?;
         let outputs = self.read_outputs(&mut r)?;
         let caches = self.read_caches(&mut r)?;
+        let states = self.read_states(&mut r)?;
         if r.at != blob.len() {
             return Err(bad("the state has trailing bytes"));
         }
+        let restored = states.as_ref().map(|s| self.restore_states(s, None)).transpose()?;
         self.apply_caches(&caches, None)?;
+        if let (Some(s), Some((cells, placed))) = (&states, restored) {
+            self.store.rs.clear();
+            self.commit_states(s, cells, &placed);
+        }
         self.set_outputs(outputs);
         Ok(())
     }
@@ -210,6 +294,7 @@ impl Context {
     pub fn seq_state_get(&mut self, seq: i32) -> Result<Vec<u8>> {
         let mut out = self.header(KIND_SEQ);
         self.write_caches(Some(seq), &mut out)?;
+        self.write_states(Some(seq), &mut out);
         Ok(out)
     }
 
@@ -220,10 +305,16 @@ impl Context {
         let mut r = BlobReader { b: blob, at: 0 };
         self.read_header(&mut r, KIND_SEQ)?;
         let caches = self.read_caches(&mut r)?;
+        let states = self.read_states(&mut r)?;
         if r.at != blob.len() {
             return Err(bad("the state has trailing bytes"));
         }
-        self.apply_caches(&caches, Some(dst))
+        let restored = states.as_ref().map(|s| self.restore_states(s, Some(dst))).transpose()?;
+        self.apply_caches(&caches, Some(dst))?;
+        if let (Some(s), Some((cells, placed))) = (&states, restored) {
+            self.commit_states(s, cells, &placed);
+        }
+        Ok(())
     }
 
     /// Writes a session file: the tokens the cache holds and the whole state.

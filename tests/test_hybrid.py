@@ -29,3 +29,35 @@ def test_hybrid_scenario(name: str, cache_type: str) -> None:
 
 def test_every_recorded_hybrid_scenario_is_replayed() -> None:
     assert sorted(sr.scenario_names(("hybrid-",))) == sorted(NAMES)
+
+
+def _decode(ctx, tokens, pos0, seq=0):
+    import ferrollama as fl
+    ctx.decode(fl.Batch.from_tokens(tokens, pos0=pos0, seq_id=seq, logits="last"))
+    return ctx.logits(len(tokens) - 1)
+
+
+@pytest.mark.parametrize("arch", HYBRID_ARCHS)
+def test_rollback_snapshots_rewind_the_state_of_the_last_decode(arch: str) -> None:
+    """With n_rs_seq, seq_rm of up to that many tokens of the last decode restores the state
+    before them (a speculative decoder's rejected drafts); the next token's logits are those of
+    a context that never saw the removed tokens. Without it, the same seq_rm is refused."""
+    import numpy as np
+    import ferrollama as fl
+    model = load_model(f"tiny-{arch}-f32.gguf")
+    prompt, drafts, fix = [5, 17, 99, 23, 42, 7, 300, 11], [60, 61, 62, 63], 77
+    ctx = fl.Context(model, n_ctx=128, n_rs_seq=4, type_k="f32", type_v="f32")
+    _decode(ctx, prompt, 0)
+    _decode(ctx, drafts, len(prompt))
+    assert not ctx.kv.seq_rm(0, len(prompt) - 1, -1), "5 tokens back: beyond the snapshots"
+    assert ctx.kv.seq_rm(0, len(prompt) + 1, -1)
+    assert ctx.kv.seq_pos_max(0) == len(prompt)
+    got = _decode(ctx, [fix], len(prompt) + 1)
+    fresh = fl.Context(model, n_ctx=128, type_k="f32", type_v="f32")
+    _decode(fresh, prompt + drafts[:1], 0)
+    want = _decode(fresh, [fix], len(prompt) + 1)
+    assert np.abs(np.asarray(got) - np.asarray(want)).max() < 1e-4
+    plain = fl.Context(model, n_ctx=128, type_k="f32", type_v="f32")
+    _decode(plain, prompt + drafts, 0)
+    assert not plain.kv.seq_rm(0, len(prompt) + 1, -1)
+    assert plain.kv.seq_pos_max(0) == len(prompt) + len(drafts) - 1

@@ -52,6 +52,13 @@ class Model:
     @property
     def n_params(self) -> int: ...
     @property
+    def is_recurrent(self) -> bool:
+        """The model has recurrent layers (Mamba-2, delta-net, short convolutions): one state
+        per sequence, which seq_rm cannot rewind beyond the context's n_rs_seq snapshots."""
+    @property
+    def is_hybrid(self) -> bool:
+        """Recurrent layers beside attention layers."""
+    @property
     def size(self) -> int: ...
     @property
     def repack_pending(self) -> int:
@@ -179,9 +186,12 @@ class Context:
                  rope_scaling_type: Literal["none", "linear", "yarn", "longrope"] | None = None,
                  rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0, yarn_ext_factor: float = -1.0,
                  yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0, yarn_beta_slow: float = -1.0,
-                 yarn_orig_ctx: int = 0) -> None:
+                 yarn_orig_ctx: int = 0, n_rs_seq: int = 0) -> None:
         """The RoPE parameters are llama_context_params': 0, negative or None keep the model's
-        value; sliding-window layers keep their own base and scale, as in llama.cpp."""
+        value; sliding-window layers keep their own base and scale, as in llama.cpp.
+        n_rs_seq (recurrent models, at most 64): how many tokens of a sequence's last decode
+        seq_rm can remove again (the states before them are kept), e.g. a speculative
+        decoder's rejected drafts; 0 keeps none, and a partial seq_rm returns False."""
     @property
     def model(self) -> Model: ...
     @property

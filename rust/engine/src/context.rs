@@ -42,6 +42,9 @@ pub struct ContextParams {
     pub defrag_thold: f32,
     /// RoPE parameters of the context (llama.cpp's rope_freq_base, yarn_*...; default: the model's).
     pub rope: crate::hparams::RopeOverrides,
+    /// Recurrent models: how many tokens of a sequence's last micro-batch can be removed again
+    /// with seq_rm (the states before them are kept; llama.cpp's n_rs_seq). 0: none.
+    pub n_rs_seq: usize,
 }
 
 impl ContextParams {
@@ -51,7 +54,7 @@ impl ContextParams {
             n_ctx, n_batch: 2048, n_ubatch: 512, n_seq_max: 1, n_threads: threads, n_threads_batch: threads,
             type_k: GgmlType::F16, type_v: GgmlType::F16, kv_unified: true, swa_full: false,
             embeddings: false, pooling: Pooling::None, defrag_thold: -1.0,
-            rope: Default::default(),
+            rope: Default::default(), n_rs_seq: 0,
         }
     }
 }
@@ -190,7 +193,10 @@ impl Context {
         // one recurrent state cell per sequence (llama.cpp: max(1, n_seq_max))
         let rs = match &hp.rs {
             Some(p) => {
-                store.rs = RsStore::new(p, params.n_seq_max)?;
+                if params.n_rs_seq > 64 {
+                    return bad(format!("n_rs_seq must be at most 64, not {}", params.n_rs_seq));
+                }
+                store.rs = RsStore::new(p, params.n_seq_max, params.n_rs_seq)?;
                 Some(RsCells::new(params.n_seq_max as u32).map_err(kv_arg)?)
             }
             None => None,
@@ -516,6 +522,9 @@ impl Context {
         let Some(rs) = &mut self.rs else { return Ok(None) };
         let placed = rs.place(groups).map_err(|e| EngineError::Decode(e.to_string()))?;
         self.store.rs.apply(&placed);
+        // the mixers keep the states of the group's last tokens (RsStore::token_runs)
+        let kept = self.params.n_rs_seq.min(plan.n_seq_tokens.saturating_sub(1)) as u32;
+        (0..plan.n_seqs as u32).for_each(|s| rs.set_snapshots(placed.head + s, kept));
         Ok(Some(RsUBatch { head: placed.head as usize, n_seqs: plan.n_seqs, n_seq_tokens: plan.n_seq_tokens }))
     }
 
@@ -771,6 +780,9 @@ impl Context {
         if let Some(rs) = &mut self.rs {
             if !rs.seq_rm(seq, p0, p1).map_err(kv_arg)? {
                 return Ok(false);
+            }
+            if let Some((cell, back)) = rs.take_rollback() {
+                self.store.rs.rollback(cell as usize, back as usize);
             }
         }
         let mut ok = true;

@@ -28,10 +28,13 @@ struct RsCell {
     /// As the metadata of sequence `i`: the cell holding its latest state (-1: none).
     tail: i32,
     seqs: SeqSet,
+    /// How many tokens back the engine kept this cell's states after its last micro-batch
+    /// (rollback snapshots, at most the context's n_rs_seq).
+    snapshots: u32,
 }
 
 impl RsCell {
-    const EMPTY: RsCell = RsCell { pos: -1, src: -1, src0: -1, tail: -1, seqs: SeqSet::EMPTY };
+    const EMPTY: RsCell = RsCell { pos: -1, src: -1, src0: -1, tail: -1, seqs: SeqSet::EMPTY, snapshots: 0 };
     fn is_empty(&self) -> bool { self.seqs.is_empty() }
 }
 
@@ -64,6 +67,8 @@ pub struct RsCells {
     head: u32,
     used: u32,
     n_seq_max: u32,
+    /// A rollback seq_rm accepted and the engine has not applied yet: (cell, tokens back).
+    rollback: Option<(u32, u32)>,
 }
 
 impl RsCells {
@@ -72,7 +77,7 @@ impl RsCells {
         if n_seq_max == 0 || n_seq_max > crate::MAX_SEQ {
             return Err(KvError::InvalidSeqMax(n_seq_max));
         }
-        Ok(RsCells { cells: vec![RsCell::EMPTY; n_seq_max as usize], head: 0, used: 0, n_seq_max })
+        Ok(RsCells { cells: vec![RsCell::EMPTY; n_seq_max as usize], head: 0, used: 0, n_seq_max, rollback: None })
     }
 
     /// Number of cells.
@@ -97,6 +102,18 @@ impl RsCells {
         self.cells.fill(RsCell::EMPTY);
         self.head = 0;
         self.used = 0;
+        self.rollback = None;
+    }
+
+    /// The rollback the last seq_rm accepted, for the engine to apply (the state `back`
+    /// tokens back becomes the cell's state), once.
+    pub fn take_rollback(&mut self) -> Option<(u32, u32)> { self.rollback.take() }
+
+    /// After a micro-batch: the engine kept the states up to `n` tokens back in `cell`.
+    pub fn set_snapshots(&mut self, cell: u32, n: u32) {
+        if let Some(c) = self.cells.get_mut(cell as usize) {
+            c.snapshots = n;
+        }
     }
 
     fn check_seq(&self, seq: SeqId) -> Result<usize, KvError> {
@@ -120,8 +137,10 @@ impl RsCells {
 
     /// llama_memory_recurrent::seq_rm: removes the positions `[p0, p1)` of `seq` (every
     /// sequence when negative). A state holds all of a sequence's past at once, so removing a
-    /// tail that starts after position 0 is refused (false, nothing changed); a range that
-    /// does not reach the state's position changes nothing and succeeds.
+    /// tail that starts after position 0 is refused (false, nothing changed) unless the state
+    /// that many tokens back was kept (a rollback snapshot of the cell's last micro-batch, on
+    /// a cell the sequence holds alone: see [`RsCells::take_rollback`]); a range that does not
+    /// reach the state's position changes nothing and succeeds.
     pub fn seq_rm(&mut self, seq: SeqId, p0: Pos, p1: Pos) -> Result<bool, KvError> {
         let p0 = p0.max(0);
         let p1 = if p1 < 0 { Pos::MAX } else { p1 };
@@ -131,7 +150,15 @@ impl RsCells {
             if tail >= 0 {
                 let pos = self.cells[tail as usize].pos;
                 if 0 < p0 && p0 <= pos && p1 > pos {
-                    return Ok(false);
+                    let back = (pos - (p0 - 1)) as u32;
+                    let cell = &mut self.cells[tail as usize];
+                    if back > cell.snapshots || cell.seqs.len() != 1 || self.rollback.is_some() {
+                        return Ok(false);
+                    }
+                    cell.pos = p0 - 1;
+                    cell.snapshots = 0;
+                    self.rollback = Some((tail as u32, back));
+                    return Ok(true);
                 }
                 if p0 <= pos && pos < p1 {
                     self.cells[s].tail = -1;
@@ -282,6 +309,8 @@ impl RsCells {
         self.gather_in_group_order(groups, min);
         self.record_positions(groups, min);
         let zero = self.stage_sources(min, max);
+        // the rows of the range move: what they kept of earlier states no longer applies
+        (min..=max).for_each(|i| self.cells[i as usize].snapshots = 0);
         self.head = min;
         self.used = self.cells.iter().filter(|c| !c.is_empty()).count() as u32;
         let copies = (min..=max).map(|i| self.cells[i as usize].src0 as u32).collect();
@@ -536,5 +565,23 @@ mod tests {
         let cell = rs.restore_seq(1, 3).unwrap();
         assert_eq!(cell, 1);
         assert_eq!(rs.cells()[1], (3, vec![1]));
+    }
+}
+
+#[cfg(test)]
+mod rollback_tests {
+    use super::*;
+
+    #[test]
+    fn a_tail_within_the_kept_snapshots_rolls_back_once() {
+        let mut rs = RsCells::new(2).unwrap();
+        let ids = [0];
+        rs.place(&[RsSeqGroup { ids: &ids, last_pos: 9 }]).unwrap();
+        rs.set_snapshots(0, 3);
+        assert!(!rs.seq_rm(0, 6, -1).unwrap(), "4 tokens back, 3 kept");
+        assert!(rs.seq_rm(0, 8, -1).unwrap());
+        assert_eq!(rs.take_rollback(), Some((0, 2)));
+        assert_eq!(rs.seq_pos_max(0), 7);
+        assert!(!rs.seq_rm(0, 7, -1).unwrap(), "the snapshots are spent");
     }
 }

@@ -122,6 +122,12 @@ impl PyModel {
     #[getter] fn n_head(&self) -> usize { self.inner.hparams.n_head }
     #[getter] fn n_head_kv(&self) -> usize { self.inner.hparams.n_head_kv }
     #[getter] fn n_params(&self) -> usize { self.inner.n_params() }
+    /// Whether the model has recurrent layers (llama_model_is_recurrent or _is_hybrid): its
+    /// memory keeps one state per sequence, which seq_rm cannot rewind beyond the context's
+    /// n_rs_seq snapshots.
+    #[getter] fn is_recurrent(&self) -> bool { self.inner.hparams.rs.is_some() }
+    /// Whether it also has attention layers (llama_model_is_hybrid).
+    #[getter] fn is_hybrid(&self) -> bool { self.inner.hparams.rs.is_some() && self.inner.hparams.kv_layers.iter().any(|&k| k) }
     #[getter] fn size(&self) -> usize { self.inner.size() }
     /// Weight matrices still waiting for their repacked copy (made on a thread after
     /// loading; results are the same before and after, only the speed differs).

@@ -101,22 +101,27 @@ pub fn mamba2_mixer(rs: &RsParams, w: &Mamba2Weights, ws: &mut Workspace, store:
     let y = sized(&mut sc.y, n * d_inner);
     let t = g.n_seq_tokens;
     for s in 0..g.n_seqs {
-        let rows = s * t..(s + 1) * t;
-        let (conv_state, ssm_state) = store.states_mut(il, g.head + s);
-        let conv_out = &mut conv[rows.start * conv_dim..rows.end * conv_dim];
-        ssm::ssm_conv(conv_state, &proj[rows.start * width + d_inner..], width, t, &w.conv1d, rs.d_conv, conv_dim, conv_out, threads);
-        for row in conv_out.chunks_exact_mut(conv_dim) {
-            add_bias(row, &w.conv1d_b);
-            silu_inplace(row);
-        }
         // dt = dt + dt_bias, in place in the projection (softplus is the scan's)
-        for tok in rows.clone() {
-            let dt = &mut proj[tok * width + d_inner + conv_dim..(tok + 1) * width];
-            add_bias(dt, &w.dt_b);
+        for tok in s * t..(s + 1) * t {
+            add_bias(&mut proj[tok * width + d_inner + conv_dim..(tok + 1) * width], &w.dt_b);
         }
-        ssm::ssm_scan(ssm_state, conv_out, conv_dim, &proj[rows.start * width + d_inner + conv_dim..], width, &w.a,
-                      &conv_out[d_inner..], &conv_out[d_inner + n_group * d_state..], conv_dim, t, d_state, head_dim, n_head,
-                      n_group, &mut y[rows.start * d_inner..rows.end * d_inner], threads);
+        for (run, back) in store.token_runs(t) {
+            let rows = s * t + run.start..s * t + run.end;
+            let (conv_state, ssm_state) = store.states_mut(il, g.head + s);
+            let conv_out = &mut conv[rows.start * conv_dim..rows.end * conv_dim];
+            ssm::ssm_conv(conv_state, &proj[rows.start * width + d_inner..], width, rows.len(), &w.conv1d, rs.d_conv, conv_dim,
+                          conv_out, threads);
+            for row in conv_out.chunks_exact_mut(conv_dim) {
+                add_bias(row, &w.conv1d_b);
+                silu_inplace(row);
+            }
+            ssm::ssm_scan(ssm_state, conv_out, conv_dim, &proj[rows.start * width + d_inner + conv_dim..], width, &w.a,
+                          &conv_out[d_inner..], &conv_out[d_inner + n_group * d_state..], conv_dim, rows.len(), d_state,
+                          head_dim, n_head, n_group, &mut y[rows.start * d_inner..rows.end * d_inner], threads);
+            if back > 0 {
+                store.snapshot(il, g.head + s, back);
+            }
+        }
     }
     // y += x·D, then y = silu(z)·y, then the grouped norm
     let z = sized(&mut sc.z, n * d_inner);

@@ -38,26 +38,32 @@ pub(crate) fn head_vector(ld: &Loader, name: &str, n_head: usize) -> Result<Vec<
 }
 
 /// The states of the recurrent layers: for each such layer, one convolution row and one
-/// recurrent row per cell (f32, as llama.cpp keeps them whatever the KV cache type).
+/// recurrent row per cell (f32, as llama.cpp keeps them whatever the KV cache type), in
+/// `1 + n_rs_seq` planes: plane 0 holds the current states, plane k the states k tokens
+/// back (rollback snapshots of the cell's last micro-batch, llama.cpp's n_rs_seq).
 #[derive(Default)]
 pub struct RsStore {
     pub n_r: usize,
     pub n_s: usize,
     pub cells: usize,
-    /// Per layer: cells × n_r and cells × n_s values (empty for the attention layers).
+    /// Snapshot planes beyond the current one.
+    pub n_rs_seq: usize,
+    /// Per layer: planes × cells × n_r and planes × cells × n_s values (empty for the
+    /// attention layers).
     conv: Vec<Vec<f32>>,
     ssm: Vec<Vec<f32>>,
 }
 
 impl RsStore {
-    pub fn new(rs: &RsParams, cells: usize) -> Result<RsStore> {
-        let per_cell = rs.n_r.checked_add(rs.n_s).and_then(|x| x.checked_mul(cells))
-            .filter(|&x| x <= 1 << 34)
-            .ok_or_else(|| EngineError::InvalidArgument("the recurrent state is too large".into()))?;
-        let _ = per_cell;
-        let rows = |on: bool, n: usize| if on { vec![0.0; cells * n] } else { Vec::new() };
+    pub fn new(rs: &RsParams, cells: usize, n_rs_seq: usize) -> Result<RsStore> {
+        let planes = 1 + n_rs_seq;
+        let layers = rs.layers.iter().filter(|&&on| on).count();
+        // sizes come from the file and the context: refuse what no machine holds
+        (rs.n_r + rs.n_s).checked_mul(cells * planes * layers).filter(|&x| x <= 1 << 34)
+            .ok_or_else(|| EngineError::InvalidArgument("the recurrent states are too large".into()))?;
+        let rows = |on: bool, n: usize| if on { vec![0.0; planes * cells * n] } else { Vec::new() };
         Ok(RsStore {
-            n_r: rs.n_r, n_s: rs.n_s, cells,
+            n_r: rs.n_r, n_s: rs.n_s, cells, n_rs_seq,
             conv: rs.layers.iter().map(|&on| rows(on, rs.n_r)).collect(),
             ssm: rs.layers.iter().map(|&on| rows(on, rs.n_s)).collect(),
         })
@@ -72,18 +78,51 @@ impl RsStore {
         (0..self.conv.len()).filter(|&il| !self.conv[il].is_empty() || !self.ssm[il].is_empty())
     }
 
-    /// Layer il's convolution and recurrent states of `cell`.
+    /// Layer il's current convolution and recurrent states of `cell`.
     pub fn states_mut(&mut self, il: usize, cell: usize) -> (&mut [f32], &mut [f32]) {
         let (nr, ns) = (self.n_r, self.n_s);
         (&mut self.conv[il][cell * nr..(cell + 1) * nr], &mut self.ssm[il][cell * ns..(cell + 1) * ns])
     }
 
-    /// Appends cell `cell`'s states of every recurrent layer (conv then recurrent, layer by
-    /// layer) as little-endian f32.
+    /// The runs of a group's `n_t` tokens a mixer advances its states over: the whole group
+    /// at once, or, when snapshots are kept, the tokens before the last ones at once and the
+    /// last ones one by one; with each run, how many tokens back its end is (0: the current
+    /// state, else the snapshot plane to save it in with `snapshot`).
+    pub fn token_runs(&self, n_t: usize) -> Vec<(std::ops::Range<usize>, usize)> {
+        let kept = self.n_rs_seq.min(n_t.saturating_sub(1));
+        let head = n_t - kept;
+        let mut runs = vec![(0..head, kept)];
+        runs.extend((head..n_t).map(|j| (j..j + 1, n_t - 1 - j)));
+        runs
+    }
+
+    /// Saves layer il's current states of `cell` as the states `back` tokens back.
+    pub fn snapshot(&mut self, il: usize, cell: usize, back: usize) {
+        let at = back * self.cells + cell;
+        for (rows, n) in [(&mut self.conv[il], self.n_r), (&mut self.ssm[il], self.n_s)] {
+            if n > 0 && !rows.is_empty() {
+                rows.copy_within(cell * n..(cell + 1) * n, at * n);
+            }
+        }
+    }
+
+    /// Makes the states `back` tokens back the current ones of `cell`, in every layer.
+    pub fn rollback(&mut self, cell: usize, back: usize) {
+        let at = back * self.cells + cell;
+        let (nr, ns) = (self.n_r, self.n_s);
+        for (rows, n) in self.conv.iter_mut().map(|r| (r, nr)).chain(self.ssm.iter_mut().map(|r| (r, ns))) {
+            if n > 0 && !rows.is_empty() {
+                rows.copy_within(at * n..(at + 1) * n, cell * n);
+            }
+        }
+    }
+
+    /// Appends cell `cell`'s current states of every recurrent layer (conv then recurrent,
+    /// layer by layer) as little-endian f32.
     pub fn read_cell(&self, cell: usize, out: &mut Vec<u8>) {
-        for il in self.layers().collect::<Vec<_>>() {
+        for il in self.layers() {
             for (rows, n) in [(&self.conv[il], self.n_r), (&self.ssm[il], self.n_s)] {
-                for v in &rows[cell * n..(cell + 1) * n] {
+                for v in rows.get(cell * n..(cell + 1) * n).unwrap_or(&[]) {
                     out.extend(v.to_le_bytes());
                 }
             }
@@ -92,15 +131,19 @@ impl RsStore {
 
     /// Bytes `read_cell` gives for one cell.
     pub fn cell_bytes(&self) -> usize {
-        4 * (self.n_r + self.n_s) * self.layers().count()
+        4 * self.layers().map(|il| {
+            (if self.conv[il].is_empty() { 0 } else { self.n_r }) + (if self.ssm[il].is_empty() { 0 } else { self.n_s })
+        }).sum::<usize>()
     }
 
-    /// Stores what `read_cell` gave (exactly `cell_bytes()` bytes).
+    /// Stores what `read_cell` gave (exactly `cell_bytes()` bytes) as the current states.
     pub fn write_cell(&mut self, cell: usize, mut bytes: &[u8]) {
-        for il in self.layers().collect::<Vec<_>>() {
-            let (nr, ns) = (self.n_r, self.n_s);
+        let layers: Vec<usize> = self.layers().collect();
+        let (nr, ns) = (self.n_r, self.n_s);
+        for il in layers {
             for (rows, n) in [(&mut self.conv[il], nr), (&mut self.ssm[il], ns)] {
-                for (v, b) in rows[cell * n..(cell + 1) * n].iter_mut().zip(bytes.chunks_exact(4)) {
+                let Some(dst) = rows.get_mut(cell * n..(cell + 1) * n) else { continue };
+                for (v, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
                     *v = f32::from_le_bytes(b.try_into().expect("four bytes"));
                 }
                 bytes = &bytes[4 * n..];
@@ -108,8 +151,8 @@ impl RsStore {
         }
     }
 
-    /// Moves the states as a placement says: the zero row first, then each cell of the
-    /// range from its source row (through a copy when rows trade places).
+    /// Moves the current states as a placement says: the zero row first, then each cell of
+    /// the range from its source row (through a copy when rows trade places).
     pub fn apply(&mut self, p: &RsPlacement) {
         let moves: Vec<(usize, usize)> = p.copies.iter().enumerate()
             .map(|(i, &src)| (p.head as usize + i, src as usize))
@@ -117,7 +160,7 @@ impl RsStore {
             .collect();
         let (nr, ns) = (self.n_r, self.n_s);
         for (rows, n) in self.conv.iter_mut().map(|r| (r, nr)).chain(self.ssm.iter_mut().map(|r| (r, ns))) {
-            if rows.is_empty() {
+            if rows.is_empty() || n == 0 {
                 continue;
             }
             if let Some(z) = p.zero {

@@ -26,6 +26,9 @@ pub enum Matrix {
     FfnGateExps,
     FfnUpExps,
     FfnDownExps,
+    /// Any other matrix of a layer, by its name in the file (`ssm_in`, `ssm_out`, ...: the
+    /// recurrent mixers' products).
+    Other(&'static str),
 }
 
 impl Matrix {
@@ -43,6 +46,7 @@ impl Matrix {
             Matrix::FfnGateExps => "ffn_gate_exps",
             Matrix::FfnUpExps => "ffn_up_exps",
             Matrix::FfnDownExps => "ffn_down_exps",
+            Matrix::Other(name) => name,
         };
         format!("blk.{il}.{part}.weight")
     }

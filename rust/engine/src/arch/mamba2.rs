@@ -46,6 +46,9 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
     let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
     embed(w, ws, ub, d, 1.0, threads);
     for (il, lw) in w.layers.iter().enumerate() {
+        if let Some(s) = ws.stats.as_deref_mut() {
+            s.begin_layer(il);
+        }
         pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
         let Some(RsWeights::Mamba2(m)) = &lw.rs else { unreachable!("every mamba2 block is loaded with its mixer") };
         mamba2_mixer(rs, m, ws, &mut kv.rs, ub, il, eps, threads);

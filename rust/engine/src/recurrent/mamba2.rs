@@ -3,7 +3,8 @@
 
 use ferrollama_tensor::{ssm, QMatrix, Threads};
 
-use crate::arch::blocks::lora_mm;
+use crate::actstats::Matrix;
+use crate::arch::blocks::{lora_mm, note};
 use crate::error::Result;
 use crate::graph::{UBatchView, Workspace};
 use crate::hparams::RsParams;
@@ -97,6 +98,7 @@ pub fn mamba2_mixer(rs: &RsParams, w: &Mamba2Weights, ws: &mut Workspace, store:
     let sc = &mut ws.rs;
     let proj = sized(&mut sc.proj, n * width);
     lora_mm(&w.in_proj, w.in_proj_s, &[], &ws.h, n, proj, &mut ws.mm, &mut ws.lora, threads);
+    note(&mut ws.stats, Matrix::Other("ssm_in"), &ws.h[..n * w.in_proj.cols], n);
     let conv = sized(&mut sc.conv, n * conv_dim);
     let y = sized(&mut sc.y, n * d_inner);
     let t = g.n_seq_tokens;
@@ -145,4 +147,5 @@ pub fn mamba2_mixer(rs: &RsParams, w: &Mamba2Weights, ws: &mut Workspace, store:
         }
     }
     lora_mm(&w.out_proj, w.out_proj_s, &[], z, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
+    note(&mut ws.stats, Matrix::Other("ssm_out"), z, n);
 }

@@ -61,3 +61,27 @@ def test_rollback_snapshots_rewind_the_state_of_the_last_decode(arch: str) -> No
     _decode(plain, prompt + drafts, 0)
     assert not plain.kv.seq_rm(0, len(prompt) + 1, -1)
     assert plain.kv.seq_pos_max(0) == len(prompt) + len(drafts) - 1
+
+
+@pytest.mark.parametrize("arch", HYBRID_ARCHS)
+def test_a_partial_state_checkpoint_rewinds_a_sequence(arch: str) -> None:
+    """A checkpoint of a sequence's recurrent states (seq_state_get(partial=True)), restored
+    after more tokens were decoded, then seq_rm of the positions after it: the sequence
+    continues as if those tokens had never been decoded (llama-server's context checkpoints)."""
+    import numpy as np
+    import ferrollama as fl
+    model = load_model(f"tiny-{arch}-f32.gguf")
+    prompt, later, fix = [5, 17, 99, 23, 42, 7, 300, 11], [60, 61, 62], 77
+    ctx = fl.Context(model, n_ctx=128, type_k="f32", type_v="f32")
+    _decode(ctx, prompt, 0)
+    checkpoint = ctx.seq_state_get(0, partial=True)
+    _decode(ctx, later, len(prompt))
+    assert not ctx.kv.seq_rm(0, len(prompt), -1)
+    ctx.seq_state_set(checkpoint, 0, partial=True)
+    assert ctx.kv.seq_rm(0, len(prompt), -1)
+    assert ctx.kv.seq_pos_max(0) == len(prompt) - 1
+    got = _decode(ctx, [fix], len(prompt))
+    fresh = fl.Context(model, n_ctx=128, type_k="f32", type_v="f32")
+    _decode(fresh, prompt, 0)
+    want = _decode(fresh, [fix], len(prompt))
+    assert np.abs(np.asarray(got) - np.asarray(want)).max() < 1e-4

@@ -17,6 +17,8 @@ const SESSION_MAGIC: &[u8; 4] = b"FLSN";
 const VERSION: u32 = 1;
 const KIND_WHOLE: u8 = 0;
 const KIND_SEQ: u8 = 1;
+/// A sequence's recurrent states alone (llama.cpp's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY).
+const KIND_SEQ_PARTIAL: u8 = 2;
 
 /// A 64-bit fingerprint of what a state depends on: the architecture, sizes and tensor table.
 pub fn model_fingerprint(model: &Model) -> u64 {
@@ -114,7 +116,11 @@ impl Context {
         }
         let k = r.u8("kind")?;
         if k != kind {
-            let name = |k| if k == KIND_WHOLE { "a whole-context state" } else { "a sequence state" };
+            let name = |k| match k {
+                KIND_WHOLE => "a whole-context state",
+                KIND_SEQ => "a sequence state",
+                _ => "a sequence's recurrent states",
+            };
             return Err(bad(format!("the blob is {}, expected {}", name(k), name(kind))));
         }
         if r.u64("fingerprint")? != model_fingerprint(&self.model) {
@@ -296,6 +302,34 @@ impl Context {
         self.write_caches(Some(seq), &mut out)?;
         self.write_states(Some(seq), &mut out);
         Ok(out)
+    }
+
+    /// One sequence's recurrent states alone (a hybrid model's KV cells stay where they are:
+    /// restoring a checkpoint of the states, then seq_rm of the positions after it, rewinds
+    /// the sequence; llama.cpp's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY).
+    pub fn seq_state_get_partial(&mut self, seq: i32) -> Result<Vec<u8>> {
+        if self.rs.is_none() {
+            return Err(EngineError::InvalidArgument("the model has no recurrent states (partial states are of recurrent models)".into()));
+        }
+        let mut out = self.header(KIND_SEQ_PARTIAL);
+        self.write_states(Some(seq), &mut out);
+        Ok(out)
+    }
+
+    /// Restores a seq_state_get_partial blob as `dst`'s recurrent states.
+    pub fn seq_state_set_partial(&mut self, blob: &[u8], dst: i32) -> Result<()> {
+        if dst < 0 || dst as usize >= self.params.n_seq_max {
+            return Err(EngineError::InvalidArgument(format!("sequence id {dst} is out of range (n_seq_max = {})", self.params.n_seq_max)));
+        }
+        let mut r = BlobReader { b: blob, at: 0 };
+        self.read_header(&mut r, KIND_SEQ_PARTIAL)?;
+        let states = self.read_states(&mut r)?.ok_or_else(|| bad("the model has no recurrent states"))?;
+        if r.at != blob.len() {
+            return Err(bad("the state has trailing bytes"));
+        }
+        let (cells, placed) = self.restore_states(&states, Some(dst))?;
+        self.commit_states(&states, cells, &placed);
+        Ok(())
     }
 
     pub fn seq_state_set(&mut self, blob: &[u8], dst: i32) -> Result<()> {

@@ -252,16 +252,18 @@ impl PyContext {
         let mut ctx = self.lock()?;
         guard(|| ctx.state_set(blob).map_err(to_py))
     }
-    /// One sequence's cells and K/V as bytes.
-    fn seq_state_get<'py>(&self, py: Python<'py>, seq_id: i32) -> PyResult<Bound<'py, PyBytes>> {
+    /// One sequence's cells and K/V as bytes; with partial=True its recurrent states alone.
+    #[pyo3(signature = (seq_id, partial=false))]
+    fn seq_state_get<'py>(&self, py: Python<'py>, seq_id: i32, partial: bool) -> PyResult<Bound<'py, PyBytes>> {
         let mut ctx = self.lock()?;
-        let blob = guard(|| ctx.seq_state_get(seq_id).map_err(to_py))?;
+        let blob = guard(|| if partial { ctx.seq_state_get_partial(seq_id) } else { ctx.seq_state_get(seq_id) }.map_err(to_py))?;
         Ok(PyBytes::new(py, &blob))
     }
-    /// Restores a seq_state_get blob as sequence dst_seq_id.
-    fn seq_state_set(&self, blob: &[u8], dst_seq_id: i32) -> PyResult<()> {
+    /// Restores a seq_state_get blob as sequence dst_seq_id (partial: one of recurrent states alone).
+    #[pyo3(signature = (blob, dst_seq_id, partial=false))]
+    fn seq_state_set(&self, blob: &[u8], dst_seq_id: i32, partial: bool) -> PyResult<()> {
         let mut ctx = self.lock()?;
-        guard(|| ctx.seq_state_set(blob, dst_seq_id).map_err(to_py))
+        guard(|| if partial { ctx.seq_state_set_partial(blob, dst_seq_id) } else { ctx.seq_state_set(blob, dst_seq_id) }.map_err(to_py))
     }
     /// Writes a session file: the tokens the cache holds and the whole state.
     fn state_save(&self, path: std::path::PathBuf, tokens: Vec<i64>) -> PyResult<()> {

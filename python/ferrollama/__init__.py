@@ -1,7 +1,8 @@
 """ferrollama: llama.cpp's engine rebuilt in Rust, run from Python.
 
 The core (``Model``, ``Context``, ``Batch``, ``samplers``) follows llama.cpp's concepts;
-``Llama`` is the high-level API built on it.
+``Llama`` is the high-level API built on it. This module is the public face of the package:
+nothing inside the package imports it (the layers and their contract: README, "Architecture").
 """
 from ._core import (
     Batch,
@@ -21,15 +22,15 @@ from ._core import (
     __version__,
 )
 from . import samplers
-from .llama import (
-    Llama,
-    LlamaState,
+from ._llama_hooks import (
     LogitsProcessor,
     LogitsProcessorList,
     MinTokensLogitsProcessor,
     StoppingCriteria,
     StoppingCriteriaList,
 )
+from .generation.speculative import DraftModel, PromptLookupDecoding
+from .llama import Llama, LlamaState
 from .llama_cache import BaseLlamaCache, LlamaCache, LlamaDiskCache, LlamaRAMCache
 from .llama_grammar import LlamaGrammar
 from .llama_tokenizer import BaseLlamaTokenizer, LlamaHFTokenizer, LlamaTokenizer
@@ -37,7 +38,6 @@ from . import llama_chat_format, llama_speculative, llama_types
 from .llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 from .llama_types import *  # noqa: F401,F403 - llama_cpp exposes its types at the top level too
 from .models import default_model_path
-from .speculative import DraftModel, PromptLookupDecoding
 
 __all__ = [
     "Batch",

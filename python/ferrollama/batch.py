@@ -2,7 +2,7 @@
 
 The engine of ``ferrollama batch``, in process and on each Ray worker (ferrollama.ray): a
 :class:`BatchGenerator` loads the model once and decodes many prompts together through the
-continuous-batching :class:`~ferrollama.server.scheduler.Scheduler` (one sequence per prompt,
+continuous-batching :class:`~ferrollama.generation.scheduler.Scheduler` (one sequence per prompt,
 as ``Llama.create_completion`` does with a list of prompts). Both paths run this same code, so
 greedy answers do not depend on where a row ran.
 
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 from ._core import Model
-from .llama import SamplingParams
+from .generation.params import SamplingParams
+from .models import model_file
 
 __all__ = ["BatchInputError", "BatchOptions", "BatchGenerator", "read_rows", "parse_rows", "resume_point"]
 
@@ -168,14 +169,12 @@ class BatchGenerator:
 
     def __init__(self, model_path: str | os.PathLike[str] | None = None, options: BatchOptions | None = None,
                  model: Model | None = None):
-        from .llama import _model_path
-
         self.options = o = options or BatchOptions()
         o.sampling.validate()
-        self.model = model or Model(_model_path(model_path), use_mmap=o.use_mmap)
+        self.model = model or Model(model_file(model_path), use_mmap=o.use_mmap)
         self.template = None
         if o.chat:
-            from .chat import ChatTemplate
+            from .chat.templates import ChatTemplate
 
             self.template = ChatTemplate.from_model(self.model)
 
@@ -186,7 +185,7 @@ class BatchGenerator:
         return tokens or ([self.model.bos] if self.model.bos is not None else [])
 
     def _scheduler(self, n_rows: int):
-        from .server.scheduler import Scheduler
+        from .generation.scheduler import Scheduler
 
         o = self.options
         n_seq = max(1, min(o.n_seq, n_rows))
@@ -196,8 +195,8 @@ class BatchGenerator:
 
     def run(self, rows: Sequence[dict]) -> list[dict]:
         """Answers one group of rows (at most n_seq decoded at a time); the output rows in order."""
-        from .llama import Sampler
-        from .server.scheduler import Request
+        from .generation.sampler import Sampler
+        from .generation.scheduler import Request
 
         if not rows:
             return []

@@ -1,30 +1,43 @@
-"""The high-level API: ``Llama``, built only on the public core (Model, Context, Batch, samplers).
+"""The high-level API: llama-cpp-python's ``Llama`` on the engine.
 
 Its methods and the dicts they return follow llama-cpp-python's ``Llama`` (completion and chat
-completion shaped as OpenAI's API, streaming, embeddings, state), and its sampling follows
-llama.cpp's ``common_sampler``: the same chain of samplers in the same order with the same
-defaults, the grammar applied by rejection like llama.cpp does.
-
-The building blocks are public too, for the command line and for users who drive a
-``Context`` themselves: :class:`SamplingParams`, :class:`Sampler`, :class:`Utf8Stream`,
-:class:`StopScanner`, :func:`decode_tokens`.
+completion shaped as OpenAI's API, streaming, embeddings, state). The generation it drives is
+the generation layer's (ferrollama.generation): :class:`SamplingParams`, :class:`Sampler`
+(llama.cpp's common_sampler), :class:`StopScanner`, the continuous-batching scheduler for a list
+of prompts, speculative decoding; those names are importable from here too, as before.
 """
 from __future__ import annotations
 
-import codecs
 import os
 import random
 import sys
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ._core import Batch, Context, GGUFError, Model, UnsupportedError
-from .logprobs import TokenLogprob, chat_logprobs_of_completion, completion_logprobs, log_softmax, token_logprob
+from . import samplers as S
+from ._core import Batch, Context, GGUFError, LoraAdapter, Model, UnsupportedError
+from ._llama_hooks import LogitsProcessorList, MinTokensLogitsProcessor, StoppingCriteriaList
+from .chat import tools as T
+from .chat.templates import ChatTemplate
+from .generation.logprobs import TokenLogprob, chat_logprobs_of_completion, completion_logprobs, token_logprob
+from .generation.params import DEFAULT_SEED, SamplingParams
+from .generation.sampler import Sampler
+from .generation.speculative import SpeculativeStats, speculative_tokens
+from .generation.text import StopScanner, Utf8Stream, decode_tokens
+from .generation.tokens import add_bos_of, common_prefix_len
+from .llama_tokenizer import LlamaTokenizer
+from .models import ModelPathError, model_file
+
+# names that lived here before the generation layer had modules of its own, importable from here still
+from ._llama_hooks import LogitsProcessor, StoppingCriteria  # noqa: F401,E402
+from .generation.logprobs import log_softmax  # noqa: F401,E402
+from .generation.params import SAMPLER_CHARS, SAMPLER_NAMES, resolve_seed  # noqa: F401,E402
+from .generation.text import utf8_complete_len  # noqa: F401,E402
 
 __all__ = [
     "DEFAULT_SEED", "SamplingParams", "Sampler", "Utf8Stream", "StopScanner", "Llama", "LlamaState",
@@ -32,318 +45,7 @@ __all__ = [
     "StoppingCriteriaList", "MinTokensLogitsProcessor", "LlamaCppSampler", "ModelPathError", "NO_EFFECT_ON_CPU",
 ]
 
-#: llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed".
-DEFAULT_SEED = 0xFFFFFFFF
-
-#: Sampler names of llama.cpp's --samplers (canonical and alternative spellings) and the letters
-#: of --sampling-seq.
-SAMPLER_NAMES = {
-    "penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top_k": "top_k",
-    "typ_p": "typ_p", "top_p": "top_p", "min_p": "min_p", "xtc": "xtc", "temperature": "temperature",
-    "top-k": "top_k", "top-p": "top_p", "top-n-sigma": "top_n_sigma", "nucleus": "top_p",
-    "typical-p": "typ_p", "typical": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p",
-    "temp": "temperature",
-}
-SAMPLER_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p",
-                 "p": "top_p", "m": "min_p", "x": "xtc", "t": "temperature"}
-
-DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
-
-
-@dataclass
-class SamplingParams:
-    """llama.cpp's common_params_sampling, with its defaults."""
-
-    seed: int = DEFAULT_SEED
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    typ_p: float = 1.0
-    temp: float = 0.8
-    dynatemp_range: float = 0.0
-    dynatemp_exponent: float = 1.0
-    penalty_last_n: int = 64
-    penalty_repeat: float = 1.0
-    penalty_freq: float = 0.0
-    penalty_present: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1
-    dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", "\"", "*"])
-    mirostat: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    top_n_sigma: float = -1.0
-    min_keep: int = 0
-    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    #: a GBNF grammar ("" for none)
-    grammar: str = ""
-    #: a JSON schema (a JSON text or a dict) turned into a grammar by the engine
-    json_schema: Any = None
-
-    def validate(self) -> None:
-        """ValueError for values llama.cpp would reject."""
-        if self.mirostat not in (0, 1, 2):
-            raise ValueError(f"mirostat must be 0, 1 or 2, not {self.mirostat}")
-        unknown = [s for s in self.samplers if s not in DEFAULT_SAMPLERS]
-        if unknown:
-            raise ValueError(f"unknown sampler {unknown[0]!r}; known: {', '.join(DEFAULT_SAMPLERS)}")
-        if self.grammar and self.json_schema is not None:
-            raise ValueError("give a grammar or a JSON schema, not both")
-        if not 0 <= self.seed <= 0xFFFFFFFF:
-            raise ValueError(f"seed must be in 0..4294967295, not {self.seed}")
-
-
-def resolve_seed(seed: int | None) -> int:
-    """llama.cpp's rule: LLAMA_DEFAULT_SEED (or None) means a random seed."""
-    if seed is None or seed == DEFAULT_SEED:
-        return random.SystemRandom().randrange(0, DEFAULT_SEED)
-    return int(seed)
-
-
-def _samplers_module():
-    from . import samplers  # the engine's samplers (ferrollama.samplers)
-
-    return samplers
-
-
-def _chain_members(model: Model, p: SamplingParams, seed: int) -> list[tuple[str, Any]]:
-    """The samplers of common_sampler_init, in its order, with their names (the grammar is kept apart)."""
-    S = _samplers_module()
-    members: list[tuple[str, Any]] = []
-    if p.logit_bias:
-        members.append(("logit_bias", S.LogitBias({int(t): float(b) for t, b in p.logit_bias.items()})))
-    if p.mirostat == 1:
-        return members + [("temperature", S.Temp(p.temp)),
-                          ("mirostat", S.MirostatV1(model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100))]
-    if p.mirostat == 2:
-        return members + [("temperature", S.Temp(p.temp)),
-                          ("mirostat", S.MirostatV2(seed, p.mirostat_tau, p.mirostat_eta))]
-    build: dict[str, Callable[[], Any]] = {
-        "penalties": lambda: S.Penalties(last_n=p.penalty_last_n, repeat=p.penalty_repeat,
-                                         freq=p.penalty_freq, present=p.penalty_present),
-        "dry": lambda: S.DRY(model, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
-                             p.dry_penalty_last_n, list(p.dry_sequence_breakers)),
-        "top_n_sigma": lambda: S.TopNSigma(p.top_n_sigma),
-        "top_k": lambda: S.TopK(p.top_k),
-        "typ_p": lambda: S.Typical(p.typ_p, min_keep=p.min_keep),
-        "top_p": lambda: S.TopP(p.top_p, min_keep=p.min_keep),
-        "min_p": lambda: S.MinP(p.min_p, min_keep=p.min_keep),
-        "xtc": lambda: S.XTC(p=p.xtc_probability, threshold=p.xtc_threshold, min_keep=p.min_keep, seed=seed),
-        "temperature": lambda: S.TempExt(p.temp, p.dynatemp_range, p.dynatemp_exponent),
-    }
-    members += [(name, build[name]()) for name in p.samplers]
-    members.append(("dist", S.Dist(seed=seed)))
-    return members
-
-
-def _grammar_of(model: Model, p: SamplingParams):
-    S = _samplers_module()
-    if p.json_schema is not None:
-        return S.Grammar.from_json_schema(model, p.json_schema)
-    if p.grammar:
-        return S.Grammar(model, p.grammar, root="root")
-    return None
-
-
-#: samplers that only change logit values and keep a history of accepted tokens (the prompt's too)
-_HISTORY_SAMPLERS = {"logit_bias", "penalties", "dry"}
-
-
-def _leading_history(names: list[str]) -> int | None:
-    """How many leading samplers only re-weight logits; None when a history sampler comes later."""
-    n = 0
-    while n < len(names) and names[n] in _HISTORY_SAMPLERS:
-        n += 1
-    return None if any(name in ("penalties", "dry") for name in names[n:]) else n
-
-
-class Sampler:
-    """llama.cpp's common_sampler: a chain of samplers plus an optional grammar.
-
-    The chosen token is checked against the grammar and, only when the grammar rejects it,
-    the chain runs again on the logits the grammar allows (llama.cpp's rejection sampling).
-    Prompt tokens are accepted by the samplers that keep a history (penalties, DRY), never by
-    the grammar. With a grammar, the chain is split in two: the samplers that only re-weight
-    logits and keep a history (logit bias, penalties, DRY, which lead llama.cpp's chain), then
-    the rest with the grammar, where the engine checks the chosen token alone.
-    """
-
-    def __init__(self, model: Model, params: SamplingParams | None = None):
-        self.params = params = params or SamplingParams()
-        params.validate()
-        self.model = model
-        self.seed = resolve_seed(params.seed)
-        S = _samplers_module()
-        members = _chain_members(model, params, self.seed)
-        grammar = _grammar_of(model, params)
-        split = _leading_history([name for name, _ in members]) if grammar is not None else None
-        #: the samplers before the grammar's part (all of them without a grammar)
-        self.chain = S.Chain([smp for _, smp in (members if split is None else members[:split])])
-        #: with a grammar: the samplers after the history ones, and the grammar
-        self.constrained = None if split is None else S.Chain([smp for _, smp in members[split:]] + [grammar])
-        #: a grammar the chain could not be split around (a custom sampler order): checked apart
-        self.grammar = S.Chain([grammar]) if grammar is not None and split is None else None
-        #: the last tokens accepted (prompt and output), newest last
-        self.prev: list[int] = []
-        self.t_sample_ms = 0.0
-        self.n_sample = 0
-
-    @staticmethod
-    def _logits_of(cands, n: int) -> np.ndarray:
-        out = np.full(n, -np.inf, dtype=np.float32)
-        out[np.asarray(cands.ids)] = np.asarray(cands.logits)
-        return out
-
-    def _sample(self, logits: np.ndarray) -> int:
-        if self.constrained is not None:
-            weighted = self._logits_of(self.chain.apply(logits), len(logits)) if len(self.chain) else logits
-            return int(self.constrained.sample_logits(weighted))
-        if self.grammar is None:
-            return int(self.chain.sample_logits(logits))
-        cands = self.chain.apply(logits)
-        token = int(cands.ids[cands.selected])
-        allowed = self._logits_of(self.grammar.apply(logits), len(logits))
-        if allowed[token] != -np.inf:
-            return token
-        cands = self.chain.apply(allowed)
-        return int(cands.ids[cands.selected])
-
-    def sample_logits(self, logits: np.ndarray) -> int:
-        """The token chosen from one row of logits (not yet accepted)."""
-        t0 = time.perf_counter()
-        try:
-            return self._sample(np.asarray(logits, dtype=np.float32))
-        finally:
-            self.t_sample_ms += (time.perf_counter() - t0) * 1e3
-            self.n_sample += 1
-
-    def sample(self, ctx: Context, i: int = -1) -> int:
-        """The token chosen from the logits of batch index ``i`` of the last decode."""
-        return self.sample_logits(ctx.logits(i))
-
-    def accept(self, token: int, accept_grammar: bool = True) -> None:
-        """Feeds a token to the samplers' state (penalties, DRY) and, when asked, to the grammar."""
-        self.chain.accept(token)
-        if accept_grammar:
-            for part in (self.constrained, self.grammar):
-                if part is not None:
-                    part.accept(token)
-        self.prev.append(token)
-        if len(self.prev) > 256:
-            del self.prev[:-64]
-
-    def reset(self) -> None:
-        """Forgets accepted tokens (llama.cpp resets the chain, not the grammar)."""
-        self.chain.reset()
-        self.prev.clear()
-
-    def prev_text(self, n: int) -> str:
-        """The text of the last n accepted tokens (for reverse prompts)."""
-        return decode_tokens(self.model, self.prev[-n:], special=True) if n > 0 else ""
-
-
-# --- text --------------------------------------------------------------------------------------
-
-class Utf8Stream:
-    """Turns a stream of token pieces (bytes) into text without ever splitting a character.
-
-    Incomplete UTF-8 sequences are held back until the next piece completes them; invalid bytes
-    become U+FFFD.
-    """
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, piece: bytes) -> str:
-        return self._decoder.decode(piece)
-
-    def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
-
-
-def utf8_complete_len(data: bytes) -> int:
-    """Length of the longest prefix of data that does not end inside a UTF-8 character."""
-    n = len(data)
-    for back in range(1, min(4, n) + 1):
-        b = data[n - back]
-        if b & 0xC0 == 0x80:          # a continuation byte: look further back
-            continue
-        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
-        return n - back if need > back else n
-    return n
-
-
-def decode_tokens(model: Model, tokens: Iterable[int], special: bool = False) -> str:
-    """The text of tokens as llama.cpp prints them: their pieces concatenated."""
-    return b"".join(model.token_to_piece(t, special) for t in tokens).decode("utf-8", errors="replace")
-
-
-class StopScanner:
-    """Finds stop strings in generated bytes and tells how much text is safe to emit.
-
-    Text that could be the start of a stop string, or an unfinished UTF-8 character, is held
-    back until the next token decides.
-    """
-
-    def __init__(self, stops: Sequence[str], errors: str = "replace"):
-        self.stops = [s.encode("utf-8") for s in stops if s]
-        self.data = b""
-        self.emitted = 0
-        #: what becomes of invalid UTF-8: "replace" (U+FFFD, llama.cpp) or "ignore" (llama-cpp-python)
-        self.errors = errors
-
-    def push(self, piece: bytes) -> tuple[str, bool]:
-        """Adds a piece; returns (text now safe to emit, whether a stop string was found)."""
-        start = max(0, len(self.data) - max((len(s) for s in self.stops), default=0))
-        self.data += piece
-        hits = [i for i in (self.data.find(s, start) for s in self.stops) if i >= 0]
-        if hits:
-            self.data = self.data[:min(hits)]
-            return self._take(len(self.data), final=True), True
-        hold = max((k for s in self.stops for k in range(1, min(len(s), len(self.data)) + 1)
-                    if self.data.endswith(s[:k])), default=0)
-        return self._take(len(self.data) - hold, final=False), False
-
-    def flush(self) -> str:
-        return self._take(len(self.data), final=True)
-
-    def _take(self, end: int, final: bool) -> str:
-        if not final:
-            end = self.emitted + utf8_complete_len(self.data[self.emitted:end])
-        text = self.data[self.emitted:end].decode("utf-8", errors=self.errors)
-        self.emitted = max(self.emitted, end)
-        return text
-
-    @property
-    def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
-
-
-def add_bos_of(model: Model) -> bool:
-    """Whether tokenizing with add_special puts BOS first (llama_vocab_get_add_bos)."""
-    return bool(model.add_bos) and model.bos is not None
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 # --- the high-level API ------------------------------------------------------------------------
-
-class ModelPathError(GGUFError, ValueError):
-    """A model path that does not exist (a ValueError, as llama-cpp-python raises, and a
-    ferrollama.GGUFError, as the core raises)."""
-
 
 class LlamaState:
     """What ``Llama.save_state`` returns (llama-cpp-python's fields): the tokens in the context,
@@ -357,53 +59,6 @@ class LlamaState:
         self.llama_state = llama_state
         self.llama_state_size = llama_state_size
         self.seed = seed
-
-
-LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
-StoppingCriteria = Callable[[np.ndarray, np.ndarray], bool]
-
-
-class LogitsProcessorList(list):
-    """Callables ``(input_ids, scores) -> scores`` applied in order before sampling."""
-
-    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        for processor in self:
-            scores = processor(input_ids, scores)
-        return scores
-
-
-class StoppingCriteriaList(list):
-    """Callables ``(input_ids, logits) -> bool``: generation stops when any says so."""
-
-    def __call__(self, input_ids: np.ndarray, logits: np.ndarray) -> bool:
-        return any(criterion(input_ids, logits) for criterion in self)
-
-
-class MinTokensLogitsProcessor:
-    """Forbids the end-of-sequence token until min_tokens tokens were generated."""
-
-    def __init__(self, min_tokens: int, token_eos: int):
-        self.min_tokens = min_tokens
-        self.token_eos = token_eos
-        self.prompt_tokens: int | None = None
-
-    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        if self.prompt_tokens is None:
-            self.prompt_tokens = len(input_ids)
-        if len(input_ids) - self.prompt_tokens < self.min_tokens:
-            scores[self.token_eos] = -np.inf
-        return scores
-
-
-def _model_path(model_path: str | os.PathLike[str] | None) -> str:
-    if model_path is None:
-        from .models import default_model_path
-
-        return str(default_model_path())
-    path = os.fspath(model_path)
-    if not os.path.exists(path):
-        raise ModelPathError(f"Model path does not exist: {path}")
-    return path
 
 
 #: llama.cpp's ggml_type ids of the cache types a context takes (llama-cpp-python's type_k/type_v)
@@ -493,7 +148,6 @@ class LlamaCppSampler:
                  mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
                  logits_processor: LogitsProcessorList | None = None, grammar: Any = None,
                  logit_bias: dict[int, float] | None = None):
-        S = _samplers_module()
         seed = int(llama._seed) & 0xFFFFFFFF
         if mirostat_mode not in (0, 1, 2):
             raise ValueError(f"mirostat_mode must be 0, 1 or 2, not {mirostat_mode}")
@@ -540,7 +194,6 @@ def _add_bias(scores: np.ndarray, bias: dict[int, float]) -> np.ndarray:
 
 def _grammar_sampler(model: Model, grammar: Any):
     """The engine's grammar sampler for a LlamaGrammar (or a GBNF text)."""
-    S = _samplers_module()
     if isinstance(grammar, str):
         return S.Grammar(model, grammar, root="root")
     return S.Grammar(model, grammar._grammar, root=getattr(grammar, "_root", "root"))
@@ -587,7 +240,7 @@ class Llama:
         self._init_args.update(context_params)
         self.verbose = verbose
         t0 = time.perf_counter()
-        self.model_path = _model_path(model_path)
+        self.model_path = model_file(model_path)
         self.model = Model(self.model_path, use_mmap=use_mmap, vocab_only=vocab_only, kv_overrides=kv_overrides)
         # lora_base has no effect, as in llama-cpp-python 0.3.x (a leftover of merging into an f16 base)
         self._lora = _load_lora(self.model, lora_path) if lora_path else None
@@ -637,7 +290,6 @@ class Llama:
         self.draft_model = draft_model
         if hasattr(draft_model, "check_vocab"):
             draft_model.check_vocab(self.model)
-        from .speculative import SpeculativeStats
         #: drafted and accepted tokens since the Llama was made
         self.speculative_stats = SpeculativeStats()
         #: the scheduler that decodes a list of prompts together (made at the first such call)
@@ -670,8 +322,6 @@ class Llama:
             f"{self.model.arch}.pooling_type", 0), "none"))
 
     def tokenizer(self):
-        from .llama_tokenizer import LlamaTokenizer
-
         return LlamaTokenizer(self)
 
     @property
@@ -910,7 +560,7 @@ class Llama:
     def _sample_loop(self, sampler: Any, on_logits: Callable[[np.ndarray, int], None] | None,
                      logits: np.ndarray, stopping_criteria: StoppingCriteriaList | None = None) -> Iterator[int]:
         """Samples from logits (those after the last cached token), then decodes each sampled token
-        (with a draft model, several at a time: ferrollama.speculative)."""
+        (with a draft model, several at a time: ferrollama.generation.speculative)."""
         if self.draft_model is not None:
             yield from self._speculative_loop(sampler, on_logits, logits, stopping_criteria)
             return
@@ -929,8 +579,6 @@ class Llama:
 
     def _speculative_loop(self, sampler: Any, on_logits: Callable[[np.ndarray, int], None] | None,
                           logits: np.ndarray, stopping_criteria: StoppingCriteriaList | None) -> Iterator[int]:
-        from .speculative import speculative_tokens
-
         def sample(row: np.ndarray) -> int:
             token = sampler.sample_logits(row)
             sampler.accept(token)
@@ -976,7 +624,7 @@ class Llama:
         if json_schema is not None:
             if grammar is not None:
                 raise ValueError("give a grammar or a JSON schema, not both")
-            grammar = _samplers_module().Grammar.json_schema_to_gbnf(json_schema)
+            grammar = S.Grammar.json_schema_to_gbnf(json_schema)
         if _is_prompt_list(prompt):
             if suffix is not None or echo or stopping_criteria or logits_processor:
                 raise ValueError("a list of prompts takes neither suffix, echo, stopping_criteria nor logits_processor")
@@ -1086,7 +734,7 @@ class Llama:
     def _batched_chunks(self, prompts: list[list[int]], params: SamplingParams, seed: int | None,
                         max_tokens: int | None, stops: list[str], logprobs: int | None, model_name: str) -> Iterator[dict]:
         """Completion chunks of several prompts decoded together, choice by choice."""
-        from .server.scheduler import Request, completion_logprobs
+        from .generation.scheduler import Request, completion_logprobs
 
         limit = None if max_tokens is None or max_tokens <= 0 else max_tokens
         sched = self._batch_scheduler(len(prompts))
@@ -1108,7 +756,7 @@ class Llama:
     def _batch_scheduler(self, n_prompts: int):
         """A scheduler with a sequence per prompt (at most 16; more wait for a free one), each
         holding n_ctx tokens; kept for the next batch."""
-        from .server.scheduler import Scheduler
+        from .generation.scheduler import Scheduler
 
         n_seq = min(max(n_prompts, 1), 16)
         if self._batcher is None or self._batcher.n_seq < n_seq:
@@ -1126,8 +774,6 @@ class Llama:
         """The chat template the model's own chats use (ferrollama.chat.ChatTemplate): the
         ``chat_template=`` given, else the model's."""
         if self._chat_template is None:
-            from .chat import ChatTemplate
-
             self._chat_template = ChatTemplate.from_model(self.model, self._chat_template_source)
         return self._chat_template
 
@@ -1161,7 +807,7 @@ class Llama:
 
         With the model's template, ``tools`` (or the older ``functions``) are rendered by it and
         the answer is parsed into ``tool_calls`` in the format of the model's family
-        (ferrollama.tools); ``tool_choice`` "required" or a named function forces a call by
+        (ferrollama.chat.tools); ``tool_choice`` "required" or a named function forces a call by
         grammar. ``response_format={"type": "json_object", "schema": {...}}`` constrains the
         answer to JSON. The answer ends at the model's end-of-generation tokens and the
         template's turn markers.
@@ -1183,8 +829,6 @@ class Llama:
                        tools: list[dict] | None, tool_choice: Any, stream: bool, stop: Any,
                        response_format: dict | None, grammar: Any, logprobs: bool | None, top_logprobs: int | None,
                        **sampling: Any) -> dict | Iterator[dict]:
-        from . import tools as T
-
         legacy = functions is not None
         if legacy:
             if tools:
@@ -1193,7 +837,7 @@ class Llama:
             tool_choice = _tool_choice_of_function_call(function_call)
         template = self.chat_template
         plan = T.plan_tools(template.source, [dict(m) for m in messages], list(tools or []), tool_choice,
-                            _samplers_module().Grammar.json_schema_to_gbnf)
+                            S.Grammar.json_schema_to_gbnf)
         prompt = template.tokens(self.model, plan.messages, add_generation_prompt=True, **plan.template_kwargs)
         schema = _schema_of(response_format)
         if sum(x is not None for x in (grammar, plan.grammar, schema)) > 1:
@@ -1280,8 +924,6 @@ class Llama:
 def _load_lora(model: Model, path: str):
     """The adapter at path for model; RuntimeError as llama-cpp-python raises it (the engine's
     reason chained)."""
-    from ._core import LoraAdapter
-
     try:
         return LoraAdapter(model, os.fspath(path))
     except (ValueError, GGUFError, UnsupportedError) as e:
@@ -1309,7 +951,7 @@ def _grammar_text(grammar: Any) -> str:
 
 class _Drafter:
     """A llama-cpp-python draft model (a callable from the tokens so far to drafted tokens) with
-    the draft(tokens, room) method ferrollama.speculative calls."""
+    the draft(tokens, room) method ferrollama.generation.speculative calls."""
 
     def __init__(self, draft_model: Any):
         self.draft_model = draft_model
@@ -1351,7 +993,7 @@ class _CompletionJob:
 
 
 class _LogprobsCollector:
-    """llama-cpp-python's completion logprobs (ferrollama.logprobs): per token its text, its
+    """llama-cpp-python's completion logprobs (ferrollama.generation.logprobs): per token its text, its
     offset in the text (counted from the start of the prompt's text), its log-probability and
     the top ones, with the chosen token's added."""
 
@@ -1427,8 +1069,6 @@ def _with_function_call(message: dict, legacy: bool) -> dict:
 
 
 def _chat_response(completion: dict, fmt: str | None = None, legacy: bool = False) -> dict:
-    from . import tools as T
-
     choice = completion["choices"][0]
     message, finish = T.assistant_message(choice["text"], fmt, True, choice["finish_reason"])
     return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
@@ -1439,8 +1079,6 @@ def _chat_response(completion: dict, fmt: str | None = None, legacy: bool = Fals
 
 
 def _chat_stream(chunks: Iterator[dict], fmt: str | None = None, legacy: bool = False) -> Iterator[dict]:
-    from . import tools as T
-
     gate, first = T.ToolGate(fmt), True
     for c in chunks:
         base = {"id": "chat" + c["id"], "object": "chat.completion.chunk", "created": c["created"], "model": c["model"]}

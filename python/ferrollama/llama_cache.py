@@ -23,6 +23,8 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .generation.tokens import common_prefix_len
+
 __all__ = ["BaseLlamaCache", "LlamaRAMCache", "LlamaCache", "LlamaDiskCache"]
 
 DEFAULT_CAPACITY_BYTES = 2 << 30
@@ -30,8 +32,6 @@ DEFAULT_CAPACITY_BYTES = 2 << 30
 
 def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens a and b share."""
-    from .llama import common_prefix_len
-
     return common_prefix_len(a, b)
 
 

@@ -29,9 +29,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from . import llama_grammar
 from . import llama_types
-from .chat import ChatTemplateError, _environment
-
-from .llama import StoppingCriteriaList
+from ._llama_hooks import StoppingCriteriaList
+from .chat.templates import ChatTemplateError, jinja_environment
 
 __all__ = [
     "CHATML_CHAT_TEMPLATE", "CHATML_BOS_TOKEN", "CHATML_EOS_TOKEN", "MISTRAL_INSTRUCT_CHAT_TEMPLATE",
@@ -154,7 +153,7 @@ class Jinja2ChatFormatter(ChatFormatter):
         self.add_generation_prompt = add_generation_prompt
         self.stop_token_ids = set(stop_token_ids) if stop_token_ids is not None else None
         try:
-            self._environment = _environment().from_string(template)
+            self._environment = jinja_environment().from_string(template)
         except jinja2.TemplateSyntaxError as e:
             raise ChatTemplateError(f"the chat template does not parse: {e} (line {e.lineno})") from e
 

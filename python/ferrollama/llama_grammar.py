@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, List, Optional, Union
 
-from . import _core
+from ._core import samplers as _samplers
 
 __all__ = [
     "LLAMA_GRAMMAR_DEFAULT_ROOT", "LlamaGrammar", "json_schema_to_gbnf",
@@ -68,7 +68,7 @@ def json_schema_to_gbnf(schema: str, prop_order: Optional[List[str]] = None) -> 
         raise TypeError(f"the schema is JSON text (str), not {type(schema).__name__}")
     if prop_order:
         schema = json.dumps(_reorder_properties(_parse_json(schema), {n: i for i, n in enumerate(prop_order)}))
-    return _core.samplers.Grammar.json_schema_to_gbnf(schema)
+    return _samplers.Grammar.json_schema_to_gbnf(schema)
 
 
 def _parse_json(text: str) -> Any:

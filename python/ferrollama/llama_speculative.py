@@ -1,14 +1,14 @@
 """llama-cpp-python's ``llama_speculative`` names: ``LlamaDraftModel`` (the callable interface a
 draft model has there) and ``LlamaPromptLookupDecoding`` (ferrollama's prompt lookup, which
 takes the same arguments and drafts from the latest n-gram match: see
-ferrollama.speculative.PromptLookupDecoding)."""
+ferrollama.generation.speculative.PromptLookupDecoding)."""
 from __future__ import annotations
 
 import abc
 
 import numpy as np
 
-from .speculative import PromptLookupDecoding
+from .generation.speculative import PromptLookupDecoding
 
 __all__ = ["LlamaDraftModel", "LlamaPromptLookupDecoding"]
 

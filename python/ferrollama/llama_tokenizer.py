@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import abc
 import os
+from types import SimpleNamespace
 from typing import Any, List, Optional, Union
+
+from ._core import Model
+from .models import model_file
 
 __all__ = ["BaseLlamaTokenizer", "LlamaTokenizer", "LlamaHFTokenizer"]
 
@@ -51,9 +55,9 @@ class LlamaTokenizer(BaseLlamaTokenizer):
 
     @classmethod
     def from_ggml_file(cls, path: Union[str, os.PathLike]) -> "LlamaTokenizer":
-        from .llama import Llama
-
-        return cls(Llama(model_path=os.fspath(path), vocab_only=True))
+        """The tokenizer of a GGUF file, its vocabulary loaded alone (as ``Llama(path, vocab_only=True)``
+        loads it, and with its ModelPathError for a path that does not exist)."""
+        return cls(SimpleNamespace(model=Model(model_file(os.fspath(path)), vocab_only=True)))
 
 
 class LlamaHFTokenizer(BaseLlamaTokenizer):

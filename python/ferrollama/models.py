@@ -28,8 +28,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._core import GGUFError
+
 __all__ = ["KNOWN_MODELS", "DEFAULT_MODEL", "PIECES_HEADER", "cache_dir", "fetch", "default_model_path",
-           "write_pieces_list", "listed_pieces", "ModelNotAvailable"]
+           "write_pieces_list", "listed_pieces", "ModelNotAvailable", "ModelPathError", "model_file"]
 
 
 class ModelNotAvailable(RuntimeError):
@@ -220,3 +222,19 @@ def fetch(name: str, download: bool = True, quiet: bool = True, whole_file: bool
 def default_model_path(download: bool = True) -> Path:
     """The path of the default model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M), assembled and checked."""
     return fetch(DEFAULT_MODEL, download=download)
+
+
+class ModelPathError(GGUFError, ValueError):
+    """A model path that does not exist (a ValueError, as llama-cpp-python raises, and a
+    ferrollama.GGUFError, as the core raises)."""
+
+
+def model_file(model_path: str | os.PathLike[str] | None) -> str:
+    """The file to load for a model path a user gave: the path itself, checked to exist
+    (ModelPathError), or the default model's when None."""
+    if model_path is None:
+        return str(default_model_path())
+    path = os.fspath(model_path)
+    if not os.path.exists(path):
+        raise ModelPathError(f"Model path does not exist: {path}")
+    return path

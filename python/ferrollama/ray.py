@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ferrollama.batch import BatchGenerator, BatchInputError, BatchOptions
-from ferrollama.llama import SamplingParams
+from .batch import BatchGenerator, BatchInputError, BatchOptions
+from .generation.params import SamplingParams
 
 __all__ = ["RayMissing", "import_ray", "BatchWorker", "batch", "batch_groups", "ServeReplica", "serve_app", "REPLICA_HEADER"]
 
@@ -185,7 +185,7 @@ class ServeReplica:
         self.serve_args = serve_args
 
     def __serve_build_asgi_app__(self):
-        from ferrollama.cli.serve import build_app
+        from .server.build import build_app
 
         ray = import_ray("serve")
         replica = ray.serve.get_replica_context().replica_id.unique_id

@@ -4,9 +4,7 @@
 ids 0..n-1; ``Chain.sample(ctx, i)`` selects and accepts a token from ``ctx.logits(i)``,
 checking grammars on the chosen token first as llama.cpp's common sampler does.
 """
-from . import _core
-
-_s = _core.samplers  # a submodule of the extension, not importable by path
+from ._core import samplers as _s  # a submodule of the extension, not importable by path
 
 DRY = _s.DRY
 XTC = _s.XTC

@@ -33,7 +33,7 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="ferrollama", description="llama.cpp's engine rebuilt in Rust.")
-    from .. import __version__
+    from .._core import __version__
 
     parser.add_argument("--version", action="version", version=f"ferrollama {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
@@ -91,10 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _actionable() -> tuple[type[BaseException], ...]:
     """Errors that say what the user can fix: one line. Anything else is a bug: a traceback."""
-    from .. import _core
+    from .._core import Error
     from ..models import ModelNotAvailable
 
-    return (CLIError, _core.Error, ValueError, OSError, ModelNotAvailable)
+    return (CLIError, Error, ValueError, OSError, ModelNotAvailable)
 
 
 def run() -> None:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from .._core import Batch, Context, Model
-from ..llama import add_bos_of
+from ..generation.tokens import add_bos_of
 from .common import (CLIError, cache_type, format_params, format_size, int_value, load_model, model_description,
                      progress)
 
@@ -201,7 +201,7 @@ def print_markdown(results: list[Result], model: Model, out) -> None:
 
 
 def as_record(r: Result, model: Model, desc: str) -> dict:
-    from .. import __version__
+    from .._core import __version__
 
     ts, ns = r.samples_ts, r.samples_ns
     return {

@@ -14,8 +14,10 @@ import sys
 import time
 
 from .._core import Batch
-from ..chat import ChatTemplate
-from ..llama import Sampler, StopScanner, add_bos_of, common_prefix_len
+from ..chat.templates import ChatTemplate
+from ..generation.sampler import Sampler
+from ..generation.text import StopScanner
+from ..generation.tokens import add_bos_of, common_prefix_len
 from .common import (CLIError, add_context_args, add_model_args, add_sampling_args, int_value, load_model,
                      make_context, n_predict_value, print_timings, process_escapes, read_text_file, sampling_params,
                      warmup)

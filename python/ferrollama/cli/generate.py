@@ -19,7 +19,9 @@ import time
 import numpy as np
 
 from .._core import Batch, Context, StateError
-from ..llama import Sampler, Utf8Stream, add_bos_of
+from ..generation.sampler import Sampler
+from ..generation.text import Utf8Stream
+from ..generation.tokens import add_bos_of
 from .common import (CLIError, add_context_args, add_model_args, add_sampling_args, float_value, int_value,
                      load_model, log, make_context, n_predict_value, print_timings, process_escapes, progress,
                      read_text_file, sampling_params, warmup)

@@ -20,7 +20,7 @@ import argparse
 import numpy as np
 
 from .._core import Batch
-from ..llama import add_bos_of
+from ..generation.tokens import add_bos_of
 from .perplexity import Plan, chunk_plan
 from .common import CLIError, add_context_args, add_model_args, int_value, load_model, log, make_context, progress, \
     read_text_file

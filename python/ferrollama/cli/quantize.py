@@ -175,9 +175,10 @@ def quantize_rows(gguf, rows: np.ndarray, type_name: str, weights: np.ndarray | 
     """Rows quantized by ggml's quantizer of the type; `weights` (one per column) for the weighted one."""
     if weights is None and type_name in GGUF_PACKAGE_TYPES:
         return gguf.quants.quantize(rows, gguf.GGMLQuantizationType[type_name])
-    from .. import _core
-
-    engine_quantize = getattr(_core, "quantize", None)
+    try:
+        from .._core import quantize as engine_quantize
+    except ImportError:  # an extension built before it had one
+        engine_quantize = None
     if engine_quantize is None:
         raise CLIError(f"{type_name}: this build of the engine has no quantizer for it "
                        f"(the gguf package quantizes {', '.join(sorted(GGUF_PACKAGE_TYPES))})")

@@ -1,16 +1,18 @@
 """``ferrollama serve``: the OpenAI-compatible server (llama-server's flag names).
 
-Parses the flags, loads the model, makes the scheduler and runs the ASGI app with uvicorn.
-Needs ``pip install 'ferrollama[server]'``. With ``--ray`` the same app is deployed with Ray Serve,
-``--replicas`` copies each with its own model and context (``pip install 'ferrollama[ray]'``).
+Parses the flags and runs the ASGI app the server builds for them (ferrollama.server.build_app:
+the model, the scheduler, the app) with uvicorn. Needs ``pip install 'ferrollama[server]'``.
+With ``--ray`` the same app is deployed with Ray Serve, ``--replicas`` copies each with its own
+model and context (``pip install 'ferrollama[ray]'``).
 """
 from __future__ import annotations
 
 import argparse
 import os
 
-from .common import (CLIError, add_context_args, add_model_args, float_value, int_value, load_model, log, positive_int,
-                     warmup)
+from .common import CLIError, add_context_args, add_model_args, float_value, int_value, load_model, log, positive_int
+
+__all__ = ["add_arguments", "build_app", "run", "run_on_ray"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,46 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_app(args: argparse.Namespace):
-    """The ASGI app for the flags (tests start it with uvicorn themselves)."""
-    try:
-        from ..server.app import create_app
-    except ImportError as e:
-        raise CLIError(f"the server needs its extra: pip install 'ferrollama[server]' ({e.name} is missing)") from None
-    from ..server.scheduler import Scheduler
+    """The ASGI app for the flags: ferrollama.server.build_app (imported when asked for, so that
+    the other commands do not load the server)."""
+    from ..server.build import build_app as build
 
-    model = load_model(args)
-    n_ctx = args.ctx_size if args.ctx_size > 0 else model.n_ctx_train
-    if n_ctx < args.parallel:
-        raise CLIError(f"--ctx-size {n_ctx} is smaller than --parallel {args.parallel}")
-    drafter = _drafter(args, model, n_ctx)
-    scheduler = Scheduler(model, n_ctx=n_ctx, n_seq=args.parallel, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
-                          n_threads=args.threads, n_threads_batch=args.threads_batch, queue_size=args.queue_size,
-                          type_k=args.cache_type_k, type_v=args.cache_type_v, drafter=drafter,
-                          loras=args.lora_adapters)
-    if not args.no_warmup:
-        warmup(scheduler.ctx, model)
-    return create_app(scheduler, model_name=args.alias, api_key=args.api_key)
-
-
-def _drafter(args: argparse.Namespace, model, n_ctx: int):  # noqa: ANN001
-    """The slots' drafter: prompt lookup (--lookup), a draft model (-md) or none."""
-    from ..speculative import DraftModel, PromptLookupDecoding
-
-    if args.lookup < 0 or args.lookup_ngram < 1:
-        raise CLIError("--lookup must be at least 0 and --lookup-ngram at least 1")
-    if args.lookup and args.model_draft:
-        raise CLIError("give --lookup or -md, not both")
-    if args.lookup:
-        return PromptLookupDecoding(max_ngram_size=args.lookup_ngram, num_pred_tokens=args.lookup)
-    if args.model_draft is None:
-        return None
-    try:
-        draft = DraftModel(args.model_draft, draft_max=args.draft_max, draft_min=args.draft_min,
-                           draft_p_min=args.draft_p_min, n_ctx=n_ctx, n_threads=args.threads, n_seq=args.parallel)
-        draft.check_vocab(model)
-    except ValueError as e:
-        raise CLIError(f"-md {args.model_draft}: {e}") from None
-    return draft
+    return build(args)
 
 
 def run(args: argparse.Namespace) -> int:

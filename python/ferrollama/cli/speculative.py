@@ -9,7 +9,7 @@ import sys
 import time
 
 from .._core import Batch
-from ..speculative import DraftModel, PromptLookupDecoding, SpeculativeStats, speculative_tokens
+from ..generation.speculative import DraftModel, PromptLookupDecoding, SpeculativeStats, speculative_tokens
 from .common import CLIError, float_value, int_value, log, print_timings
 
 #: generate's flags that the speculative loop does not run (each is llama-cli's main loop).

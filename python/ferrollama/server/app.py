@@ -25,12 +25,14 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import _core
-from ..chat import ChatTemplate, ChatTemplateError
-from ..llama import DEFAULT_SEED, Sampler, SamplingParams
-from .. import tools as T
+from .._core import Error as EngineError
+from .._core import Model, samplers
+from ..chat import tools as T
+from ..chat.templates import ChatTemplate, ChatTemplateError
+from ..generation.params import DEFAULT_SEED, SamplingParams
+from ..generation.sampler import Sampler
+from ..generation.scheduler import JobFailed, Output, QueueFull, Request, Scheduler, chat_logprobs, completion_logprobs
 from .metrics import Metrics
-from .scheduler import JobFailed, Output, QueueFull, Request, Scheduler, chat_logprobs, completion_logprobs
 from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, Message,
                       SamplingFields, TokenizeRequest)
 
@@ -88,7 +90,7 @@ class Engine:
     _eog: list[int] | None = None
 
     @property
-    def model(self) -> _core.Model:
+    def model(self) -> Model:
         return self.scheduler.model
 
     @property
@@ -160,7 +162,7 @@ def _choice_samplers(engine: Engine, params: SamplingParams, n: int) -> list[Sam
         seed = params.seed if params.seed == DEFAULT_SEED else (params.seed + i) % DEFAULT_SEED
         try:
             out.append(Sampler(engine.model, SamplingParams(**{**params.__dict__, "seed": seed})))
-        except (ValueError, _core.Error) as e:
+        except (ValueError, EngineError) as e:
             raise bad_request(f"{_sampler_field(params)}: {e}", "invalid_grammar") from None
     return out
 
@@ -309,8 +311,8 @@ def plan_chat(engine: Engine, req: ChatRequest) -> ChatPlan:
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel) else req.tool_choice
     try:
         plan = T.plan_tools(engine.template.source, messages, tools, choice,
-                            _core.samplers.Grammar.json_schema_to_gbnf, req.parallel_tool_calls)
-    except (ValueError, _core.Error) as e:
+                            samplers.Grammar.json_schema_to_gbnf, req.parallel_tool_calls)
+    except (ValueError, EngineError) as e:
         if "tool_choice" in str(e):
             raise bad_request(str(e)) from None
         raise bad_request(f"tools: {e}", "invalid_tools") from None

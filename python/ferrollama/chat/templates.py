@@ -21,8 +21,10 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ..generation.tokens import add_bos_of
+
 __all__ = ["ChatTemplate", "ChatTemplateError", "ChatTemplateWarning", "CHATML", "GEMMA", "BUILTIN_TEMPLATES",
-           "FAMILY_TEMPLATES", "TURN_MARKERS"]
+           "FAMILY_TEMPLATES", "TURN_MARKERS", "jinja_environment"]
 
 #: llama.cpp's fallback for models without a template (its built-in ``chatml``).
 CHATML = (
@@ -103,7 +105,8 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
+def jinja_environment() -> ImmutableSandboxedEnvironment:
+    """The environment templates are rendered in (transformers' and llama.cpp's: see above)."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
@@ -122,7 +125,7 @@ class ChatTemplate:
         #: whether tokenizing adds BOS itself (then a BOS the template writes first is dropped)
         self.add_bos = add_bos
         try:
-            self._template = _environment().from_string(source)
+            self._template = jinja_environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise ChatTemplateError(f"the chat template does not parse: {e.message} (line {e.lineno})") from None
 
@@ -130,8 +133,6 @@ class ChatTemplate:
     def from_model(cls, model, override: str | None = None) -> "ChatTemplate":
         """``override`` (a built-in format's name or a Jinja source), else the model's own template,
         else its family's built-in format, else ChatML with a warning."""
-        from .llama import add_bos_of
-
         source = BUILTIN_TEMPLATES.get(override, override) if override else _model_template(model)
         piece = lambda t: "" if t is None else model.token_to_piece(t, True).decode("utf-8", "replace")  # noqa: E731
         return cls(source, bos_token=piece(model.bos), eos_token=piece(model.eos), add_bos=add_bos_of(model))

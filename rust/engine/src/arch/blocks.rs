@@ -138,6 +138,18 @@ pub fn attend(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &KvStore, 
     }
 }
 
+/// ws.o = layer il's self-attention of ws.h: Q/K/V, their norms where the layer has them,
+/// RoPE (of no dimension in a model without it) and the K/V store, attention with scores
+/// scaled by hp.attn_scale, the output projection.
+pub fn self_attention(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize,
+                      threads: &Threads) {
+    let n = ub.tokens.len();
+    project_qkv(lw, ws, n, ub.lora_layer(il), threads);
+    qk_norm(lw, ws, n, hp.rms_eps);
+    rope_layer_and_store(hp, lw, ws, kv, ub, il);
+    attend(hp, lw, ws, kv, ub, il, hp.attn_scale, hp.attn_logit_softcap, threads);
+}
+
 /// Adds a dense product's input rows to the activation statistics, when they are collected.
 pub fn note(stats: &mut Option<Box<ActivationStats>>, m: Matrix, x: &[f32], n: usize) {
     if let Some(s) = stats.as_deref_mut() {

@@ -4,11 +4,14 @@
 pub(crate) mod blocks;
 pub mod gemma2;
 pub mod bert;
+pub mod falcon_h1;
 pub mod gemma3;
 pub mod gpt_oss;
 pub mod granite;
+pub mod granite_hybrid;
 pub mod llama;
 pub mod mamba2;
+pub mod nemotron_h;
 pub mod olmo2;
 pub mod phi3;
 pub mod qwen3;
@@ -55,6 +58,10 @@ pub const ARCHS: &[ArchInfo] = &[
     bert::BERT,
     bert::NOMIC_BERT,
     mamba2::MAMBA2,
+    granite_hybrid::GRANITE_HYBRID,
+    falcon_h1::FALCON_H1,
+    nemotron_h::NEMOTRON_H,
+    nemotron_h::NEMOTRON_H_MOE,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -190,6 +190,8 @@ pub struct RsScratch {
     pub y: Vec<f32>,
     /// The gate (z) made contiguous.
     pub z: Vec<f32>,
+    /// A mixer's output kept while an attention beside it runs (Falcon-H1).
+    pub mixed: Vec<f32>,
 }
 
 /// Grows `v` to `len` values (no allocation once it has been that large).

@@ -14,8 +14,8 @@ models: tests/data/models/tiny-llama-TYPE.gguf from tiny-llama-f32.gguf, same me
     llama.cpp loads and never reads; token_embd (llama.cpp has no scale for it) as is.
 record: tests/data/scenarios/forward-TYPE.json: the steps of forward-f32.json decoded by
     llama.cpp with an F32 KV cache (`expected`) and an F16 one (`expected_kv_f16`), the
-    context parameters those records name, flash attention off as in the other records,
-    everything else llama.cpp's defaults.
+    context parameters those records name, through benches/recorder.py (the recorder of every
+    tiny-model scenario: flash attention off, 2 threads, as the other records).
 check [TYPE]: re-records forward-TYPE.json (default q4_k) and prints its largest difference
     from the stored record (made on another machine): with float weights it shows whether the
     recorder's settings are the original's.
@@ -150,72 +150,12 @@ def make_model(type_name: str) -> Path:
     return out
 
 
-class Llama:
-    """llama.cpp through llama-cpp-python's low-level API: one model, contexts on demand."""
+def recorder():  # noqa: ANN201
+    """benches/recorder.py, the recorder of every tiny-model scenario (needs llama-cpp-python)."""
+    sys.path.insert(0, str(DATA.parent.parent / "benches"))
+    import recorder as R
 
-    def __init__(self, path: Path) -> None:
-        import llama_cpp as L
-
-        self.L = L
-        # The C side keeps only the callback's pointer: the object must outlive the model.
-        self.quiet = L.llama_log_callback(lambda level, text, user_data: None)
-        L.llama_log_set(self.quiet, None)
-        L.llama_backend_init()
-        mp = L.llama_model_default_params()
-        mp.n_gpu_layers = 0
-        self.model = L.llama_model_load_from_file(str(path).encode(), mp)
-        if not self.model:
-            raise SystemExit(f"llama.cpp could not load {path}")
-        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
-
-    def run(self, scn: dict, cache_type: int) -> list[dict]:
-        """The logits of every decode step's requested outputs (GGML_TYPE F32 = 0, F16 = 1)."""
-        L = self.L
-        c = scn["context"]
-        p = L.llama_context_default_params()
-        p.n_ctx, p.n_batch, p.n_ubatch = c["n_ctx"], c["n_batch"], c["n_ubatch"]
-        p.n_seq_max = c.get("n_seq_max", 1)
-        p.n_threads = p.n_threads_batch = 2
-        p.type_k = p.type_v = cache_type
-        # The stored records were made without flash attention (this check reproduces
-        # forward-f32's to 7e-6 without it, to 3e-3 with it).
-        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        ctx = L.llama_init_from_model(self.model, p)
-        expected = []
-        try:
-            for i, step in enumerate(scn["steps"]):
-                if step["op"] != "decode":
-                    raise SystemExit(f"forward scenarios decode only, step {i} is {step['op']}")
-                self.decode(ctx, step)
-                for b in step["logits"]:
-                    ptr = L.llama_get_logits_ith(ctx, b)
-                    logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(float)
-                    # Five decimals, as the other records: far below the tolerances.
-                    expected.append({"step": i, "batch_index": b, "logits": [round(v, 5) for v in logits.tolist()]})
-        finally:
-            L.llama_free(ctx)
-        return expected
-
-    def decode(self, ctx, step: dict) -> None:  # noqa: ANN001
-        L = self.L
-        n = len(step["tokens"])
-        batch = L.llama_batch_init(n, 0, max(len(s) for s in step["seq_ids"]))
-        try:
-            wanted = set(step["logits"])
-            for j, (tok, pos, seqs) in enumerate(zip(step["tokens"], step["pos"], step["seq_ids"])):
-                batch.token[j], batch.pos[j], batch.n_seq_id[j] = tok, pos, len(seqs)
-                for k, s in enumerate(seqs):
-                    batch.seq_id[j][k] = s
-                batch.logits[j] = j in wanted
-            batch.n_tokens = n
-            rc = L.llama_decode(ctx, batch)
-            if rc != 0:
-                raise SystemExit(f"llama_decode returned {rc}")
-        finally:
-            L.llama_batch_free(batch)
-
-    def close(self) -> None:
-        self.L.llama_model_free(self.model)
+    return R
 
 
 def record(type_name: str) -> Path:
@@ -223,12 +163,8 @@ def record(type_name: str) -> Path:
     template = json.loads((SCENARIOS / "forward-f32.json").read_text())
     model = f"tiny-llama-{type_name.lower()}.gguf"
     scn = {"name": name, "model": model, "context": template["context"], "steps": template["steps"]}
-    llama = Llama(MODELS / model)
-    try:
-        scn["expected"] = llama.run(scn, 0)
-        scn["expected_kv_f16"] = llama.run(scn, 1)
-    finally:
-        llama.close()
+    # Five decimals, as the other forward records: far below the tolerances.
+    scn.update(recorder().record(MODELS / model, scn["context"], scn["steps"], digits=5))
     out = SCENARIOS / f"{name}.json"
     out.write_text(json.dumps(scn, separators=(",", ":")))
     print(f"wrote {out.relative_to(DATA.parent.parent)}")
@@ -237,15 +173,11 @@ def record(type_name: str) -> Path:
 
 def check(name: str) -> None:
     stored = json.loads((SCENARIOS / f"forward-{name}.json").read_text())
-    llama = Llama(MODELS / stored["model"])
-    try:
-        for key, cache in (("expected", 0), ("expected_kv_f16", 1)):
-            got = llama.run(stored, cache)
-            diff = max(float(np.max(np.abs(np.array(g["logits"]) - np.array(e["logits"]))))
-                       for g, e in zip(got, stored[key]))
-            print(f"forward-{name} {key}: max |difference| from the stored record {diff:.2e}")
-    finally:
-        llama.close()
+    got = recorder().record(MODELS / stored["model"], stored["context"], stored["steps"], digits=5)
+    for key in ("expected", "expected_kv_f16"):
+        diff = max(float(np.max(np.abs(np.array(g["logits"]) - np.array(e["logits"]))))
+                   for g, e in zip(got[key], stored[key]))
+        print(f"forward-{name} {key}: max |difference| from the stored record {diff:.2e}")
 
 
 def main(argv: list[str]) -> None:

@@ -8,8 +8,17 @@
 mod common;
 
 use common::Rng;
-use ferrollama_tensor::ssm::{gated_delta_net, softplus, ssm_conv, ssm_scan};
-use ferrollama_tensor::Threads;
+use ferrollama_tensor::ssm::{gated_delta_net, gated_delta_net_on, softplus, ssm_conv, ssm_conv_on, ssm_scan, ssm_scan_on};
+use ferrollama_tensor::{Isa, Threads};
+
+/// The SIMD levels this CPU has.
+fn simd_levels() -> Vec<Isa> {
+    let found: Vec<Isa> = [Isa::Avx2, Isa::Avx512].into_iter().filter(|l| l.available()).collect();
+    if found.is_empty() {
+        eprintln!("no SIMD level on this CPU: only the scalar kernels exist here");
+    }
+    found
+}
 
 /// |got - want| <= tol * (|want| + rms(want)) everywhere: relative, with the vector's typical
 /// size as the floor where a sum cancels to near zero.
@@ -62,6 +71,13 @@ impl Conv {
         let mut out = vec![f32::NAN; (t1 - t0) * self.channels];
         let x = &self.x[self.x_offset + t0 * self.x_stride..];
         ssm_conv(state, x, self.x_stride, t1 - t0, &self.weight, self.d_conv, self.channels, &mut out, threads);
+        out
+    }
+
+    fn run_on(&self, isa: Isa, state: &mut [f32], threads: &Threads) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.n_t * self.channels];
+        let x = &self.x[self.x_offset..];
+        ssm_conv_on(isa, state, x, self.x_stride, self.n_t, &self.weight, self.d_conv, self.channels, &mut out, threads);
         out
     }
 
@@ -189,6 +205,14 @@ impl Scan {
         let mut y = vec![f32::NAN; (t1 - t0) * self.head_dim * self.n_head];
         let s = self.stride;
         ssm_scan(state, &r[x..], s, &r[dt..], s, &self.a, &r[b..], &r[c..], s, t1 - t0, self.d_state, self.head_dim, self.n_head, self.n_group, &mut y, threads);
+        y
+    }
+
+    fn run_on(&self, isa: Isa, state: &mut [f32], threads: &Threads) -> Vec<f32> {
+        let (x, b, c, dt) = self.offsets();
+        let (r, s) = (&self.rows[..], self.stride);
+        let mut y = vec![f32::NAN; self.n_t * self.head_dim * self.n_head];
+        ssm_scan_on(isa, state, &r[x..], s, &r[dt..], s, &self.a, &r[b..], &r[c..], s, self.n_t, self.d_state, self.head_dim, self.n_head, self.n_group, &mut y, threads);
         y
     }
 
@@ -340,6 +364,15 @@ impl Delta {
         out
     }
 
+    fn run_on(&self, isa: Isa, state: &mut [f32], threads: &Threads) -> Vec<f32> {
+        let (s, h_k, h_v) = (self.s, self.h_k, self.h_v);
+        let r = &self.qkv[..];
+        let (q, k, v) = (r, &r[s * h_k..], &r[2 * s * h_k..]);
+        let mut out = vec![f32::NAN; self.n_t * s * h_v];
+        gated_delta_net_on(isa, state, q, k, self.qkv_stride, v, self.qkv_stride, &self.g, self.g_stride, self.kda, &self.beta, self.beta_stride, self.n_t, s, h_k, s, h_v, &mut out, threads);
+        out
+    }
+
     /// ggml_compute_forward_gated_delta_net_one_chunk: per head, per token, the decay over the
     /// whole state, all deltas, the rank-1 update, all outputs; dots in f64 (ggml_float).
     fn reference(&self) -> (Vec<f32>, Vec<f32>) {
@@ -438,6 +471,75 @@ fn gated_delta_net_matches_ggmls_passes_and_is_continuous() {
                 let out_1: Vec<f32> = (0..n_t).flat_map(|t| case.run(&mut state_1, t, t + 1, &one)).collect();
                 assert_bits(&out_1, &out, &format!("{what}: token by token, out"));
                 assert_bits(&state_1, &state, &format!("{what}: token by token, state"));
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ SIMD against scalar
+
+/// Every level's ssm_conv against the scalar one: channels that leave partial vectors,
+/// 2 to 9 taps (9 is past the vector kernels' limit), 1, 3 and 17 tokens (both the few-token
+/// and the prompt kernels). Bit for bit: each output is summed in the scalar order.
+#[test]
+fn ssm_conv_simd_matches_scalar() {
+    let mut rng = Rng::new(21);
+    let two = Threads::new(2);
+    for isa in simd_levels() {
+        for (channels, d_conv) in [(1, 4), (7, 4), (37, 4), (100, 3), (1792, 4), (6149, 4), (45, 2), (33, 7), (40, 9), (8, 4), (16, 4)] {
+            for n_t in [1, 2, 3, 4, 17, 40] {
+                let case = Conv::random(&mut rng, channels, d_conv, n_t);
+                let what = format!("{} channels {channels} d_conv {d_conv} n_t {n_t}", isa.name());
+                let (mut want_state, mut state) = (case.state.clone(), case.state.clone());
+                let want = case.run_on(Isa::Scalar, &mut want_state, &two);
+                let got = case.run_on(isa, &mut state, &two);
+                assert_bits(&got, &want, &format!("{what}: out"));
+                assert_bits(&state, &want_state, &format!("{what}: state"));
+            }
+        }
+    }
+}
+
+/// Every level's ssm_scan against the scalar one on d_state 16/64/128 and odd sizes: the
+/// new state bit for bit (the same products and sums), y within 1e-5 (its sum's order).
+#[test]
+fn ssm_scan_simd_matches_scalar() {
+    let mut rng = Rng::new(22);
+    let two = Threads::new(2);
+    for isa in simd_levels() {
+        for (d_state, head_dim, n_head, n_group) in [(16, 3, 2, 1), (64, 5, 6, 3), (128, 64, 4, 1), (128, 32, 48, 1), (19, 7, 4, 2), (8, 1, 1, 1), (1, 2, 2, 1)] {
+            for n_t in [1, 3, 17] {
+                let case = Scan::random(&mut rng, d_state, head_dim, n_head, n_group, n_t);
+                let what = format!("{} d_state {d_state} head_dim {head_dim} n_head {n_head} n_group {n_group} n_t {n_t}", isa.name());
+                let (mut want_state, mut state) = (case.state.clone(), case.state.clone());
+                let want = case.run_on(Isa::Scalar, &mut want_state, &two);
+                let got = case.run_on(isa, &mut state, &two);
+                assert_close(&got, &want, 1e-5, &format!("{what}: y"));
+                assert_bits(&state, &want_state, &format!("{what}: state"));
+            }
+        }
+    }
+}
+
+/// Every level's gated delta net against the scalar one on S_v 16/64/128 and odd sizes,
+/// scalar and per-channel gates: outputs and state within 1e-5 (the dots' order and fused
+/// multiply-adds differ, and their differences feed the next tokens).
+#[test]
+fn gated_delta_net_simd_matches_scalar() {
+    let mut rng = Rng::new(23);
+    let two = Threads::new(2);
+    for isa in simd_levels() {
+        for (s, h_k, h_v) in [(16, 1, 2), (64, 2, 4), (128, 16, 16), (128, 1, 3), (20, 3, 3), (7, 1, 1), (1, 1, 1)] {
+            for kda in [false, true] {
+                for n_t in [1, 3, 17] {
+                    let case = Delta::random(&mut rng, s, h_k, h_v, kda, n_t);
+                    let what = format!("{} S {s} H_k {h_k} H_v {h_v} kda {kda} n_t {n_t}", isa.name());
+                    let (mut want_state, mut state) = (case.state.clone(), case.state.clone());
+                    let want = case.run_on(Isa::Scalar, &mut want_state, &two);
+                    let got = case.run_on(isa, &mut state, &two);
+                    assert_close(&got, &want, 1e-5, &format!("{what}: out"));
+                    assert_close(&state, &want_state, 1e-5, &format!("{what}: state"));
+                }
             }
         }
     }

@@ -22,6 +22,8 @@ pub mod iquants_avx2;
 pub mod q1q2_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod nvfp4_avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod ssm_x86;
 
 /// The SIMD replacements for one type at one instruction-set level.
 #[derive(Default, Clone, Copy)]

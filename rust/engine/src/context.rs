@@ -193,8 +193,8 @@ impl Context {
         // one recurrent state cell per sequence (llama.cpp: max(1, n_seq_max))
         let rs = match &hp.rs {
             Some(p) => {
-                if params.n_rs_seq > 64 {
-                    return bad(format!("n_rs_seq must be at most 64, not {}", params.n_rs_seq));
+                if params.n_rs_seq > 64 || (params.n_rs_seq > 0 && params.n_rs_seq >= params.n_ubatch) {
+                    return bad(format!("n_rs_seq must be at most 64 and below n_ubatch ({}), not {}", params.n_ubatch, params.n_rs_seq));
                 }
                 store.rs = RsStore::new(p, params.n_seq_max, params.n_rs_seq)?;
                 Some(RsCells::new(params.n_seq_max as u32).map_err(kv_arg)?)
@@ -513,7 +513,9 @@ impl Context {
         if self.rs.is_none() {
             return Ok(split_simple(batch.len(), self.params.n_ubatch));
         }
-        split_equal(batch, self.params.n_ubatch, self.caches.is_empty())
+        // a rollback covers a group's last micro-batch: keep the tokens it may roll back in one
+        let keep_tail = if self.params.n_rs_seq > 0 { self.params.n_rs_seq + 1 } else { 0 };
+        split_equal(batch, self.params.n_ubatch, self.caches.is_empty(), keep_tail)
     }
 
     /// Places a micro-batch's sequence groups in the recurrent cells and moves their states

@@ -350,12 +350,19 @@ pub(crate) fn load_decoder(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Res
 /// The token embedding, the output norm and head (tied to the embedding when the file has no
 /// `output.weight`) around `layers` an architecture loaded itself.
 pub(crate) fn load_embeddings_and_head(ld: &Loader, hp: &HParams, layers: Vec<LayerWeights>) -> Result<Weights> {
+    load_embeddings_and_head_named(ld, hp, layers, "output_norm.weight")
+}
+
+/// `load_embeddings_and_head` with the output norm under another name (LFM2's files call it
+/// `token_embd_norm`).
+pub(crate) fn load_embeddings_and_head_named(ld: &Loader, hp: &HParams, layers: Vec<LayerWeights>, output_norm: &str)
+                                             -> Result<Weights> {
     let tok_embd = ld.matrix("token_embd.weight", hp.n_embd, hp.n_vocab)?;
     let own_output = ld.opt_matrix("output.weight", hp.n_embd, hp.n_vocab)?;
     let output_tied = own_output.is_none();
     let output = own_output.unwrap_or_else(|| tok_embd.clone());
     let output_s = load_output_scale(ld, &output, output_tied)?;
-    let output_norm = ld.vector("output_norm.weight", hp.n_embd)?;
+    let output_norm = ld.vector(output_norm, hp.n_embd)?;
     Ok(Weights { tok_embd, output_norm, output, output_b: None, output_s, output_tied, layers,
                  rope_factors: RopeFactors::default(), encoder: None })
 }
@@ -392,13 +399,31 @@ fn load_rope_factors(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Result<Ro
 
 fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<LayerWeights> {
     let n_embd = hp.n_embd;
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let norm = |on: bool, name: &str| -> Result<Option<Vec<f32>>> {
+        if on { ld.vector(&n(name), n_embd).map(Some) } else { Ok(None) }
+    };
+    Ok(LayerWeights {
+        attn_norm: norm(parts.pre_norms, "attn_norm.weight")?,
+        attn: Some(load_attention(ld, hp, parts, il)?),
+        rs: None,
+        post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
+        ffn_norm: norm(parts.pre_norms, parts.ffn_norm_name)?,
+        ffn: if hp.n_expert > 0 { Ffn::Experts(load_experts(ld, hp, parts, il)?) } else { Ffn::Gated(load_gated(ld, hp, parts, il)?) },
+        post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,
+        attn_out_norm: None,
+        layer_out_norm: None,
+    })
+}
+
+/// Layer il's attention: Q/K/V (with their optional biases and second scales), the output
+/// projection, and the optional parts `parts` names.
+pub(crate) fn load_attention(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<AttnWeights> {
+    let n_embd = hp.n_embd;
     let (q_dim, k_dim, v_dim) = (hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa(), hp.n_embd_v_gqa());
     let n = |s: &str| format!("blk.{il}.{s}");
     let opt = |on: bool, name: &str, len: usize| -> Result<Option<Vec<f32>>> {
         if on { ld.opt_vector(&n(name), len) } else { Ok(None) }
-    };
-    let norm = |on: bool, name: &str| -> Result<Option<Vec<f32>>> {
-        if on { ld.vector(&n(name), n_embd).map(Some) } else { Ok(None) }
     };
     let [wq, wk, wv] = load_qkv(ld, &n, n_embd, [q_dim, k_dim, v_dim])?;
     let [bq, bk, bv] = load_qkv_biases(ld, &n, [q_dim, k_dim, v_dim])?;
@@ -407,7 +432,7 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         Some(QkNorm::Whole) => (q_dim, k_dim),
         _ => (hp.head_dim_k, hp.head_dim_k),
     };
-    let attn = AttnWeights {
+    Ok(AttnWeights {
         wq, wk, wv,
         wo: ld.matrix(&n("attn_output.weight"), hp.head_dim_v * hp.n_head, n_embd)?,
         bq, bk, bv,
@@ -416,17 +441,6 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         q_norm: opt(parts.qk_norm.is_some(), "attn_q_norm.weight", q_norm_len)?,
         k_norm: opt(parts.qk_norm.is_some(), "attn_k_norm.weight", k_norm_len)?,
         sinks: opt(parts.sinks, "attn_sinks.weight", hp.n_head)?,
-    };
-    Ok(LayerWeights {
-        attn_norm: norm(parts.pre_norms, "attn_norm.weight")?,
-        attn: Some(attn),
-        rs: None,
-        post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
-        ffn_norm: norm(parts.pre_norms, parts.ffn_norm_name)?,
-        ffn: if hp.n_expert > 0 { Ffn::Experts(load_experts(ld, hp, parts, il)?) } else { Ffn::Gated(load_gated(ld, hp, parts, il)?) },
-        post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,
-        attn_out_norm: None,
-        layer_out_norm: None,
     })
 }
 
@@ -475,7 +489,7 @@ pub(crate) fn load_qkv_biases(ld: &Loader, n: &dyn Fn(&str) -> String, dims: [us
     Ok([ld.opt_vector(&n("attn_q.bias"), q)?, ld.opt_vector(&n("attn_k.bias"), k)?, ld.opt_vector(&n("attn_v.bias"), v)?])
 }
 
-fn load_gated(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<GatedFfn> {
+pub(crate) fn load_gated(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<GatedFfn> {
     let (n_embd, n_ff) = (hp.n_embd, hp.n_ff);
     let n = |s: &str| format!("blk.{il}.{s}");
     let opt = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
@@ -516,7 +530,7 @@ fn ffn_scale(ld: &Loader, weight: &str, w: &QMatrix, has_bias: bool) -> Result<O
     Ok(s)
 }
 
-fn load_experts(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<Experts> {
+pub(crate) fn load_experts(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<Experts> {
     let (n_embd, n_ff, n_exp) = (hp.n_embd, hp.n_ff_exp, hp.n_expert);
     let n = |s: &str| format!("blk.{il}.{s}");
     let per_expert = |name: &str, cols: usize, rows: usize| ld.row_blocks(&n(name), &[cols, rows, n_exp], cols, &vec![rows; n_exp]);

@@ -7,6 +7,7 @@ pub mod bert;
 pub mod gemma3;
 pub mod gpt_oss;
 pub mod granite;
+pub mod lfm2;
 pub mod llama;
 pub mod mamba2;
 pub mod olmo2;
@@ -55,6 +56,7 @@ pub const ARCHS: &[ArchInfo] = &[
     bert::BERT,
     bert::NOMIC_BERT,
     mamba2::MAMBA2,
+    lfm2::LFM2,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -3,7 +3,9 @@
 //! (per-head RMSNorm of Q and K, NEOX RoPE, no biases), the layers with 0 KV heads being the
 //! convolutions; every block then has a SwiGLU FFN. RMSNorm before the mixer and before the
 //! FFN; the output norm is stored as `token_embd_norm`, the head tied to the embedding when
-//! the file has no `output`.
+//! the file has no `output`. `lfm2moe` (LFM2-MoE) keeps `leading_dense_block_count` dense
+//! FFNs, then mixtures of experts routed by the sigmoid of the router's logits, chosen with
+//! the selection bias `exp_probs_b` and weighted by the unbiased probabilities, normalized.
 
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
@@ -13,25 +15,48 @@ use crate::arch::blocks::{attend, embed, fill_rope_caches, ffn, output, pre_norm
 use crate::arch::ArchInfo;
 use crate::error::{EngineError, Result};
 use crate::graph::{UBatchView, Workspace};
-use crate::hparams::HParams;
+use crate::hparams::{HParams, Meta, MoeGating};
 use crate::kvstore::KvStore;
-use crate::model::{load_attention, load_embeddings_and_head_named, load_gated, AttnWeights, Ffn, LayerParts, LayerWeights,
-                   Loader, Model, QkNorm, Weights};
+use crate::model::{load_attention, load_embeddings_and_head_named, load_experts, load_gated, AttnWeights, ExpertParts, Ffn,
+                   LayerParts, LayerWeights, Loader, Model, QkNorm, Weights};
 use crate::ops::swiglu;
 use crate::recurrent::{short_conv_mixer, short_conv_params, RsWeights, ShortConvWeights};
 
 pub const LFM2: ArchInfo = ArchInfo { name: "lfm2", rope_neox: true, hparams, load, forward, encoder: false };
+pub const LFM2MOE: ArchInfo = ArchInfo { name: "lfm2moe", rope_neox: true, hparams: hparams_moe, load, forward, encoder: false };
 
 /// The attention blocks' parts: per-head Q/K norms, nothing else optional.
 const PARTS: LayerParts = LayerParts { qk_norm: Some(QkNorm::PerHead), ..LayerParts::PRE_NORM };
 
 fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
+    // every layer's FFN is dense (llama.cpp: n_layer_dense_lead = n_layer)
+    hp.n_layer_dense_lead = hp.n_layer;
+    hparams_common(hp, file)
+}
+
+fn hparams_moe(hp: &mut HParams, file: &GgufFile) -> Result<()> {
+    let lead = Meta { file, arch: &hp.arch }.opt_usize("leading_dense_block_count")?.unwrap_or(0);
+    if lead > hp.n_layer {
+        return Err(file.error(format!("{}.leading_dense_block_count {lead} exceeds block_count {}", hp.arch, hp.n_layer)).into());
+    }
+    if lead < hp.n_layer && hp.n_expert == 0 {
+        return Err(file.error(format!("{}: expert layers without expert_count", hp.arch)).into());
+    }
+    hp.n_layer_dense_lead = lead;
+    // the graph's build_moe_ffn: weights normalized (norm_w); llama.cpp's lfm2moe does not
+    // read expert_weights_scale, so a file's value has no effect there either
+    hp.moe_gating = MoeGating::from_func(file, &hp.arch, true)?;
+    hp.expert_weights_scale = 0.0;
+    hparams_common(hp, file)
+}
+
+/// What lfm2 and lfm2moe read alike: the epsilon, the convolution layers and their state,
+/// the sliding window.
+fn hparams_common(hp: &mut HParams, file: &GgufFile) -> Result<()> {
     // llama.cpp requires the epsilon for LFM2 (no default)
     hp.rms_eps = hp.f32(file, "attention.layer_norm_rms_epsilon")?;
     let convolutions = hp.kv_layers.iter().map(|&attends| !attends).collect();
     hp.rs = Some(short_conv_params(file, &hp.arch, convolutions, hp.n_embd)?);
-    // every layer's FFN is dense (llama.cpp: n_layer_dense_lead = n_layer)
-    hp.n_layer_dense_lead = hp.n_layer;
     check_shapes(hp, file)?;
     refuse_embedding_variants(hp, file)?;
     if hp.n_swa > 0 {
@@ -42,9 +67,9 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
 }
 
 /// The sizes llama.cpp's loader assumes: Q and the output projection n_embd wide, K and V of
-/// one width, an FFN in every layer.
+/// one width, an FFN width for the dense layers.
 fn check_shapes(hp: &HParams, file: &GgufFile) -> Result<()> {
-    if hp.n_ff == 0 {
+    if hp.n_ff == 0 && hp.n_layer_dense_lead > 0 {
         return Err(file.error(format!("{}.feed_forward_length is missing or 0", hp.arch)).into());
     }
     if hp.kv_layers.iter().any(|&a| a) && (hp.n_head == 0 || hp.n_head * hp.head_dim_k != hp.n_embd || hp.head_dim_v != hp.head_dim_k) {
@@ -108,9 +133,13 @@ fn load_lfm2_attention(ld: &Loader, hp: &HParams, il: usize) -> Result<AttnWeigh
     Ok(a)
 }
 
-/// Layer il's FFN: dense for the first n_layer_dense_lead layers (all of lfm2's).
+/// Layer il's FFN: dense for the first n_layer_dense_lead layers (all of lfm2's), then
+/// experts with their selection bias (no second scales: the graph passes none).
 fn load_ffn(ld: &Loader, hp: &HParams, il: usize) -> Result<Ffn> {
-    Ok(Ffn::Gated(load_gated(ld, hp, &PARTS, il)?))
+    if il < hp.n_layer_dense_lead {
+        return Ok(Ffn::Gated(load_gated(ld, hp, &PARTS, il)?));
+    }
+    Ok(Ffn::Experts(load_experts(ld, hp, il, &ExpertParts { probs_b: true, ..ExpertParts::ROUTED })?))
 }
 
 fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, threads: &Threads, logits: &mut [f32]) {

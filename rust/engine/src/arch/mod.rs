@@ -57,6 +57,7 @@ pub const ARCHS: &[ArchInfo] = &[
     bert::NOMIC_BERT,
     mamba2::MAMBA2,
     lfm2::LFM2,
+    lfm2::LFM2MOE,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -85,12 +85,11 @@ fn check_shapes(hp: &HParams, file: &GgufFile) -> Result<()> {
 /// non-causal attention) and the ColBERT ones (`dense_2` projection to
 /// `embedding_length_out` values).
 fn refuse_embedding_variants(hp: &HParams, file: &GgufFile) -> Result<()> {
-    let key = |k: &str| format!("{}.{k}", hp.arch);
-    if file.get(&key("attention.causal")).and_then(|v| v.as_bool()) == Some(false) {
+    if !hp.opt_bool(file, "attention.causal", true)? {
         return Err(EngineError::Unsupported(format!(
             "{}.attention.causal = false (a bidirectional LFM2 embedding model: centered convolution windows)", hp.arch)));
     }
-    let out = crate::hparams::Meta { file, arch: &hp.arch }.opt_usize("embedding_length_out")?;
+    let out = Meta { file, arch: &hp.arch }.opt_usize("embedding_length_out")?;
     if out.is_some_and(|n| n != hp.n_embd) || file.tensor("dense_2.weight").is_some() || file.tensor("dense_2.bias").is_some() {
         return Err(EngineError::Unsupported(format!(
             "{}: the dense_2 projection of the embeddings (an LFM2 ColBERT model)", hp.arch)));

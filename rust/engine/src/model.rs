@@ -477,8 +477,8 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
     })
 }
 
-/// Layer il's attention: Q/K/V (with their optional biases and second scales), the output
-/// projection, and the optional parts `parts` names.
+/// Layer il's attention: Q/K/V (separate or fused, optional biases), the output projection,
+/// their second scales, and the optional parts `parts` names (output bias, Q/K norms, sinks).
 pub(crate) fn load_attention(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<AttnWeights> {
     let n_embd = hp.n_embd;
     let (q_dim, k_dim, v_dim) = (hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa(), hp.n_embd_v_gqa());

@@ -147,7 +147,7 @@ pub struct RsScratch {
     pub proj: Vec<f32>,
     /// The convolution's output.
     pub conv: Vec<f32>,
-    /// The mixer's output before the out projection (the short convolution's input B·x).
+    /// The mixer's output before the out projection.
     pub y: Vec<f32>,
     /// The gate (z) made contiguous.
     pub z: Vec<f32>,
@@ -167,7 +167,6 @@ pub fn silu_inplace(x: &mut [f32]) {
         *v /= 1.0 + (-*v).exp();
     }
 }
-
 
 #[cfg(test)]
 mod tests {

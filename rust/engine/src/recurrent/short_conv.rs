@@ -63,7 +63,8 @@ pub fn short_conv_mixer(rs: &RsParams, w: &ShortConvWeights, ws: &mut Workspace,
     let sc = &mut ws.rs;
     let bcx = sized(&mut sc.proj, n * width);
     lora_mm(&w.in_proj, None, &[], &ws.h, n, bcx, &mut ws.mm, &mut ws.lora, threads);
-    // B·x, the convolution's input (ggml_mul: one product per value, exact in either order)
+    // B·x, the convolution's input (ggml_mul: one product per value, exact in either order),
+    // in the scratch of a mixer's output
     let bx = sized(&mut sc.y, n * d);
     for (row, out) in bcx.chunks_exact(width).zip(bx.chunks_exact_mut(d)) {
         for ((o, &b), &x) in out.iter_mut().zip(&row[..d]).zip(&row[2 * d..]) {

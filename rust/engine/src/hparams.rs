@@ -45,6 +45,9 @@ pub struct HParams {
     /// Rows of the shared expert's up/gate matrices (expert_shared_feed_forward_length; 0: the
     /// architecture decides, or there is none).
     pub n_ff_shexp: usize,
+    /// Leading layers whose FFN is dense before the experts' layers (llama.cpp's
+    /// n_layer_dense_lead; set by the architectures that have them, 0 otherwise).
+    pub n_layer_dense_lead: usize,
     /// Granite's multipliers: of the embeddings, of each block's output before the residual
     /// add, and the divisor of the logits (1 where a model has none).
     pub embedding_scale: f32,
@@ -257,6 +260,7 @@ impl HParams {
             final_logit_softcap: m.opt_f32("final_logit_softcapping")?.unwrap_or(0.0),
             attn_logit_softcap: m.opt_f32("attn_logit_softcapping")?.unwrap_or(0.0),
             n_expert, n_expert_used, n_ff_exp, n_ff_shexp,
+            n_layer_dense_lead: 0,
             embedding_scale: 1.0,
             residual_scale: 1.0,
             logit_scale: 1.0,
@@ -352,7 +356,7 @@ impl HParams {
             rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,
                 yarn_log_mul: 0.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             n_swa: 0, swa_layers: Vec::new(), rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
-            attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0,
+            attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0, n_layer_dense_lead: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
             norm_eps: 1e-5, pooling_type: 0, kv_layers: Vec::new(), ff_layers: Vec::new(), rs: None,

@@ -406,12 +406,19 @@ pub(crate) fn load_decoder(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Res
 /// The token embedding, the output norm and head (tied to the embedding when the file has no
 /// `output.weight`) around `layers` an architecture loaded itself.
 pub(crate) fn load_embeddings_and_head(ld: &Loader, hp: &HParams, layers: Vec<LayerWeights>) -> Result<Weights> {
+    load_embeddings_and_head_named(ld, hp, layers, "output_norm.weight")
+}
+
+/// `load_embeddings_and_head` with the output norm under another name (LFM2's files call it
+/// `token_embd_norm`).
+pub(crate) fn load_embeddings_and_head_named(ld: &Loader, hp: &HParams, layers: Vec<LayerWeights>, output_norm: &str)
+                                             -> Result<Weights> {
     let tok_embd = ld.matrix("token_embd.weight", hp.n_embd, hp.n_vocab)?;
     let own_output = ld.opt_matrix("output.weight", hp.n_embd, hp.n_vocab)?;
     let output_tied = own_output.is_none();
     let output = own_output.unwrap_or_else(|| tok_embd.clone());
     let output_s = load_output_scale(ld, &output, output_tied)?;
-    let output_norm = ld.vector("output_norm.weight", hp.n_embd)?;
+    let output_norm = ld.vector(output_norm, hp.n_embd)?;
     Ok(Weights { tok_embd, output_norm, output, output_b: None, output_s, output_tied, layers,
                  rope_factors: RopeFactors::default(), encoder: None })
 }

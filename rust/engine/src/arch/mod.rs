@@ -9,6 +9,7 @@ pub mod gemma3;
 pub mod gpt_oss;
 pub mod granite;
 pub mod granite_hybrid;
+pub mod lfm2;
 pub mod llama;
 pub mod mamba2;
 pub mod nemotron_h;
@@ -62,6 +63,8 @@ pub const ARCHS: &[ArchInfo] = &[
     falcon_h1::FALCON_H1,
     nemotron_h::NEMOTRON_H,
     nemotron_h::NEMOTRON_H_MOE,
+    lfm2::LFM2,
+    lfm2::LFM2MOE,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -24,12 +24,16 @@ pub struct RsUBatch {
 }
 
 mod mamba2;
+mod short_conv;
 
 pub use mamba2::{mamba2_mixer, mamba2_params, Mamba2Weights};
+pub use short_conv::{short_conv_mixer, short_conv_params, ShortConvWeights};
 
 /// The recurrent mixer of a layer.
 pub enum RsWeights {
     Mamba2(Mamba2Weights),
+    /// LFM2's gated short convolution (a convolution state only).
+    ShortConv(ShortConvWeights),
 }
 
 /// A per-head vector stored as [1, n_head] (ssm_a, ssm_d).
@@ -209,3 +213,31 @@ pub fn silu_inplace(x: &mut [f32]) {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A short-convolution model keeps a convolution row and no recurrent row (n_s = 0):
+    /// moving, saving and restoring a cell handles the empty row.
+    #[test]
+    fn store_with_a_convolution_row_only() {
+        let rs = RsParams { layers: vec![true, false, true], n_r: 4, n_s: 0, d_conv: 3, d_inner: 0, d_state: 0, n_group: 0, dt_rank: 0 };
+        let mut store = RsStore::new(&rs, 3).unwrap();
+        assert_eq!(store.layers().collect::<Vec<_>>(), [0, 2]);
+        assert_eq!((store.bytes(), store.cell_bytes()), (4 * 2 * 3 * 4, 4 * 2 * 4));
+        for il in [0, 2] {
+            let (conv, ssm) = store.states_mut(il, 1);
+            conv.copy_from_slice(&[1.0, 2.0, 3.0, il as f32]);
+            assert!(ssm.is_empty());
+        }
+        store.apply(&RsPlacement { head: 0, copies: vec![1, 1, 2], zero: Some(2) });
+        assert_eq!(store.states_mut(2, 0).0, [1.0, 2.0, 3.0, 2.0]);
+        assert_eq!(store.states_mut(0, 2).0, [0.0; 4]);
+        let mut blob = Vec::new();
+        store.read_cell(0, &mut blob);
+        assert_eq!(blob.len(), store.cell_bytes());
+        store.write_cell(2, &blob);
+        assert_eq!(store.states_mut(0, 2).0, [1.0, 2.0, 3.0, 0.0]);
+        assert_eq!(store.states_mut(2, 2).0, [1.0, 2.0, 3.0, 2.0]);
+    }
+}

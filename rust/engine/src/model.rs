@@ -430,6 +430,28 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
     })
 }
 
+/// Gated attention (Qwen3-Next, Qwen3.5: `arch::blocks::gated_attention`): Q's projection
+/// has 2 n_head head_dim rows (each head's query, then its gate), per-head Q and K norms, no
+/// output bias; Q, K and V separate or fused in `attn_qkv`, with their biases and scales as
+/// llama.cpp's create_tensor_qkv and build_qkv take them.
+pub(crate) fn load_gated_attention(ld: &Loader, hp: &HParams, il: usize) -> Result<AttnWeights> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let q_dim = hp.head_dim_k * hp.n_head;
+    let dims = [2 * q_dim, hp.n_embd_k_gqa(), hp.n_embd_v_gqa()];
+    let [wq, wk, wv] = load_qkv(ld, &n, hp.n_embd, dims)?;
+    let [bq, bk, bv] = load_qkv_biases(ld, &n, dims)?;
+    Ok(AttnWeights {
+        wq, wk, wv,
+        wo: ld.matrix(&n("attn_output.weight"), q_dim, hp.n_embd)?,
+        bq, bk, bv,
+        bo: None,
+        scales: load_proj_scales(ld, &n)?,
+        q_norm: Some(ld.vector(&n("attn_q_norm.weight"), hp.head_dim_k)?),
+        k_norm: Some(ld.vector(&n("attn_k_norm.weight"), hp.head_dim_k)?),
+        sinks: None,
+    })
+}
+
 /// Q, K and V: separate matrices, or views of the rows of one `attn_qkv`.
 pub(crate) fn load_qkv(ld: &Loader, n: &dyn Fn(&str) -> String, n_embd: usize, dims: [usize; 3]) -> Result<[QMatrix; 3]> {
     if !ld.has(&n("attn_qkv.weight")) {
@@ -475,7 +497,7 @@ pub(crate) fn load_qkv_biases(ld: &Loader, n: &dyn Fn(&str) -> String, dims: [us
     Ok([ld.opt_vector(&n("attn_q.bias"), q)?, ld.opt_vector(&n("attn_k.bias"), k)?, ld.opt_vector(&n("attn_v.bias"), v)?])
 }
 
-fn load_gated(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<GatedFfn> {
+pub(crate) fn load_gated(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<GatedFfn> {
     let (n_embd, n_ff) = (hp.n_embd, hp.n_ff);
     let n = |s: &str| format!("blk.{il}.{s}");
     let opt = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
@@ -516,7 +538,7 @@ fn ffn_scale(ld: &Loader, weight: &str, w: &QMatrix, has_bias: bool) -> Result<O
     Ok(s)
 }
 
-fn load_experts(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<Experts> {
+pub(crate) fn load_experts(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<Experts> {
     let (n_embd, n_ff, n_exp) = (hp.n_embd, hp.n_ff_exp, hp.n_expert);
     let n = |s: &str| format!("blk.{il}.{s}");
     let per_expert = |name: &str, cols: usize, rows: usize| ld.row_blocks(&n(name), &[cols, rows, n_exp], cols, &vec![rows; n_exp]);

@@ -29,6 +29,29 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// Each row of `row` values divided by its L2 norm, as llama.cpp's build_gdn_l2_norm computes
+/// it: ggml_rms_norm with epsilon eps/row (x / sqrt(mean(x²) + eps/row)), then ggml_scale by
+/// 1/sqrt(row) — two products, in that order (the gated delta net's queries and keys).
+pub fn l2_norm_rows(x: &mut [f32], row: usize, eps: f32) {
+    let n = row as f32;
+    let inv_sqrt_n = 1.0 / n.sqrt();
+    let mut scales = [0f32; ROWS_AT_ONCE];
+    for chunk in x.chunks_mut((ROWS_AT_ONCE * row).max(1)) {
+        let rows = chunk.len() / row.max(1);
+        for_row_scales(chunk, row, eps / n, |r, scale| scales[r] = scale);
+        for (xr, &scale) in chunk.chunks_exact_mut(row).zip(&scales[..rows]) {
+            for v in xr.iter_mut() {
+                *v = *v * scale * inv_sqrt_n;
+            }
+        }
+    }
+}
+
+/// ggml's sigmoid: 1 / (1 + expf(-x)).
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
 /// Rows whose sums of squares are accumulated together.
 const ROWS_AT_ONCE: usize = 8;
 
@@ -107,6 +130,30 @@ impl RopeParams {
             cache[2 * i] = c;
             cache[2 * i + 1] = s;
             theta *= theta_scale;
+        }
+    }
+
+    /// Interleaved M-RoPE (ggml's GGML_ROPE_TYPE_IMROPE, Qwen3-VL and Qwen3.5) for text
+    /// tokens, on a cache `fill_cache` filled: llama.cpp gives a text token the same time,
+    /// height and width positions and an extra position of 0, so the pairs the interleaved
+    /// sections assign to time, height or width rotate as in NEOX mode, and the others (those
+    /// past the sections, sector by sector) by the angle of position 0 (cos = the magnitude
+    /// scale, sin = 0), as ggml_mrope_cache_init computes them.
+    pub fn imrope_text(&self, sections: [usize; 4], cache: &mut [f32]) {
+        let sect_dims: usize = sections.iter().sum();
+        let corr = self.corr_dims();
+        for i in 0..self.n_dims / 2 {
+            let sector = i % sect_dims.max(1);
+            let positional = match sector % 3 {
+                0 => sector < 3 * sections[0],
+                1 => sector < 3 * sections[1],
+                _ => sector < 3 * sections[2],
+            };
+            if !positional {
+                let (c, s) = self.yarn(0.0, corr, 2 * i);
+                cache[2 * i] = c;
+                cache[2 * i + 1] = s;
+            }
         }
     }
 

@@ -12,6 +12,7 @@ pub mod mamba2;
 pub mod olmo2;
 pub mod phi3;
 pub mod qwen3;
+pub mod qwen35;
 
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
@@ -55,6 +56,7 @@ pub const ARCHS: &[ArchInfo] = &[
     bert::BERT,
     bert::NOMIC_BERT,
     mamba2::MAMBA2,
+    qwen35::QWEN35,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -26,6 +26,10 @@ pub enum Matrix {
     FfnGateExps,
     FfnUpExps,
     FfnDownExps,
+    FfnGateShexp,
+    FfnUpShexp,
+    FfnDownShexp,
+    FfnGateInpShexp,
 }
 
 impl Matrix {
@@ -43,6 +47,10 @@ impl Matrix {
             Matrix::FfnGateExps => "ffn_gate_exps",
             Matrix::FfnUpExps => "ffn_up_exps",
             Matrix::FfnDownExps => "ffn_down_exps",
+            Matrix::FfnGateShexp => "ffn_gate_shexp",
+            Matrix::FfnUpShexp => "ffn_up_shexp",
+            Matrix::FfnDownShexp => "ffn_down_shexp",
+            Matrix::FfnGateInpShexp => "ffn_gate_inp_shexp",
         };
         format!("blk.{il}.{part}.weight")
     }

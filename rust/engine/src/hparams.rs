@@ -42,6 +42,9 @@ pub struct HParams {
     pub n_expert_used: usize,
     /// Rows of each expert's up/gate matrices (expert_feed_forward_length, else n_ff).
     pub n_ff_exp: usize,
+    /// Rows of the shared expert's up/gate matrices (expert_shared_feed_forward_length; 0: the
+    /// architecture decides, or there is none).
+    pub n_ff_shexp: usize,
     /// Granite's multipliers: of the embeddings, of each block's output before the residual
     /// add, and the divisor of the logits (1 where a model has none).
     pub embedding_scale: f32,
@@ -97,6 +100,25 @@ pub enum MoeGating {
     Softmax { norm: bool },
     /// Top-k of the logits, then a softmax over the chosen ones (gpt-oss).
     SoftmaxOfChosen,
+    /// Top-k of the sigmoid of each logit, renormalized to sum 1 when `norm` (Nemotron-H MoE,
+    /// LFM2-MoE).
+    Sigmoid { norm: bool },
+}
+
+impl MoeGating {
+    /// The gating of `{arch}.expert_gating_func` (1 softmax, 2 sigmoid, as llama.cpp numbers
+    /// them), the weights renormalized when `norm` (the graph's norm_w).
+    pub fn from_func(file: &GgufFile, arch: &str, norm: bool) -> Result<MoeGating> {
+        let key = format!("{arch}.expert_gating_func");
+        let code = file.get(&key).map(|v| v.as_u64().ok_or_else(|| file.error(format!("{key} is not an integer"))))
+            .transpose()?;
+        match code {
+            Some(1) => Ok(MoeGating::Softmax { norm }),
+            Some(2) => Ok(MoeGating::Sigmoid { norm }),
+            Some(c) => Err(EngineError::Unsupported(format!("{key} = {c} (supported: 1 softmax, 2 sigmoid)"))),
+            None => Err(file.error(format!("missing metadata key {key}")).into()),
+        }
+    }
 }
 
 /// Typed access to `{arch}.KEY` with errors that name the key.
@@ -211,6 +233,15 @@ impl HParams {
         if (n_expert > 0 && n_ff_exp == 0) || n_ff_exp > MAX_DIM {
             return Err(file.error(format!("{arch}.expert_feed_forward_length = {n_ff_exp} is out of range")).into());
         }
+        let n_ff_shexp = m.opt_usize("expert_shared_feed_forward_length")?.unwrap_or(0);
+        if n_ff_shexp > MAX_DIM {
+            return Err(file.error(format!("{arch}.expert_shared_feed_forward_length = {n_ff_shexp} is out of range")).into());
+        }
+        // DeepSeek-V3's choice of expert groups before experts (build_moe_ffn's n_expert_groups > 1).
+        let n_groups = m.opt_usize("expert_group_count")?.unwrap_or(0);
+        if n_groups > 1 {
+            return Err(EngineError::Unsupported(format!("{arch}.expert_group_count = {n_groups}: routing by expert groups")));
+        }
         Ok(HParams {
             arch: arch.to_string(),
             n_vocab,
@@ -230,7 +261,7 @@ impl HParams {
             imrope_sections: None,
             final_logit_softcap: m.opt_f32("final_logit_softcapping")?.unwrap_or(0.0),
             attn_logit_softcap: m.opt_f32("attn_logit_softcapping")?.unwrap_or(0.0),
-            n_expert, n_expert_used, n_ff_exp,
+            n_expert, n_expert_used, n_ff_exp, n_ff_shexp,
             embedding_scale: 1.0,
             residual_scale: 1.0,
             logit_scale: 1.0,
@@ -245,6 +276,15 @@ impl HParams {
     /// A per-architecture number `{arch}.KEY` (e.g. Granite's embedding_scale), or `default`.
     pub fn opt_f32(&self, file: &GgufFile, key: &str, default: f32) -> Result<f32> {
         Ok(Meta { file, arch: &self.arch }.opt_f32(key)?.unwrap_or(default))
+    }
+
+    /// A per-architecture boolean `{arch}.KEY`, or `default`.
+    pub fn opt_bool(&self, file: &GgufFile, key: &str, default: bool) -> Result<bool> {
+        let full = format!("{}.{key}", self.arch);
+        match file.get(&full) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| file.error(format!("metadata key {full}: not a boolean")).into()),
+        }
     }
 
     /// A per-architecture number that must be present.
@@ -317,7 +357,7 @@ impl HParams {
             rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,
                 yarn_log_mul: 0.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             n_swa: 0, swa_layers: Vec::new(), rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
-            attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0,
+            attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
             norm_eps: 1e-5, pooling_type: 0, kv_layers: Vec::new(), ff_layers: Vec::new(), rs: None, imrope_sections: None,

@@ -103,6 +103,9 @@ pub struct PlainFfn {
     pub down: QMatrix,
     pub up_b: Option<Vec<f32>>,
     pub down_b: Option<Vec<f32>>,
+    /// Second scales (Nemotron-H's MLP), multiplied in after the bias, as build_ffn does.
+    pub up_s: Option<f32>,
+    pub down_s: Option<f32>,
 }
 
 pub struct GatedFfn {
@@ -125,7 +128,11 @@ pub struct Experts {
     /// n_expert rows: the router's logit of each expert.
     pub router: QMatrix,
     pub router_b: Option<Vec<f32>>,
-    pub gate: Vec<QMatrix>,
+    /// The selection bias (`exp_probs_b.bias`, DeepSeek-V3's): added to the probabilities to
+    /// choose the experts, not to the weights they get.
+    pub probs_b: Option<Vec<f32>>,
+    /// None: experts of up and down only (Nemotron-H's squared ReLU of the up projection).
+    pub gate: Option<Vec<QMatrix>>,
     pub up: Vec<QMatrix>,
     pub down: Vec<QMatrix>,
     /// Biases, n_expert rows each (gpt-oss).
@@ -138,6 +145,55 @@ pub struct Experts {
     pub gate_s: Option<Vec<f32>>,
     pub up_s: Option<Vec<f32>>,
     pub down_s: Option<Vec<f32>>,
+    /// A dense FFN every token goes through beside its routed experts.
+    pub shared: Option<SharedExpert>,
+}
+
+/// The shared expert (`ffn_{gate,up,down}_shexp`): a dense FFN whose output is added to the
+/// routed experts' (Granite 4.0-H, Nemotron-H MoE, Qwen3-Next, Qwen3.5-MoE).
+pub struct SharedExpert {
+    /// None: up and down only (Nemotron-H MoE).
+    pub gate: Option<QMatrix>,
+    pub up: QMatrix,
+    pub down: QMatrix,
+    /// Second scales, for the graphs that apply them.
+    pub gate_s: Option<f32>,
+    pub up_s: Option<f32>,
+    pub down_s: Option<f32>,
+    /// Qwen3-Next's gate of the shared expert (`ffn_gate_inp_shexp`, n_embd values): its output
+    /// times sigmoid(gate · x), per token.
+    pub gate_inp: Option<Vec<f32>>,
+}
+
+/// Which parts of a layer's experts an architecture's graph applies (`load_experts`).
+#[derive(Clone, Copy)]
+pub struct ExpertParts {
+    /// Gate matrices `ffn_gate_exps` (false: up/down experts).
+    pub gated: bool,
+    /// Biases of the router and of the experts (gpt-oss).
+    pub bias: bool,
+    /// The experts' second scales `ffn_*_exps.scale`.
+    pub scales: bool,
+    /// The selection bias `exp_probs_b.bias`.
+    pub probs_b: bool,
+    /// The shared expert, of hp.n_ff_shexp rows.
+    pub shared: Option<SharedParts>,
+}
+
+impl ExpertParts {
+    /// Gated experts with a router and nothing else.
+    pub const ROUTED: ExpertParts = ExpertParts { gated: true, bias: false, scales: false, probs_b: false, shared: None };
+}
+
+/// Which parts of the shared expert a graph applies.
+#[derive(Clone, Copy)]
+pub struct SharedParts {
+    /// `ffn_gate_shexp` (false: up/down only).
+    pub gated: bool,
+    /// Qwen3-Next's sigmoid gate `ffn_gate_inp_shexp`.
+    pub sigmoid_gate: bool,
+    /// The second scales `ffn_*_shexp.scale`.
+    pub scales: bool,
 }
 
 /// RoPE frequency factors: Llama 3's `rope_freqs`, or LongRoPE's long and short factors.
@@ -423,7 +479,12 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         rs: None,
         post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
         ffn_norm: norm(parts.pre_norms, parts.ffn_norm_name)?,
-        ffn: if hp.n_expert > 0 { Ffn::Experts(load_experts(ld, hp, parts, il)?) } else { Ffn::Gated(load_gated(ld, hp, parts, il)?) },
+        ffn: if hp.n_expert > 0 {
+            let ep = ExpertParts { bias: parts.ffn_bias, scales: parts.ffn_scales, ..ExpertParts::ROUTED };
+            Ffn::Experts(load_experts(ld, hp, il, &ep)?)
+        } else {
+            Ffn::Gated(load_gated(ld, hp, parts, il)?)
+        },
         post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,
         attn_out_norm: None,
         layer_out_norm: None,
@@ -538,28 +599,56 @@ fn ffn_scale(ld: &Loader, weight: &str, w: &QMatrix, has_bias: bool) -> Result<O
     Ok(s)
 }
 
-pub(crate) fn load_experts(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<Experts> {
+/// Layer il's experts (`blk.{il}.ffn_*_exps`, the router, and what `ep` adds), their
+/// matrices as views of the rows of the 3-D tensors.
+pub(crate) fn load_experts(ld: &Loader, hp: &HParams, il: usize, ep: &ExpertParts) -> Result<Experts> {
     let (n_embd, n_ff, n_exp) = (hp.n_embd, hp.n_ff_exp, hp.n_expert);
     let n = |s: &str| format!("blk.{il}.{s}");
     let per_expert = |name: &str, cols: usize, rows: usize| ld.row_blocks(&n(name), &[cols, rows, n_exp], cols, &vec![rows; n_exp]);
     let opt = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
-        if parts.ffn_bias { ld.opt_vector_2d(&n(name), len, n_exp) } else { Ok(None) }
+        if ep.bias { ld.opt_vector_2d(&n(name), len, n_exp) } else { Ok(None) }
     };
-    for m in ["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"] {
-        ld.skip_input_scale(&n(m), n_exp)?;
+    let mats: &[&str] = if ep.gated { &["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] } else { &["ffn_up_exps", "ffn_down_exps"] };
+    for m in mats {
+        ld.skip_input_scale(&n(&format!("{m}.weight")), n_exp)?;
     }
-    let scales = |name: &str| if parts.ffn_scales { ld.opt_vector(&n(name), n_exp) } else { Ok(None) };
+    let scales = |name: &str| if ep.scales { ld.opt_vector(&n(name), n_exp) } else { Ok(None) };
     Ok(Experts {
-        gate_s: scales("ffn_gate_exps.scale")?,
+        gate_s: if ep.gated { scales("ffn_gate_exps.scale")? } else { None },
         up_s: scales("ffn_up_exps.scale")?,
         down_s: scales("ffn_down_exps.scale")?,
         router: ld.matrix(&n("ffn_gate_inp.weight"), n_embd, n_exp)?,
-        router_b: if parts.ffn_bias { ld.opt_vector(&n("ffn_gate_inp.bias"), n_exp)? } else { None },
-        gate: per_expert("ffn_gate_exps.weight", n_embd, n_ff)?,
+        router_b: if ep.bias { ld.opt_vector(&n("ffn_gate_inp.bias"), n_exp)? } else { None },
+        probs_b: if ep.probs_b { Some(ld.vector(&n("exp_probs_b.bias"), n_exp)?) } else { None },
+        gate: if ep.gated { Some(per_expert("ffn_gate_exps.weight", n_embd, n_ff)?) } else { None },
         up: per_expert("ffn_up_exps.weight", n_embd, n_ff)?,
         down: per_expert("ffn_down_exps.weight", n_ff, n_embd)?,
-        gate_b: opt("ffn_gate_exps.bias", n_ff)?,
+        gate_b: if ep.gated { opt("ffn_gate_exps.bias", n_ff)? } else { None },
         up_b: opt("ffn_up_exps.bias", n_ff)?,
         down_b: opt("ffn_down_exps.bias", n_embd)?,
+        shared: ep.shared.map(|sp| load_shared_expert(ld, hp, il, &sp)).transpose()?,
+    })
+}
+
+/// Layer il's shared expert, of hp.n_ff_shexp rows.
+fn load_shared_expert(ld: &Loader, hp: &HParams, il: usize, sp: &SharedParts) -> Result<SharedExpert> {
+    let (n_embd, n_ff) = (hp.n_embd, hp.n_ff_shexp);
+    if n_ff == 0 {
+        return Err(ld.error(format!("{}: a shared expert without expert_shared_feed_forward_length", hp.arch)));
+    }
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let mats: &[&str] = if sp.gated { &["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"] } else { &["ffn_up_shexp", "ffn_down_shexp"] };
+    for m in mats {
+        ld.skip_input_scale(&n(&format!("{m}.weight")), 1)?;
+    }
+    let scale = |m: &str| if sp.scales { ld.opt_scale(&n(&format!("{m}.weight"))) } else { Ok(None) };
+    Ok(SharedExpert {
+        gate: if sp.gated { Some(ld.matrix(&n("ffn_gate_shexp.weight"), n_embd, n_ff)?) } else { None },
+        up: ld.matrix(&n("ffn_up_shexp.weight"), n_embd, n_ff)?,
+        down: ld.matrix(&n("ffn_down_shexp.weight"), n_ff, n_embd)?,
+        gate_s: if sp.gated { scale("ffn_gate_shexp")? } else { None },
+        up_s: scale("ffn_up_shexp")?,
+        down_s: scale("ffn_down_shexp")?,
+        gate_inp: if sp.sigmoid_gate { Some(ld.vector(&n("ffn_gate_inp_shexp.weight"), n_embd)?) } else { None },
     })
 }

@@ -2,23 +2,26 @@
 //! `n_expert_used` experts per token; the tokens of a micro-batch are grouped by expert, so
 //! that each expert's matrices are read once per micro-batch (ggml's mul_mat_id) through the
 //! same products as dense matrices; each token's expert outputs are weighted and summed in
-//! the order of its choices, as ggml adds them.
+//! the order of its choices, as ggml adds them. A shared expert (a dense FFN every token goes
+//! through, optionally behind a per-token sigmoid gate) is added to that sum.
 
 use ferrollama_tensor::{matmul, Threads};
 
 use crate::actstats::{ActivationStats, Matrix};
-use crate::arch::blocks::{note, rows_on_threads, Activation};
+use crate::arch::blocks::{lora_mm, note, rows_on_threads, FfnAct};
 use crate::graph::Workspace;
 use crate::hparams::{HParams, MoeGating};
 use crate::lora::{add_terms, LayerLora, LoraScratch, Proj};
-use crate::model::Experts;
-use crate::ops::add_inplace;
+use crate::model::{Experts, SharedExpert};
+use crate::ops::{add_inplace, scale_inplace, sigmoid_inplace};
 
 /// The buffers of the block, sized for a micro-batch of n_ubatch tokens.
 #[derive(Default)]
 pub struct MoeScratch {
     /// The router's logits (then probabilities): n tokens × n_expert.
     logits: Vec<f32>,
+    /// One token's probabilities plus the selection bias, which choose its experts.
+    biased: Vec<f32>,
     /// Each token's chosen experts and their weights, in order of choice: n × n_expert_used.
     chosen: Vec<u32>,
     weights: Vec<f32>,
@@ -31,6 +34,10 @@ pub struct MoeScratch {
     down: Vec<f32>,
     /// Each (token, choice)'s weighted expert output: n × n_expert_used × n_embd.
     outs: Vec<f32>,
+    /// The shared expert's gate and up activations (n × n_ff_shexp) and output (n × n_embd).
+    shared_gate: Vec<f32>,
+    shared_up: Vec<f32>,
+    shared_out: Vec<f32>,
 }
 
 impl MoeScratch {
@@ -49,13 +56,22 @@ impl MoeScratch {
             up: vec![0.0; n_ubatch * ff],
             down: vec![0.0; n_ubatch * d],
             outs: vec![0.0; n_ubatch * k * d],
+            biased: vec![0.0; ne],
+            shared_gate: vec![0.0; n_ubatch * hp.n_ff_shexp],
+            shared_up: vec![0.0; n_ubatch * hp.n_ff_shexp],
+            shared_out: if hp.n_ff_shexp > 0 { vec![0.0; n_ubatch * d] } else { Vec::new() },
         }
     }
 }
 
-/// ws.o = the experts' FFN of ws.h for n tokens.
-pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Activation, lora: LayerLora, threads: &Threads) {
+/// ws.o = the experts' FFN of ws.h for n tokens (plus the shared expert's, where the layer
+/// has one). `act`: the experts' activation, gated or of the up projection alone, as the
+/// experts have a gate or not; the shared expert has the same.
+pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: FfnAct, lora: LayerLora, threads: &Threads) {
     let (d, ne, k) = (hp.n_embd, hp.n_expert, hp.n_expert_used);
+    if let Some(sh) = &ex.shared {
+        shared_expert(sh, ws, n, d, act, threads);
+    }
     let s = &mut ws.moe;
     crate::arch::blocks::lora_mm(&ex.router, None, lora.terms(Proj::Router), &ws.h, n, &mut s.logits[..n * ne], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::FfnGateInp, &ws.h[..n * d], n);
@@ -64,7 +80,8 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ac
         if let Some(b) = &ex.router_b {
             add_inplace(logits, b);
         }
-        route(hp.moe_gating, logits, &mut s.chosen[t * k..(t + 1) * k], &mut s.weights[t * k..(t + 1) * k]);
+        let choice = Choice { chosen: &mut s.chosen[t * k..(t + 1) * k], weights: &mut s.weights[t * k..(t + 1) * k] };
+        route(hp.moe_gating, logits, ex.probs_b.as_deref(), &mut s.biased, choice);
         if hp.expert_weights_scale != 0.0 && hp.expert_weights_scale != 1.0 {
             s.weights[t * k..(t + 1) * k].iter_mut().for_each(|w| *w *= hp.expert_weights_scale);
         }
@@ -73,7 +90,7 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ac
         let ctx = ExpertCtx { mm: &mut ws.mm, lora_scratch: &mut ws.lora, lora, threads };
         run_expert(ex, e, &ws.h, &mut ws.moe, ctx, d, k, n, act);
         if let Some(stats) = ws.stats.as_deref_mut() {
-            note_expert(stats, &ws.moe, e, ne, k, d, ex.up[e].rows);
+            note_expert(stats, &ws.moe, e, ne, k, d, ex.up[e].rows, ex.gate.is_some());
         }
     }
     let s = &ws.moe;
@@ -82,6 +99,51 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ac
         o.copy_from_slice(&s.outs[t * k * d..(t * k + 1) * d]);
         for c in 1..k {
             add_inplace(o, &s.outs[(t * k + c) * d..(t * k + c + 1) * d]);
+        }
+    }
+    if ex.shared.is_some() {
+        add_inplace(&mut ws.o[..n * d], &s.shared_out[..n * d]);
+    }
+}
+
+/// ws.moe.shared_out = the shared expert's FFN of ws.h (llama.cpp's build_ffn of the
+/// `_shexp` matrices, each product's second scale after it), times sigmoid(gate_inp · x)
+/// per token where it has that gate. (Adapters of the shared expert are refused when loaded.)
+fn shared_expert(sh: &SharedExpert, ws: &mut Workspace, n: usize, d: usize, act: FfnAct, threads: &Threads) {
+    let s = &mut ws.moe;
+    let ff = sh.up.rows;
+    let (up, gate) = (&mut s.shared_up[..n * ff], &mut s.shared_gate[..n * ff]);
+    lora_mm(&sh.up, sh.up_s, &[], &ws.h, n, up, &mut ws.mm, &mut ws.lora, threads);
+    let hidden: &[f32] = match (act, &sh.gate) {
+        (FfnAct::Gated(act), Some(g)) => {
+            lora_mm(g, sh.gate_s, &[], &ws.h, n, gate, &mut ws.mm, &mut ws.lora, threads);
+            rows_on_threads(act, gate, up, ff, threads);
+            gate
+        }
+        (FfnAct::Ungated(act), None) => {
+            act(up);
+            up
+        }
+        _ => unreachable!("an architecture loads a shared expert's gate exactly when its activation is gated"),
+    };
+    let out = &mut s.shared_out[..n * d];
+    lora_mm(&sh.down, sh.down_s, &[], hidden, n, out, &mut ws.mm, &mut ws.lora, threads);
+    if let Some(stats) = ws.stats.as_deref_mut() {
+        let x = &ws.h[..n * d];
+        if sh.gate.is_some() {
+            stats.record(Matrix::FfnGateShexp, x, n);
+        }
+        stats.record(Matrix::FfnUpShexp, x, n);
+        stats.record(Matrix::FfnDownShexp, &hidden[..n * ff], n);
+        if sh.gate_inp.is_some() {
+            stats.record(Matrix::FfnGateInpShexp, x, n);
+        }
+    }
+    if let Some(g) = &sh.gate_inp {
+        for (row, x) in out.chunks_exact_mut(d).zip(ws.h.chunks_exact(d)) {
+            let mut z = [x.iter().zip(g).map(|(a, b)| a * b).sum::<f32>()];
+            sigmoid_inplace(&mut z);
+            scale_inplace(row, z[0]);
         }
     }
 }
@@ -114,7 +176,7 @@ impl ExpertCtx<'_> {
 
 #[allow(clippy::too_many_arguments)]
 fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mut cx: ExpertCtx,
-              d: usize, k: usize, n: usize, act: Activation) {
+              d: usize, k: usize, n: usize, act: FfnAct) {
     s.routed.clear();
     for (slot, &c) in s.chosen[..n * k].iter().enumerate() {
         if c as usize == e {
@@ -129,12 +191,24 @@ fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mut cx: Exp
         s.x[i * d..(i + 1) * d].copy_from_slice(&h[t as usize * d..(t as usize + 1) * d]);
     }
     let ff = ex.up[e].rows;
-    cx.product(&ex.gate[e], ex.gate_s.as_deref(), Proj::GateExps, e, &s.x, m, &mut s.gate[..m * ff]);
-    cx.product(&ex.up[e], ex.up_s.as_deref(), Proj::UpExps, e, &s.x, m, &mut s.up[..m * ff]);
-    add_expert_bias(&mut s.gate[..m * ff], ex.gate_b.as_deref(), e, ff);
-    add_expert_bias(&mut s.up[..m * ff], ex.up_b.as_deref(), e, ff);
-    rows_on_threads(act, &mut s.gate[..m * ff], &s.up[..m * ff], ff, cx.threads);
-    cx.product(&ex.down[e], ex.down_s.as_deref(), Proj::DownExps, e, &s.gate, m, &mut s.down[..m * d]);
+    let hidden = match (act, &ex.gate) {
+        (FfnAct::Gated(act), Some(gate)) => {
+            cx.product(&gate[e], ex.gate_s.as_deref(), Proj::GateExps, e, &s.x, m, &mut s.gate[..m * ff]);
+            cx.product(&ex.up[e], ex.up_s.as_deref(), Proj::UpExps, e, &s.x, m, &mut s.up[..m * ff]);
+            add_expert_bias(&mut s.gate[..m * ff], ex.gate_b.as_deref(), e, ff);
+            add_expert_bias(&mut s.up[..m * ff], ex.up_b.as_deref(), e, ff);
+            rows_on_threads(act, &mut s.gate[..m * ff], &s.up[..m * ff], ff, cx.threads);
+            &s.gate
+        }
+        (FfnAct::Ungated(act), None) => {
+            cx.product(&ex.up[e], ex.up_s.as_deref(), Proj::UpExps, e, &s.x, m, &mut s.up[..m * ff]);
+            add_expert_bias(&mut s.up[..m * ff], ex.up_b.as_deref(), e, ff);
+            act(&mut s.up[..m * ff]);
+            &s.up
+        }
+        _ => unreachable!("an architecture loads the experts' gates exactly when their activation is gated"),
+    };
+    cx.product(&ex.down[e], ex.down_s.as_deref(), Proj::DownExps, e, hidden, m, &mut s.down[..m * d]);
     add_expert_bias(&mut s.down[..m * d], ex.down_b.as_deref(), e, d);
     for (i, &(t, c)) in s.routed.iter().enumerate() {
         let slot = t as usize * k + c as usize;
@@ -148,12 +222,15 @@ fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mut cx: Exp
 /// Adds expert e's inputs to the activation statistics: its gate and up matrices see the
 /// tokens' states, its down matrix their activations; summed choice by choice, token by token
 /// within a choice (llama-imatrix's order over mul_mat_id's ids).
-fn note_expert(stats: &mut ActivationStats, s: &MoeScratch, e: usize, ne: usize, k: usize, d: usize, ff: usize) {
+#[allow(clippy::too_many_arguments)]
+fn note_expert(stats: &mut ActivationStats, s: &MoeScratch, e: usize, ne: usize, k: usize, d: usize, ff: usize, gated: bool) {
     let by_choice = || (0..k as u32).flat_map(|c| s.routed.iter().enumerate().filter(move |(_, r)| r.1 == c).map(|(i, _)| i));
-    for m in [Matrix::FfnGateExps, Matrix::FfnUpExps] {
+    let inputs: &[Matrix] = if gated { &[Matrix::FfnGateExps, Matrix::FfnUpExps] } else { &[Matrix::FfnUpExps] };
+    for &m in inputs {
         stats.record_expert(m, e, ne, d, by_choice().map(|i| &s.x[i * d..(i + 1) * d]));
     }
-    stats.record_expert(Matrix::FfnDownExps, e, ne, ff, by_choice().map(|i| &s.gate[i * ff..(i + 1) * ff]));
+    let hidden = if gated { &s.gate } else { &s.up };
+    stats.record_expert(Matrix::FfnDownExps, e, ne, ff, by_choice().map(|i| &hidden[i * ff..(i + 1) * ff]));
 }
 
 /// Adds expert e's row of a per-expert bias (n_expert rows of `len`) to each row of `x`.
@@ -163,23 +240,41 @@ fn add_expert_bias(x: &mut [f32], bias: Option<&[f32]>, e: usize, len: usize) {
     }
 }
 
-/// A token's choice of experts from its router logits (overwritten): `chosen` receives the
-/// experts in order of decreasing score, `weights` their weights.
-fn route(gating: MoeGating, logits: &mut [f32], chosen: &mut [u32], weights: &mut [f32]) {
-    if let MoeGating::Softmax { .. } = gating {
-        softmax(logits);
+/// A token's experts, in order of decreasing score, and their weights.
+struct Choice<'a> {
+    chosen: &'a mut [u32],
+    weights: &'a mut [f32],
+}
+
+/// A token's choice of experts from its router logits (overwritten by the probabilities):
+/// the top k of the probabilities, plus `selection_bias` where the experts have one (through
+/// `biased`, one token's scratch), weighted by the unbiased probabilities.
+fn route(gating: MoeGating, logits: &mut [f32], selection_bias: Option<&[f32]>, biased: &mut [f32], out: Choice) {
+    match gating {
+        MoeGating::Softmax { .. } => softmax(logits),
+        MoeGating::Sigmoid { .. } => sigmoid_inplace(logits),
+        MoeGating::SoftmaxOfChosen => {}
     }
-    top_k(logits, chosen);
-    for (w, &c) in weights.iter_mut().zip(chosen.iter()) {
+    match selection_bias {
+        Some(b) => {
+            for ((s, &p), &bias) in biased.iter_mut().zip(logits.iter()).zip(b) {
+                *s = p + bias;
+            }
+            top_k(&biased[..logits.len()], out.chosen);
+        }
+        None => top_k(logits, out.chosen),
+    }
+    let weights = out.weights;
+    for (w, &c) in weights.iter_mut().zip(out.chosen.iter()) {
         *w = logits[c as usize];
     }
     match gating {
-        MoeGating::Softmax { norm: true } => {
+        MoeGating::Softmax { norm: true } | MoeGating::Sigmoid { norm: true } => {
             // ggml_sum_rows, clamped at f16's smallest normal, then a division.
             let sum = weights.iter().sum::<f32>().max(6.103_515_6e-5);
             weights.iter_mut().for_each(|w| *w /= sum);
         }
-        MoeGating::Softmax { norm: false } => {}
+        MoeGating::Softmax { norm: false } | MoeGating::Sigmoid { norm: false } => {}
         MoeGating::SoftmaxOfChosen => softmax(weights),
     }
 }
@@ -234,14 +329,29 @@ mod tests {
     #[test]
     fn softmax_routing_renormalizes_the_chosen_weights() {
         let mut logits = [1.0f32, 2.0, 3.0, 0.0];
-        let (mut chosen, mut w) = ([0u32; 2], [0f32; 2]);
-        route(MoeGating::Softmax { norm: true }, &mut logits, &mut chosen, &mut w);
+        let (mut chosen, mut w, mut biased) = ([0u32; 2], [0f32; 2], [0f32; 4]);
+        route(MoeGating::Softmax { norm: true }, &mut logits, None, &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
         assert_eq!(chosen, [2, 1]);
         let e = (1.0f64).exp();
         assert!(((w[0] as f64) - e / (e + 1.0)).abs() < 1e-6 && ((w[0] + w[1]) - 1.0).abs() < 1e-6);
         let mut logits = [1.0f32, 2.0, 3.0, 0.0];
-        route(MoeGating::SoftmaxOfChosen, &mut logits, &mut chosen, &mut w);
+        route(MoeGating::SoftmaxOfChosen, &mut logits, None, &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
         assert_eq!(chosen, [2, 1]);
         assert!(((w[0] as f64) - e / (e + 1.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sigmoid_routing_chooses_by_the_biased_probabilities_and_weighs_by_the_unbiased() {
+        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let mut logits = [1.0f32, 2.0, 3.0, 0.0];
+        let (mut chosen, mut w, mut biased) = ([0u32; 2], [0f32; 2], [0f32; 4]);
+        let bias = [0.0f32, 0.0, 0.0, 5.0];
+        route(MoeGating::Sigmoid { norm: false }, &mut logits, Some(&bias), &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
+        assert_eq!(chosen, [3, 2]);
+        assert_eq!(w, [sig(0.0), sig(3.0)]);
+        let mut logits = [1.0f32, 2.0, 3.0, 0.0];
+        route(MoeGating::Sigmoid { norm: true }, &mut logits, Some(&bias), &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
+        let sum = sig(0.0) + sig(3.0);
+        assert_eq!(w, [sig(0.0) / sum, sig(3.0) / sum]);
     }
 }

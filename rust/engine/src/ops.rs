@@ -210,6 +210,21 @@ pub fn swiglu_oai(x: &mut [f32], y: &[f32], _row: usize) {
     }
 }
 
+/// x = relu(x)² (ggml_relu then ggml_sqr: Nemotron-H's squared ReLU).
+pub fn relu_sqr_inplace(x: &mut [f32]) {
+    for v in x {
+        let r = if *v > 0.0 { *v } else { 0.0 };
+        *v = r * r;
+    }
+}
+
+/// x = 1 / (1 + exp(-x)) elementwise (ggml_sigmoid).
+pub fn sigmoid_inplace(x: &mut [f32]) {
+    for v in x {
+        *v = 1.0 / (1.0 + (-*v).exp());
+    }
+}
+
 /// The tanh approximation of GELU (ggml_gelu_f32).
 fn gelu_f32(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;

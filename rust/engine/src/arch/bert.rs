@@ -75,7 +75,7 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, bert: bool) -> Result<LayerW
     let down = ld.matrix(&n("ffn_down.weight"), ff, d)?;
     let ffn = if bert {
         let (up_b, down_b) = (ld.opt_vector(&n("ffn_up.bias"), ff)?, ld.opt_vector(&n("ffn_down.bias"), d)?);
-        Ffn::Plain(PlainFfn { up, down, up_b, down_b })
+        Ffn::Plain(PlainFfn { up, down, up_b, down_b, up_s: None, down_s: None })
     } else {
         // llama.cpp's nomic-bert graph adds no FFN biases: a file with them is refused.
         let gate = ld.matrix(&n("ffn_gate.weight"), d, ff)?;

@@ -218,22 +218,26 @@ pub fn residual(ws: &mut Workspace, post_norm: Option<&[f32]>, eps: f32, scale: 
 pub fn ffn(hp: &HParams, lw: &LayerWeights, ws: &mut Workspace, n: usize, act: Activation, lora: LayerLora, threads: &Threads) {
     match &lw.ffn {
         Ffn::Gated(f) => gated_ffn(hp, f, ws, n, act, lora, threads),
-        Ffn::Experts(e) => crate::moe::moe_ffn(hp, e, ws, n, act, lora, threads),
-        Ffn::Plain(f) => plain_ffn(hp, f, ws, n, lora, threads),
+        Ffn::Experts(e) => crate::moe::moe_ffn(hp, e, ws, n, FfnAct::Gated(act), lora, threads),
+        Ffn::Plain(f) => plain_ffn(hp, f, ws, n, crate::ops::gelu_inplace, lora, threads),
         Ffn::None => ws.o[..n * hp.n_embd].fill(0.0),
     }
 }
 
-/// ws.o = W_down · gelu(W_up·ws.h + b_up) + b_down (BERT).
-pub fn plain_ffn(hp: &HParams, f: &crate::model::PlainFfn, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
+/// ws.o = W_down · act(W_up·ws.h + b_up) + b_down, not gated (BERT's GELU, Nemotron-H's
+/// squared ReLU), each product's second scale after its bias.
+pub fn plain_ffn(hp: &HParams, f: &crate::model::PlainFfn, ws: &mut Workspace, n: usize, act: Unary, lora: LayerLora,
+                 threads: &Threads) {
     let (d, ff) = (hp.n_embd, f.up.rows);
     lora_mm(&f.up, None, lora.terms(Proj::Up), &ws.h, n, &mut ws.up[..n * ff], &mut ws.mm, &mut ws.lora, threads);
     if let Some(b) = &f.up_b { add_bias(&mut ws.up[..n * ff], b); }
-    crate::ops::gelu_inplace(&mut ws.up[..n * ff]);
+    if let Some(s) = f.up_s { scale_inplace(&mut ws.up[..n * ff], s); }
+    act(&mut ws.up[..n * ff]);
     lora_mm(&f.down, None, lora.terms(Proj::Down), &ws.up, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::FfnUp, &ws.h[..n * d], n);
     note(&mut ws.stats, Matrix::FfnDown, &ws.up[..n * ff], n);
     if let Some(b) = &f.down_b { add_bias(&mut ws.o[..n * d], b); }
+    if let Some(s) = f.down_s { scale_inplace(&mut ws.o[..n * d], s); }
 }
 
 /// ws.o = W_down · act(W_gate·ws.h, W_up·ws.h) (+ biases), with `act` the gated activation.
@@ -286,6 +290,17 @@ pub fn softcap_logits(logits: &mut [f32], cap: f32) {
 /// A gated activation: x = act(x) * y over rows of the given length (ggml applies some of
 /// them row by row: SwiGLU's vector chunks start at each row).
 pub type Activation = fn(&mut [f32], &[f32], usize);
+
+/// An activation of one operand, in place (GELU, squared ReLU).
+pub type Unary = fn(&mut [f32]);
+
+/// What an FFN applies between its up and down projections: a gated activation of the gate
+/// and up projections, or an activation of the up projection alone (an FFN without gate).
+#[derive(Clone, Copy)]
+pub enum FfnAct {
+    Gated(Activation),
+    Ungated(Unary),
+}
 
 /// Elements per task of an element-wise step: below two tasks' worth, the dispatch costs
 /// more than the second thread gives.

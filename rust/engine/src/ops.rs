@@ -323,6 +323,44 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
 mod tests {
     use super::*;
 
+    fn rope16() -> RopeParams {
+        RopeParams { n_dims: 16, neox: true, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0,
+                     beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 4096 }
+    }
+
+    /// Text positions under interleaved M-RoPE: the pairs of the time, height and width
+    /// sections rotate as NEOX RoPE does; a pair outside them (sector 1 of [1, 0, 1, 0], whose
+    /// height section is empty) keeps the angle of position 0.
+    #[test]
+    fn imrope_text_keeps_the_sections_rotation() {
+        let p = rope16();
+        let mut neox = vec![0.0; 16];
+        p.fill_cache(7.0, None, &mut neox);
+        let mut full = neox.clone();
+        p.imrope_text([3, 3, 2, 0], &mut full);
+        assert_eq!(full, neox);
+        let mut gaps = neox.clone();
+        p.imrope_text([1, 0, 1, 0], &mut gaps);
+        for i in 0..8 {
+            let want = if i % 2 == 1 { [1.0, 0.0] } else { [neox[2 * i], neox[2 * i + 1]] };
+            assert_eq!([gaps[2 * i], gaps[2 * i + 1]], want, "pair {i}");
+        }
+    }
+
+    /// The L2 norm of build_gdn_l2_norm: x / sqrt(mean(x²) + eps/n) / sqrt(n), rows apart.
+    #[test]
+    fn l2_norm_rows_divides_each_row_by_its_norm() {
+        let mut x = vec![3.0, 4.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+        l2_norm_rows(&mut x, 4, 1e-6);
+        let want = [0.6, 0.8, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5];
+        for (a, b) in x.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{x:?}");
+        }
+        let mut zeros = vec![0.0; 4];
+        l2_norm_rows(&mut zeros, 4, 1e-6);
+        assert_eq!(zeros, [0.0; 4]);
+    }
+
     /// The chunked GeGLU equals ggml's element formula (round to f16, f16 table, f32
     /// product) bit for bit, across the ±10 limits, f16 ties and a chunk's tail.
     #[test]

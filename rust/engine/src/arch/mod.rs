@@ -57,6 +57,8 @@ pub const ARCHS: &[ArchInfo] = &[
     bert::NOMIC_BERT,
     mamba2::MAMBA2,
     qwen35::QWEN35,
+    qwen35::QWEN35MOE,
+    qwen35::QWEN3NEXT,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

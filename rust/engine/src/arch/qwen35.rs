@@ -22,18 +22,64 @@ use crate::error::{EngineError, Result};
 use crate::graph::{UBatchView, Workspace};
 use crate::hparams::{HParams, Meta};
 use crate::kvstore::KvStore;
-use crate::model::{load_gated, load_gated_attention, Ffn, LayerParts, LayerWeights, Loader, Model, Weights};
+use crate::model::{
+    load_experts, load_gated, load_gated_attention, ExpertParts, Ffn, LayerParts, LayerWeights, Loader, Model, SharedParts, Weights,
+};
 use crate::ops::swiglu;
 use crate::recurrent::{delta_net_mixer, delta_net_params, DeltaNetFamily, DeltaNetWeights, RsWeights};
 
 pub const QWEN35: ArchInfo = ArchInfo { name: "qwen35", rope_neox: true, hparams: hparams_qwen35, load: load_qwen35, forward, encoder: false };
+pub const QWEN35MOE: ArchInfo =
+    ArchInfo { name: "qwen35moe", rope_neox: true, hparams: hparams_qwen35moe, load: load_qwen35moe, forward, encoder: false };
+pub const QWEN3NEXT: ArchInfo =
+    ArchInfo { name: "qwen3next", rope_neox: true, hparams: hparams_qwen3next, load: load_qwen3next, forward, encoder: false };
 
 /// The FFN's second scales are applied (build_ffn gets them in these graphs).
 const FFN_PARTS: LayerParts = LayerParts { ffn_scales: true, ..LayerParts::PRE_NORM };
 
+/// The experts of Qwen3.5-MoE and Qwen3-Next: softmax routing with renormalized weights,
+/// second scales applied, and a shared expert behind its per-token sigmoid gate.
+const EXPERT_PARTS: ExpertParts = ExpertParts {
+    scales: true,
+    shared: Some(SharedParts { gated: true, sigmoid_gate: true, scales: true }),
+    ..ExpertParts::ROUTED
+};
+
 fn hparams_qwen35(hp: &mut HParams, file: &GgufFile) -> Result<()> {
     layer_kinds(hp, file)?;
     hp.imrope_sections = Some(rope_sections(hp, file)?);
+    Ok(())
+}
+
+fn hparams_qwen35moe(hp: &mut HParams, file: &GgufFile) -> Result<()> {
+    hparams_qwen35(hp, file)?;
+    expert_sizes(hp, file)
+}
+
+fn hparams_qwen3next(hp: &mut HParams, file: &GgufFile) -> Result<()> {
+    layer_kinds(hp, file)?;
+    expert_sizes(hp, file)
+}
+
+/// The experts' sizes as llama.cpp's loaders default them: each expert n_ff / n_expert_used
+/// wide without `expert_feed_forward_length`, the shared expert n_ff wide without
+/// `expert_shared_feed_forward_length`. These loaders do not read `expert_weights_scale`, so
+/// the graph never scales the expert weights whatever the file says.
+fn expert_sizes(hp: &mut HParams, file: &GgufFile) -> Result<()> {
+    if hp.n_expert == 0 {
+        return Err(file.error(format!("{}: a model without experts (expert_count)", hp.arch)).into());
+    }
+    let m = Meta { file, arch: &hp.arch };
+    if m.opt_usize("expert_feed_forward_length")?.is_none() {
+        hp.n_ff_exp = hp.n_ff / hp.n_expert_used;
+    }
+    if hp.n_ff_shexp == 0 {
+        hp.n_ff_shexp = hp.n_ff;
+    }
+    if hp.n_ff_exp == 0 || hp.n_ff_shexp == 0 {
+        return Err(file.error(format!("{}: experts {} or shared expert {} values wide", hp.arch, hp.n_ff_exp, hp.n_ff_shexp)).into());
+    }
+    hp.expert_weights_scale = 0.0;
     Ok(())
 }
 
@@ -100,6 +146,24 @@ fn load_qwen35(ld: &Loader, hp: &HParams) -> Result<Weights> {
         .collect::<Result<Vec<_>>>()?;
     for il in hp.n_layer..hp.n_layer + n_mtp_layers(ld, hp)? {
         skip_mtp_layer(ld, il, false)?;
+    }
+    crate::model::load_embeddings_and_head(ld, hp, layers)
+}
+
+fn load_qwen35moe(ld: &Loader, hp: &HParams) -> Result<Weights> {
+    load_moe(ld, hp, DeltaNetFamily::Qwen35)
+}
+
+fn load_qwen3next(ld: &Loader, hp: &HParams) -> Result<Weights> {
+    load_moe(ld, hp, DeltaNetFamily::Qwen3Next)
+}
+
+fn load_moe(ld: &Loader, hp: &HParams, family: DeltaNetFamily) -> Result<Weights> {
+    let layers = (0..hp.n_layer)
+        .map(|il| load_layer(ld, hp, il, family, Ffn::Experts(load_experts(ld, hp, il, &EXPERT_PARTS)?)))
+        .collect::<Result<Vec<_>>>()?;
+    for il in hp.n_layer..hp.n_layer + n_mtp_layers(ld, hp)? {
+        skip_mtp_layer(ld, il, true)?;
     }
     crate::model::load_embeddings_and_head(ld, hp, layers)
 }

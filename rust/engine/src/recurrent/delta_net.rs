@@ -275,3 +275,34 @@ fn repeat_key_heads(conv_out: &[f32], d: &Dims, qk: &mut [f32]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two key heads of two values, each with two value heads: `ssm_in`'s rows per key head
+    /// [q, k, v of 2 heads, z of 2 heads] become [q0 q1 | k0 k1 | v0..v3] and [z0..z3].
+    #[test]
+    fn grouped_qkvz_sorts_into_channels_and_gate() {
+        let d = Dims { s: 2, h_k: 2, h_v: 4 };
+        let per_group = |g: f32| -> Vec<f32> {
+            let tag = |part: f32, n: usize| (0..n).map(move |i| g * 100.0 + part * 10.0 + i as f32);
+            tag(1.0, 2).chain(tag(2.0, 2)).chain(tag(3.0, 4)).chain(tag(4.0, 4)).collect()
+        };
+        let grouped: Vec<f32> = per_group(0.0).into_iter().chain(per_group(1.0)).collect();
+        let (mut proj, mut z) = (vec![0.0; d.conv_dim()], vec![0.0; d.value_dim()]);
+        sort_grouped_qkvz(&grouped, &d, &mut proj, &mut z);
+        assert_eq!(proj, [10.0, 11.0, 110.0, 111.0, 20.0, 21.0, 120.0, 121.0, 30.0, 31.0, 32.0, 33.0, 130.0, 131.0, 132.0, 133.0]);
+        assert_eq!(z, [40.0, 41.0, 42.0, 43.0, 140.0, 141.0, 142.0, 143.0]);
+    }
+
+    /// Qwen3-Next's repeat: value head h reads key head h / (H_v / H_k).
+    #[test]
+    fn repeated_key_heads_follow_their_value_heads() {
+        let d = Dims { s: 1, h_k: 2, h_v: 4 };
+        let row = [1.0, 2.0, 10.0, 20.0, 0.0, 0.0, 0.0, 0.0];
+        let mut qk = vec![0.0; 8];
+        repeat_key_heads(&row, &d, &mut qk);
+        assert_eq!(qk, [1.0, 1.0, 2.0, 2.0, 10.0, 10.0, 20.0, 20.0]);
+    }
+}

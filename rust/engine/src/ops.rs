@@ -47,11 +47,6 @@ pub fn l2_norm_rows(x: &mut [f32], row: usize, eps: f32) {
     }
 }
 
-/// ggml's sigmoid: 1 / (1 + expf(-x)).
-pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// Rows whose sums of squares are accumulated together.
 const ROWS_AT_ONCE: usize = 8;
 

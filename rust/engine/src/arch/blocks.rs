@@ -188,10 +188,10 @@ pub fn gated_attention(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &
     rms_norm_inplace(&mut ws.k[..n * lw.wk.rows], k_norm.expect("gated attention is loaded with its K norm"), eps);
     rope_layer_and_store(hp, lw, ws, kv, ub, il);
     attend_heads(hp, lw, ws, kv, ub, il, hp.attn_scale, 0.0, threads);
-    for (out, qg) in ws.attn[..n * q_dim].chunks_exact_mut(hd).zip(ws.q_gated.chunks_exact(2 * hd)) {
-        for (o, &g) in out.iter_mut().zip(&qg[hd..]) {
-            *o *= crate::ops::sigmoid(g);
-        }
+    for (out, qg) in ws.attn[..n * q_dim].chunks_exact_mut(hd).zip(ws.q_gated.chunks_exact_mut(2 * hd)) {
+        let gate = &mut qg[hd..];
+        crate::ops::sigmoid_inplace(gate);
+        out.iter_mut().zip(gate.iter()).for_each(|(o, &g)| *o *= g);
     }
     attn_output(hp, lw, ws, ub, il, threads);
 }

@@ -17,7 +17,7 @@ use crate::error::{EngineError, Result};
 use crate::graph::{UBatchView, Workspace};
 use crate::hparams::RsParams;
 use crate::model::Loader;
-use crate::ops::{l2_norm_rows, rms_norm_inplace, sigmoid, swiglu};
+use crate::ops::{l2_norm_rows, rms_norm_inplace, sigmoid_inplace, swiglu};
 use crate::recurrent::{mamba2_params, silu_inplace, sized, RsStore};
 
 /// The two families' tensors and graphs differ in a few places (see `DeltaNetWeights::load`).
@@ -239,7 +239,7 @@ fn project_gates(w: &DeltaNetWeights, d: &Dims, ws: &mut Workspace, n: usize, th
         GateProj::Split { beta: wb, beta_s, alpha: wa, alpha_s } => {
             lora_mm(wb, *beta_s, &[], &ws.h, n, beta, &mut ws.mm, &mut ws.lora, threads);
             lora_mm(wa, *alpha_s, &[], &ws.h, n, decay, &mut ws.mm, &mut ws.lora, threads);
-            beta.iter_mut().for_each(|b| *b = sigmoid(*b));
+            sigmoid_inplace(beta);
             for row in decay.chunks_exact_mut(h_v) {
                 for ((g, &dt), &a) in row.iter_mut().zip(&w.dt_b).zip(&w.a) {
                     *g = ssm::softplus(*g + dt) * a;
@@ -254,11 +254,12 @@ fn project_gates(w: &DeltaNetWeights, d: &Dims, ws: &mut Workspace, n: usize, th
                 for (gi, head) in row.chunks_exact(2 * r).enumerate() {
                     for j in 0..r {
                         let h = gi * r + j;
-                        beta[t * h_v + h] = sigmoid(head[j]);
+                        beta[t * h_v + h] = head[j];
                         decay[t * h_v + h] = ssm::softplus(head[r + j] + w.dt_b[h]) * w.a[h];
                     }
                 }
             }
+            sigmoid_inplace(beta);
         }
     }
 }

@@ -11,7 +11,8 @@ import scenario_runner as sr
 from conftest import load_model
 
 #: the architectures of issue 35 the engine runs (each has f32 and q8_0 scenarios)
-HYBRID_ARCHS = ("mamba2", "granitehybrid", "falcon-h1", "nemotron_h", "nemotron_h_moe", "lfm2", "lfm2moe")
+HYBRID_ARCHS = ("mamba2", "granitehybrid", "falcon-h1", "nemotron_h", "nemotron_h_moe", "lfm2", "lfm2moe",
+                "qwen35", "qwen35moe", "qwen3next")
 NAMES = [f"hybrid-{a}-{t}" for a in HYBRID_ARCHS for t in ("f32", "q8_0")]
 
 

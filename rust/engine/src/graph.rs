@@ -94,6 +94,9 @@ pub struct Workspace {
     pub stats: Option<Box<crate::actstats::ActivationStats>>,
     /// The recurrent layers' buffers (empty for an attention-only model).
     pub rs: crate::recurrent::RsScratch,
+    /// Gated attention's Q projection, each head's query and gate side by side (sized on
+    /// first use; empty for the other models).
+    pub q_gated: Vec<f32>,
 }
 
 impl Workspace {
@@ -117,6 +120,7 @@ impl Workspace {
             lora: Default::default(),
             stats: None,
             rs: Default::default(),
+            q_gated: Vec::new(),
         }
     }
 }

@@ -72,6 +72,10 @@ pub struct HParams {
     pub ff_layers: Vec<bool>,
     /// The recurrent layers' sizes (hybrid and state-space models; None for the others).
     pub rs: Option<RsParams>,
+    /// The sections of interleaved M-RoPE (`rope.dimension_sections`: Qwen3.5), which text
+    /// tokens see as NEOX RoPE with the pairs outside the sections unrotated; None for the
+    /// plain RoPE of the other models.
+    pub imrope_sections: Option<[usize; 4]>,
 }
 
 /// What the recurrent layers of a model keep per sequence, and their sizes.
@@ -257,6 +261,7 @@ impl HParams {
             kv_layers: heads_kv.iter().map(|&h| h > 0).collect(),
             ff_layers: match &ffs { Some(v) => v.iter().map(|&f| f > 0).collect(), None => vec![false; n_layer] },
             rs: None,
+            imrope_sections: None,
             final_logit_softcap: m.opt_f32("final_logit_softcapping")?.unwrap_or(0.0),
             attn_logit_softcap: m.opt_f32("attn_logit_softcapping")?.unwrap_or(0.0),
             n_expert, n_expert_used, n_ff_exp, n_ff_shexp,
@@ -359,7 +364,7 @@ impl HParams {
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0, n_layer_dense_lead: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
-            norm_eps: 1e-5, pooling_type: 0, kv_layers: Vec::new(), ff_layers: Vec::new(), rs: None,
+            norm_eps: 1e-5, pooling_type: 0, kv_layers: Vec::new(), ff_layers: Vec::new(), rs: None, imrope_sections: None,
         }
     }
 

@@ -505,6 +505,28 @@ pub(crate) fn load_attention(ld: &Loader, hp: &HParams, parts: &LayerParts, il: 
     })
 }
 
+/// Gated attention (Qwen3-Next, Qwen3.5: `arch::blocks::gated_attention`): Q's projection
+/// has 2 n_head head_dim rows (each head's query, then its gate), per-head Q and K norms, no
+/// output bias; Q, K and V separate or fused in `attn_qkv`, with their biases and scales as
+/// llama.cpp's create_tensor_qkv and build_qkv take them.
+pub(crate) fn load_gated_attention(ld: &Loader, hp: &HParams, il: usize) -> Result<AttnWeights> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let q_dim = hp.head_dim_k * hp.n_head;
+    let dims = [2 * q_dim, hp.n_embd_k_gqa(), hp.n_embd_v_gqa()];
+    let [wq, wk, wv] = load_qkv(ld, &n, hp.n_embd, dims)?;
+    let [bq, bk, bv] = load_qkv_biases(ld, &n, dims)?;
+    Ok(AttnWeights {
+        wq, wk, wv,
+        wo: ld.matrix(&n("attn_output.weight"), q_dim, hp.n_embd)?,
+        bq, bk, bv,
+        bo: None,
+        scales: load_proj_scales(ld, &n)?,
+        q_norm: Some(ld.vector(&n("attn_q_norm.weight"), hp.head_dim_k)?),
+        k_norm: Some(ld.vector(&n("attn_k_norm.weight"), hp.head_dim_k)?),
+        sinks: None,
+    })
+}
+
 /// Q, K and V: separate matrices, or views of the rows of one `attn_qkv`.
 pub(crate) fn load_qkv(ld: &Loader, n: &dyn Fn(&str) -> String, n_embd: usize, dims: [usize; 3]) -> Result<[QMatrix; 3]> {
     if !ld.has(&n("attn_qkv.weight")) {

@@ -29,6 +29,24 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// Each row of `row` values divided by its L2 norm, as llama.cpp's build_gdn_l2_norm computes
+/// it: ggml_rms_norm with epsilon eps/row (x / sqrt(mean(x²) + eps/row)), then ggml_scale by
+/// 1/sqrt(row) — two products, in that order (the gated delta net's queries and keys).
+pub fn l2_norm_rows(x: &mut [f32], row: usize, eps: f32) {
+    let n = row as f32;
+    let inv_sqrt_n = 1.0 / n.sqrt();
+    let mut scales = [0f32; ROWS_AT_ONCE];
+    for chunk in x.chunks_mut((ROWS_AT_ONCE * row).max(1)) {
+        let rows = chunk.len() / row.max(1);
+        for_row_scales(chunk, row, eps / n, |r, scale| scales[r] = scale);
+        for (xr, &scale) in chunk.chunks_exact_mut(row).zip(&scales[..rows]) {
+            for v in xr.iter_mut() {
+                *v = *v * scale * inv_sqrt_n;
+            }
+        }
+    }
+}
+
 /// Rows whose sums of squares are accumulated together.
 const ROWS_AT_ONCE: usize = 8;
 
@@ -107,6 +125,30 @@ impl RopeParams {
             cache[2 * i] = c;
             cache[2 * i + 1] = s;
             theta *= theta_scale;
+        }
+    }
+
+    /// Interleaved M-RoPE (ggml's GGML_ROPE_TYPE_IMROPE, Qwen3-VL and Qwen3.5) for text
+    /// tokens, on a cache `fill_cache` filled: llama.cpp gives a text token the same time,
+    /// height and width positions and an extra position of 0, so the pairs the interleaved
+    /// sections assign to time, height or width rotate as in NEOX mode, and the others (those
+    /// past the sections, sector by sector) by the angle of position 0 (cos = the magnitude
+    /// scale, sin = 0), as ggml_mrope_cache_init computes them.
+    pub fn imrope_text(&self, sections: [usize; 4], cache: &mut [f32]) {
+        let sect_dims: usize = sections.iter().sum();
+        let corr = self.corr_dims();
+        for i in 0..self.n_dims / 2 {
+            let sector = i % sect_dims.max(1);
+            let positional = match sector % 3 {
+                0 => sector < 3 * sections[0],
+                1 => sector < 3 * sections[1],
+                _ => sector < 3 * sections[2],
+            };
+            if !positional {
+                let (c, s) = self.yarn(0.0, corr, 2 * i);
+                cache[2 * i] = c;
+                cache[2 * i + 1] = s;
+            }
         }
     }
 
@@ -275,6 +317,44 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rope16() -> RopeParams {
+        RopeParams { n_dims: 16, neox: true, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0,
+                     beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 4096 }
+    }
+
+    /// Text positions under interleaved M-RoPE: the pairs of the time, height and width
+    /// sections rotate as NEOX RoPE does; a pair outside them (sector 1 of [1, 0, 1, 0], whose
+    /// height section is empty) keeps the angle of position 0.
+    #[test]
+    fn imrope_text_keeps_the_sections_rotation() {
+        let p = rope16();
+        let mut neox = vec![0.0; 16];
+        p.fill_cache(7.0, None, &mut neox);
+        let mut full = neox.clone();
+        p.imrope_text([3, 3, 2, 0], &mut full);
+        assert_eq!(full, neox);
+        let mut gaps = neox.clone();
+        p.imrope_text([1, 0, 1, 0], &mut gaps);
+        for i in 0..8 {
+            let want = if i % 2 == 1 { [1.0, 0.0] } else { [neox[2 * i], neox[2 * i + 1]] };
+            assert_eq!([gaps[2 * i], gaps[2 * i + 1]], want, "pair {i}");
+        }
+    }
+
+    /// The L2 norm of build_gdn_l2_norm: x / sqrt(mean(x²) + eps/n) / sqrt(n), rows apart.
+    #[test]
+    fn l2_norm_rows_divides_each_row_by_its_norm() {
+        let mut x = vec![3.0, 4.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+        l2_norm_rows(&mut x, 4, 1e-6);
+        let want = [0.6, 0.8, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5];
+        for (a, b) in x.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{x:?}");
+        }
+        let mut zeros = vec![0.0; 4];
+        l2_norm_rows(&mut zeros, 4, 1e-6);
+        assert_eq!(zeros, [0.0; 4]);
+    }
 
     /// The chunked GeGLU equals ggml's element formula (round to f16, f16 table, f32
     /// product) bit for bit, across the ±10 limits, f16 ties and a chunk's tail.

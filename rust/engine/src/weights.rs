@@ -135,6 +135,9 @@ impl Loader {
     /// The shape of a tensor, if the file has it.
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> { self.file.tensor(name).map(|t| t.shape.clone()) }
 
+    /// The file the tensors come from (its metadata, for the loaders that need a key).
+    pub fn file(&self) -> &GgufFile { &self.file }
+
     /// Whether the file has a tensor of this name.
     pub fn has(&self, name: &str) -> bool { self.file.tensor(name).is_some() }
 
@@ -242,6 +245,17 @@ impl Loader {
     /// Q8_0 whatever it says).
     pub fn skip_input_scale(&self, weight: &str, len: usize) -> Result<()> {
         self.opt_vector(&sibling(weight, "input_scale"), len).map(|_| ())
+    }
+
+    /// Marks a tensor of the file as read without loading it: llama.cpp's loaders create some
+    /// tensors with TENSOR_SKIP (a multi-token-prediction head's, for plain decoding), which
+    /// counts them present and never uses them. `required`: llama.cpp refuses a file without
+    /// it all the same.
+    pub fn skip(&self, name: &str, required: bool) -> Result<()> {
+        if self.file.tensor(name).is_some() || required {
+            self.info(name)?;
+        }
+        Ok(())
     }
 
     pub fn opt_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {

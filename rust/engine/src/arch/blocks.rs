@@ -50,6 +50,9 @@ pub fn fill_rope_caches(hp: &HParams, ws: &mut Workspace, ub: &UBatchView) {
     let swa_rope = hp.layer_rope(ub.rope, hp.swa_layers.iter().position(|&s| s).unwrap_or(0));
     for (t, &p) in ub.pos.iter().enumerate() {
         ub.rope.fill_cache(p as f32, ub.rope_factors, &mut ws.rope_cache[t * n_rot..(t + 1) * n_rot]);
+        if let Some(sections) = hp.imrope_sections {
+            ub.rope.imrope_text(sections, &mut ws.rope_cache[t * n_rot..(t + 1) * n_rot]);
+        }
         if !ws.rope_cache_swa.is_empty() {
             swa_rope.fill_cache(p as f32, ub.rope_factors, &mut ws.rope_cache_swa[t * n_rot..(t + 1) * n_rot]);
         }
@@ -66,18 +69,27 @@ pub fn pre_norm(ws: &mut Workspace, norm: Option<&[f32]>, eps: f32, n: usize, d:
 
 /// ws.q, ws.k, ws.v = W·ws.h (+ the adapters' terms, + biases) for n tokens.
 pub fn project_qkv(lw: &AttnWeights, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
-    let (q_dim, k_dim, v_dim) = (lw.wq.rows, lw.wk.rows, lw.wv.rows);
-    let s = lw.scales;
-    lora_mm(&lw.wq, s.q, lora.terms(Proj::Q), &ws.h, n, &mut ws.q[..n * q_dim], &mut ws.mm, &mut ws.lora, threads);
-    lora_mm(&lw.wk, s.k, lora.terms(Proj::K), &ws.h, n, &mut ws.k[..n * k_dim], &mut ws.mm, &mut ws.lora, threads);
-    lora_mm(&lw.wv, s.v, lora.terms(Proj::V), &ws.h, n, &mut ws.v[..n * v_dim], &mut ws.mm, &mut ws.lora, threads);
+    let q_dim = lw.wq.rows;
+    lora_mm(&lw.wq, lw.scales.q, lora.terms(Proj::Q), &ws.h, n, &mut ws.q[..n * q_dim], &mut ws.mm, &mut ws.lora, threads);
+    if let Some(b) = &lw.bq {
+        add_bias(&mut ws.q[..n * q_dim], b);
+    }
+    project_kv(lw, ws, n, lora, threads);
+}
+
+/// ws.k, ws.v = W·ws.h (+ the adapters' terms, + biases) for n tokens, and the activation
+/// statistics of the three projections' input.
+fn project_kv(lw: &AttnWeights, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
+    let (k_dim, v_dim) = (lw.wk.rows, lw.wv.rows);
+    lora_mm(&lw.wk, lw.scales.k, lora.terms(Proj::K), &ws.h, n, &mut ws.k[..n * k_dim], &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&lw.wv, lw.scales.v, lora.terms(Proj::V), &ws.h, n, &mut ws.v[..n * v_dim], &mut ws.mm, &mut ws.lora, threads);
     if let Some(s) = ws.stats.as_deref_mut() {
         let x = &ws.h[..n * lw.wq.cols];
         for m in [Matrix::AttnQ, Matrix::AttnK, Matrix::AttnV] {
             s.record(m, x, n);
         }
     }
-    for (buf, bias, dim) in [(&mut ws.q, &lw.bq, q_dim), (&mut ws.k, &lw.bk, k_dim), (&mut ws.v, &lw.bv, v_dim)] {
+    for (buf, bias, dim) in [(&mut ws.k, &lw.bk, k_dim), (&mut ws.v, &lw.bv, v_dim)] {
         if let Some(b) = bias {
             add_bias(&mut buf[..n * dim], b);
         }
@@ -97,7 +109,7 @@ pub fn qk_norm(lw: &AttnWeights, ws: &mut Workspace, n: usize, eps: f32) {
 /// token's K and V in its cell of layer `il`.
 pub fn rope_and_store(hp: &HParams, lw: &AttnWeights, rope: &RopeParams, rope_cache: &[f32], ws: &mut Workspace,
                       kv: &mut KvStore, ub: &UBatchView, il: usize) {
-    let (q_dim, k_dim, v_dim) = (lw.wq.rows, lw.wk.rows, lw.wv.rows);
+    let (q_dim, k_dim, v_dim) = (hp.n_head * hp.head_dim_k, lw.wk.rows, lw.wv.rows);
     let n_rot = rope.n_dims;
     for t in 0..ub.tokens.len() {
         let cache = &rope_cache[t * n_rot..(t + 1) * n_rot];
@@ -123,14 +135,28 @@ pub fn rope_layer_and_store(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, 
 /// `scale` and soft-capped by `softcap` (0: none) before the softmax.
 pub fn attend(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &KvStore, ub: &UBatchView, il: usize,
               scale: f32, softcap: f32, threads: &Threads) {
+    attend_heads(hp, lw, ws, kv, ub, il, scale, softcap, threads);
+    attn_output(hp, lw, ws, ub, il, threads);
+}
+
+/// ws.attn = attention(ws.q over layer il's cells), every head's output side by side.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &KvStore, ub: &UBatchView, il: usize,
+                    scale: f32, softcap: f32, threads: &Threads) {
     let n = ub.tokens.len();
-    let (q_dim, attn_dim, d) = (lw.wq.rows, hp.n_head * hp.head_dim_v, hp.n_embd);
+    let (q_dim, attn_dim) = (hp.n_head * hp.head_dim_k, hp.n_head * hp.head_dim_v);
     let view = ub.kv(il);
     let input = AttnInput {
         q: &ws.q[..n * q_dim], n_tokens: n, n_head: hp.n_head, n_head_kv: hp.n_head_kv, kv, layer: il,
         mask: view.mask, n_kv: view.n_kv, scale, softcap, sinks: lw.sinks.as_deref(),
     };
     attention(&input, &mut ws.attn[..n * attn_dim], threads);
+}
+
+/// ws.o = Wo · ws.attn (+ the adapters' terms, + output bias).
+pub fn attn_output(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, ub: &UBatchView, il: usize, threads: &Threads) {
+    let n = ub.tokens.len();
+    let (attn_dim, d) = (hp.n_head * hp.head_dim_v, hp.n_embd);
     lora_mm(&lw.wo, lw.scales.o, ub.lora_layer(il).terms(Proj::O), &ws.attn, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::AttnOutput, &ws.attn[..n * attn_dim], n);
     if let Some(b) = &lw.bo {
@@ -148,6 +174,38 @@ pub fn self_attention(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &m
     qk_norm(lw, ws, n, hp.rms_eps);
     rope_layer_and_store(hp, lw, ws, kv, ub, il);
     attend(hp, lw, ws, kv, ub, il, hp.attn_scale, hp.attn_logit_softcap, threads);
+}
+
+/// Gated full attention (llama.cpp's Qwen3-Next and Qwen3.5 build_layer_attn): Q's
+/// projection yields each head's query and an output gate side by side; per-head RMS norms of
+/// Q and K; RoPE and the K/V store; attention; its output times sigmoid(gate), then Wo.
+/// ws.o receives the result.
+pub fn gated_attention(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize,
+                       threads: &Threads) {
+    let n = ub.tokens.len();
+    let (hd, eps) = (hp.head_dim_k, hp.rms_eps);
+    let q_dim = hp.n_head * hd;
+    let lora = ub.lora_layer(il);
+    let q_gated = crate::recurrent::sized(&mut ws.q_gated, n * 2 * q_dim);
+    lora_mm(&lw.wq, lw.scales.q, lora.terms(Proj::Q), &ws.h, n, q_gated, &mut ws.mm, &mut ws.lora, threads);
+    if let Some(b) = &lw.bq {
+        add_bias(q_gated, b);
+    }
+    for (q, qg) in ws.q[..n * q_dim].chunks_exact_mut(hd).zip(q_gated.chunks_exact(2 * hd)) {
+        q.copy_from_slice(&qg[..hd]);
+    }
+    project_kv(lw, ws, n, lora, threads);
+    let (q_norm, k_norm) = (lw.q_norm.as_deref(), lw.k_norm.as_deref());
+    rms_norm_inplace(&mut ws.q[..n * q_dim], q_norm.expect("gated attention is loaded with its Q norm"), eps);
+    rms_norm_inplace(&mut ws.k[..n * lw.wk.rows], k_norm.expect("gated attention is loaded with its K norm"), eps);
+    rope_layer_and_store(hp, lw, ws, kv, ub, il);
+    attend_heads(hp, lw, ws, kv, ub, il, hp.attn_scale, 0.0, threads);
+    for (out, qg) in ws.attn[..n * q_dim].chunks_exact_mut(hd).zip(ws.q_gated.chunks_exact_mut(2 * hd)) {
+        let gate = &mut qg[hd..];
+        crate::ops::sigmoid_inplace(gate);
+        out.iter_mut().zip(gate.iter()).for_each(|(o, &g)| *o *= g);
+    }
+    attn_output(hp, lw, ws, ub, il, threads);
 }
 
 /// Adds a dense product's input rows to the activation statistics, when they are collected.

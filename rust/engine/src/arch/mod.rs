@@ -16,6 +16,7 @@ pub mod nemotron_h;
 pub mod olmo2;
 pub mod phi3;
 pub mod qwen3;
+pub mod qwen35;
 
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
@@ -65,6 +66,9 @@ pub const ARCHS: &[ArchInfo] = &[
     nemotron_h::NEMOTRON_H_MOE,
     lfm2::LFM2,
     lfm2::LFM2MOE,
+    qwen35::QWEN35,
+    qwen35::QWEN35MOE,
+    qwen35::QWEN3NEXT,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

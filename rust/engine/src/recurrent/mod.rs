@@ -23,9 +23,11 @@ pub struct RsUBatch {
     pub n_seq_tokens: usize,
 }
 
+mod delta_net;
 mod mamba2;
 mod short_conv;
 
+pub use delta_net::{delta_net_mixer, delta_net_params, DeltaNetFamily, DeltaNetWeights};
 pub use mamba2::{mamba2_mixer, mamba2_params, Mamba2Weights};
 pub use short_conv::{short_conv_mixer, short_conv_params, ShortConvWeights};
 
@@ -34,6 +36,8 @@ pub enum RsWeights {
     Mamba2(Mamba2Weights),
     /// LFM2's gated short convolution (a convolution state only).
     ShortConv(ShortConvWeights),
+    /// The gated delta net (Qwen3-Next, Qwen3.5).
+    DeltaNet(DeltaNetWeights),
 }
 
 /// A per-head vector stored as [1, n_head] (ssm_a, ssm_d).
@@ -196,6 +200,14 @@ pub struct RsScratch {
     pub z: Vec<f32>,
     /// A mixer's output kept while an attention beside it runs (Falcon-H1).
     pub mixed: Vec<f32>,
+    /// The gated delta net's per-head update strengths (beta) and log-decays (g).
+    pub beta: Vec<f32>,
+    pub decay: Vec<f32>,
+    /// A projection whose rows come grouped by key head (Qwen3-Next's `ssm_in`, `ssm_ba`),
+    /// before its values are sorted into place.
+    pub grouped: Vec<f32>,
+    /// Queries and keys repeated for each value head of their key head (Qwen3-Next).
+    pub qk: Vec<f32>,
 }
 
 /// Grows `v` to `len` values (no allocation once it has been that large).

@@ -27,7 +27,8 @@ from .chat.templates import ChatTemplate
 from .generation.logprobs import TokenLogprob, chat_logprobs_of_completion, completion_logprobs, token_logprob
 from .generation.params import DEFAULT_SEED, SamplingParams
 from .generation.sampler import Sampler
-from .generation.speculative import SpeculativeStats, speculative_tokens
+from .generation.checkpoints import DEFAULT_CHECKPOINTS, Checkpoints
+from .generation.speculative import SpeculativeStats, snapshots_for, speculative_tokens
 from .generation.text import StopScanner, Utf8Stream, decode_tokens
 from .generation.tokens import add_bos_of, common_prefix_len
 from .llama_tokenizer import LlamaTokenizer
@@ -235,7 +236,8 @@ class Llama:
                  type_k: int | str | None = None, type_v: int | str | None = None,
                  spm_infill: bool = False, verbose: bool = True,
                  # ferrollama's own
-                 chat_template: str | None = None, pooling: str | None = None, **context_params: Any):
+                 chat_template: str | None = None, pooling: str | None = None,
+                 ctx_checkpoints: int = DEFAULT_CHECKPOINTS, **context_params: Any):
         self._init_args = {k: v for k, v in locals().items() if k not in ("self", "context_params", "__class__")}
         self._init_args.update(context_params)
         self.verbose = verbose
@@ -267,11 +269,16 @@ class Llama:
                                     **_rope_kwargs(rope_scaling_type, rope_freq_base, rope_freq_scale, yarn_ext_factor,
                                                    yarn_attn_factor, yarn_beta_fast, yarn_beta_slow, yarn_orig_ctx),
                                     **({"swa_full": swa_full} if swa_full is not None else {}), **context_params)
+        if draft_model is not None and self.model.is_recurrent and "n_rs_seq" not in context_params:
+            # a recurrent model drops rejected drafted tokens by rolling back to kept states
+            self._context_kwargs["n_rs_seq"] = snapshots_for(draft_model, self._context_kwargs["n_ubatch"])
         self._embedding = embedding
         self.ctx: Context | None = None if vocab_only else self._new_context(
             embeddings=embedding, pooling=self._pooling if embedding else None)
         self._embed_ctx: Context | None = self.ctx if embedding else None
         self._n_ctx = self.ctx.n_ctx if self.ctx is not None else n_ctx
+        #: a recurrent model's saved states, from which a shorter cached prefix is resumed
+        self._checkpoints = Checkpoints(self.ctx, ctx_checkpoints) if self.ctx is not None else None
         self._n_vocab = self.model.n_vocab
         self._tokens: list[int] = []
         self._scores_buf: np.ndarray | None = None
@@ -333,9 +340,11 @@ class Llama:
         """Keeps the first n tokens (and their cache cells)."""
         if not 0 <= n <= len(self._tokens):
             raise ValueError(f"n_tokens must be in 0..{len(self._tokens)}, not {n}")
-        self._require_ctx().kv.seq_rm(0, n, -1)
-        del self._tokens[n:]
+        tokens = self._tokens[:n]
+        self._rewind(n)
         self._prompt_logits = None
+        if len(self._tokens) < n:  # a recurrent state resumed from an earlier checkpoint
+            self.eval(tokens[len(self._tokens):])
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -450,8 +459,18 @@ class Llama:
         """Forgets the cached prompt."""
         if self.ctx is not None:
             self.ctx.kv.clear()
+        if self._checkpoints is not None:
+            self._checkpoints.clear()
         self._tokens = []
         self._prompt_logits = None
+
+    def _rewind(self, keep: int) -> int:
+        """Keeps at most the first `keep` cached tokens (all of them where the cache can cut
+        there; for a recurrent model, those of its longest checkpoint within them); returns how
+        many are kept."""
+        n = self._checkpoints.rewind(0, keep) if self._checkpoints is not None else keep
+        del self._tokens[n:]
+        return n
 
     # --- evaluation ---
     def eval(self, tokens: Sequence[int]) -> None:
@@ -481,17 +500,23 @@ class Llama:
         ctx = self._require_ctx()
         common = common_prefix_len(self._tokens, tokens)
         saved = self._prompt_logits
-        if saved is not None and common == len(tokens) == saved[0]:
+        if saved is not None and common == len(tokens) == saved[0] and self._rewind(common) == common:
             # The same prompt again, cached with the logits it gave: decoding its last token again
             # alone would round differently from the batch that decoded it first (products over 8
             # tokens or more sum differently, as in llama.cpp), and could continue differently.
-            ctx.kv.seq_rm(0, common, -1)
-            del self._tokens[common:]
             return saved[1].copy()
-        keep = min(common, len(tokens) - 1)
-        ctx.kv.seq_rm(0, keep, -1)
-        del self._tokens[keep:]
-        self.eval(tokens[keep:])
+        keep = self._rewind(min(common, len(tokens) - 1))
+        ckpt = self._checkpoints
+        if ckpt is not None and ckpt.enabled and len(tokens) - keep > 1:
+            # a recurrent model: keep the states before the prompt's last token (the same prompt
+            # again) and after it (a longer prompt that starts with it)
+            self.eval(tokens[keep:-1])
+            ckpt.save(0, len(self._tokens))
+            self.eval(tokens[-1:])
+        else:
+            self.eval(tokens[keep:])
+        if ckpt is not None:
+            ckpt.save(0, len(self._tokens))
         logits = ctx.logits(-1)
         self._prompt_logits = (len(tokens), logits.copy())
         return logits
@@ -883,7 +908,10 @@ class Llama:
                 if not truncate:
                     raise ValueError(f"the input has {len(tokens)} tokens; the batch holds {ctx.n_batch}")
                 tokens = tokens[:ctx.n_batch]
-            ctx.kv.clear()
+            if ctx is self.ctx:
+                self.reset()  # the completions' cache is this one: it no longer holds their tokens
+            else:
+                ctx.kv.clear()
             ctx.decode(Batch.from_tokens(tokens, pos0=0, seq_id=0, logits="all"))
             if ctx.pooling == "none":
                 vecs = [_normalized(np.asarray(ctx.embeddings(i), dtype=np.float32), normalize)
@@ -912,6 +940,8 @@ class Llama:
 
     def load_state(self, state: LlamaState) -> None:
         self._require_ctx().state_set(state.llama_state)
+        if self._checkpoints is not None:
+            self._checkpoints.clear()  # they were of the tokens the cache held before
         n = int(state.n_tokens)
         self._tokens = [int(t) for t in np.asarray(state.input_ids)[:n]]
         scores = np.asarray(state.scores)

@@ -92,6 +92,11 @@ def make_context(args: argparse.Namespace, model: Model, **overrides: Any) -> Co
                   n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                   n_threads_batch=args.threads_batch or args.threads,
                   type_k=args.cache_type_k, type_v=args.cache_type_v)
+    draft = getattr(args, "lookup", 0) or (getattr(args, "draft_max", 0) if getattr(args, "model_draft", None) else 0)
+    if model.is_recurrent and draft:
+        # speculative decoding drops a rejected draft by rolling the recurrent state back to
+        # the states the context keeps of its last decode
+        kwargs["n_rs_seq"] = max(0, min(draft, 64, args.ubatch_size - 1))
     kwargs.update(overrides)
     if kwargs["n_ctx"] < 0:
         raise CLIError(f"--ctx-size must be 0 or positive, not {kwargs['n_ctx']}")

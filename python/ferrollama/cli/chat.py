@@ -21,7 +21,7 @@ from ..generation.tokens import add_bos_of, common_prefix_len
 from .common import (CLIError, add_context_args, add_model_args, add_sampling_args, int_value, load_model,
                      make_context, n_predict_value, print_timings, process_escapes, read_text_file, sampling_params,
                      warmup)
-from .generate import read_input
+from .generate import drop_middle, read_input
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,7 +90,7 @@ class Conversation:
         if n_discard <= 0:
             raise CLIError(f"the context ({self.ctx.n_ctx} tokens) is too small for --keep {self.n_keep}")
         kv = self.ctx.kv
-        kv.seq_rm(0, self.n_keep, self.n_keep + n_discard)
+        drop_middle(self.ctx, self.n_keep, self.n_keep + n_discard)
         kv.seq_add(0, self.n_keep + n_discard, self.n_past, -n_discard)
         self.dropped += n_discard
 
@@ -112,7 +112,10 @@ class Conversation:
         if self.dropped and p < self.n_keep + self.dropped:
             self.ctx.kv.clear()
             self.full, self.dropped, p = [], 0, 0
-        self.ctx.kv.seq_rm(0, p - self.dropped, -1)
+        if not self.ctx.kv.seq_rm(0, p - self.dropped, -1):
+            # a recurrent model's state cannot be cut back to the shared prefix: start over
+            self.ctx.kv.clear()
+            self.full, self.dropped, p = [], 0, 0
         del self.full[p:]
         new = tokens[p:]
         self.feed(new)

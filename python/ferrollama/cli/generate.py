@@ -114,7 +114,7 @@ class _Guidance:
 
     def shift(self, n_keep: int, n_discard: int) -> None:
         keep = max(1, n_keep + self.offset)
-        self.ctx.kv.seq_rm(0, keep, keep + n_discard)
+        drop_middle(self.ctx, keep, keep + n_discard)
         self.ctx.kv.seq_add(0, keep + n_discard, self.n_past, -n_discard)
         self.n_past -= n_discard
 
@@ -190,7 +190,11 @@ class Generation:
         if session:
             if self.args.verbose:
                 log(f"session file matches {n} / {len(embd_inp)} tokens of prompt")
-            self.ctx.kv.seq_rm(-1, n, -1)
+            if not self.ctx.kv.seq_rm(-1, n, -1):
+                # a recurrent model's state cannot be cut back to the shared prefix
+                self.ctx.kv.clear()
+                del session[:]
+                return 0
         if embd_inp and n == len(embd_inp) and len(session) > len(embd_inp):
             del session[len(embd_inp) - 1:]  # re-evaluate the last token to get its logits
         return n
@@ -286,7 +290,7 @@ class Generation:
             return False
         n_discard = (st.n_past - st.n_keep) // 2
         kv = self.ctx.kv
-        kv.seq_rm(0, st.n_keep, st.n_keep + n_discard)
+        drop_middle(self.ctx, st.n_keep, st.n_keep + n_discard)
         kv.seq_add(0, st.n_keep + n_discard, st.n_past, -n_discard)
         st.n_past -= n_discard
         if guidance is not None:
@@ -523,3 +527,11 @@ def run(args: argparse.Namespace) -> int:
     if wants_speculation(args):
         return run_speculative(args, gen)
     return gen.run()
+
+
+def drop_middle(ctx: Context, p0: int, p1: int) -> None:
+    """The context shift's removal of positions p0..p1 of sequence 0, or a CLIError where the
+    model cannot (a recurrent state holds all of its past: nothing can leave its middle)."""
+    if not ctx.kv.seq_rm(0, p0, p1):
+        raise CLIError(f"the context is full and a context shift would drop tokens {p0}..{p1 - 1}, which the "
+                       f"recurrent model '{ctx.model.arch}' cannot do: use a larger context (-c)")

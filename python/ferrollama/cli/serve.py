@@ -11,6 +11,7 @@ import argparse
 import os
 
 from .common import CLIError, add_context_args, add_model_args, float_value, int_value, load_model, log, positive_int
+from ..generation.checkpoints import DEFAULT_CHECKPOINTS
 
 __all__ = ["add_arguments", "build_app", "run", "run_on_ray"]
 
@@ -32,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="slots: requests decoded together; each holds ctx-size/N tokens (default: 4)")
     g.add_argument("--queue-size", type=positive_int, default=64, metavar="N",
                    help="requests that may wait for a slot; more are answered 503 (default: 64)")
+    g.add_argument("-ctxcp", "--ctx-checkpoints", type=int_value, default=DEFAULT_CHECKPOINTS, metavar="N",
+                   help="recurrent models: states kept per slot to resume a shared prompt prefix "
+                        f"(default: {DEFAULT_CHECKPOINTS})")
     g.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'")
     g.add_argument("-a", "--alias", default=None, metavar="NAME", help="the model's name in the API (default: the file name)")
     g.add_argument("--lookup", type=int_value, default=0, metavar="N",

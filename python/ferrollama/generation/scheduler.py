@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator, Sequence
 
 from .._core import Batch, Context, DecodeError, Model
+from .checkpoints import DEFAULT_CHECKPOINTS, Checkpoints
 from .logprobs import TokenLogprob, token_logprob
 from .logprobs import chat_logprobs as _chat_logprobs
 from .logprobs import completion_logprobs as _completion_logprobs
 from .params import SamplingParams
 from .sampler import Sampler
+from .speculative import snapshots_for
 from .text import StopScanner
 from .tokens import common_prefix_len
 
@@ -221,19 +223,27 @@ class Scheduler:
     ``drafter`` (ferrollama.PromptLookupDecoding, or a DraftModel with a sequence per slot)
     drafts tokens after each generating slot's next token from that slot's own tokens; the step decodes them with it and each slot
     keeps the drafted tokens its own sampler picks too (speculative decoding, per slot).
+
+    A recurrent model's slot cannot cut its state back to a shorter prefix: it keeps up to
+    ``ctx_checkpoints`` checkpoints of its state (one before the last token of each prompt) and
+    resumes from the longest within the prefix to reuse; a draft is dropped by rolling back to
+    the states the context kept of the verifying decode (``n_rs_seq``).
     """
 
     def __init__(self, model: Model, n_ctx: int = 4096, n_seq: int = 4, n_batch: int = 512,
                  n_threads: int | None = None, queue_size: int = 64, type_k: str = "f16", type_v: str = "f16",
                  n_ubatch: int | None = None, n_threads_batch: int | None = None, drafter: Any = None,
-                 loras: Sequence = ()):
+                 loras: Sequence = (), ctx_checkpoints: int = DEFAULT_CHECKPOINTS):
         if n_seq < 1 or n_ctx < n_seq:
             raise ValueError(f"need 1 <= n_seq <= n_ctx, got n_seq={n_seq}, n_ctx={n_ctx}")
         self.model = model
         # swa_full: a slot may roll back into the sliding window to reuse a prefix (Gemma 3)
-        self.ctx = Context(model, n_ctx=n_ctx, n_batch=max(n_batch, n_seq), n_ubatch=max(n_ubatch or n_batch, n_seq),
+        ub = max(n_ubatch or n_batch, n_seq)
+        rollback = snapshots_for(drafter, ub) if drafter is not None and model.is_recurrent else 0
+        self.ctx = Context(model, n_ctx=n_ctx, n_batch=max(n_batch, n_seq), n_ubatch=ub,
                            n_seq_max=n_seq, n_threads=n_threads, n_threads_batch=n_threads_batch or n_threads,
-                           type_k=type_k, type_v=type_v, swa_full=True)
+                           type_k=type_k, type_v=type_v, swa_full=True, n_rs_seq=rollback)
+        self.checkpoints = Checkpoints(self.ctx, ctx_checkpoints)
         # (LoraAdapter, scale) pairs set on every context serving the model (--lora)
         self.loras = list(loras)
         for adapter, scale in self.loras:
@@ -389,7 +399,7 @@ class Scheduler:
         slot.job, slot.sampler = job, job._sampler
         slot.scanner = StopScanner(list(job.request.stop))
         slot.n_prompt, slot.n_generated = len(prompt), 0
-        self._truncate(slot, keep)
+        keep = self._truncate(slot, keep)
         slot.n_cached = keep
         self.stats.prompt_tokens += len(prompt)
         self.stats.prompt_tokens_reused += keep
@@ -402,11 +412,12 @@ class Scheduler:
         for t in prompt:
             slot.sampler.accept(t, accept_grammar=False)
 
-    def _truncate(self, slot: Slot, keep: int) -> None:
-        if not self.ctx.kv.seq_rm(slot.seq_id, keep, -1):
-            self.ctx.kv.seq_rm(slot.seq_id, 0, -1)
-            keep = 0
+    def _truncate(self, slot: Slot, keep: int) -> int:
+        """Keeps at most the first `keep` tokens of the slot's cache (fewer where only a
+        checkpoint of a recurrent state, or nothing, can be resumed); returns how many."""
+        keep = self.checkpoints.rewind(slot.seq_id, min(keep, len(slot.tokens)))
         del slot.tokens[keep:]
+        return keep
 
     def _best_source(self, slot: Slot, prompt: list[int]) -> tuple[Slot | None, int]:
         """The other slot whose cached or pending prompt shares the longest prefix with prompt."""
@@ -430,7 +441,10 @@ class Scheduler:
             if len(source.tokens) >= n and source.tokens[:n] == prompt[:n]:
                 self._truncate(slot, 0)
                 self.ctx.kv.seq_cp(source.seq_id, slot.seq_id, 0, n)
-                slot.tokens = list(prompt[:n])
+                # a recurrent state is the source's whole past: cut it back through its checkpoints
+                self.checkpoints.copy(source.seq_id, slot.seq_id, n)
+                slot.tokens = list(source.tokens)
+                n = self._truncate(slot, n)
                 self.stats.prompt_tokens_copied += n
                 self.stats.prompt_tokens_reused -= slot.n_cached
                 slot.n_cached = n
@@ -461,6 +475,8 @@ class Scheduler:
             if slot.state != PROMPT or room <= 0:
                 continue
             chunk = slot.pending[:room]
+            if self.checkpoints.enabled and len(chunk) == len(slot.pending) > 1:
+                chunk = chunk[:-1]  # the prompt's last token next step, after a checkpoint
             slot.n_in_batch = len(chunk)
             for k, t in enumerate(chunk):
                 last = k == len(slot.pending) - 1
@@ -477,6 +493,8 @@ class Scheduler:
         req = slot.job.request  # type: ignore[union-attr]
         left = (req.max_tokens - slot.n_generated - 1) if req.max_tokens is not None else room
         n_max = min(room, left, self.n_ctx_slot - len(slot.tokens) - 2)
+        if self.model.is_recurrent:
+            n_max = min(n_max, self.ctx.n_rs_seq)  # what a rollback can drop again
         if n_max <= 0:
             return []
         return self.drafter.draft(slot.tokens + [slot.next_token], n_max, seq_id=slot.seq_id)[:n_max]
@@ -513,6 +531,8 @@ class Scheduler:
             slot.tokens.extend(chunk)
             self.stats.prompt_tokens_decoded += len(chunk)
             slot.pending = slot.pending[len(chunk):]
+            if len(slot.pending) == 1:
+                self.checkpoints.save(slot.seq_id, len(slot.tokens))
             if slot.i_batch < 0:
                 return
         try:
@@ -536,7 +556,9 @@ class Scheduler:
             if token is not None and i < len(draft) and token == draft[i]:
                 self.stats.accepted_tokens += 1
                 continue
-            self._truncate(slot, base + i)  # the cells of drafted tokens not kept
+            # the cells of drafted tokens not kept (a recurrent state rolls back to a snapshot)
+            if self._truncate(slot, base + i) != base + i:
+                raise RuntimeError(f"slot {slot.seq_id}: the context could not drop a rejected draft")
             return
 
     def _sample(self, slot: Slot, row: int | None = None) -> int | None:

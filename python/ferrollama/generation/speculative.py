@@ -29,8 +29,9 @@ from typing import Callable, Iterator, Protocol, Sequence
 import numpy as np
 
 from .._core import Batch, Context, Model
+from .checkpoints import Checkpoints
 
-__all__ = ["PromptLookupDecoding", "DraftModel", "Drafter", "SpeculativeStats", "speculative_tokens"]
+__all__ = ["PromptLookupDecoding", "DraftModel", "Drafter", "SpeculativeStats", "speculative_tokens", "snapshots_for"]
 
 
 class Drafter(Protocol):
@@ -100,7 +101,10 @@ class DraftModel:
     rejected) drafting pauses for 1, 2, 4 ... up to `max_skip` target tokens; after a pause it
     drafts a single token until one is accepted, then full drafts again. The draft cache catches
     up in one batch when it resumes.
-    (llama.cpp drafts at every step: `max_skip=0`.)"""
+    (llama.cpp drafts at every step: `max_skip=0`.)
+
+    A recurrent draft model's cache cannot drop the drafted tokens with seq_rm: each sequence
+    keeps a checkpoint of its state before drafting, and follows the target from there."""
 
     def __init__(self, model: str | os.PathLike[str] | Model, draft_max: int = 16, draft_min: int = 0,
                  draft_p_min: float = 0.75, n_ctx: int = 4096, n_threads: int | None = None, max_skip: int = 32,
@@ -113,6 +117,8 @@ class DraftModel:
         self.draft_max, self.draft_min, self.draft_p_min = draft_max, draft_min, draft_p_min
         self.ctx = Context(self.model, n_ctx=n_ctx, n_batch=min(n_ctx, 2048), n_threads=n_threads, n_seq_max=n_seq)
         self.n_ctx_seq = self.ctx.n_ctx // n_seq
+        # the state before the last draft, for a recurrent draft model (see _follow)
+        self.checkpoints = Checkpoints(self.ctx, max_per_seq=1)
         self.max_skip = max_skip
         self.seqs = [_DraftSeq() for _ in range(n_seq)]
 
@@ -141,6 +147,7 @@ class DraftModel:
         if seq.probe:
             n_max = 1
         logits = self._follow(seq, seq_id, tokens)
+        self.checkpoints.save(seq_id, len(seq.cached))
         out = self._greedy(seq, seq_id, logits, n_max)
         seq.last = (len(tokens), out)
         return out
@@ -182,7 +189,7 @@ class DraftModel:
         limit = min(len(seq.cached), len(tokens) - 1)
         while keep < limit and seq.cached[keep] == tokens[keep]:
             keep += 1
-        self.ctx.kv.seq_rm(seq_id, keep, -1)
+        keep = self.checkpoints.rewind(seq_id, keep)
         del seq.cached[keep:]
         rest = list(tokens[keep:])
         n_batch = self.ctx.n_batch
@@ -191,6 +198,13 @@ class DraftModel:
             self.ctx.decode(Batch.from_tokens(chunk, pos0=len(seq.cached), seq_id=seq_id, logits="last"))
             seq.cached.extend(chunk)
         return self.ctx.logits(-1)
+
+
+def snapshots_for(drafter: object, n_ubatch: int) -> int:
+    """The n_rs_seq a recurrent target's context needs to drop a rejected draft of `drafter`
+    (its longest draft; 16 for a drafter that does not say), within the engine's bounds."""
+    longest = getattr(drafter, "draft_max", None) or getattr(drafter, "num_pred_tokens", None) or 16
+    return max(0, min(int(longest), 64, n_ubatch - 1))
 
 
 def _top(logits: np.ndarray) -> tuple[int, float]:
@@ -228,8 +242,11 @@ def speculative_tokens(ctx: Context, tokens: list[int], logits: np.ndarray, samp
         on_logits(logits, pending)
     yield pending
     n_batch = ctx.n_batch
+    # a recurrent model drops rejected drafted tokens by rolling back to the states the context
+    # kept of its last decode (n_rs_seq): drafts no longer than that
+    most = ctx.n_rs_seq if ctx.model.is_recurrent else n_batch - 1
     while len(tokens) < n_ctx:
-        room = min(n_ctx - len(tokens) - 1, n_batch - 1)
+        room = min(n_ctx - len(tokens) - 1, n_batch - 1, most)
         draft = drafter.draft(tokens + [pending], room) if room > 0 else []
         batch = [pending] + draft
         ctx.decode(Batch.from_tokens(batch, pos0=len(tokens), seq_id=seq_id, logits="all"))
@@ -248,7 +265,9 @@ def speculative_tokens(ctx: Context, tokens: list[int], logits: np.ndarray, samp
                 continue
             # The first token the draft did not predict: drop the drafted cells after it.
             keep = base + 1 + i
-            ctx.kv.seq_rm(seq_id, keep, -1)
+            if not ctx.kv.seq_rm(seq_id, keep, -1):
+                raise RuntimeError(f"the context could not drop {len(batch) - 1 - i} rejected drafted tokens "
+                                   f"(a recurrent model keeps n_rs_seq = {ctx.n_rs_seq} of them)")
             del tokens[keep:]
             pending = token
             yield token

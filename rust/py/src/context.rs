@@ -221,6 +221,8 @@ impl PyContext {
     #[getter] fn n_batch(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_batch) }
     #[getter] fn n_ubatch(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_ubatch) }
     #[getter] fn n_seq_max(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_seq_max) }
+    /// Tokens of a sequence's last decode that seq_rm can remove again (recurrent models).
+    #[getter] fn n_rs_seq(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_rs_seq) }
     #[getter] fn n_threads(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_threads) }
     /// How embeddings are pooled: "none", "mean", "cls" or "last".
     #[getter] fn pooling(&self) -> PyResult<&'static str> { Ok(self.lock()?.params.pooling.name()) }

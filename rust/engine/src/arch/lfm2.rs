@@ -148,6 +148,9 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
     embed(w, ws, ub, d, 1.0, threads);
     fill_rope_caches(hp, ws, ub);
     for (il, lw) in w.layers.iter().enumerate() {
+        if let Some(s) = ws.stats.as_deref_mut() {
+            s.begin_layer(il);
+        }
         pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
         match &lw.rs {
             Some(RsWeights::ShortConv(c)) => short_conv_mixer(rs, c, ws, &mut kv.rs, ub, il, threads),

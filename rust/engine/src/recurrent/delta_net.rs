@@ -12,7 +12,8 @@
 
 use ferrollama_tensor::{ssm, QMatrix, Threads};
 
-use crate::arch::blocks::lora_mm;
+use crate::actstats::Matrix;
+use crate::arch::blocks::{lora_mm, note};
 use crate::error::{EngineError, Result};
 use crate::graph::{UBatchView, Workspace};
 use crate::hparams::RsParams;
@@ -160,6 +161,7 @@ pub fn delta_net_mixer(rs: &RsParams, w: &DeltaNetWeights, ws: &mut Workspace, s
     let (conv_dim, key_dim, value_dim) = (d.conv_dim(), d.key_dim(), d.value_dim());
     project_inputs(w, &d, ws, n, threads);
     project_gates(w, &d, ws, n, threads);
+    note_inputs(w, ws, n);
     let sc = &mut ws.rs;
     let conv = sized(&mut sc.conv, n * conv_dim);
     let y = sized(&mut sc.y, n * value_dim);
@@ -199,6 +201,22 @@ pub fn delta_net_mixer(rs: &RsParams, w: &DeltaNetWeights, ws: &mut Workspace, s
     swiglu(z, y, d.s);
     let dim = w.out_proj.rows;
     lora_mm(&w.out_proj, w.out_proj_s, &[], z, n, &mut ws.o[..n * dim], &mut ws.mm, &mut ws.lora, threads);
+    note(&mut ws.stats, Matrix::Other("ssm_out"), z, n);
+}
+
+/// The activation statistics of the products of ws.h (llama-imatrix's, by tensor name).
+fn note_inputs(w: &DeltaNetWeights, ws: &mut Workspace, n: usize) {
+    let Some(stats) = ws.stats.as_deref_mut() else { return };
+    let inputs: &[&'static str] = match (&w.input, &w.gates) {
+        (InputProj::Split { .. }, GateProj::Split { .. }) => &["attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"],
+        (InputProj::Split { .. }, GateProj::Grouped(_)) => &["attn_qkv", "attn_gate", "ssm_ba"],
+        (InputProj::Grouped(_), GateProj::Split { .. }) => &["ssm_in", "ssm_beta", "ssm_alpha"],
+        (InputProj::Grouped(_), GateProj::Grouped(_)) => &["ssm_in", "ssm_ba"],
+    };
+    let x = &ws.h[..n * w.out_proj.rows];
+    for &name in inputs {
+        stats.record(Matrix::Other(name), x, n);
+    }
 }
 
 /// ws.rs.proj = the convolution's channels (n × conv_dim), ws.rs.z = the gate (n × value_dim).

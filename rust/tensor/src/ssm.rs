@@ -30,12 +30,12 @@
 use crate::dispatch::{active_isa, Isa};
 use crate::threads::{SendPtr, Threads};
 
-/// The widest head (S_v) `gated_delta_net` takes: a tile's per-channel decays live on the
-/// stack.
+/// The widest head (S_v) `gated_delta_net` takes: a tile of tokens' q, k and decays are
+/// copied to the stack.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// Tokens a head's state rows are walked through at a time (see the module's comment); their
-/// per-token operands (and KDA's decays, TOKEN_TILE * MAX_HEAD_DIM floats) are on the stack.
+/// Tokens a head's state rows are walked through at a time (see the module's comment); the
+/// delta net copies their q, k and decays to the stack (3 * TOKEN_TILE * MAX_HEAD_DIM floats).
 const TOKEN_TILE: usize = 16;
 
 /// Multiply-adds below which a kernel stays on the caller's thread: publishing a job to the
@@ -408,27 +408,36 @@ pub fn gated_delta_net_on(
     let (state_p, out_p) = (SendPtr(state.as_mut_ptr()), SendPtr(out.as_mut_ptr()));
     let decay_len = if kda { s_v } else { 1 };
     threads.run(n_tasks, |task| {
-        let mut decays = [[0f32; MAX_HEAD_DIM]; TOKEN_TILE];
+        let mut tile = [0f32; 3 * TOKEN_TILE * MAX_HEAD_DIM];
         for h in task * heads_per_task..((task + 1) * heads_per_task).min(h_v) {
             // SAFETY: head h's state is its own, disjoint from the other tasks' heads.
             let state_h = unsafe { std::slice::from_raw_parts_mut(state_p.get().add(h * head_state), head_state) };
             let qk_head = (h % h_k) * s_k;
             for t0 in (0..n_t).step_by(TOKEN_TILE) {
                 let n = (n_t - t0).min(TOKEN_TILE);
-                for (i, decay) in decays[..n].iter_mut().enumerate() {
-                    let g_t = &g[(t0 + i) * g_stride + h * decay_len..][..decay_len];
-                    decay.iter_mut().zip(g_t).for_each(|(d, &gi)| *d = gi.exp());
+                // The tile's q and k rows side by side: in place they lie a multiple of 4 KiB
+                // apart (rows of the fused qkv projection), in the same few L1 sets, and a tile
+                // of them would keep evicting each other while every row of the state passes.
+                let (q_tile, rest) = tile.split_at_mut(TOKEN_TILE * s_v);
+                let (k_tile, decay_tile) = rest.split_at_mut(TOKEN_TILE * s_v);
+                for i in 0..n {
+                    let t = t0 + i;
+                    q_tile[i * s_v..(i + 1) * s_v].copy_from_slice(&q[t * qk_stride + qk_head..][..s_v]);
+                    k_tile[i * s_v..(i + 1) * s_v].copy_from_slice(&k[t * qk_stride + qk_head..][..s_v]);
+                    let g_t = &g[t * g_stride + h * decay_len..][..decay_len];
+                    decay_tile[i * decay_len..(i + 1) * decay_len].iter_mut().zip(g_t).for_each(|(d, &gi)| *d = gi.exp());
                 }
+                let (q_tile, k_tile, decay_tile) = (&*q_tile, &*k_tile, &*decay_tile);
                 let mut tokens: [DeltaToken; TOKEN_TILE] = std::array::from_fn(|i| {
                     if i >= n {
                         return DeltaToken::default();
                     }
                     let t = t0 + i;
                     DeltaToken {
-                        q: &q[t * qk_stride + qk_head..][..s_v],
-                        k: &k[t * qk_stride + qk_head..][..s_v],
+                        q: &q_tile[i * s_v..(i + 1) * s_v],
+                        k: &k_tile[i * s_v..(i + 1) * s_v],
                         v: &v[t * v_stride + h * s_v..][..s_v],
-                        decay: &decays[i][..decay_len],
+                        decay: &decay_tile[i * decay_len..(i + 1) * decay_len],
                         beta: beta[t * beta_stride + h],
                         scale,
                         // SAFETY: head h's columns of row t are written by this task only; in

@@ -500,14 +500,15 @@ fn ssm_conv_simd_matches_scalar() {
     }
 }
 
-/// Every level's ssm_scan against the scalar one on d_state 16/64/128 and odd sizes: the
-/// new state bit for bit (the same products and sums), y within 1e-5 (its sum's order).
+/// Every level's ssm_scan against the scalar one on d_state 16/64/128 and odd sizes (rows in
+/// groups of eight, four and one; partial vectors): the new state bit for bit (the same
+/// products and sums), y within 1e-5 (its sum's order).
 #[test]
 fn ssm_scan_simd_matches_scalar() {
     let mut rng = Rng::new(22);
     let two = Threads::new(2);
     for isa in simd_levels() {
-        for (d_state, head_dim, n_head, n_group) in [(16, 3, 2, 1), (64, 5, 6, 3), (128, 64, 4, 1), (128, 32, 48, 1), (19, 7, 4, 2), (8, 1, 1, 1), (1, 2, 2, 1)] {
+        for (d_state, head_dim, n_head, n_group) in [(16, 3, 2, 1), (64, 5, 6, 3), (128, 64, 4, 1), (128, 32, 48, 1), (19, 7, 4, 2), (24, 13, 2, 1), (8, 1, 1, 1), (1, 2, 2, 1)] {
             for n_t in [1, 3, 17] {
                 let case = Scan::random(&mut rng, d_state, head_dim, n_head, n_group, n_t);
                 let what = format!("{} d_state {d_state} head_dim {head_dim} n_head {n_head} n_group {n_group} n_t {n_t}", isa.name());
@@ -521,15 +522,16 @@ fn ssm_scan_simd_matches_scalar() {
     }
 }
 
-/// Every level's gated delta net against the scalar one on S_v 16/64/128 and odd sizes,
-/// scalar and per-channel gates: outputs and state within 1e-5 (the dots' order and fused
+/// Every level's gated delta net against the scalar one on S_v 16/64/128 and odd sizes (rows
+/// in groups of eight, four and one; partial vectors), scalar and per-channel gates, 1, 3
+/// and 17 tokens (two tiles): outputs and state within 1e-5 (the dots' order and fused
 /// multiply-adds differ, and their differences feed the next tokens).
 #[test]
 fn gated_delta_net_simd_matches_scalar() {
     let mut rng = Rng::new(23);
     let two = Threads::new(2);
     for isa in simd_levels() {
-        for (s, h_k, h_v) in [(16, 1, 2), (64, 2, 4), (128, 16, 16), (128, 1, 3), (20, 3, 3), (7, 1, 1), (1, 1, 1)] {
+        for (s, h_k, h_v) in [(16, 1, 2), (64, 2, 4), (128, 16, 16), (128, 1, 3), (20, 3, 3), (13, 1, 2), (7, 1, 1), (1, 1, 1)] {
             for kda in [false, true] {
                 for n_t in [1, 3, 17] {
                     let case = Delta::random(&mut rng, s, h_k, h_v, kda, n_t);

@@ -1,8 +1,9 @@
 //! The recurrent kernels of `ssm` (ssm_conv, ssm_scan, the gated delta net) in AVX2 and
 //! AVX-512. `ssm_kernels!` writes them once over a level's vector primitives (`V`, `LANES`,
-//! load/store with a lane count for a row's last partial vector, mul/add/fmadd, hsum); the
-//! two levels differ only in those, and ssm_conv's four-tap kernel, which uses AVX-512's
-//! expand/compress loads and stores.
+//! load/store with a lane count for a row's last partial vector, mul/add/fmadd, hsum, hsum4);
+//! the two levels differ only in those and in ssm_conv's kernel for a few tokens
+//! (`conv_few`: four taps, windows kept one channel per 128-bit lane, filled by AVX-512's
+//! expanding loads or AVX2's permutes).
 //!
 //! They compute what the scalar specifications in `ssm` do, element for element, except
 //! that the dot products are summed in vector lanes with fused multiply-adds (ssm_scan's new
@@ -18,16 +19,17 @@ use crate::ssm::{ConvPart, DeltaToken, ScanToken};
 /// The most taps the vector ssm_conv keeps in registers (wider kernels use the scalar one).
 pub const MAX_TAPS: usize = 8;
 
-/// Tokens from which ssm_conv takes the transposing kernel (`conv_tiled`).
-const CONV_TILED_MIN_TOKENS: usize = 4;
+/// Rows of the state handled together. A token's work on a row waits for the previous
+/// token's on it (its dot with k, the reduction, the delta, the update: some ninety cycles),
+/// so the rows of a group are independent chains that overlap; eight keep the FMA units
+/// busy rather than waiting on those chains (four: 512 tokens of Qwen3.5-0.8B's delta net
+/// 36-41 us a layer on AVX-512, eight: 26-27), and share the loads of k, q and the decay (of
+/// B and C in the scan). AVX2 spills a few registers at eight and is still a little faster.
+const ROWS: usize = 8;
 
 /// Channels `conv_tiled` transposes at a time: its stack holds their taps and state.
 const CONV_CHUNK: usize = 256;
 
-/// Rows of the state handled together: their dot products are independent chains, so four
-/// of them keep the FMA units busy while each waits for its own previous sum, and share
-/// the loads of k, q and the decay (of B and C in the scan).
-const ROWS: usize = 4;
 
 macro_rules! ssm_kernels {
     ($features:literal) => {
@@ -46,8 +48,27 @@ macro_rules! ssm_kernels {
             if n == LANES { store(p, v) } else { store_part(p, n, v) }
         }
 
+        /// The lane sums of R accumulators: by fours through one reduction tree (a third of
+        /// the shuffles of four separate ones), else one by one.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn hsums<const R: usize>(acc: &[V; R]) -> [f32; R] {
+            let mut sums = [0f32; R];
+            if R % 4 == 0 {
+                for (four, acc4) in sums.chunks_exact_mut(4).zip(acc.chunks_exact(4)) {
+                    four.copy_from_slice(&hsum4([acc4[0], acc4[1], acc4[2], acc4[3]]));
+                }
+            } else {
+                sums.iter_mut().zip(acc).for_each(|(s, &a)| *s = hsum(a));
+            }
+            sums
+        }
+
         /// One head of ssm_scan through a tile of tokens (`ssm::scan_head_scalar`): ROWS
         /// rows at a time, each group through all the tokens while it is in L1.
+        ///
+        /// `state` borrowed whole, the rows are reached through its pointer (`scan_rows`
+        /// writes R rows at once); in bounds by the shape checks.
         #[target_feature(enable = $features)]
         pub(crate) unsafe fn scan_head(state: &mut [f32], tokens: &mut [ScanToken]) {
             let Some(first) = tokens.first() else { return };
@@ -56,17 +77,19 @@ macro_rules! ssm_kernels {
             for tok in tokens.iter() {
                 assert!(tok.b.len() == d_state && tok.c.len() == d_state && tok.x.len() == head_dim && tok.y.len() == head_dim, "scan_head: token shapes");
             }
+            let rows = state.as_mut_ptr();
             let mut r = 0;
-            while r + ROWS <= head_dim {
+            while r < head_dim {
+                // Groups of ROWS, then of four, then single rows.
+                let group = if r + ROWS <= head_dim { ROWS } else if r + 4 <= head_dim { 4 } else { 1 };
                 for tok in tokens.iter_mut() {
-                    scan_rows::<ROWS>(state.as_mut_ptr().add(r * d_state), r, tok);
+                    match group {
+                        ROWS => scan_rows::<ROWS>(rows.add(r * d_state), r, tok),
+                        4 => scan_rows::<4>(rows.add(r * d_state), r, tok),
+                        _ => scan_rows::<1>(rows.add(r * d_state), r, tok),
+                    }
                 }
-                r += ROWS;
-            }
-            for r in r..head_dim {
-                for tok in tokens.iter_mut() {
-                    scan_rows::<1>(state.as_mut_ptr().add(r * d_state), r, tok);
-                }
+                r += group;
             }
         }
 
@@ -90,8 +113,8 @@ macro_rules! ssm_kernels {
                     acc[r] = fmadd(s, c, acc[r]);
                 }
             }
-            for r in 0..R {
-                tok.y[r0 + r] = hsum(acc[r]);
+            for (r, sum) in hsums(&acc).into_iter().enumerate() {
+                tok.y[r0 + r] = sum;
             }
         }
 
@@ -106,17 +129,19 @@ macro_rules! ssm_kernels {
                 assert!(tok.q.len() == s_v && tok.k.len() == s_v && tok.v.len() == s_v && tok.out.len() == s_v, "delta_head: token shapes");
                 assert!(tok.decay.len() == 1 || tok.decay.len() == s_v, "delta_head: decay");
             }
+            let rows = state.as_mut_ptr();
             let mut j = 0;
-            while j + ROWS <= s_v {
+            while j < s_v {
+                // Groups of ROWS, then of four, then single rows.
+                let group = if j + ROWS <= s_v { ROWS } else if j + 4 <= s_v { 4 } else { 1 };
                 for tok in tokens.iter_mut() {
-                    delta_rows::<ROWS>(state.as_mut_ptr().add(j * s_v), j, tok);
+                    match group {
+                        ROWS => delta_rows::<ROWS>(rows.add(j * s_v), j, tok),
+                        4 => delta_rows::<4>(rows.add(j * s_v), j, tok),
+                        _ => delta_rows::<1>(rows.add(j * s_v), j, tok),
+                    }
                 }
-                j += ROWS;
-            }
-            for j in j..s_v {
-                for tok in tokens.iter_mut() {
-                    delta_rows::<1>(state.as_mut_ptr().add(j * s_v), j, tok);
-                }
+                j += group;
             }
         }
 
@@ -130,20 +155,31 @@ macro_rules! ssm_kernels {
         /// Rows j0..j0+R of one head's transposed state (columns of S), starting at `rows`,
         /// for one token: decay, dot with k, the delta, the rank-1 update, dot with q. The
         /// first pass only reads (the decayed row is recomputed, the same product, in the
-        /// second rather than stored twice), the second reads from L1 and writes.
+        /// second rather than stored twice), the second reads from L1 and writes. A scalar
+        /// gate factors out of the first dot: decay * (s . k), one multiply-add an element.
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn delta_rows<const R: usize>(rows: *mut f32, j0: usize, tok: &mut DeltaToken) {
             let s_v = tok.v.len();
+            let per_channel = tok.decay.len() > 1;
             let mut acc = [zero(); R];
             for i in (0..s_v).step_by(LANES) {
                 let n = (s_v - i).min(LANES);
-                let (decay, k) = (decay_at(tok, i, n), load_upto(tok.k.as_ptr().add(i), n));
-                for r in 0..R {
-                    acc[r] = fmadd(mul(load_upto(rows.add(r * s_v + i), n), decay), k, acc[r]);
+                let k = load_upto(tok.k.as_ptr().add(i), n);
+                if per_channel {
+                    let decay = load_upto(tok.decay.as_ptr().add(i), n);
+                    for r in 0..R {
+                        acc[r] = fmadd(mul(load_upto(rows.add(r * s_v + i), n), decay), k, acc[r]);
+                    }
+                } else {
+                    for r in 0..R {
+                        acc[r] = fmadd(load_upto(rows.add(r * s_v + i), n), k, acc[r]);
+                    }
                 }
             }
-            let delta: [V; R] = std::array::from_fn(|r| set1((tok.v[j0 + r] - hsum(acc[r])) * tok.beta));
+            let kv = hsums(&acc);
+            let kv_scale = if per_channel { 1.0 } else { tok.decay[0] };
+            let delta: [V; R] = std::array::from_fn(|r| set1((tok.v[j0 + r] - kv[r] * kv_scale) * tok.beta));
             let mut acc = [zero(); R];
             for i in (0..s_v).step_by(LANES) {
                 let n = (s_v - i).min(LANES);
@@ -155,8 +191,8 @@ macro_rules! ssm_kernels {
                     acc[r] = fmadd(m, q, acc[r]);
                 }
             }
-            for r in 0..R {
-                tok.out[j0 + r] = hsum(acc[r]) * tok.scale;
+            for (r, sum) in hsums(&acc).into_iter().enumerate() {
+                tok.out[j0 + r] = sum * tok.scale;
             }
         }
 
@@ -237,6 +273,10 @@ pub mod avx2 {
 
     type V = __m256;
     const LANES: usize = 8;
+    /// Tokens from which ssm_conv takes the transposing kernel (`conv_tiled`) rather than
+    /// `conv_few`: Qwen3.5-0.8B's 6144 channels, 4 tokens 8.3 us few / 11.1 tiled, 8 tokens
+    /// 8.1 / 6.0.
+    const CONV_TILED_MIN_TOKENS: usize = 8;
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
@@ -275,6 +315,17 @@ pub mod avx2 {
         let r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
         let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
         _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+    }
+    /// The lane sums of four vectors: pairwise horizontal adds within the 128-bit lanes, then
+    /// the two lanes added.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum4(v: [V; 4]) -> [f32; 4] {
+        let quads = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+        let sums = _mm_add_ps(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1));
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), sums);
+        out
     }
 
     ssm_kernels!("avx2,fma");
@@ -355,6 +406,10 @@ pub mod avx512 {
 
     type V = __m512;
     const LANES: usize = 16;
+    /// Tokens from which ssm_conv takes the transposing kernel (`conv_tiled`) rather than
+    /// `conv_few`: Qwen3.5-0.8B's 6144 channels, 16 tokens 4.2 us few / 5.0 tiled, 32 tokens
+    /// 4.4 / 3.6.
+    const CONV_TILED_MIN_TOKENS: usize = 24;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
@@ -389,6 +444,19 @@ pub mod avx512 {
     #[inline]
     #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
     unsafe fn hsum(v: V) -> f32 { _mm512_reduce_add_ps(v) }
+    /// The lane sums of four vectors: their 256-bit halves added, then AVX2's reduction of
+    /// four.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f,avx512bw")]
+    unsafe fn hsum4(v: [V; 4]) -> [f32; 4] {
+        let half = |x: V| _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))));
+        let (h0, h1, h2, h3) = (half(v[0]), half(v[1]), half(v[2]), half(v[3]));
+        let quads = _mm256_hadd_ps(_mm256_hadd_ps(h0, h1), _mm256_hadd_ps(h2, h3));
+        let sums = _mm_add_ps(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1));
+        let mut out = [0f32; 4];
+        _mm_storeu_ps(out.as_mut_ptr(), sums);
+        out
+    }
 
     ssm_kernels!("avx2,fma,avx512f,avx512bw");
 

@@ -258,6 +258,9 @@ pub fn ssm_scan_on(
     let scan = kernels(isa).scan;
     let heads_per_group = n_head / n_group;
     let head_state = d_state * head_dim;
+    if head_state == 0 {
+        return; // no state, no outputs (and rows of zero values could not be walked)
+    }
     let n_tasks = tasks_for(n_t * head_state * n_head, n_head, threads);
     let heads_per_task = n_head.div_ceil(n_tasks.max(1));
     let (state_p, y_p) = (SendPtr(state.as_mut_ptr()), SendPtr(y.as_mut_ptr()));
@@ -341,7 +344,8 @@ fn scan_head_scalar(state: &mut [f32], tokens: &mut [ScanToken]) {
 ///
 /// Per head and token: S *= exp(g) (row i of S by exp(g[i]) for KDA); then for every
 /// column j, delta[j] = (v[j] - sum_i S[i][j] k[i]) * beta; S[i][j] += k[i] delta[j];
-/// out[j] = sum_i S[i][j] q[i] / sqrt(S_v). The sums run in i order.
+/// out[j] = sum_i S[i][j] q[i] / sqrt(S_v). The sums run in i order. S_v is at most
+/// MAX_HEAD_DIM (256); q and k are used as given (the models L2-normalize them before).
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_net(
     state: &mut [f32],
@@ -402,6 +406,9 @@ pub fn gated_delta_net_on(
     assert!(rows_fit(beta, beta_stride, h_v), "gated_delta_net: beta holds n_t rows of H_v at beta_stride");
     let delta_head = kernels(isa).delta;
     let head_state = s_v * s_v;
+    if head_state == 0 {
+        return; // no state, no outputs (and rows of zero values could not be walked)
+    }
     let scale = 1.0 / (s_v as f32).sqrt();
     let n_tasks = tasks_for(2 * n_t * head_state * h_v, h_v, threads);
     let heads_per_task = h_v.div_ceil(n_tasks.max(1));

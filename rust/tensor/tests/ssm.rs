@@ -30,6 +30,11 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     }
 }
 
+/// `s[from..]`, or nothing when a call of no tokens has no rows to slice.
+fn tail(s: &[f32], from: usize) -> &[f32] {
+    s.get(from..).unwrap_or(&[])
+}
+
 fn assert_bits(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
@@ -212,7 +217,7 @@ impl Scan {
         let (x, b, c, dt) = self.offsets();
         let (r, s) = (&self.rows[..], self.stride);
         let mut y = vec![f32::NAN; self.n_t * self.head_dim * self.n_head];
-        ssm_scan_on(isa, state, &r[x..], s, &r[dt..], s, &self.a, &r[b..], &r[c..], s, self.n_t, self.d_state, self.head_dim, self.n_head, self.n_group, &mut y, threads);
+        ssm_scan_on(isa, state, tail(r, x), s, tail(r, dt), s, &self.a, tail(r, b), tail(r, c), s, self.n_t, self.d_state, self.head_dim, self.n_head, self.n_group, &mut y, threads);
         y
     }
 
@@ -367,7 +372,7 @@ impl Delta {
     fn run_on(&self, isa: Isa, state: &mut [f32], threads: &Threads) -> Vec<f32> {
         let (s, h_k, h_v) = (self.s, self.h_k, self.h_v);
         let r = &self.qkv[..];
-        let (q, k, v) = (r, &r[s * h_k..], &r[2 * s * h_k..]);
+        let (q, k, v) = (r, tail(r, s * h_k), tail(r, 2 * s * h_k));
         let mut out = vec![f32::NAN; self.n_t * s * h_v];
         gated_delta_net_on(isa, state, q, k, self.qkv_stride, v, self.qkv_stride, &self.g, self.g_stride, self.kda, &self.beta, self.beta_stride, self.n_t, s, h_k, s, h_v, &mut out, threads);
         out
@@ -544,5 +549,26 @@ fn gated_delta_net_simd_matches_scalar() {
                 }
             }
         }
+    }
+}
+
+/// No tokens: every kernel leaves its state as it was, on every level.
+#[test]
+fn zero_tokens_change_nothing() {
+    let mut rng = Rng::new(24);
+    let one = Threads::new(1);
+    for isa in [Isa::Scalar].into_iter().chain(simd_levels()) {
+        let conv = Conv::random(&mut rng, 37, 4, 0);
+        let mut state = conv.state.clone();
+        assert!(conv.run_on(isa, &mut state, &one).is_empty());
+        assert_bits(&state, &conv.state, &format!("{}: ssm_conv state", isa.name()));
+        let scan = Scan::random(&mut rng, 16, 4, 2, 1, 0);
+        let mut state = scan.state.clone();
+        assert!(scan.run_on(isa, &mut state, &one).is_empty());
+        assert_bits(&state, &scan.state, &format!("{}: ssm_scan state", isa.name()));
+        let delta = Delta::random(&mut rng, 16, 1, 2, true, 0);
+        let mut state = delta.state.clone();
+        assert!(delta.run_on(isa, &mut state, &one).is_empty());
+        assert_bits(&state, &delta.state, &format!("{}: gated_delta_net state", isa.name()));
     }
 }

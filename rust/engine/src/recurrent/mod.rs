@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn store_with_a_convolution_row_only() {
         let rs = RsParams { layers: vec![true, false, true], n_r: 4, n_s: 0, d_conv: 3, d_inner: 0, d_state: 0, n_group: 0, dt_rank: 0 };
-        let mut store = RsStore::new(&rs, 3).unwrap();
+        let mut store = RsStore::new(&rs, 3, 0).unwrap();
         assert_eq!(store.layers().collect::<Vec<_>>(), [0, 2]);
         assert_eq!((store.bytes(), store.cell_bytes()), (4 * 2 * 3 * 4, 4 * 2 * 4));
         for il in [0, 2] {

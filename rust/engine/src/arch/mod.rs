@@ -6,6 +6,7 @@ pub mod gemma2;
 pub mod bert;
 pub mod falcon_h1;
 pub mod gemma3;
+pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granite;
 pub mod granite_hybrid;
@@ -69,6 +70,7 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen35::QWEN35,
     qwen35::QWEN35MOE,
     qwen35::QWEN3NEXT,
+    glm4_moe::GLM4MOE,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -18,8 +18,9 @@ RoPE on block 3 (llama.cpp's default pattern, 3 chunked : 1 full, the last of ea
 RoPE); Llama 3 RoPE frequency factors; L2 norms of Q and K on the RoPE blocks. llama.cpp fixes
 Llama 4's chunk at 8192 positions (and the attention temperature's floor scale of the no-RoPE
 blocks at 8192 too), whatever the file says: so the scenario's positions start at
-8192 - 22, and the prompt crosses a chunk boundary (and a temperature step) in its first
-micro-batch.
+100 * 8192 - 22, where the prompt crosses a chunk boundary in its first micro-batch and the
+no-RoPE block's queries are scaled by a temperature of about 1.46 (log(100) * 0.1 + 1; at
+positions below 8191 it is 1 and changes nothing).
 
   python tests/data/make_tiny_glm_llama4.py            # writes them all (deterministic)
 """
@@ -41,9 +42,9 @@ N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM = 256, 4, 2, 64
 Q_DIM, KV_DIM = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
 
 #: llama.cpp's fixed Llama 4 chunk (and temperature floor scale); the scenario's positions start
-#: this far before its first boundary.
+#: 22 before the boundary of the 100th chunk.
 LLAMA4_CHUNK = 8192
-LLAMA4_POS0 = LLAMA4_CHUNK - 22
+LLAMA4_POS0 = 100 * LLAMA4_CHUNK - 22
 
 
 def add_keys(w: gguf.GGUFWriter, arch: str, keys: dict) -> None:

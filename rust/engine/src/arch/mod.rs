@@ -12,6 +12,7 @@ pub mod granite;
 pub mod granite_hybrid;
 pub mod lfm2;
 pub mod llama;
+pub mod llama4;
 pub mod mamba2;
 pub mod nemotron_h;
 pub mod olmo2;
@@ -71,6 +72,7 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen35::QWEN35MOE,
     qwen35::QWEN3NEXT,
     glm4_moe::GLM4MOE,
+    llama4::LLAMA4,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -167,14 +167,20 @@ def llama4_scenario(model_file: str) -> dict:
 MODELS = {"glm4moe": (m_glm4moe, scenario), "llama4": (m_llama4, llama4_scenario)}
 
 
-def write_model(name: str, qtype: str, path: Path) -> None:
+def write_model(name: str, qtype: str, path: Path, drop: tuple[str, ...] = (), extra: dict | None = None) -> None:
+    """The model `name` in `qtype`; for the tests, without the tensors named in `drop` and with
+    the F32 tensors of `extra` added."""
     build, _ = MODELS[name]
-    arch = name
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), name)
     w.add_name(f"tiny random model {qtype}")
     copy_vocab(w)
+    if drop:
+        add = w.add_tensor
+        w.add_tensor = lambda n, *a, **k: None if n in drop or n.startswith(drop) else add(n, *a, **k)
     wt = Weights(w, np.random.default_rng(sum(map(ord, name))), qtype)
     build(w, wt)
+    for n, values in (extra or {}).items():
+        wt.vector(n, values)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -536,3 +536,17 @@ fn yarn_attn_factor(factor: f32, log_mul: f32) -> f32 {
     let f = if log_mul != 0.0 { mscale(factor, 1.0) / mscale(factor, log_mul) } else { mscale(factor, 1.0) };
     f * (1.0 / (1.0 + 0.1 * factor.ln()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::AttnTemperature;
+
+    #[test]
+    fn llama4_temperature_steps_every_floor_scale_positions() {
+        let t = AttnTemperature { floor_scale: 8192.0, scale: 0.1, offset: 1.0 };
+        assert_eq!(t.factor(0), 1.0);
+        assert_eq!(t.factor(8190), 1.0);
+        assert_eq!(t.factor(8191), (2f64.ln() * 0.1 + 1.0) as f32);
+        assert_eq!(t.factor(100 * 8192 - 1), (101f64.ln() * 0.1 + 1.0) as f32);
+    }
+}

@@ -12,6 +12,8 @@
 //! llama.cpp fixes the chunk, the temperature's floor scale, its scale and offset whatever the
 //! file says (llama_model_llama4::load_arch_hparams); a file whose `attention.sliding_window`
 //! is 0 asks for no chunking, where llama.cpp's graph asserts on the missing temperature: refused.
+//! A K-shift (context shift) re-rotates the keys of every block, the no-RoPE ones included, as
+//! llama.cpp's does (its llama4 loader leaves rope_pattern at "every layer has RoPE").
 
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;

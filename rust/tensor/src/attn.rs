@@ -785,12 +785,16 @@ mod x86 {
         // Heads in blocks of up to eight, each cached row read once per block: the blocks'
         // accumulators (heads x 16 NV floats) stay in registers. A set's rows are read for
         // every slice of dimensions and every token while they are in L1 or L2.
+        // Two tokens at a time where the heads are few (each value vector loaded then feeds
+        // twice the accumulators): the dense walks, which cover the same cells.
+        let pairs = nq <= 2 && sums.len() >= 2 && sums.iter().all(|u| matches!(u.cells, Cells::All));
         let mut h0 = 0;
         while h0 < nq {
             let hb = (nq - h0).min(8);
+            let nv = if pairs { lanes_per_pair(hb, dv) } else { lanes_per_pass(hb, dv) };
             macro_rules! pass {
                 ($(($h:literal, $nv:literal)),*) => {
-                    match (hb, lanes_per_pass(hb, dv)) {
+                    match (hb, nv) {
                         $(($h, $nv) => {
                             for r in 0..sets {
                                 let vr = if CONVERT {
@@ -803,13 +807,22 @@ mod x86 {
                                     in_place
                                 };
                                 for i in (0..dv).step_by(16 * $nv) {
-                                    for u in sums {
-                                        set_pass::<$h, $nv>(u, vr, h0, i, r);
+                                    if pairs {
+                                        for two in sums.chunks(2) {
+                                            match two {
+                                                [u0, u1] => set_pass_pair::<$h, $nv>([u0, u1], vr, h0, i, r),
+                                                _ => set_pass::<$h, $nv>(&two[0], vr, h0, i, r),
+                                            }
+                                        }
+                                    } else {
+                                        for u in sums {
+                                            set_pass::<$h, $nv>(u, vr, h0, i, r);
+                                        }
                                     }
                                 }
                             }
                         })*
-                        _ => unreachable!("lanes_per_pass returns one of these"),
+                        _ => unreachable!("lanes_per_pass and lanes_per_pair return one of these"),
                     }
                 };
             }
@@ -847,6 +860,68 @@ mod x86 {
             1 | 2 if dv % 128 == 0 => 8,
             1..=4 => 4,
             _ => 2,
+        }
+    }
+
+    /// 16-float vectors per row chunk for two tokens of `hb` (1 or 2) heads.
+    fn lanes_per_pair(hb: usize, dv: usize) -> usize {
+        if hb == 1 && dv % 128 == 0 {
+            8
+        } else {
+            4
+        }
+    }
+
+    /// `set_pass` of two tokens' dense walks together: each value vector loaded once for both
+    /// (the cells both see, then the rest of the longer walk); every accumulator still takes
+    /// its cells in order.
+    #[inline(always)]
+    unsafe fn set_pass_pair<const HB: usize, const NV: usize>(u: [&Sums; 2], vr: Rows, h0: usize, i: usize, r: usize) {
+        let (n_kv, sets) = (u[0].n_kv, u[0].sets);
+        let p = [u[0].p.add(h0 * n_kv), u[1].p.add(h0 * n_kv)];
+        let mut a = [[[_mm512_setzero_ps(); NV]; HB]; 2];
+        macro_rules! add {
+            ($j:expr, $pi:expr, $tokens:expr) => {{
+                let (j, pi): (usize, usize) = ($j, $pi);
+                let v = vr.row(j);
+                let mut x = [_mm512_setzero_ps(); NV];
+                for c in 0..NV {
+                    x[c] = vr.load16(v, i + 16 * c);
+                }
+                for t in $tokens {
+                    for h in 0..HB {
+                        let pv = _mm512_set1_ps(*p[t].add(h * n_kv + pi));
+                        for c in 0..NV {
+                            a[t][h][c] = _mm512_fmadd_ps(x[c], pv, a[t][h][c]);
+                        }
+                    }
+                }
+            }};
+        }
+        let (mut j, mut pi) = (r, p_index(r, sets, n_kv));
+        let both = u[0].end.min(u[1].end);
+        while j < both {
+            add!(j, pi, 0..2);
+            j += sets;
+            pi += 1;
+        }
+        while j < u[0].end {
+            add!(j, pi, 0..1);
+            j += sets;
+            pi += 1;
+        }
+        while j < u[1].end {
+            add!(j, pi, 1..2);
+            j += sets;
+            pi += 1;
+        }
+        for (t, ut) in u.iter().enumerate() {
+            for h in 0..HB {
+                let base = ut.acc.add(((h0 + h) * sets + r) * ut.dv + i);
+                for c in 0..NV {
+                    _mm512_storeu_ps(base.add(16 * c), a[t][h][c]);
+                }
+            }
         }
     }
 

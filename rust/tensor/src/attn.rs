@@ -32,10 +32,18 @@ pub fn v_cols(cells: usize) -> usize {
 /// The row of cell j in a set-major V cache of `cols` rows per set: each set's cells are
 /// consecutive rows, so the weighted sum, which walks a set's cells in order, streams them
 /// (cells 64 apart in cell order are 16 KB apart in a 128-dimension cache: the walk would
-/// miss every cache level and alias in L1).
+/// miss every cache level and alias in L1). `cols` 0: the values are rows in cell order (a
+/// latent cache's values are the leading part of its keys, read in place).
 #[inline(always)]
 pub fn v_row(cell: usize, cols: usize) -> usize {
-    (cell % V_SETS) * cols + cell / V_SETS
+    if cols == 0 { cell } else { (cell % V_SETS) * cols + cell / V_SETS }
+}
+
+/// The cells a V cache of `cols` rows per set holds (0: rows in cell order, as many as the
+/// keys: `n_kv`).
+#[inline]
+pub fn v_capacity(cols: usize, n_kv: usize) -> usize {
+    if cols == 0 { n_kv } else { V_SETS * cols }
 }
 
 /// How a dot product's terms are summed (see the module documentation).
@@ -56,8 +64,8 @@ pub struct Heads<'a> {
     pub k: &'a [u8],
     pub k_stride: usize,
     pub k_offset: usize,
-    /// The layer's cached values, rows set-major: cell j's head starts at
-    /// v[v_row(j, v_cols) * v_stride + v_offset].
+    /// The layer's cached values, rows set-major (or in cell order for v_cols 0): cell j's
+    /// head starts at v[v_row(j, v_cols) * v_stride + v_offset].
     pub v: &'a [u8],
     pub v_stride: usize,
     pub v_offset: usize,
@@ -94,7 +102,7 @@ impl Heads<'_> {
     pub fn operands_fit(&self) -> bool {
         matches!(self.k_type, GgmlType::F16 | GgmlType::F32)
             && matches!(self.v_type, GgmlType::F16 | GgmlType::F32)
-            && self.n_kv <= V_SETS * self.v_cols
+            && self.n_kv <= v_capacity(self.v_cols, self.n_kv)
             && (1..=MAX_HEADS).contains(&self.n_q)
             && (1..=MAX_TOKENS).contains(&self.n_t)
             && self.mask_stride >= self.n_kv
@@ -109,7 +117,7 @@ impl Heads<'_> {
         let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
         let last = self.n_kv.saturating_sub(1);
         let k_end = last * self.k_stride + self.k_offset + self.head_dim_k * es(self.k_type);
-        let v_end = (V_SETS * self.v_cols).saturating_sub(1) * self.v_stride + self.v_offset + self.head_dim_v * es(self.v_type);
+        let v_end = v_capacity(self.v_cols, self.n_kv).saturating_sub(1) * self.v_stride + self.v_offset + self.head_dim_v * es(self.v_type);
         self.k.len() >= k_end && self.v.len() >= v_end
     }
 

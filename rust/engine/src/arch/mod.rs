@@ -2,6 +2,8 @@
 //! moe.rs), and one table row each.
 
 pub(crate) mod blocks;
+pub mod deepseek2;
+pub(crate) mod latent;
 pub mod gemma2;
 pub mod bert;
 pub mod falcon_h1;
@@ -69,6 +71,7 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen35::QWEN35,
     qwen35::QWEN35MOE,
     qwen35::QWEN3NEXT,
+    deepseek2::DEEPSEEK2,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

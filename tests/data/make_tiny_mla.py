@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes tiny random-weight models of llama.cpp's `deepseek2` architecture (multi-head latent
 attention) and their scenarios (tests/data/models/tiny-NAME-TYPE.gguf and
-tests/data/scenarios/arch-NAME-TYPE.json, TYPE f32 or q8_0, without expected values:
-benches/record_archs.py adds llama.cpp's):
+tests/data/scenarios/arch-NAME-TYPE.json, TYPE f32 or q8_0, and mla-shift-NAME-f32.json, the
+latent cache's K-shift and state round trips; without expected values: benches/record_mla.py
+adds llama.cpp's):
 
 - deepseek2: DeepSeek-V3's layout: Q through its own compression (attn_q_a, attn_q_a_norm,
   attn_q_b), the split attn_k_b / attn_v_b of newer files (a latent cache, the absorbed
@@ -172,18 +173,50 @@ def write_model(s: MlaSpec, qtype: str, path: Path) -> None:
     w.close()
 
 
+def shift_scenario(model_file: str) -> dict:
+    """The latent cache's sequence operations: a 40-token prompt, 8 cells removed from its
+    middle and the rest shifted back over them (the K-shift rotates each key's RoPE part
+    only), three more tokens, the whole state saved, cleared and restored, one token, then
+    sequence 0's state saved and restored as sequence 1, two tokens."""
+    rng = np.random.default_rng(5)
+    tok = lambda n: [int(t) for t in rng.integers(3, N_VOCAB, n)]  # noqa: E731
+    steps = [
+        {"op": "decode", "tokens": [1] + tok(39), "pos": list(range(40)), "seq_ids": [[0]] * 40, "logits": [39]},
+        {"op": "seq_rm", "seq_id": 0, "p0": 4, "p1": 12},
+        {"op": "seq_add", "seq_id": 0, "p0": 12, "p1": -1, "delta": -8, "check_pos": [0]},
+        {"op": "decode", "tokens": tok(3), "pos": [32, 33, 34], "seq_ids": [[0]] * 3, "logits": [0, 1, 2]},
+        {"op": "state_save", "slot": "a"},
+        {"op": "clear"},
+        {"op": "state_load", "slot": "a"},
+        {"op": "decode", "tokens": tok(1), "pos": [35], "seq_ids": [[0]], "logits": [0]},
+        {"op": "seq_state_save", "seq_id": 0, "slot": "b"},
+        {"op": "clear"},
+        {"op": "seq_state_load", "seq_id": 1, "slot": "b"},
+        {"op": "decode", "tokens": tok(2), "pos": [36, 37], "seq_ids": [[1]] * 2, "logits": [0, 1]},
+    ]
+    return {"name": Path(model_file).stem.replace("tiny-", "mla-shift-"), "model": model_file,
+            "context": {"n_ctx": N_CTX, "n_batch": 64, "n_ubatch": 32, "n_seq_max": 2}, "steps": steps}
+
+
+def write_scenario(scn: dict) -> None:
+    """Writes a scenario, keeping its records when its steps are unchanged."""
+    out = DATA / "scenarios" / f"{scn['name']}.json"
+    old = json.loads(out.read_text()) if out.exists() else {}
+    if old.get("steps") == scn["steps"]:
+        scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
+    out.write_text(json.dumps(scn))
+    print("wrote", out.name)
+
+
 def main() -> None:
     for s in SPECS:
         for qtype in TYPES:
             model_file = f"tiny-{s.name}-{qtype}.gguf"
             write_model(s, qtype, DATA / "models" / model_file)
-            scn = scenario(model_file)
-            out = DATA / "scenarios" / f"{scn['name']}.json"
-            old = json.loads(out.read_text()) if out.exists() else {}
-            if old.get("steps") == scn["steps"]:
-                scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
-            out.write_text(json.dumps(scn))
-            print("wrote", model_file, out.name)
+            print("wrote", model_file)
+            write_scenario(scenario(model_file))
+            if qtype == "f32":
+                write_scenario(shift_scenario(model_file))
 
 
 if __name__ == "__main__":

@@ -239,3 +239,46 @@ impl KvStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{KvStore, Part};
+    use crate::ops::RopeParams;
+    use ferrollama_tensor::GgmlType;
+
+    fn latent() -> KvStore {
+        // keys of 6 values: a latent of 4 (the value), then 2 rotated
+        KvStore::latent(GgmlType::F32, &[8], 6, 4, 4).expect("a latent store")
+    }
+
+    #[test]
+    fn a_latent_cache_reads_its_values_in_its_keys_and_stores_no_v() {
+        let mut kv = latent();
+        let k: Vec<f32> = (1..=6).map(|x| x as f32).collect();
+        kv.write(0, 3, &k, &[]);
+        let layer = &kv.layers[0];
+        assert!(layer.v.is_empty() && kv.v_row_bytes() == 0);
+        let v: Vec<f32> = kv.v_head(layer, 3, 0).chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(v, [1.0, 2.0, 3.0, 4.0]);
+        let (data, stride, offset, cols) = kv.v_view(layer, 0);
+        assert_eq!((data.len(), stride, offset, cols), (8 * 24, 24, 0, 0));
+        let (mut k_row, mut v_row) = (Vec::new(), Vec::new());
+        kv.read_row(Part::K, 0, 3, &mut k_row);
+        kv.read_row(Part::V, 0, 3, &mut v_row);
+        assert_eq!((k_row.len(), v_row.len()), (24, 0));
+        assert_eq!(kv.bytes(), 8 * 24);
+    }
+
+    #[test]
+    fn the_k_shift_rotates_only_the_rope_part_of_a_latent_key() {
+        let mut kv = latent();
+        kv.write(0, 0, &[1.0, 2.0, 3.0, 4.0, 1.0, 0.0], &[]);
+        let rope = RopeParams { n_dims: 2, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0,
+                                beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 };
+        let mut scratch = Vec::new();
+        kv.shift_cell(0, 1, &[0], |_| rope, None, &mut scratch);
+        let k: Vec<f32> = kv.k_head(&kv.layers[0], 0, 0).chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(&k[..4], &[1.0, 2.0, 3.0, 4.0]);
+        assert!((k[4] - 1f32.cos()).abs() < 1e-6 && (k[5] - 1f32.sin()).abs() < 1e-6, "{k:?}");
+    }
+}

@@ -980,6 +980,48 @@ mod tests {
     }
 
     #[test]
+    fn values_read_in_place_from_the_keys_equal_a_set_major_copy() {
+        // A latent cache: one KV head, each cell's value the leading 64 of its 128 key values
+        // (v_cols 0: rows in cell order), against the same values in a set-major V cache.
+        if active_isa() != Isa::Avx512 {
+            return;
+        }
+        let mut rng = Lcg(5);
+        let (dk, dv, n_kv, nq, nt) = (128, 64, 192, 4, 2);
+        for ty in [GgmlType::F32, GgmlType::F16] {
+            let es = if ty == GgmlType::F16 { 2 } else { 4 };
+            let kvals: Vec<f32> = (0..n_kv * dk).map(|_| rng.next()).collect();
+            let cols = v_cols(n_kv);
+            let mut vvals = vec![0f32; V_SETS * cols * dv];
+            for j in 0..n_kv {
+                vvals[v_row(j, cols) * dv..(v_row(j, cols) + 1) * dv].copy_from_slice(&kvals[j * dk..j * dk + dv]);
+            }
+            let (k, v) = (cache(ty, &kvals), cache(ty, &vvals));
+            let q: Vec<f32> = (0..nt * nq * dk).map(|_| rng.next()).collect();
+            let mask: Vec<f32> = (0..nt * n_kv).map(|i| if i % n_kv > 150 + i / n_kv { f32::NEG_INFINITY } else { 0.0 }).collect();
+            let heads = |v: &'static [u8], v_stride: usize, v_cols: usize, order: DotOrder| Heads {
+                k_type: ty, v_type: ty, k: leak(&k), k_stride: dk * es, k_offset: 0, v, v_stride, v_offset: 0, v_cols,
+                head_dim_k: dk, head_dim_v: dv, n_kv, q: leak(&q), q_stride: nq * dk, n_q: nq, n_t: nt, mask: leak(&mask),
+                mask_stride: n_kv, out_stride: nq * dv, scale: 0.1, order_kq: order, order_vp: order,
+            };
+            for order in [DotOrder::VecDot, DotOrder::TinyBlas] {
+                let (in_place, set_major) = (heads(leak(&k), dk * es, 0, order), heads(leak(&v), dv * es, cols, order));
+                assert!(in_place.supported() && set_major.supported());
+                let mut s = AttnScratch::default();
+                let (mut a, mut b, mut c) = (vec![0f32; nt * nq * dv], vec![1f32; nt * nq * dv], vec![2f32; nt * nq * dv]);
+                attend(&in_place, &mut a, &mut s);
+                attend(&set_major, &mut b, &mut s);
+                attend_reference(&in_place, &mut c, &mut s);
+                assert!(a.iter().zip(&b).chain(a.iter().zip(&c)).all(|(x, y)| x.to_bits() == y.to_bits()), "{ty} {order:?}");
+            }
+        }
+    }
+
+    fn leak<T: Clone>(x: &[T]) -> &'static [T] {
+        Box::leak(x.to_vec().into_boxed_slice())
+    }
+
+    #[test]
     fn kernel_equals_the_reference_bit_for_bit() {
         if active_isa() != Isa::Avx512 {
             eprintln!("no AVX-512: attend is not used on this CPU");

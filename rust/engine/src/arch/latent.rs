@@ -165,12 +165,17 @@ fn project_queries(hp: &HParams, lp: &LatentParams, lw: &LatentAttnWeights, ws: 
     let q = sized(&mut s.q, n * hp.n_head * dqk);
     let x = &ws.h[..n * d];
     match &lw.q {
-        LatentQ::Direct(w) => matmul(w, x, n, q, &mut ws.mm, threads),
+        LatentQ::Direct(w) => {
+            matmul(w, x, n, q, &mut ws.mm, threads);
+            note(&mut ws.stats, Matrix::AttnQ, x, n);
+        }
         LatentQ::Compressed { a, norm, b } => {
             let q_a = sized(&mut s.q_a, n * a.rows);
             matmul(a, x, n, q_a, &mut ws.mm, threads);
             rms_norm_inplace(q_a, norm, hp.rms_eps);
             matmul(b, q_a, n, q, &mut ws.mm, threads);
+            note(&mut ws.stats, Matrix::Other("attn_q_a"), x, n);
+            note(&mut ws.stats, Matrix::Other("attn_q_b"), q_a, n);
         }
     }
     for (t, row) in q.chunks_exact_mut(hp.n_head * dqk).enumerate() {
@@ -188,6 +193,7 @@ fn project_latents(hp: &HParams, lp: &LatentParams, lw: &LatentAttnWeights, ws: 
     let (kvr, n_rot) = (lp.kv_lora_rank, hp.rope.n_dims);
     let kv_a = sized(&mut ws.latent.kv_a, n * (kvr + n_rot));
     matmul(&lw.kv_a, &ws.h[..n * hp.n_embd], n, kv_a, &mut ws.mm, threads);
+    note(&mut ws.stats, Matrix::Other("attn_kv_a_mqa"), &ws.h[..n * hp.n_embd], n);
     for (t, row) in kv_a.chunks_exact_mut(kvr + n_rot).enumerate() {
         rope_apply(&mut row[kvr..], &ws.rope_cache[t * n_rot..(t + 1) * n_rot], ub.rope);
         rms_norm_inplace(&mut row[..kvr], &lw.kv_a_norm, hp.rms_eps);
@@ -207,6 +213,7 @@ fn absorbed_attention(hp: &HParams, lp: &LatentParams, k_b: &[QMatrix], v_b: &[Q
     let s = &mut ws.latent;
     for (h, w) in k_b.iter().enumerate() {
         let absorbed = per_head_product(w, &s.q, n, nh, dqk, h, 0..nope, &mut s.head_in, &mut s.head_out, &mut ws.mm, threads);
+        note_head(&mut ws.stats, Matrix::Other("attn_k_b"), h, nh, &s.head_in[..n * nope], n);
         for (t, a) in absorbed.chunks_exact(kvr).enumerate() {
             let dst = &mut ws.q[(t * nh + h) * dk..(t * nh + h + 1) * dk];
             dst[..kvr].copy_from_slice(a);
@@ -225,9 +232,18 @@ fn absorbed_attention(hp: &HParams, lp: &LatentParams, k_b: &[QMatrix], v_b: &[Q
     let heads = sized(&mut s.heads, n * nh * dv);
     for (h, w) in v_b.iter().enumerate() {
         let out = per_head_product(w, &ws.attn, n, nh, kvr, h, 0..kvr, &mut s.head_in, &mut s.head_out, &mut ws.mm, threads);
+        note_head(&mut ws.stats, Matrix::Other("attn_v_b"), h, nh, &s.head_in[..n * kvr], n);
         for (t, o) in out.chunks_exact(dv).enumerate() {
             heads[(t * nh + h) * dv..(t * nh + h + 1) * dv].copy_from_slice(o);
         }
+    }
+}
+
+/// Adds head h's product input `x` (n rows, gathered) to the activation statistics of the
+/// per-head matrix m, when they are collected.
+fn note_head(stats: &mut Option<Box<crate::actstats::ActivationStats>>, m: Matrix, h: usize, nh: usize, x: &[f32], n: usize) {
+    if let Some(s) = stats.as_deref_mut() {
+        s.record_of(m, h, nh, x, n);
     }
 }
 
@@ -258,6 +274,7 @@ fn decompressed_attention(hp: &HParams, lp: &LatentParams, kv_b: &QMatrix, ws: &
     let nope = dqk - n_rot;
     let s = &mut ws.latent;
     let decompressed = per_head_product(kv_b, &s.kv_a, n, 1, kvr + n_rot, 0, 0..kvr, &mut s.head_in, &mut s.kv, &mut ws.mm, threads);
+    note(&mut ws.stats, Matrix::Other("attn_kv_b"), &s.head_in[..n * kvr], n);
     let view = ub.kv(il);
     for t in 0..n {
         let k_pe = &s.kv_a[t * (kvr + n_rot) + kvr..(t + 1) * (kvr + n_rot)];

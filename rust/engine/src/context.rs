@@ -189,7 +189,7 @@ impl Context {
         let cells_per_layer: Vec<usize> = (0..hp.n_layer)
             .map(|il| if hp.kv_layers[il] { caches[layer_cache[il]].cells.size() as usize } else { 0 })
             .collect();
-        let mut store = KvStore::new(params.type_k, params.type_v, &cells_per_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)?;
+        let mut store = new_store(hp, &params, &cells_per_layer)?;
         // one recurrent state cell per sequence (llama.cpp: max(1, n_seq_max))
         let rs = match &hp.rs {
             Some(p) => {
@@ -747,6 +747,21 @@ fn rs_groups<'a>(plan: &UBatchPlan, pos: &[i32], seqs: &'a [Vec<i32>]) -> Vec<Rs
 }
 
 fn kv_arg(e: KvError) -> EngineError { EngineError::InvalidArgument(e.to_string()) }
+
+/// The K/V storage of the attention layers: a latent cache for latent attention in a split
+/// file (V is K's leading part, the V cache type does not apply), else K and V per KV head;
+/// the K-shift rotates the keys' RoPE part, which ends latent attention's keys.
+fn new_store(hp: &crate::hparams::HParams, p: &ContextParams, cells_per_layer: &[usize]) -> Result<KvStore> {
+    match hp.latent {
+        Some(lp) if lp.split => KvStore::latent(p.type_k, cells_per_layer, hp.head_dim_k, hp.head_dim_v, lp.kv_lora_rank),
+        Some(_) => {
+            let mut store = KvStore::new(p.type_k, p.type_v, cells_per_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)?;
+            store.rope_offset = hp.head_dim_k - hp.rope.n_dims;
+            Ok(store)
+        }
+        None => KvStore::new(p.type_k, p.type_v, cells_per_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v),
+    }
+}
 
 /// The caches a model needs: one of n_ctx cells, or for an interleaved sliding-window model a
 /// full one for the global layers and a small one (about n_swa + n_ubatch cells, all n_ctx with

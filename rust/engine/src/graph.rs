@@ -97,6 +97,8 @@ pub struct Workspace {
     /// Gated attention's Q projection, each head's query and gate side by side (sized on
     /// first use; empty for the other models).
     pub q_gated: Vec<f32>,
+    /// Latent attention's buffers (sized on first use; empty for the other models).
+    pub latent: crate::arch::latent::LatentScratch,
 }
 
 impl Workspace {
@@ -121,6 +123,7 @@ impl Workspace {
             stats: None,
             rs: Default::default(),
             q_gated: Vec::new(),
+            latent: Default::default(),
         }
     }
 }

@@ -82,6 +82,34 @@ pub struct HParams {
     /// tokens see as NEOX RoPE with the pairs outside the sections unrotated; None for the
     /// plain RoPE of the other models.
     pub imrope_sections: Option<[usize; 4]>,
+    /// Multi-head latent attention's sizes (DeepSeek-V2/V3); None for the other models.
+    pub latent: Option<LatentParams>,
+    /// Expert groups (DeepSeek-V3's routing: the experts of the `n_group_used` groups with the
+    /// best sums of their two best scores compete); 0 or 1: no groups.
+    pub n_expert_groups: usize,
+    pub n_group_used: usize,
+}
+
+/// Multi-head latent attention (llama.cpp's n_lora_q, n_lora_kv, n_embd_head_k_mla,
+/// n_embd_head_v_mla). The cache's key and value sizes are `head_dim_k`/`head_dim_v` of
+/// HParams: the latent and the rotated part with one KV head in a split file (`split`: the
+/// absorbed products through attn_k_b/attn_v_b), each head's decompressed key and value in a
+/// file with the joint attn_kv_b.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatentParams {
+    /// Rank of Q's compression (0: Q projected directly by attn_q).
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    /// Each query head's size (the no-RoPE part then the n_rot rotated values) and each
+    /// head's decompressed value size.
+    pub head_dim_qk: usize,
+    pub head_dim_v: usize,
+    pub split: bool,
+}
+
+impl LatentParams {
+    /// The no-RoPE part of a query head.
+    pub fn nope(&self, n_rot: usize) -> usize { self.head_dim_qk - n_rot }
 }
 
 /// What the recurrent layers of a model keep per sequence, and their sizes.
@@ -269,9 +297,13 @@ impl HParams {
             return Err(file.error(format!("{arch}.expert_shared_feed_forward_length = {n_ff_shexp} is out of range")).into());
         }
         // DeepSeek-V3's choice of expert groups before experts (build_moe_ffn's n_expert_groups > 1).
-        let n_groups = m.opt_usize("expert_group_count")?.unwrap_or(0);
-        if n_groups > 1 {
-            return Err(EngineError::Unsupported(format!("{arch}.expert_group_count = {n_groups}: routing by expert groups")));
+        let n_expert_groups = m.opt_usize("expert_group_count")?.unwrap_or(0);
+        let n_group_used = m.opt_usize("expert_group_used_count")?.unwrap_or(0);
+        if n_expert_groups > 1 && (n_expert % n_expert_groups != 0 || n_expert / n_expert_groups < 2 || n_group_used == 0
+                                   || n_group_used > n_expert_groups || n_expert_used > n_group_used * (n_expert / n_expert_groups)) {
+            return Err(file.error(format!(
+                "{arch}.expert_group_count {n_expert_groups} and expert_group_used_count {n_group_used} do not fit \
+                 {n_expert} experts of which {n_expert_used} are used")).into());
         }
         Ok(HParams {
             arch: arch.to_string(),
@@ -292,6 +324,9 @@ impl HParams {
             ff_layers: match &ffs { Some(v) => v.iter().map(|&f| f > 0).collect(), None => vec![false; n_layer] },
             rs: None,
             imrope_sections: None,
+            latent: None,
+            n_expert_groups,
+            n_group_used,
             final_logit_softcap: m.opt_f32("final_logit_softcapping")?.unwrap_or(0.0),
             attn_logit_softcap: m.opt_f32("attn_logit_softcapping")?.unwrap_or(0.0),
             n_expert, n_expert_used, n_ff_exp, n_ff_shexp,
@@ -394,12 +429,13 @@ impl HParams {
             rope: RopeParams { n_dims: 0, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0,
                 attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,
-                yarn_log_mul: 0.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
+                yarn_log_mul: 0.0, yarn_mscale: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             n_swa: 0, swa_layers: Vec::new(), swa_kind: SwaType::Standard, attn_temperature: None, rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0, n_layer_dense_lead: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
             norm_eps: 1e-5, pooling_type: 0, kv_layers: Vec::new(), ff_layers: Vec::new(), rs: None, imrope_sections: None,
+            latent: None, n_expert_groups: 0, n_group_used: 0,
         }
     }
 
@@ -429,6 +465,7 @@ fn rope_params(m: &Meta, n_rot: usize) -> Result<(RopeParams, RopeTrain)> {
         scaling,
         attn_factor: m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
         yarn_log_mul: m.opt_f32("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0),
+        yarn_mscale: 1.0,
         beta_fast: m.opt_f32("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
         beta_slow: m.opt_f32("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
         n_ctx_orig: m.opt_usize("rope.scaling.original_context_length")?
@@ -465,6 +502,9 @@ pub struct RopeTrain {
     /// rope.scaling.attn_factor, multiplied into the context's attention factor.
     pub attn_factor: f32,
     pub yarn_log_mul: f32,
+    /// YaRN's `mscale` over `mscale_all_dim` (= yarn_log_mul): 1 as llama.cpp assumes, except
+    /// for DeepSeek-V2, whose mscale equals its mscale_all_dim when that is not 1.
+    pub yarn_mscale: f32,
     pub beta_fast: f32,
     pub beta_slow: f32,
     pub n_ctx_orig: usize,
@@ -514,7 +554,7 @@ impl RopeTrain {
         // llama.cpp's hparams.yarn_attn_factor is 1 for the architectures supported.
         let mut attn_factor = pick(o.yarn_attn_factor, 1.0);
         if ext_factor != 0.0 {
-            attn_factor = yarn_attn_factor(1.0 / freq_scale, self.yarn_log_mul);
+            attn_factor = yarn_attn_factor(1.0 / freq_scale, self.yarn_mscale, self.yarn_log_mul);
         }
         Ok(RopeParams {
             freq_base,
@@ -531,9 +571,9 @@ impl RopeTrain {
 
 /// llama_context's YaRN attention factor before rope.scaling.attn_factor: the magnitude
 /// scale of YaRN (get_mscale), divided by the one ggml's rope_yarn multiplies in again.
-fn yarn_attn_factor(factor: f32, log_mul: f32) -> f32 {
+fn yarn_attn_factor(factor: f32, yarn_mscale: f32, log_mul: f32) -> f32 {
     let mscale = |scale: f32, m: f32| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
-    let f = if log_mul != 0.0 { mscale(factor, 1.0) / mscale(factor, log_mul) } else { mscale(factor, 1.0) };
+    let f = if log_mul != 0.0 { mscale(factor, yarn_mscale) / mscale(factor, log_mul) } else { mscale(factor, 1.0) };
     f * (1.0 / (1.0 + 0.1 * factor.ln()))
 }
 

@@ -29,6 +29,8 @@ pub struct LayerWeights {
     /// BERT's LayerNorms after the attention's and the FFN's residual adds.
     pub attn_out_norm: Option<LayerNorm>,
     pub layer_out_norm: Option<LayerNorm>,
+    /// Multi-head latent attention (DeepSeek-V2/V3: `arch::latent`), instead of `attn`.
+    pub latent: Option<Box<crate::arch::latent::LatentAttnWeights>>,
 }
 
 /// The attention of a block: Q/K/V/O projections and what goes with them.
@@ -473,7 +475,7 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         },
         post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,
         attn_out_norm: None,
-        layer_out_norm: None,
+        layer_out_norm: None, latent: None,
     })
 }
 

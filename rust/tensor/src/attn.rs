@@ -32,10 +32,18 @@ pub fn v_cols(cells: usize) -> usize {
 /// The row of cell j in a set-major V cache of `cols` rows per set: each set's cells are
 /// consecutive rows, so the weighted sum, which walks a set's cells in order, streams them
 /// (cells 64 apart in cell order are 16 KB apart in a 128-dimension cache: the walk would
-/// miss every cache level and alias in L1).
+/// miss every cache level and alias in L1). `cols` 0: the values are rows in cell order (a
+/// latent cache's values are the leading part of its keys, read in place).
 #[inline(always)]
 pub fn v_row(cell: usize, cols: usize) -> usize {
-    (cell % V_SETS) * cols + cell / V_SETS
+    if cols == 0 { cell } else { (cell % V_SETS) * cols + cell / V_SETS }
+}
+
+/// The cells a V cache of `cols` rows per set holds (0: rows in cell order, as many as the
+/// keys: `n_kv`).
+#[inline]
+pub fn v_capacity(cols: usize, n_kv: usize) -> usize {
+    if cols == 0 { n_kv } else { V_SETS * cols }
 }
 
 /// How a dot product's terms are summed (see the module documentation).
@@ -56,8 +64,8 @@ pub struct Heads<'a> {
     pub k: &'a [u8],
     pub k_stride: usize,
     pub k_offset: usize,
-    /// The layer's cached values, rows set-major: cell j's head starts at
-    /// v[v_row(j, v_cols) * v_stride + v_offset].
+    /// The layer's cached values, rows set-major (or in cell order for v_cols 0): cell j's
+    /// head starts at v[v_row(j, v_cols) * v_stride + v_offset].
     pub v: &'a [u8],
     pub v_stride: usize,
     pub v_offset: usize,
@@ -94,7 +102,7 @@ impl Heads<'_> {
     pub fn operands_fit(&self) -> bool {
         matches!(self.k_type, GgmlType::F16 | GgmlType::F32)
             && matches!(self.v_type, GgmlType::F16 | GgmlType::F32)
-            && self.n_kv <= V_SETS * self.v_cols
+            && self.n_kv <= v_capacity(self.v_cols, self.n_kv)
             && (1..=MAX_HEADS).contains(&self.n_q)
             && (1..=MAX_TOKENS).contains(&self.n_t)
             && self.mask_stride >= self.n_kv
@@ -109,7 +117,7 @@ impl Heads<'_> {
         let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
         let last = self.n_kv.saturating_sub(1);
         let k_end = last * self.k_stride + self.k_offset + self.head_dim_k * es(self.k_type);
-        let v_end = (V_SETS * self.v_cols).saturating_sub(1) * self.v_stride + self.v_offset + self.head_dim_v * es(self.v_type);
+        let v_end = v_capacity(self.v_cols, self.n_kv).saturating_sub(1) * self.v_stride + self.v_offset + self.head_dim_v * es(self.v_type);
         self.k.len() >= k_end && self.v.len() >= v_end
     }
 
@@ -1171,6 +1179,48 @@ mod tests {
         assert_eq!(expf_reference(f32::NEG_INFINITY), 0.0);
         assert_eq!(expf_reference(-1000.0), 0.0);
         assert_eq!(expf_reference(0.0), 1.0);
+    }
+
+    #[test]
+    fn values_read_in_place_from_the_keys_equal_a_set_major_copy() {
+        // A latent cache: one KV head, each cell's value the leading 64 of its 128 key values
+        // (v_cols 0: rows in cell order), against the same values in a set-major V cache.
+        if active_isa() != Isa::Avx512 {
+            return;
+        }
+        let mut rng = Lcg(5);
+        let (dk, dv, n_kv, nq, nt) = (128, 64, 192, 4, 2);
+        for ty in [GgmlType::F32, GgmlType::F16] {
+            let es = if ty == GgmlType::F16 { 2 } else { 4 };
+            let kvals: Vec<f32> = (0..n_kv * dk).map(|_| rng.next()).collect();
+            let cols = v_cols(n_kv);
+            let mut vvals = vec![0f32; V_SETS * cols * dv];
+            for j in 0..n_kv {
+                vvals[v_row(j, cols) * dv..(v_row(j, cols) + 1) * dv].copy_from_slice(&kvals[j * dk..j * dk + dv]);
+            }
+            let (k, v) = (cache(ty, &kvals), cache(ty, &vvals));
+            let q: Vec<f32> = (0..nt * nq * dk).map(|_| rng.next()).collect();
+            let mask: Vec<f32> = (0..nt * n_kv).map(|i| if i % n_kv > 150 + i / n_kv { f32::NEG_INFINITY } else { 0.0 }).collect();
+            let heads = |v: &'static [u8], v_stride: usize, v_cols: usize, order: DotOrder| Heads {
+                k_type: ty, v_type: ty, k: leak(&k), k_stride: dk * es, k_offset: 0, v, v_stride, v_offset: 0, v_cols,
+                head_dim_k: dk, head_dim_v: dv, n_kv, q: leak(&q), q_stride: nq * dk, n_q: nq, n_t: nt, mask: leak(&mask),
+                mask_stride: n_kv, out_stride: nq * dv, scale: 0.1, order_kq: order, order_vp: order,
+            };
+            for order in [DotOrder::VecDot, DotOrder::TinyBlas] {
+                let (in_place, set_major) = (heads(leak(&k), dk * es, 0, order), heads(leak(&v), dv * es, cols, order));
+                assert!(in_place.supported() && set_major.supported());
+                let mut s = AttnScratch::default();
+                let (mut a, mut b, mut c) = (vec![0f32; nt * nq * dv], vec![1f32; nt * nq * dv], vec![2f32; nt * nq * dv]);
+                attend(&in_place, &mut a, &mut s);
+                attend(&set_major, &mut b, &mut s);
+                attend_reference(&in_place, &mut c, &mut s);
+                assert!(a.iter().zip(&b).chain(a.iter().zip(&c)).all(|(x, y)| x.to_bits() == y.to_bits()), "{ty} {order:?}");
+            }
+        }
+    }
+
+    fn leak<T: Clone>(x: &[T]) -> &'static [T] {
+        Box::leak(x.to_vec().into_boxed_slice())
     }
 
     #[test]

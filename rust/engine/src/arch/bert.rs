@@ -96,6 +96,7 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, bert: bool) -> Result<LayerW
         post_attn_norm: None, ffn_norm: None, ffn, post_ffn_norm: None,
         attn_out_norm: Some(layer_norm(ld, &n("attn_output_norm"), d)?),
         layer_out_norm: Some(layer_norm(ld, &n("layer_output_norm"), d)?),
+        latent: None,
     })
 }
 

@@ -104,6 +104,7 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, moe: bool) -> Result<LayerWe
         post_ffn_norm: None,
         attn_out_norm: None,
         layer_out_norm: None,
+        latent: None,
     })
 }
 

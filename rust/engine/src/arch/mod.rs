@@ -2,6 +2,8 @@
 //! moe.rs), and one table row each.
 
 pub(crate) mod blocks;
+pub mod deepseek2;
+pub(crate) mod latent;
 pub mod gemma2;
 pub mod bert;
 pub mod falcon_h1;
@@ -73,6 +75,7 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen35::QWEN3NEXT,
     glm4_moe::GLM4MOE,
     llama4::LLAMA4,
+    deepseek2::DEEPSEEK2,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

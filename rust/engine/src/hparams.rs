@@ -31,6 +31,12 @@ pub struct HParams {
     /// absent, and a scale of 1).
     pub rope_freq_base_swa: f32,
     pub rope_freq_scale_swa: f32,
+    /// Per layer: does it attend without RoPE (SmolLM3's every fourth layer, the global
+    /// layers of Cohere 2 and EXAONE 4)? Its K is stored as projected.
+    pub nope_layers: Vec<bool>,
+    /// Llama 4's attention temperature (Mistral 3's `attention.temperature_scale`): Q
+    /// multiplied per token after RoPE (None: no tuning).
+    pub attn_temp: Option<AttnTemperature>,
     /// Scale applied to the attention scores (1/sqrt(head_dim) unless the architecture says).
     pub attn_scale: f32,
     /// tanh soft-capping of the final logits (0: none).
@@ -76,6 +82,25 @@ pub struct HParams {
     /// tokens see as NEOX RoPE with the pairs outside the sections unrotated; None for the
     /// plain RoPE of the other models.
     pub imrope_sections: Option<[usize; 4]>,
+}
+
+/// llama.cpp's attention temperature tuning (llm_graph_input_attn_temp): a token at position
+/// p has its Q multiplied by log(floor((p + offset) / floor_scale) + 1) * scale + 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnTemperature {
+    pub scale: f32,
+    pub offset: f32,
+    /// Positions per step of the logarithm (> 0).
+    pub floor_scale: usize,
+}
+
+impl AttnTemperature {
+    /// The multiplier of Q at position `pos`, as llama.cpp computes it: the floor in f32, the
+    /// rest in double, rounded to f32.
+    pub fn factor(&self, pos: i32) -> f32 {
+        let steps = ((pos as f32 + self.offset) / self.floor_scale as f32).floor();
+        ((steps as f64 + 1.0).ln() * self.scale as f64 + 1.0) as f32
+    }
 }
 
 /// What the recurrent layers of a model keep per sequence, and their sizes.
@@ -255,6 +280,8 @@ impl HParams {
             rope_train,
             n_swa,
             swa_layers: vec![false; n_layer],
+            nope_layers: vec![false; n_layer],
+            attn_temp: None,
             rope_freq_base_swa: m.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0),
             rope_freq_scale_swa: 1.0,
             attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
@@ -360,7 +387,7 @@ impl HParams {
                 attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,
                 yarn_log_mul: 0.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
-            n_swa: 0, swa_layers: Vec::new(), rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
+            n_swa: 0, swa_layers: Vec::new(), nope_layers: Vec::new(), attn_temp: None, rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0, n_layer_dense_lead: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,

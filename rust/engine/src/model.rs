@@ -367,6 +367,8 @@ pub struct LayerParts {
     /// qwen3 and qwen3moe graphs pass them to build_ffn/build_moe_ffn; the others leave them
     /// unread, so a file with them is refused.
     pub ffn_scales: bool,
+    /// The experts' shared expert (of hp.n_ff_shexp rows), in a model with experts.
+    pub shared_expert: Option<SharedParts>,
 }
 
 impl LayerParts {
@@ -374,7 +376,7 @@ impl LayerParts {
     pub const PRE_NORM: LayerParts = LayerParts {
         pre_norms: true, o_bias: false, qk_norm: None, post_norms: false, fused_gate_up: false, ffn_bias: false,
         sinks: false, rope_freqs: false, long_rope: false, output_bias: false, tied_output: false,
-        ffn_norm_name: "ffn_norm.weight", ffn_scales: false,
+        ffn_norm_name: "ffn_norm.weight", ffn_scales: false, shared_expert: None,
     };
 }
 
@@ -466,7 +468,8 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
         ffn_norm: norm(parts.pre_norms, parts.ffn_norm_name)?,
         ffn: if hp.n_expert > 0 {
-            let ep = ExpertParts { bias: parts.ffn_bias, scales: parts.ffn_scales, ..ExpertParts::ROUTED };
+            let ep = ExpertParts { bias: parts.ffn_bias, scales: parts.ffn_scales, shared: parts.shared_expert,
+                                   ..ExpertParts::ROUTED };
             Ffn::Experts(load_experts(ld, hp, il, &ep)?)
         } else {
             Ffn::Gated(load_gated(ld, hp, parts, il)?)

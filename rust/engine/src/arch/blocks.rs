@@ -123,12 +123,35 @@ pub fn rope_and_store(hp: &HParams, lw: &AttnWeights, rope: &RopeParams, rope_ca
     }
 }
 
-/// RoPE of layer il (its sliding-window base where it has one) and the K/V store.
+/// RoPE of layer il (its sliding-window base where it has one; none on a no-RoPE layer) and
+/// the K/V store.
 pub fn rope_layer_and_store(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
+    if hp.nope_layers.get(il).copied().unwrap_or(false) {
+        store_kv(lw, ws, kv, ub, il);
+        return;
+    }
     let sliding = hp.swa_layers[il] && !ws.rope_cache_swa.is_empty();
     let rope_cache = std::mem::take(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache });
     rope_and_store(hp, lw, &hp.layer_rope(ub.rope, il), &rope_cache, ws, kv, ub, il);
     *(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache }) = rope_cache;
+}
+
+/// Stores each token's K and V, as projected, in its cell of layer `il` (a no-RoPE layer).
+fn store_kv(lw: &AttnWeights, ws: &Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
+    let (k_dim, v_dim) = (lw.wk.rows, lw.wv.rows);
+    for t in 0..ub.tokens.len() {
+        kv.write(il, ub.kv(il).slots[t] as usize, &ws.k[t * k_dim..(t + 1) * k_dim], &ws.v[t * v_dim..(t + 1) * v_dim]);
+    }
+}
+
+/// Q times each token's attention temperature (llama.cpp's Llama 4 temperature tuning) where
+/// the model has one.
+pub fn temper_q(hp: &HParams, ws: &mut Workspace, ub: &UBatchView) {
+    let Some(temp) = hp.attn_temp else { return };
+    let q_dim = hp.n_head * hp.head_dim_k;
+    for (t, &p) in ub.pos.iter().enumerate() {
+        scale_inplace(&mut ws.q[t * q_dim..(t + 1) * q_dim], temp.factor(p));
+    }
 }
 
 /// ws.o = Wo · attention(ws.q over layer il's cells) (+ output bias), scores scaled by
@@ -366,6 +389,7 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
         project_qkv(a, ws, n, ub.lora_layer(il), threads);
         qk_norm(a, ws, n, eps);
         rope_layer_and_store(hp, a, ws, kv, ub, il);
+        temper_q(hp, ws, ub);
         let scale = if style.q_prescale {
             scale_inplace(&mut ws.q[..n * a.wq.rows], hp.attn_scale);
             1.0

@@ -12,11 +12,14 @@ pub mod granite_hybrid;
 pub mod lfm2;
 pub mod llama;
 pub mod mamba2;
+pub mod mistral3;
 pub mod nemotron_h;
 pub mod olmo2;
 pub mod phi3;
 pub mod qwen3;
+pub mod qwen2moe;
 pub mod qwen35;
+pub mod smollm3;
 
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
@@ -69,6 +72,9 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen35::QWEN35,
     qwen35::QWEN35MOE,
     qwen35::QWEN3NEXT,
+    smollm3::SMOLLM3,
+    mistral3::MISTRAL3,
+    qwen2moe::QWEN2MOE,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

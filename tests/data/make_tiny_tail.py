@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Writes the tiny random-weight models of the long tail of 2025-26 architectures
+(tests/data/models/tiny-NAME-{f32,q8_0}.gguf) and their scenarios
+(tests/data/scenarios/arch-NAME-{f32,q8_0}.json, without expected values: benches/recorder.py's
+update_scenarios(("arch-*.json",), NAMES, extra_bufts=False) adds llama.cpp's, without its AMX
+buffers, which trap on this CPU). It extends make_tiny_archs.py (its Spec, weights, vocabulary, metadata
+and scenario) with the layer layouts those families add.
+
+Each model shows every distinctive feature of its family so that it changes the logits: SmolLM3
+has 4 layers, the fourth without RoPE (llama.cpp's fixed period of 4); Mistral 3 rotates by YaRN
+from an original context of 16 positions with betas of its own (0.5 and 0.125: correction dims
+2..6 instead of the defaults' 0..2), 16 positions being also the step of its attention
+temperature (Q x 1, 1.35, 1.55 over the 48-token prompt); Qwen2-MoE has Q/K/V biases,
+4 experts (2 per token, weights not renormalized) and a shared expert whose sigmoid gate (of std
+~1.1 over the tokens) lets part of it through; ...
+
+  python tests/data/make_tiny_tail.py [NAME ...]     # writes them (all by default; deterministic)
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_tiny_archs as mk  # noqa: E402
+
+DATA = mk.DATA
+# Narrower than make_tiny_archs's models (n_embd 128, heads of 32), so that the families that need
+# 4 layers or more to show every layer kind stay a few MB in F32.
+SMALL = mk.Dims(n_embd=128, n_head=4, n_head_kv=2, n_ff=256)
+HEAD_DIM = 32
+
+
+def spec(name: str, arch: str, metadata: dict, **kw) -> mk.Spec:
+    return mk.Spec(name, arch, metadata, head_dim=HEAD_DIM, **kw)
+
+
+@dataclass
+class Family:
+    """A tiny model: make_tiny_archs's Spec, its sizes, and (where the family lays its layers
+    out otherwise) its own layer writer."""
+
+    spec: mk.Spec
+    dims: mk.Dims = SMALL
+    layer: Callable[[mk.Weights, mk.Spec, int, mk.Dims], None] = mk.add_layer
+    extra_metadata: Callable[[gguf.GGUFWriter, mk.Spec], None] | None = None
+
+
+def shared_expert_layer(wt: mk.Weights, s: mk.Spec, il: int, dims: mk.Dims) -> None:
+    """make_tiny_archs's layer with experts, plus a shared expert behind a sigmoid gate
+    (Qwen2-MoE's ffn_*_shexp and ffn_gate_inp_shexp)."""
+    mk.add_layer(wt, s, il, dims)
+    p, ff = f"blk.{il}.", s.metadata["expert_shared_feed_forward_length"]
+    wt.matrix(p + "ffn_gate_shexp.weight", ff, dims.n_embd, std=0.08)
+    wt.matrix(p + "ffn_up_shexp.weight", ff, dims.n_embd, std=0.08)
+    wt.matrix(p + "ffn_down_shexp.weight", dims.n_embd, ff, std=0.05)
+    wt.vector(p + "ffn_gate_inp_shexp.weight", wt.rng.standard_normal(dims.n_embd) * 0.1)
+
+
+def families() -> list[Family]:
+    return [
+        Family(spec("smollm3", "smollm3", {"rope.freq_base": 5000.0}), replace(SMALL, n_layer=4)),
+        Family(spec("mistral3", "mistral3", {
+            "rope.freq_base": 10000.0, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+            "rope.scaling.original_context_length": 16, "rope.scaling.yarn_beta_fast": 0.5,
+            "rope.scaling.yarn_beta_slow": 0.125, "rope.scaling.yarn_log_multiplier": 1.0,
+            "attention.temperature_scale": 0.5})),
+        Family(spec("qwen2moe", "qwen2moe", {"expert_feed_forward_length": 64, "expert_shared_feed_forward_length": 128,
+                                             "rope.freq_base": 1000000.0},
+                    qkv_bias=True, experts=4, experts_used=2, n_ff_exp=64), layer=shared_expert_layer),
+    ]
+
+
+def write_model(f: Family, qtype: str, path: Path) -> None:
+    s, dims = f.spec, f.dims
+    w = gguf.GGUFWriter(str(path), s.arch)
+    w.add_name(f"tiny random model {qtype}")
+    mk.add_metadata(w, s, dims)
+    if f.extra_metadata:
+        f.extra_metadata(w, s)
+    mk.copy_vocab(w)
+    rng = np.random.default_rng(sum(map(ord, s.name)))
+    wt = mk.Weights(w, rng, qtype)
+    wt.matrix("token_embd.weight", mk.N_VOCAB, dims.n_embd, std=1.0)
+    wt.norm("output_norm.weight", dims.n_embd)
+    if not s.tied:
+        wt.matrix("output.weight", mk.N_VOCAB, dims.n_embd, std=0.08)
+    for name, values in s.global_tensors.items():
+        wt.vector(name, values)
+    for il in range(dims.n_layer):
+        f.layer(wt, s, il, dims)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main(names: list[str]) -> None:
+    for f in families():
+        if names and f.spec.name not in names:
+            continue
+        for qtype in mk.TYPES:
+            model_file = f"tiny-{f.spec.name}-{qtype}.gguf"
+            write_model(f, qtype, DATA / "models" / model_file)
+            scn = mk.scenario(model_file)
+            out = DATA / "scenarios" / f"{scn['name']}.json"
+            old = json.loads(out.read_text()) if out.exists() else {}
+            if old.get("steps") == scn["steps"]:
+                scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
+            out.write_text(json.dumps(scn))
+            print("wrote", model_file, out.name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

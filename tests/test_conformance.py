@@ -23,7 +23,8 @@ ARCHS = ("arch-",)
 PARAMS = ("params-",)
 NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3 + ARCHS + PARAMS)
 ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "granite", "olmo2", "gpt-oss",
-              "smollm3", "mistral3", "qwen2moe")
+              "smollm3", "mistral3", "qwen2moe", "olmoe", "exaone4", "seed_oss", "ernie4_5", "ernie4_5-moe",
+              "cohere2", "starcoder2")
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
@@ -49,4 +50,4 @@ def test_every_spine_and_kv_scenario_is_collected() -> None:
         f"arch-{a}-{t}" for a in ARCH_NAMES for t in ("f32", "q8_0"))
     assert sorted(n for n in NAMES if n.startswith("params-")) == [
         "params-kv-overrides", "params-none-ctx", "params-rope-ctx", "params-yarn-ctx"]
-    assert len(NAMES) == 52 + 24 + 4  # every recorded scenario
+    assert len(NAMES) == 52 + 38 + 4  # every recorded scenario

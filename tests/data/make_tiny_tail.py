@@ -12,7 +12,18 @@ from an original context of 16 positions with betas of its own (0.5 and 0.125: c
 2..6 instead of the defaults' 0..2), 16 positions being also the step of its attention
 temperature (Q x 1, 1.35, 1.55 over the 48-token prompt); Qwen2-MoE has Q/K/V biases,
 4 experts (2 per token, weights not renormalized) and a shared expert whose sigmoid gate (of std
-~1.1 over the tokens) lets part of it through; ...
+~1.1 over the tokens) lets part of it through; OLMoE normalizes Q and K over whole projections
+(as many KV heads as heads, as llama.cpp's n_embd-long norms need) before 4 experts of
+feed_forward_length rows; EXAONE 4 has the 64 layers llama.cpp needs to give it sliding windows
+(3 of every 4 layers, window 8, rotated; the global ones without RoPE), post-norms and per-head
+Q/K norms, at n_embd 32 so that its file stays small (its rope.freq_base_swa, which llama.cpp reads
+and its graph ignores, differs from the base); Seed-OSS has heads of key_length 32 with 6 heads
+(Q of 192 values for n_embd 128), Q/K/V biases and its FFN norm named post_attention_norm; ERNIE
+4.5 is the llama block; ERNIE 4.5 MoE a dense first layer (leading_dense_block_count 1), then
+experts with a selection bias (exp_probs_b) and a shared expert; Cohere 2 has 4 parallel layers
+(3 sliding with window 8, the 4th global without RoPE), LayerNorms without bias, the output tied
+to the embedding and logits times 0.25; StarCoder 2 LayerNorms with biases (the output norm's
+too), biases on every projection and a GELU FFN without gate.
 
   python tests/data/make_tiny_tail.py [NAME ...]     # writes them (all by default; deterministic)
 """
@@ -63,6 +74,58 @@ def shared_expert_layer(wt: mk.Weights, s: mk.Spec, il: int, dims: mk.Dims) -> N
     wt.vector(p + "ffn_gate_inp_shexp.weight", wt.rng.standard_normal(dims.n_embd) * 0.1)
 
 
+def ernie_moe_layer(wt: mk.Weights, s: mk.Spec, il: int, dims: mk.Dims) -> None:
+    """ERNIE 4.5 MoE: dense leading layers, then experts with a selection bias (exp_probs_b) and
+    a shared expert."""
+    if il < s.metadata["leading_dense_block_count"]:
+        mk.add_layer(wt, replace(s, experts=0), il, dims)
+        return
+    mk.add_layer(wt, s, il, dims)
+    p, ff = f"blk.{il}.", s.metadata["expert_shared_feed_forward_length"]
+    wt.vector(p + "exp_probs_b.bias", wt.rng.standard_normal(s.experts) * 0.2)
+    wt.matrix(p + "ffn_gate_shexp.weight", ff, dims.n_embd, std=0.08)
+    wt.matrix(p + "ffn_up_shexp.weight", ff, dims.n_embd, std=0.08)
+    wt.matrix(p + "ffn_down_shexp.weight", dims.n_embd, ff, std=0.05)
+
+
+def attention_weights(wt: mk.Weights, s: mk.Spec, p: str, dims: mk.Dims, o_bias: bool) -> None:
+    q_dim, kv_dim = dims.n_head * s.head_dim, dims.n_head_kv * s.head_dim
+    wt.matrix(p + "attn_q.weight", q_dim, dims.n_embd, std=0.06)
+    wt.matrix(p + "attn_k.weight", kv_dim, dims.n_embd, std=0.06)
+    wt.matrix(p + "attn_v.weight", kv_dim, dims.n_embd, std=0.08)
+    wt.matrix(p + "attn_output.weight", dims.n_embd, q_dim, std=0.05)
+    if s.qkv_bias:
+        wt.bias(p + "attn_q.bias", q_dim)
+        wt.bias(p + "attn_k.bias", kv_dim)
+        wt.bias(p + "attn_v.bias", kv_dim)
+    if o_bias:
+        wt.bias(p + "attn_output.bias", dims.n_embd)
+
+
+def cohere2_layer(wt: mk.Weights, s: mk.Spec, il: int, dims: mk.Dims) -> None:
+    """Cohere 2: one LayerNorm (weight only) before attention and FFN side by side."""
+    p = f"blk.{il}."
+    wt.norm(p + "attn_norm.weight", dims.n_embd)
+    attention_weights(wt, s, p, dims, o_bias=False)
+    wt.matrix(p + "ffn_gate.weight", dims.n_ff, dims.n_embd, std=0.08)
+    wt.matrix(p + "ffn_up.weight", dims.n_ff, dims.n_embd, std=0.08)
+    wt.matrix(p + "ffn_down.weight", dims.n_embd, dims.n_ff, std=0.05)
+
+
+def starcoder2_layer(wt: mk.Weights, s: mk.Spec, il: int, dims: mk.Dims) -> None:
+    """StarCoder 2: LayerNorms with biases, biases on every projection, a GELU FFN without gate."""
+    p = f"blk.{il}."
+    wt.norm(p + "attn_norm.weight", dims.n_embd)
+    wt.bias(p + "attn_norm.bias", dims.n_embd)
+    attention_weights(wt, s, p, dims, o_bias=True)
+    wt.norm(p + "ffn_norm.weight", dims.n_embd)
+    wt.bias(p + "ffn_norm.bias", dims.n_embd)
+    wt.matrix(p + "ffn_up.weight", dims.n_ff, dims.n_embd, std=0.08)
+    wt.bias(p + "ffn_up.bias", dims.n_ff)
+    wt.matrix(p + "ffn_down.weight", dims.n_embd, dims.n_ff, std=0.05)
+    wt.bias(p + "ffn_down.bias", dims.n_embd)
+
+
 def families() -> list[Family]:
     return [
         Family(spec("smollm3", "smollm3", {"rope.freq_base": 5000.0}), replace(SMALL, n_layer=4)),
@@ -74,6 +137,25 @@ def families() -> list[Family]:
         Family(spec("qwen2moe", "qwen2moe", {"expert_feed_forward_length": 64, "expert_shared_feed_forward_length": 128,
                                              "rope.freq_base": 1000000.0},
                     qkv_bias=True, experts=4, experts_used=2, n_ff_exp=64), layer=shared_expert_layer),
+        Family(spec("olmoe", "olmoe", {}, qk_norm="whole", experts=4, experts_used=2),
+               replace(SMALL, n_head_kv=4, n_ff=128)),
+        Family(mk.Spec("exaone4", "exaone4", {"attention.sliding_window": 8, "rope.freq_base": 1000000.0,
+                                              "rope.freq_base_swa": 10000.0},
+                       head_dim=16, pre_norms=False, qk_norm="head", post_norms=True),
+               mk.Dims(n_embd=32, n_head=2, n_head_kv=1, n_layer=64, n_ff=32)),
+        Family(spec("seed_oss", "seed_oss", {"attention.key_length": HEAD_DIM, "attention.value_length": HEAD_DIM},
+                    qkv_bias=True, ffn_norm="post_attention_norm.weight"), replace(SMALL, n_head=6)),
+        Family(spec("ernie4_5", "ernie4_5", {"rope.freq_base": 500000.0})),
+        Family(spec("ernie4_5-moe", "ernie4_5-moe", {
+            "expert_feed_forward_length": 64, "expert_shared_feed_forward_length": 64,
+            "interleave_moe_layer_step": 1, "leading_dense_block_count": 1}, experts=4, experts_used=2, n_ff_exp=64),
+               layer=ernie_moe_layer),
+        Family(spec("cohere2", "cohere2", {"attention.sliding_window": 8, "attention.layer_norm_epsilon": 1e-5,
+                                           "logit_scale": 0.25, "rope.freq_base": 50000.0}, tied=True),
+               replace(SMALL, n_layer=4), layer=cohere2_layer),
+        Family(spec("starcoder2", "starcoder2", {"attention.layer_norm_epsilon": 1e-5, "rope.freq_base": 100000.0},
+                    qkv_bias=True, global_tensors={"output_norm.bias": np.random.default_rng(2).standard_normal(128) * 0.1}),
+               layer=starcoder2_layer),
     ]
 
 

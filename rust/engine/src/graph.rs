@@ -97,6 +97,9 @@ pub struct Workspace {
     /// Gated attention's Q projection, each head's query and gate side by side (sized on
     /// first use; empty for the other models).
     pub q_gated: Vec<f32>,
+    /// The attention's output of a parallel block, kept while its FFN runs (sized on first
+    /// use; empty for the other models).
+    pub parallel_attn: Vec<f32>,
 }
 
 impl Workspace {
@@ -121,6 +124,7 @@ impl Workspace {
             stats: None,
             rs: Default::default(),
             q_gated: Vec::new(),
+            parallel_attn: Vec::new(),
         }
     }
 }

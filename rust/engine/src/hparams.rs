@@ -31,6 +31,9 @@ pub struct HParams {
     /// absent, and a scale of 1).
     pub rope_freq_base_swa: f32,
     pub rope_freq_scale_swa: f32,
+    /// Whether sliding-window layers rotate with that base and scale (llama.cpp's
+    /// get_rope_freq_base / _scale) rather than the context's RoPE (EXAONE 4's graph).
+    pub swa_own_rope: bool,
     /// Per layer: does it attend without RoPE (SmolLM3's every fourth layer, the global
     /// layers of Cohere 2 and EXAONE 4)? Its K is stored as projected.
     pub nope_layers: Vec<bool>,
@@ -61,6 +64,11 @@ pub struct HParams {
     pub logit_scale: f32,
     /// LayerNorm epsilon (attention.layer_norm_epsilon; BERT).
     pub norm_eps: f32,
+    /// The decoder's norms are LayerNorms (ggml_norm with norm_eps, then the weight and an
+    /// optional bias) instead of RMSNorms (Cohere 2, StarCoder 2).
+    pub layer_norm: bool,
+    /// A multiplier of the logits (Cohere 2's logit_scale; 1: none).
+    pub logit_multiplier: f32,
     /// The file's pooling type (llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank),
     /// which a context uses unless told otherwise.
     pub pooling_type: u32,
@@ -282,6 +290,9 @@ impl HParams {
             swa_layers: vec![false; n_layer],
             nope_layers: vec![false; n_layer],
             attn_temp: None,
+            swa_own_rope: true,
+            layer_norm: false,
+            logit_multiplier: 1.0,
             rope_freq_base_swa: m.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0),
             rope_freq_scale_swa: 1.0,
             attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
@@ -355,7 +366,7 @@ impl HParams {
     /// RoPE parameters of layer `il` in a context running `rope`: sliding-window layers keep
     /// their own base and scale (llama.cpp's context parameters do not override them).
     pub fn layer_rope(&self, rope: &RopeParams, il: usize) -> RopeParams {
-        if self.swa_layers.get(il).copied().unwrap_or(false) {
+        if self.swa_own_rope && self.swa_layers.get(il).copied().unwrap_or(false) {
             RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, ..*rope }
         } else {
             *rope
@@ -387,7 +398,8 @@ impl HParams {
                 attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,
                 yarn_log_mul: 0.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
-            n_swa: 0, swa_layers: Vec::new(), nope_layers: Vec::new(), attn_temp: None, rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
+            n_swa: 0, swa_layers: Vec::new(), nope_layers: Vec::new(), attn_temp: None, swa_own_rope: true,
+            layer_norm: false, logit_multiplier: 1.0, rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0, n_layer_dense_lead: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,

@@ -252,6 +252,12 @@ pub fn gelu_inplace(x: &mut [f32]) {
 /// LayerNorm of each row of x in place (ggml_norm: mean, then the variance of the centred
 /// values, both summed in f64), then times w plus b.
 pub fn layer_norm_inplace(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    layer_norm_rows(x, w, Some(b), eps);
+}
+
+/// LayerNorm of each row of x in place, times w, plus b where there is one (ggml_norm, then
+/// ggml_mul and ggml_add).
+pub fn layer_norm_rows(x: &mut [f32], w: &[f32], b: Option<&[f32]>, eps: f32) {
     let n = w.len();
     for row in x.chunks_exact_mut(n) {
         let mean = (row.iter().fold(0f64, |s, &v| s + v as f64) / n as f64) as f32;
@@ -261,8 +267,9 @@ pub fn layer_norm_inplace(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
             sum2 += (*v * *v) as f64;
         }
         let scale = 1.0 / ((sum2 / n as f64) as f32 + eps).sqrt();
-        for ((v, &g), &c) in row.iter_mut().zip(w).zip(b) {
-            *v = *v * scale * g + c;
+        match b {
+            Some(b) => row.iter_mut().zip(w).zip(b).for_each(|((v, &g), &c)| *v = *v * scale * g + c),
+            None => row.iter_mut().zip(w).for_each(|(v, &g)| *v = *v * scale * g),
         }
     }
 }

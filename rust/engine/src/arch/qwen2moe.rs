@@ -37,6 +37,8 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
         hp.n_ff_shexp = hp.n_ff;
     }
     hp.moe_gating = MoeGating::Softmax { norm: false };
+    // llama.cpp's qwen2moe does not read expert_weights_scale.
+    hp.expert_weights_scale = 0.0;
     Ok(())
 }
 

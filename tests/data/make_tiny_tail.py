@@ -16,12 +16,13 @@ temperature (Q x 1, 1.35, 1.55 over the 48-token prompt); Qwen2-MoE has Q/K/V bi
 (as many KV heads as heads, as llama.cpp's n_embd-long norms need) before 4 experts of
 feed_forward_length rows; EXAONE 4 has the 64 layers llama.cpp needs to give it sliding windows
 (3 of every 4 layers, window 8, rotated; the global ones without RoPE), post-norms and per-head
-Q/K norms, at n_embd 32 so that its file stays small (its rope.freq_base_swa, which llama.cpp reads
-and its graph ignores, differs from the base); Seed-OSS has heads of key_length 32 with 6 heads
+Q/K norms, at n_embd 32 so that its file stays small (its rope.freq_base_swa, which only
+llama.cpp's K-shift reads, differs from the base); Seed-OSS has heads of key_length 32 with 6 heads
 (Q of 192 values for n_embd 128), Q/K/V biases and its FFN norm named post_attention_norm; ERNIE
 4.5 is the llama block; ERNIE 4.5 MoE a dense first layer (leading_dense_block_count 1), then
 experts with a selection bias (exp_probs_b) and a shared expert; Cohere 2 has 4 parallel layers
-(3 sliding with window 8, the 4th global without RoPE), LayerNorms without bias, the output tied
+(3 sliding with window 8, the 4th global without RoPE; rope.freq_base_swa, which only llama.cpp's
+K-shift reads, differs from the base), LayerNorms without bias, the output tied
 to the embedding and logits times 0.25; StarCoder 2 LayerNorms with biases (the output norm's
 too), biases on every projection and a GELU FFN without gate.
 
@@ -151,7 +152,8 @@ def families() -> list[Family]:
             "interleave_moe_layer_step": 1, "leading_dense_block_count": 1}, experts=4, experts_used=2, n_ff_exp=64),
                layer=ernie_moe_layer),
         Family(spec("cohere2", "cohere2", {"attention.sliding_window": 8, "attention.layer_norm_epsilon": 1e-5,
-                                           "logit_scale": 0.25, "rope.freq_base": 50000.0}, tied=True),
+                                           "logit_scale": 0.25, "rope.freq_base": 50000.0,
+                                           "rope.freq_base_swa": 10000.0}, tied=True),
                replace(SMALL, n_layer=4), layer=cohere2_layer),
         Family(spec("starcoder2", "starcoder2", {"attention.layer_norm_epsilon": 1e-5, "rope.freq_base": 100000.0},
                     qkv_bias=True, global_tensors={"output_norm.bias": np.random.default_rng(2).standard_normal(128) * 0.1}),

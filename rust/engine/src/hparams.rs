@@ -35,7 +35,8 @@ pub struct HParams {
     /// get_rope_freq_base / _scale) rather than the context's RoPE (EXAONE 4's graph).
     pub swa_own_rope: bool,
     /// Per layer: does it attend without RoPE (SmolLM3's every fourth layer, the global
-    /// layers of Cohere 2 and EXAONE 4)? Its K is stored as projected.
+    /// layers of Cohere 2 and EXAONE 4)? Its K is stored as projected; a K-shift still rotates
+    /// it, as llama.cpp's does (its hparams.has_rope is true for those layers).
     pub nope_layers: Vec<bool>,
     /// Llama 4's attention temperature (Mistral 3's `attention.temperature_scale`): Q
     /// multiplied per token after RoPE (None: no tuning).
@@ -363,10 +364,18 @@ impl HParams {
         Ok(())
     }
 
-    /// RoPE parameters of layer `il` in a context running `rope`: sliding-window layers keep
-    /// their own base and scale (llama.cpp's context parameters do not override them).
+    /// RoPE parameters of layer `il`'s graph in a context running `rope`: the sliding-window
+    /// layers' own (`swa_rope`) where the model rotates them so, else the context's.
     pub fn layer_rope(&self, rope: &RopeParams, il: usize) -> RopeParams {
-        if self.swa_own_rope && self.swa_layers.get(il).copied().unwrap_or(false) {
+        if self.swa_own_rope { self.swa_rope(rope, il) } else { *rope }
+    }
+
+    /// RoPE parameters of layer `il` as llama.cpp's get_rope_freq_base / _scale give them:
+    /// sliding-window layers keep their own base and scale (the context's parameters do not
+    /// override them). llama.cpp's K-shift rotates by these even where the graph does not
+    /// (EXAONE 4, Cohere 2).
+    pub fn swa_rope(&self, rope: &RopeParams, il: usize) -> RopeParams {
+        if self.swa_layers.get(il).copied().unwrap_or(false) {
             RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, ..*rope }
         } else {
             *rope

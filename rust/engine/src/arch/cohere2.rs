@@ -28,6 +28,9 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
         return Err(file.error("missing metadata key cohere2.attention.layer_norm_epsilon").into());
     }
     hp.load_swa_pattern(file, 4)?;
+    // The graph rotates the sliding layers with the context's RoPE; llama.cpp's K-shift with
+    // rope.freq_base_swa (the base without it) and the file's scale.
+    hp.swa_own_rope = false;
     hp.rope_freq_base_swa = hp.opt_f32(file, "rope.freq_base_swa", hp.rope_train.freq_base)?;
     hp.rope_freq_scale_swa = hp.rope_train.freq_scale;
     hp.nope_layers = hp.swa_layers.iter().map(|&s| !s).collect();

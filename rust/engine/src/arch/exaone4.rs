@@ -41,9 +41,11 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
         hp.n_swa = 4096;
     }
     hp.load_swa_pattern(file, 4)?;
-    // llama.cpp reads rope.freq_base_swa, but its graph rotates the sliding layers with the
-    // context's RoPE, as it does the others.
+    // The graph rotates the sliding layers with the context's RoPE; llama.cpp's K-shift with
+    // rope.freq_base_swa (the base without it) and the file's scale.
     hp.swa_own_rope = false;
+    hp.rope_freq_base_swa = hp.opt_f32(file, "rope.freq_base_swa", hp.rope_train.freq_base)?;
+    hp.rope_freq_scale_swa = hp.rope_train.freq_scale;
     // RoPE on the sliding layers only.
     hp.nope_layers = hp.swa_layers.iter().map(|&s| !s).collect();
     Ok(())

@@ -26,6 +26,10 @@ K-shift reads, differs from the base), LayerNorms without bias, the output tied
 to the embedding and logits times 0.25; StarCoder 2 LayerNorms with biases (the output norm's
 too), biases on every projection and a GELU FFN without gate.
 
+The F32 models of the families with layers without RoPE also get a context-shift scenario
+(tests/data/scenarios/kshift-NAME.json): llama.cpp's K-shift rotates those layers' keys too, and
+the sliding layers by rope.freq_base_swa, which EXAONE 4's and Cohere 2's graphs do not use.
+
   python tests/data/make_tiny_tail.py [NAME ...]     # writes them (all by default; deterministic)
 """
 from __future__ import annotations
@@ -161,6 +165,43 @@ def families() -> list[Family]:
     ]
 
 
+#: the families whose K-shift reaches layers without RoPE (and sliding layers of a base of their
+#: own that the graph does not use): a context shift of their F32 model (kshift-NAME.json)
+KSHIFT = ("smollm3", "exaone4", "cohere2")
+
+
+def kshift_scenario(model_file: str, name: str) -> dict:
+    """A context shift as tests/data/scenarios/gemma3-context-shift.json makes it: three
+    micro-batches of 32 tokens, positions 4..49 dropped and 50..95 moved back by 46 (the K-shift),
+    two more micro-batches, a second shift (59..113 by -55), and 40 more tokens."""
+    rng = np.random.default_rng(13)
+    tok = lambda n: [int(t) for t in rng.integers(3, mk.N_VOCAB, n)]  # noqa: E731
+
+    def decode(p0: int, n: int) -> dict:
+        tokens = ([1] + tok(n - 1)) if p0 == 0 else tok(n)
+        return {"op": "decode", "tokens": tokens, "pos": list(range(p0, p0 + n)), "seq_ids": [[0]] * n,
+                "logits": [n - 1]}
+
+    def shift(keep: int, p0: int, p1: int) -> list[dict]:
+        return [{"op": "seq_rm", "seq_id": 0, "p0": keep, "p1": p0},
+                {"op": "seq_add", "seq_id": 0, "p0": p0, "p1": p1, "delta": keep - p0, "check_pos": [0]}]
+
+    steps = [decode(0, 32), decode(32, 32), decode(64, 32), *shift(4, 50, 96), decode(50, 32), decode(82, 32),
+             *shift(4, 59, 114), decode(59, 32), decode(91, 8)]
+    return {"name": name, "model": model_file, "context": {"n_ctx": 128, "n_batch": 32, "n_ubatch": 32},
+            "steps": steps}
+
+
+def write_scenario(scn: dict) -> None:
+    """Writes a scenario, keeping the expected values recorded for the same steps."""
+    out = DATA / "scenarios" / f"{scn['name']}.json"
+    old = json.loads(out.read_text()) if out.exists() else {}
+    if old.get("steps") == scn["steps"]:
+        scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
+    out.write_text(json.dumps(scn))
+    print("wrote", out.name)
+
+
 def write_model(f: Family, qtype: str, path: Path) -> None:
     s, dims = f.spec, f.dims
     w = gguf.GGUFWriter(str(path), s.arch)
@@ -192,13 +233,10 @@ def main(names: list[str]) -> None:
         for qtype in mk.TYPES:
             model_file = f"tiny-{f.spec.name}-{qtype}.gguf"
             write_model(f, qtype, DATA / "models" / model_file)
-            scn = mk.scenario(model_file)
-            out = DATA / "scenarios" / f"{scn['name']}.json"
-            old = json.loads(out.read_text()) if out.exists() else {}
-            if old.get("steps") == scn["steps"]:
-                scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
-            out.write_text(json.dumps(scn))
-            print("wrote", model_file, out.name)
+            print("wrote", model_file)
+            write_scenario(mk.scenario(model_file))
+        if f.spec.name in KSHIFT:
+            write_scenario(kshift_scenario(f"tiny-{f.spec.name}-f32.gguf", f"kshift-{f.spec.name}"))
 
 
 if __name__ == "__main__":

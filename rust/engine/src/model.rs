@@ -482,7 +482,9 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         },
         post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,
         attn_out_norm: None,
-        layer_out_norm: None, attn_norm_b: None, ffn_norm_b: None,
+        layer_out_norm: None,
+        attn_norm_b: None,
+        ffn_norm_b: None,
     })
 }
 

@@ -95,7 +95,8 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, bert: bool) -> Result<LayerW
         attn_norm: None, attn: Some(attn), rs: None,
         post_attn_norm: None, ffn_norm: None, ffn, post_ffn_norm: None,
         attn_out_norm: Some(layer_norm(ld, &n("attn_output_norm"), d)?),
-        layer_out_norm: Some(layer_norm(ld, &n("layer_output_norm"), d)?), attn_norm_b: None, ffn_norm_b: None,
+        layer_out_norm: Some(layer_norm(ld, &n("layer_output_norm"), d)?),
+        attn_norm_b: None, ffn_norm_b: None,
     })
 }
 

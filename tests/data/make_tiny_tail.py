@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -65,7 +65,6 @@ class Family:
     spec: mk.Spec
     dims: mk.Dims = SMALL
     layer: Callable[[mk.Weights, mk.Spec, int, mk.Dims], None] = mk.add_layer
-    extra_metadata: Callable[[gguf.GGUFWriter, mk.Spec], None] | None = None
 
 
 def shared_expert_layer(wt: mk.Weights, s: mk.Spec, il: int, dims: mk.Dims) -> None:
@@ -207,8 +206,6 @@ def write_model(f: Family, qtype: str, path: Path) -> None:
     w = gguf.GGUFWriter(str(path), s.arch)
     w.add_name(f"tiny random model {qtype}")
     mk.add_metadata(w, s, dims)
-    if f.extra_metadata:
-        f.extra_metadata(w, s)
     mk.copy_vocab(w)
     rng = np.random.default_rng(sum(map(ord, s.name)))
     wt = mk.Weights(w, rng, qtype)

@@ -549,3 +549,19 @@ fn yarn_attn_factor(factor: f32, log_mul: f32) -> f32 {
     let f = if log_mul != 0.0 { mscale(factor, 1.0) / mscale(factor, log_mul) } else { mscale(factor, 1.0) };
     f * (1.0 / (1.0 + 0.1 * factor.ln()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::AttnTemperature;
+
+    /// Llama 4's temperature: 1 for the first floor_scale positions, then
+    /// 1 + scale · ln(k + 1) for the k-th step.
+    #[test]
+    fn attention_temperature_steps_every_floor_scale_positions() {
+        let t = AttnTemperature { scale: 0.5, offset: 0.0, floor_scale: 16 };
+        assert_eq!(t.factor(0), 1.0);
+        assert_eq!(t.factor(15), 1.0);
+        assert_eq!(t.factor(16), (2f64.ln() * 0.5 + 1.0) as f32);
+        assert_eq!(t.factor(47), (3f64.ln() * 0.5 + 1.0) as f32);
+    }
+}

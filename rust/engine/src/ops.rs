@@ -434,4 +434,17 @@ mod tests {
         let r = (30.0f32 / 4.0).sqrt();
         assert!((y[2] - 6.0 / r).abs() < 1e-6);
     }
+
+    /// A LayerNorm without bias is the LayerNorm with a zero bias; each row on its own.
+    #[test]
+    fn layer_norm_without_bias_is_a_zero_bias() {
+        let x: Vec<f32> = (0..8).map(|i| (i * i) as f32 * 0.3 - 1.0).collect();
+        let w = [0.5, 1.0, 1.5, 2.0];
+        let (mut a, mut b) = (x.clone(), x.clone());
+        layer_norm_rows(&mut a, &w, None, 1e-5);
+        layer_norm_inplace(&mut b, &w, &[0.0; 4], 1e-5);
+        assert_eq!(a, b);
+        let mean: f32 = a[4..].iter().zip(&w).map(|(v, g)| v / g).sum::<f32>() / 4.0;
+        assert!(mean.abs() < 1e-6);
+    }
 }

@@ -612,7 +612,8 @@ impl Context {
                 continue;
             }
             for (cell, delta) in cache.cells.take_shifts() {
-                self.store.shift_cell(cell as usize, delta, &cache.layers, |il| hp.layer_rope(&rope, il), factors, &mut self.shift_scratch);
+                // llama.cpp's K-shift (build_graph_shift) rotates every layer by get_rope_freq_base.
+                self.store.shift_cell(cell as usize, delta, &cache.layers, |il| hp.swa_rope(&rope, il), factors, &mut self.shift_scratch);
             }
         }
     }

@@ -99,6 +99,9 @@ pub struct Workspace {
     pub q_gated: Vec<f32>,
     /// Latent attention's buffers (sized on first use; empty for the other models).
     pub latent: crate::arch::latent::LatentScratch,
+    /// The attention's output of a parallel block, kept while its FFN runs (sized on first
+    /// use; empty for the other models).
+    pub parallel_attn: Vec<f32>,
 }
 
 impl Workspace {
@@ -124,6 +127,7 @@ impl Workspace {
             rs: Default::default(),
             q_gated: Vec::new(),
             latent: Default::default(),
+            parallel_attn: Vec::new(),
         }
     }
 }

@@ -35,10 +35,18 @@ pub struct HParams {
     /// absent, and a scale of 1).
     pub rope_freq_base_swa: f32,
     pub rope_freq_scale_swa: f32,
+    /// Whether sliding-window layers rotate with that base and scale (llama.cpp's
+    /// get_rope_freq_base / _scale) rather than the context's RoPE (EXAONE 4's graph).
+    pub swa_own_rope: bool,
+    /// Per layer: does it attend without RoPE (SmolLM3's every fourth layer, the global
+    /// layers of Cohere 2 and EXAONE 4)? Its K is stored as projected; a K-shift still rotates
+    /// it, as llama.cpp's does (its hparams.has_rope is true for those layers).
+    pub nope_layers: Vec<bool>,
+    /// The attention temperature (Mistral 3's `attention.temperature_scale`, Llama 4's fixed
+    /// tuning of its layers without RoPE): Q multiplied per token after RoPE (None: no tuning).
+    pub attn_temp: Option<AttnTemperature>,
     /// Scale applied to the attention scores (1/sqrt(head_dim) unless the architecture says).
     pub attn_scale: f32,
-    /// Llama 4's attention temperature tuning of the layers without RoPE (None: none).
-    pub attn_temperature: Option<AttnTemperature>,
     /// tanh soft-capping of the final logits (0: none).
     pub final_logit_softcap: f32,
     /// tanh soft-capping of the attention scores (0: none; Gemma 2).
@@ -61,6 +69,11 @@ pub struct HParams {
     pub logit_scale: f32,
     /// LayerNorm epsilon (attention.layer_norm_epsilon; BERT).
     pub norm_eps: f32,
+    /// The decoder's norms are LayerNorms (ggml_norm with norm_eps, then the weight and an
+    /// optional bias) instead of RMSNorms (Cohere 2, StarCoder 2).
+    pub layer_norm: bool,
+    /// A multiplier of the logits (Cohere 2's logit_scale; 1: none).
+    pub logit_multiplier: f32,
     /// The file's pooling type (llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank),
     /// which a context uses unless told otherwise.
     pub pooling_type: u32,
@@ -112,6 +125,25 @@ impl LatentParams {
     pub fn nope(&self, n_rot: usize) -> usize { self.head_dim_qk - n_rot }
 }
 
+/// llama.cpp's attention temperature tuning (llm_graph_input_attn_temp): a token at position
+/// p has its Q multiplied by log(floor((p + offset) / floor_scale) + 1) * scale + 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnTemperature {
+    pub scale: f32,
+    pub offset: f32,
+    /// Positions per step of the logarithm (> 0).
+    pub floor_scale: usize,
+}
+
+impl AttnTemperature {
+    /// The multiplier of Q at position `pos`, as llama.cpp computes it: the floor in f32, the
+    /// rest in double, rounded to f32.
+    pub fn factor(&self, pos: i32) -> f32 {
+        let steps = ((pos as f32 + self.offset) / self.floor_scale as f32).floor();
+        ((steps as f64 + 1.0).ln() * self.scale as f64 + 1.0) as f32
+    }
+}
+
 /// What the recurrent layers of a model keep per sequence, and their sizes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RsParams {
@@ -128,24 +160,6 @@ pub struct RsParams {
     pub d_state: usize,
     pub n_group: usize,
     pub dt_rank: usize,
-}
-
-/// Llama 4's attention temperature (llm_graph_input_attn_temp): the queries of a token at
-/// position p are multiplied by log(floor((p + offset) / floor_scale) + 1) · scale + 1, which
-/// grows by steps every floor_scale positions.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttnTemperature {
-    pub floor_scale: f32,
-    pub scale: f32,
-    pub offset: f32,
-}
-
-impl AttnTemperature {
-    /// The factor of a token at position `pos`, computed in double as llama.cpp's set_input does.
-    pub fn factor(&self, pos: i32) -> f32 {
-        let steps = ((pos as f32 + self.offset) / self.floor_scale).floor() as f64;
-        ((steps + 1.0).ln() * self.scale as f64 + 1.0) as f32
-    }
 }
 
 /// How a mixture of experts weighs the experts it picks (llama_expert_gating_func_type).
@@ -316,7 +330,11 @@ impl HParams {
             n_swa,
             swa_layers: vec![false; n_layer],
             swa_kind: SwaType::Standard,
-            attn_temperature: None,
+            nope_layers: vec![false; n_layer],
+            attn_temp: None,
+            swa_own_rope: true,
+            layer_norm: false,
+            logit_multiplier: 1.0,
             rope_freq_base_swa: m.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0),
             rope_freq_scale_swa: 1.0,
             attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
@@ -390,9 +408,17 @@ impl HParams {
         Ok(())
     }
 
-    /// RoPE parameters of layer `il` in a context running `rope`: sliding-window layers keep
-    /// their own base and scale (llama.cpp's context parameters do not override them).
+    /// RoPE parameters of layer `il`'s graph in a context running `rope`: the sliding-window
+    /// layers' own (`swa_rope`) where the model rotates them so, else the context's.
     pub fn layer_rope(&self, rope: &RopeParams, il: usize) -> RopeParams {
+        if self.swa_own_rope { self.swa_rope(rope, il) } else { *rope }
+    }
+
+    /// RoPE parameters of layer `il` as llama.cpp's get_rope_freq_base / _scale give them:
+    /// sliding-window layers keep their own base and scale (the context's parameters do not
+    /// override them). llama.cpp's K-shift rotates by these even where the graph does not
+    /// (EXAONE 4, Cohere 2).
+    pub fn swa_rope(&self, rope: &RopeParams, il: usize) -> RopeParams {
         if self.swa_layers.get(il).copied().unwrap_or(false) {
             RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, ..*rope }
         } else {
@@ -430,7 +456,8 @@ impl HParams {
                 attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,
                 yarn_log_mul: 0.0, yarn_mscale: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
-            n_swa: 0, swa_layers: Vec::new(), swa_kind: SwaType::Standard, attn_temperature: None, rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
+            n_swa: 0, swa_layers: Vec::new(), swa_kind: SwaType::Standard, nope_layers: Vec::new(), attn_temp: None, swa_own_rope: true,
+            layer_norm: false, logit_multiplier: 1.0, rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0, n_layer_dense_lead: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
@@ -583,10 +610,21 @@ mod tests {
 
     #[test]
     fn llama4_temperature_steps_every_floor_scale_positions() {
-        let t = AttnTemperature { floor_scale: 8192.0, scale: 0.1, offset: 1.0 };
+        let t = AttnTemperature { scale: 0.1, offset: 1.0, floor_scale: 8192 };
         assert_eq!(t.factor(0), 1.0);
         assert_eq!(t.factor(8190), 1.0);
         assert_eq!(t.factor(8191), (2f64.ln() * 0.1 + 1.0) as f32);
         assert_eq!(t.factor(100 * 8192 - 1), (101f64.ln() * 0.1 + 1.0) as f32);
+    }
+
+    /// Llama 4's temperature: 1 for the first floor_scale positions, then
+    /// 1 + scale · ln(k + 1) for the k-th step.
+    #[test]
+    fn attention_temperature_steps_every_floor_scale_positions() {
+        let t = AttnTemperature { scale: 0.5, offset: 0.0, floor_scale: 16 };
+        assert_eq!(t.factor(0), 1.0);
+        assert_eq!(t.factor(15), 1.0);
+        assert_eq!(t.factor(16), (2f64.ln() * 0.5 + 1.0) as f32);
+        assert_eq!(t.factor(47), (3f64.ln() * 0.5 + 1.0) as f32);
     }
 }

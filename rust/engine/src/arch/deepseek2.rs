@@ -141,6 +141,7 @@ fn load(ld: &Loader, hp: &HParams) -> Result<Weights> {
             ffn,
             post_ffn_norm: None, attn_out_norm: None, layer_out_norm: None,
             latent: Some(Box::new(load_latent_attention(ld, hp, &lp, il)?)),
+            attn_norm_b: None, ffn_norm_b: None,
         })
     }).collect::<Result<Vec<_>>>()?;
     crate::model::load_embeddings_and_head(ld, hp, layers)

@@ -127,6 +127,7 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize) -> Result<LayerWeights> {
         attn_out_norm: None,
         layer_out_norm: None,
         latent: None,
+        attn_norm_b: None, ffn_norm_b: None,
     })
 }
 

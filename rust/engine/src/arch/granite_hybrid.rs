@@ -66,7 +66,8 @@ fn load(ld: &Loader, hp: &HParams) -> Result<Weights> {
                 post_attn_norm: None,
                 ffn_norm: Some(ld.vector(&format!("blk.{il}.ffn_norm.weight"), hp.n_embd)?),
                 ffn: load_ffn(ld, hp, &attn_parts, il)?,
-                post_ffn_norm: None, attn_out_norm: None, layer_out_norm: None, latent: None,
+                post_ffn_norm: None, attn_out_norm: None, layer_out_norm: None,
+                attn_norm_b: None, ffn_norm_b: None, latent: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;

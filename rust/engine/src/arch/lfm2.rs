@@ -119,7 +119,9 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize) -> Result<LayerWeights> {
         ffn: load_ffn(ld, hp, il)?,
         post_ffn_norm: None,
         attn_out_norm: None,
-        layer_out_norm: None, latent: None,
+        layer_out_norm: None,
+        attn_norm_b: None,
+        ffn_norm_b: None, latent: None,
     })
 }
 

@@ -19,7 +19,7 @@ use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
 
 use crate::arch::blocks::{attend, embed, ffn, fill_rope_caches, output, pre_norm, project_qkv, residual, rope_layer,
-                          scale_q_by_temperature, store_kv};
+                          temper_q, store_kv};
 use crate::arch::ArchInfo;
 use crate::error::{EngineError, Result};
 use crate::graph::{UBatchView, Workspace};
@@ -66,7 +66,7 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
     hp.load_swa_pattern(file, NO_ROPE_STEP)?;
     hp.rope_freq_base_swa = hp.opt_f32(file, "rope.freq_base_swa", hp.rope_train.freq_base)?;
     hp.rope_freq_scale_swa = hp.rope_train.freq_scale;
-    hp.attn_temperature = Some(AttnTemperature { floor_scale: CHUNK as f32, scale: 0.1, offset: 1.0 });
+    hp.attn_temp = Some(AttnTemperature { scale: 0.1, offset: 1.0, floor_scale: CHUNK as usize });
     hp.moe_gating = MoeGating::SigmoidOfTopLogits;
     // llama.cpp's llama4 loader reads neither expert_weights_scale nor attention.scale
     hp.expert_weights_scale = 0.0;
@@ -105,6 +105,7 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, moe: bool) -> Result<LayerWe
         attn_out_norm: None,
         layer_out_norm: None,
         latent: None,
+        attn_norm_b: None, ffn_norm_b: None,
     })
 }
 
@@ -142,8 +143,8 @@ fn attention(hp: &HParams, a: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore
             rms_norm_unweighted_inplace(&mut ws.q[..n * q_dim], hp.head_dim_k, hp.rms_eps);
             rms_norm_unweighted_inplace(&mut ws.k[..n * k_dim], hp.head_dim_k, hp.rms_eps);
         }
-    } else if let Some(temp) = &hp.attn_temperature {
-        scale_q_by_temperature(hp, temp, ws, ub);
+    } else {
+        temper_q(hp, ws, ub);
     }
     store_kv(a, ws, kv, ub, il);
     attend(hp, a, ws, kv, ub, il, hp.attn_scale, 0.0, threads);

@@ -181,7 +181,8 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, family: DeltaNetFamily, ffn:
         // llama.cpp's `attn_post_norm` normalizes the FFN's input
         ffn_norm: Some(ld.vector(&n("post_attention_norm.weight"), hp.n_embd)?),
         ffn,
-        post_ffn_norm: None, attn_out_norm: None, layer_out_norm: None, latent: None,
+        post_ffn_norm: None, attn_out_norm: None, layer_out_norm: None,
+        attn_norm_b: None, ffn_norm_b: None, latent: None,
     })
 }
 

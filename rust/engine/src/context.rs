@@ -822,13 +822,30 @@ impl Context {
     }
     pub fn seq_add(&mut self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
         self.check_seq(seq, false)?;
+        if delta != 0 {
+            self.check_can_shift()?;
+        }
         self.caches.iter_mut().try_for_each(|c| c.cells.seq_add(seq, p0, p1, delta).map_err(kv_arg))?;
         self.rs.as_mut().map_or(Ok(()), |rs| rs.seq_add(seq, p0, p1, delta).map_err(kv_arg))
     }
     pub fn seq_div(&mut self, seq: i32, p0: i32, p1: i32, d: i32) -> Result<()> {
         self.check_seq(seq, false)?;
+        if d != 1 {
+            self.check_can_shift()?;
+        }
         self.caches.iter_mut().try_for_each(|c| c.cells.seq_div(seq, p0, p1, d).map_err(kv_arg))?;
         self.rs.as_mut().map_or(Ok(()), |rs| rs.seq_div(seq, p0, p1, d).map_err(kv_arg))
+    }
+    /// llama_kv_cache::get_can_shift: keys rotated with several positions per token (Qwen3.5's
+    /// interleaved M-RoPE) cannot be re-rotated to a new position; llama.cpp aborts on the next
+    /// decode after moving them, the engine refuses the move itself (nothing changes).
+    fn check_can_shift(&self) -> Result<()> {
+        if self.caches.is_empty() || self.model.hparams.imrope_sections.is_none() {
+            return Ok(());
+        }
+        Err(EngineError::Unsupported(format!(
+            "the '{}' model's keys use multi-position RoPE (M-RoPE): their positions cannot be shifted (seq_add / seq_div; llama.cpp: K-shift not supported)",
+            self.model.arch.map_or("?", |a| a.name))))
     }
     pub fn seq_pos_min(&self, seq: i32) -> Result<i32> {
         let attn = match self.caches.last() { Some(c) => Some(c.cells.seq_pos_min(seq).map_err(kv_arg)?), None => None };

@@ -836,11 +836,16 @@ impl Context {
         self.caches.iter_mut().try_for_each(|c| c.cells.seq_div(seq, p0, p1, d).map_err(kv_arg))?;
         self.rs.as_mut().map_or(Ok(()), |rs| rs.seq_div(seq, p0, p1, d).map_err(kv_arg))
     }
+    /// llama_memory_can_shift: whether the positions of cached keys can move (seq_add,
+    /// seq_div), which context shifts and Self-Extend need.
+    pub fn can_shift(&self) -> bool {
+        self.caches.is_empty() || self.model.hparams.imrope_sections.is_none()
+    }
     /// llama_kv_cache::get_can_shift: keys rotated with several positions per token (Qwen3.5's
     /// interleaved M-RoPE) cannot be re-rotated to a new position; llama.cpp aborts on the next
     /// decode after moving them, the engine refuses the move itself (nothing changes).
     fn check_can_shift(&self) -> Result<()> {
-        if self.caches.is_empty() || self.model.hparams.imrope_sections.is_none() {
+        if self.can_shift() {
             return Ok(());
         }
         Err(EngineError::Unsupported(format!(

@@ -434,6 +434,34 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
     scale_logits(hp, &mut logits[..ub.out_rows.len() * hp.n_vocab]);
 }
 
+/// The forward pass of a pre-norm decoder whose blocks differ only in their token mixer
+/// (attention of one kind or another, a recurrent mixer): per block x += mixer(rms_norm(x)),
+/// x += swiglu_ffn(rms_norm(x)) (dense or experts), the control vector; then the head.
+/// `mixer(lw, ws, kv, il)` reads ws.o's input rows from ws.x's norm and leaves its output in ws.o.
+pub fn pre_norm_blocks(model: &crate::model::Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView,
+                       threads: &Threads, logits: &mut [f32],
+                       mut mixer: impl FnMut(&LayerWeights, &mut Workspace, &mut KvStore, usize)) {
+    let hp = &model.hparams;
+    let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
+    embed(w, ws, ub, d, 1.0, threads);
+    fill_rope_caches(hp, ws, ub);
+    for (il, lw) in w.layers.iter().enumerate() {
+        if let Some(s) = ws.stats.as_deref_mut() {
+            s.begin_layer(il);
+        }
+        pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
+        mixer(lw, ws, kv, il);
+        residual(ws, None, eps, 1.0, n, d);
+        pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
+        ffn(hp, lw, ws, n, crate::ops::swiglu, ub.lora_layer(il), threads);
+        residual(ws, None, eps, 1.0, n, d);
+        if let Some(cv) = ub.cvec {
+            cv.apply(il, &mut ws.x[..n * d]);
+        }
+    }
+    output(hp, w, ws, ub, threads, logits);
+}
+
 /// The logits' divisor (Granite), multiplier (Cohere 2) and soft cap (Gemma), where the model
 /// has them.
 pub fn scale_logits(hp: &HParams, logits: &mut [f32]) {

@@ -17,7 +17,7 @@
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
 
-use crate::arch::blocks::{embed, ffn, fill_rope_caches, output, pre_norm, residual};
+use crate::arch::blocks::pre_norm_blocks;
 use crate::arch::latent::{check_cache_sizes, latent_attention, load_latent_attention};
 use crate::arch::ArchInfo;
 use crate::error::{EngineError, Result};
@@ -25,7 +25,6 @@ use crate::graph::{UBatchView, Workspace};
 use crate::hparams::{HParams, LatentParams, Meta, MoeGating, RopeOverrides};
 use crate::kvstore::KvStore;
 use crate::model::{load_experts, load_gated, ExpertParts, Ffn, LayerParts, LayerWeights, Loader, Model, SharedParts, Weights};
-use crate::ops::swiglu;
 
 pub const DEEPSEEK2: ArchInfo = ArchInfo { name: "deepseek2", rope_neox: false, hparams, load, forward, encoder: false };
 
@@ -149,23 +148,8 @@ fn load(ld: &Loader, hp: &HParams) -> Result<Weights> {
 
 fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, threads: &Threads, logits: &mut [f32]) {
     let hp = &model.hparams;
-    let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, 1.0, threads);
-    fill_rope_caches(hp, ws, ub);
-    for (il, lw) in w.layers.iter().enumerate() {
-        if let Some(s) = ws.stats.as_deref_mut() {
-            s.begin_layer(il);
-        }
-        pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
+    pre_norm_blocks(model, w, ws, kv, ub, threads, logits, |lw, ws, kv, il| {
         let attn = lw.latent.as_deref().expect("every deepseek2 block is loaded with latent attention");
         latent_attention(hp, attn, ws, kv, ub, il, threads);
-        residual(ws, None, eps, 1.0, n, d);
-        pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
-        ffn(hp, lw, ws, n, swiglu, ub.lora_layer(il), threads);
-        residual(ws, None, eps, 1.0, n, d);
-        if let Some(cv) = ub.cvec {
-            cv.apply(il, &mut ws.x[..n * d]);
-        }
-    }
-    output(hp, w, ws, ub, threads, logits);
+    });
 }

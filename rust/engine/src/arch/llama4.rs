@@ -18,8 +18,7 @@
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
 
-use crate::arch::blocks::{attend, embed, ffn, fill_rope_caches, output, pre_norm, project_qkv, residual, rope_layer,
-                          temper_q, store_kv};
+use crate::arch::blocks::{attend, pre_norm_blocks, project_qkv, rope_layer, store_kv, temper_q};
 use crate::arch::ArchInfo;
 use crate::error::{EngineError, Result};
 use crate::graph::{UBatchView, Workspace};
@@ -27,7 +26,7 @@ use crate::hparams::{AttnTemperature, HParams, Meta, MoeGating, SwaType};
 use crate::kvstore::KvStore;
 use crate::model::{load_attention, load_embeddings_and_head, load_experts, load_gated, load_rope_factors, AttnWeights, ExpertParts,
                    Ffn, LayerParts, LayerWeights, Loader, Model, SharedParts, Weights};
-use crate::ops::{rms_norm_unweighted_inplace, swiglu};
+use crate::ops::rms_norm_unweighted_inplace;
 
 pub const LLAMA4: ArchInfo = ArchInfo { name: "llama4", rope_neox: false, hparams, load, forward, encoder: false };
 
@@ -111,24 +110,7 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, moe: bool) -> Result<LayerWe
 
 fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, threads: &Threads, logits: &mut [f32]) {
     let hp = &model.hparams;
-    let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, 1.0, threads);
-    fill_rope_caches(hp, ws, ub);
-    for (il, lw) in w.layers.iter().enumerate() {
-        if let Some(s) = ws.stats.as_deref_mut() {
-            s.begin_layer(il);
-        }
-        pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
-        attention(hp, lw.attn(), ws, kv, ub, il, threads);
-        residual(ws, None, eps, 1.0, n, d);
-        pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
-        ffn(hp, lw, ws, n, swiglu, ub.lora_layer(il), threads);
-        residual(ws, None, eps, 1.0, n, d);
-        if let Some(cv) = ub.cvec {
-            cv.apply(il, &mut ws.x[..n * d]);
-        }
-    }
-    output(hp, w, ws, ub, threads, logits);
+    pre_norm_blocks(model, w, ws, kv, ub, threads, logits, |lw, ws, kv, il| attention(hp, lw.attn(), ws, kv, ub, il, threads));
 }
 
 /// Block il's attention: Q/K/V; RoPE then the L2 norms of Q and K, or (no RoPE) Q times the

@@ -452,13 +452,7 @@ mod x86 {
         union_of_visible(h, &mut s.union);
         for (t, slot) in tokens.iter_mut().enumerate().take(nt) {
             let mask = h.mask.as_ptr().add(t * h.mask_stride);
-            let (mut end, mut n_visible) = (0, 0);
-            for &j in &s.union {
-                if *mask.add(j as usize) != f32::NEG_INFINITY {
-                    end = j as usize + 1;
-                    n_visible += 1;
-                }
-            }
+            let (end, n_visible) = seen_by(h, mask);
             n_union += n_visible;
             let at = t * nq;
             let tok = Token { q: qbuf.add(at * dk), mask, w: w.add(at * n_kv), p: probs.add(at * n_kv), acc: acc.add(at * sets * dv), end, n_visible };
@@ -519,14 +513,47 @@ mod x86 {
         }
     }
 
-    /// The cells some token of the call sees, ascending.
+    /// The cells some token of the call sees, ascending (sixteen cells' masks at a time).
+    #[inline(always)]
     unsafe fn union_of_visible(h: &Heads, union: &mut Vec<u32>) {
         union.clear();
-        for j in 0..h.n_kv {
-            if (0..h.n_t).any(|t| *h.mask.as_ptr().add(t * h.mask_stride + j) != f32::NEG_INFINITY) {
-                union.push(j as u32);
+        let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let seen1 = |j: usize| (0..h.n_t).any(|t| *h.mask.as_ptr().add(t * h.mask_stride + j) != f32::NEG_INFINITY);
+        let whole = h.n_kv - h.n_kv % 16;
+        for j0 in (0..whole).step_by(16) {
+            let mut bits: u32 = 0;
+            for t in 0..h.n_t {
+                let m = _mm512_loadu_ps(h.mask.as_ptr().add(t * h.mask_stride + j0));
+                bits |= _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(m, neg_inf) as u32;
+            }
+            while bits != 0 {
+                union.push(j0 as u32 + bits.trailing_zeros());
+                bits &= bits - 1;
             }
         }
+        union.extend((whole..h.n_kv).filter(|&j| seen1(j)).map(|j| j as u32));
+    }
+
+    /// One past the last cell a token's mask row shows, and how many it shows.
+    #[inline(always)]
+    unsafe fn seen_by(h: &Heads, mask: *const f32) -> (usize, usize) {
+        let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let (mut end, mut n_visible) = (0, 0);
+        let whole = h.n_kv - h.n_kv % 16;
+        for j0 in (0..whole).step_by(16) {
+            let bits = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(_mm512_loadu_ps(mask.add(j0)), neg_inf) as u32;
+            if bits != 0 {
+                end = j0 + 32 - bits.leading_zeros() as usize;
+                n_visible += bits.count_ones() as usize;
+            }
+        }
+        for j in whole..h.n_kv {
+            if *mask.add(j) != f32::NEG_INFINITY {
+                end = j + 1;
+                n_visible += 1;
+            }
+        }
+        (end, n_visible)
     }
 
     /// The cells `tok` sees (a subset of the union), ascending.

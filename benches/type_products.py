@@ -47,6 +47,7 @@ COLD_BYTES = 64 << 20
 TYPES = {
     "Q4_K": (12, 256, 144, [0, 2]),
     "Q4_0": (2, 32, 18, [0]),
+    "Q6_K": (14, 256, 210, [208]),
     "IQ4_NL": (20, 32, 18, [0]),
     "MXFP4": (39, 32, 17, "e8m0"),
     "NVFP4": (40, 64, 36, "ue4m3"),
@@ -66,7 +67,7 @@ TYPES = {
 #: (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type)
 GGML_REPACKS_ON_AVX2 = {"Q4_K", "Q4_0", "IQ4_NL", "MXFP4"}
 #: the references, measured only when named in --types
-REFERENCES = {"Q4_K", "Q4_0", "IQ4_NL"}
+REFERENCES = {"Q4_K", "Q4_0", "IQ4_NL", "Q6_K"}
 
 
 def random_blocks(name: str, rows: int, cols: int, seed: int = 27) -> bytes:

@@ -7,7 +7,9 @@
 //! it are multiplied in turn, so that a product reads its weights from memory rather than from a
 //! cache the previous one warmed (as a model's matrices are read). The activations are
 //! `((i * 7919) % 1000) / 1000 - 0.5`, as the Python side makes them. Prints one JSON line: the
-//! seconds of one product, per rep (each rep is one pass over the copies, after one warm-up pass).
+//! seconds of one product, per rep (each rep is one pass over the copies, after one warm-up pass),
+//! and "cpu_seconds", the same in the calling thread's CPU time (the whole product's with THREADS 1,
+//! which runs on the calling thread; a measure that other processes' load does not inflate).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,13 +41,32 @@ fn main() {
     let mut scratch = MatmulScratch::default();
     let pool = Threads::new(threads);
     let mut pass = || {
-        let start = Instant::now();
+        let (start, cpu) = (Instant::now(), thread_seconds());
         for m in &matrices {
             matmul(m, &x, tokens, &mut out, &mut scratch, &pool);
         }
-        start.elapsed().as_secs_f64() / matrices.len() as f64
+        let n = matrices.len() as f64;
+        (start.elapsed().as_secs_f64() / n, (thread_seconds() - cpu) / n)
     };
     pass();
-    let times: Vec<String> = (0..reps).map(|_| format!("{:.9}", pass())).collect();
-    println!("{{\"seconds\": [{}], \"checksum\": {}}}", times.join(", "), out.iter().map(|v| *v as f64).sum::<f64>());
+    let (times, cpu): (Vec<String>, Vec<String>) = (0..reps).map(|_| pass()).map(|(w, c)| (format!("{w:.9}"), format!("{c:.9}"))).unzip();
+    println!("{{\"seconds\": [{}], \"cpu_seconds\": [{}], \"checksum\": {}}}", times.join(", "), cpu.join(", "),
+             out.iter().map(|v| *v as f64).sum::<f64>());
+}
+
+fn thread_seconds() -> f64 {
+    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the struct; CLOCK_THREAD_CPUTIME_ID = 3 on Linux.
+    unsafe { clock_gettime(3, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clk: i32, ts: *mut Timespec) -> i32;
 }

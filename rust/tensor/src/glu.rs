@@ -6,8 +6,73 @@
 //! sixteen through its AVX-512 `ggml_v_expf` (another polynomial's last steps: a scalef
 //! instead of an exponent add), reproduced by `silu_mul_avx512` on AVX-512 machines. Elsewhere
 //! ferrollama uses libm's expf for every element, as ggml's scalar build does.
+//!
+//! SiLU alone (ggml_silu: ggml_vec_silu_f32 row by row) takes the same path without the gate:
+//! `silu`, each row's whole chunks of 8 (AVX2) or 16 (AVX-512) through ggml_v_silu, the rest
+//! through libm's expf.
 
 use crate::dispatch::{active_isa, Isa};
+
+/// x = silu(x) over rows of `row` elements (x.len() a multiple of `row`), as ggml_silu computes
+/// it on this CPU (ggml_vec_silu_f32 per row).
+pub fn silu(x: &mut [f32], row: usize) {
+    silu_isa(active_isa(), x, row)
+}
+
+/// `silu` at the given instruction-set level (which the CPU must support).
+fn silu_isa(isa: Isa, x: &mut [f32], row: usize) {
+    assert!(row > 0 && x.len() % row == 0, "rows of {row} elements");
+    assert!(isa.available(), "{} kernels on a CPU without them", isa.name());
+    let lanes = match isa {
+        Isa::Avx2 => 8,
+        Isa::Avx512 => 16,
+        Isa::Scalar => 0,
+    };
+    for xr in x.chunks_exact_mut(row) {
+        let chunks_end = if lanes > 0 { row - row % lanes } else { 0 };
+        if chunks_end > 0 {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU supports `isa` (checked above): AVX2 and FMA for Isa::Avx2,
+            // AVX-512 F too for Isa::Avx512; the slice is a multiple of the lanes.
+            unsafe {
+                if lanes == 16 {
+                    silu_avx512(&mut xr[..chunks_end])
+                } else {
+                    silu_avx2(&mut xr[..chunks_end])
+                }
+            };
+        }
+        for a in &mut xr[chunks_end..] {
+            *a = silu_libm(*a);
+        }
+    }
+}
+
+/// ggml_v_silu (AVX2), eight at a time: x / (1 + ggml_v_expf(0 - x)).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_avx2(x: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let (one, zero) = (_mm256_set1_ps(1.0), _mm256_setzero_ps());
+    for xc in x.chunks_exact_mut(8) {
+        let v = _mm256_loadu_ps(xc.as_ptr());
+        let e = crate::attn_avx2::x86::expf8(_mm256_sub_ps(zero, v));
+        _mm256_storeu_ps(xc.as_mut_ptr(), _mm256_div_ps(v, _mm256_add_ps(one, e)));
+    }
+}
+
+/// ggml_v_silu (AVX-512), sixteen at a time: x / (1 + ggml_v_expf(0 - x)).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn silu_avx512(x: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let (one, zero) = (_mm512_set1_ps(1.0), _mm512_setzero_ps());
+    for xc in x.chunks_exact_mut(16) {
+        let v = _mm512_loadu_ps(xc.as_ptr());
+        let e = expf16(_mm512_sub_ps(zero, v));
+        _mm512_storeu_ps(xc.as_mut_ptr(), _mm512_div_ps(v, _mm512_add_ps(one, e)));
+    }
+}
 
 /// x = silu(x) * g over rows of `row` elements (x.len() a multiple of `row`).
 pub fn swiglu(x: &mut [f32], g: &[f32], row: usize) {
@@ -142,5 +207,40 @@ mod tests {
             };
             assert_eq!(a.to_bits(), want.to_bits(), "element {i} (column {col}) x = {xi}: {a} vs {want}");
         }
+    }
+
+    /// silu at every level this CPU has, against the specification: each row's whole chunks of
+    /// 8 (AVX2) or 16 (AVX-512) lanes follow ggml_v_silu with that level's expf bit for bit,
+    /// the rest (and every element of the scalar level) libm's silu; values cover the
+    /// exponential's slow paths, zeros, tiny values and rows of 16k + 5 elements.
+    #[test]
+    fn silu_is_ggmls_row_by_row_at_every_level() {
+        let row = 37;
+        let specials = [0.0f32, -0.0, 1.0, -1.0, 87.0, -87.0, 89.0, -89.0, 100.0, -100.0, 140.0, -140.0, 200.0, -200.0, 1e-30,
+                        -3.5, 1e-45, -1e-45, 20.0, -20.0];
+        let x: Vec<f32> = (0..5 * row)
+            .map(|i| if i < specials.len() { specials[i] } else { ((i * 7919) % 4000) as f32 / 100.0 - 20.0 })
+            .collect();
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+            if !isa.available() {
+                continue;
+            }
+            let mut got = x.clone();
+            silu_isa(isa, &mut got, row);
+            for (i, (&a, &xi)) in got.iter().zip(&x).enumerate() {
+                let col = i % row;
+                let want = match isa {
+                    Isa::Avx2 if col < row - row % 8 => xi / (1.0 + expf_avx2(0.0 - xi)),
+                    Isa::Avx512 if col < row - row % 16 => xi / (1.0 + expf_avx512_spec(0.0 - xi)),
+                    _ => silu_libm(xi),
+                };
+                assert_eq!(a.to_bits(), want.to_bits(), "{}: element {i} (column {col}) x = {xi}: {a} vs {want}", isa.name());
+            }
+        }
+        // the dispatched entry point is the active level's
+        let (mut a, mut b) = (x.clone(), x.clone());
+        silu(&mut a, row);
+        silu_isa(active_isa(), &mut b, row);
+        assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     }
 }

@@ -175,7 +175,7 @@ pub fn delta_net_mixer(rs: &RsParams, w: &DeltaNetWeights, ws: &mut Workspace, s
             let conv_out = &mut conv[rows.start * conv_dim..rows.end * conv_dim];
             ssm::ssm_conv(conv_state, &sc.proj[rows.start * conv_dim..], conv_dim, m, &w.conv1d, rs.d_conv, conv_dim, conv_out,
                           threads);
-            silu_inplace(conv_out);
+            silu_inplace(conv_out, conv_dim);
             for row in conv_out.chunks_exact_mut(conv_dim) {
                 l2_norm_rows(&mut row[..2 * key_dim], d.s, eps);
             }

@@ -115,7 +115,7 @@ pub fn mamba2_mixer(rs: &RsParams, w: &Mamba2Weights, ws: &mut Workspace, store:
                           conv_out, threads);
             for row in conv_out.chunks_exact_mut(conv_dim) {
                 add_bias(row, &w.conv1d_b);
-                silu_inplace(row);
+                silu_inplace(row, conv_dim);
             }
             ssm::ssm_scan(ssm_state, conv_out, conv_dim, &proj[rows.start * width + d_inner + conv_dim..], width, &w.a,
                           &conv_out[d_inner..], &conv_out[d_inner + n_group * d_state..], conv_dim, rows.len(), d_state,

@@ -218,11 +218,10 @@ pub(crate) fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     &mut v[..len]
 }
 
-/// x = silu(x) elementwise (ggml_silu with libm's expf).
-pub fn silu_inplace(x: &mut [f32]) {
-    for v in x {
-        *v /= 1.0 + (-*v).exp();
-    }
+/// x = silu(x) over rows of `row` elements, as ggml_silu computes it on this CPU (its vector
+/// expf over each row's whole chunks of 8 or 16, libm's over the rest: `glu::silu`).
+pub fn silu_inplace(x: &mut [f32], row: usize) {
+    ferrollama_tensor::glu::silu(x, row);
 }
 
 #[cfg(test)]

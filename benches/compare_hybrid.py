@@ -24,8 +24,8 @@ llama.cpp's buffer types: this CPU advertises AMX, and ggml's AMX buffer type (f
 CPU's extra buffer types) takes Q4_K weights, whose first product then dies of an illegal
 instruction: the virtual machine does not enable the tile instructions. `--llama-bufts repack`
 (default) loads without the extra buffer types and puts every weight that ggml would repack on
-this CPU (Q4_0, Q4_K, IQ4_NL, Q2_K matrices with rows a multiple of 8, token_embd excepted: it is
-read by get_rows) in the CPU_REPACK buffer type by tensor_buft_overrides: what llama.cpp picks on
+this CPU (Q4_0, Q4_K, IQ4_NL, Q2_K matrices with rows a multiple of 8, and stacks of experts
+of those types, token_embd excepted: it is read by get_rows) in the CPU_REPACK buffer type by tensor_buft_overrides: what llama.cpp picks on
 a CPU without AMX. `none`: no extra buffer types (ggml's plain kernels); `default`: llama.cpp's
 own choice (AMX here: crashes).
 
@@ -113,8 +113,12 @@ def repacked_tensors(path: Path) -> dict[str, str]:
             # struct ggml_tensor { enum ggml_type type; buffer *; int64_t ne[4]; ... }
             ttype = ctypes.c_int32.from_address(t).value
             ne1 = ctypes.c_int64.from_address(t + 16 + 8).value
-            if (ttype in REPACKED_ON_X86 and n_dims(t) == 2 and ne1 % 8 == 0
-                    and name != b"token_embd.weight"):
+            # 2-D matrices (MUL_MAT) and the expert stacks (MUL_MAT_ID on 3-D tensors): what
+            # ggml's repack supports_op accepts; other 3-D weights (deepseek2's attn_k_b) are
+            # multiplied by MUL_MAT, which it refuses for them
+            dims = n_dims(t)
+            if (ttype in REPACKED_ON_X86 and ne1 % 8 == 0 and name != b"token_embd.weight"
+                    and (dims == 2 or (dims == 3 and name.endswith(b"_exps.weight")))):
                 out[name.decode()] = REPACKED_ON_X86[ttype]
     finally:
         gguf_free(g)

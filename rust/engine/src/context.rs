@@ -13,7 +13,7 @@ use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::graph::{ControlVector, KvView, UBatchView, Workspace};
 use crate::lora::{LoraAdapter, LoraSet};
-use crate::kvstore::KvStore;
+use crate::kvstore::{KvStore, LayerShape};
 use crate::model::Model;
 use crate::recurrent::{RsStore, RsUBatch};
 use crate::split::{split_equal, split_simple, UBatchPlan};
@@ -186,10 +186,13 @@ impl Context {
         // llama.cpp pads the context to a multiple of 256 cells.
         params.n_ctx = padded_ctx_size(params.n_ctx as u32) as usize;
         let (caches, layer_cache) = build_caches(&model, &params)?;
-        let cells_per_layer: Vec<usize> = (0..hp.n_layer)
-            .map(|il| if hp.kv_layers[il] { caches[layer_cache[il]].cells.size() as usize } else { 0 })
+        let shapes: Vec<LayerShape> = (0..hp.n_layer)
+            .map(|il| LayerShape {
+                cells: if hp.stores_kv(il) { caches[layer_cache[il]].cells.size() as usize } else { 0 },
+                geom: hp.kv_geom(il),
+            })
             .collect();
-        let mut store = KvStore::new(params.type_k, params.type_v, &cells_per_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)?;
+        let mut store = KvStore::new(params.type_k, params.type_v, &shapes)?;
         // one recurrent state cell per sequence (llama.cpp: max(1, n_seq_max))
         let rs = match &hp.rs {
             Some(p) => {
@@ -612,7 +615,8 @@ impl Context {
                 continue;
             }
             for (cell, delta) in cache.cells.take_shifts() {
-                self.store.shift_cell(cell as usize, delta, &cache.layers, |il| hp.layer_rope(&rope, il), factors, &mut self.shift_scratch);
+                self.store.shift_cell(cell as usize, delta, &cache.layers,
+                                     |il| (hp.layer_rope(&rope, il), hp.layer_rope_factors(il, factors)), &mut self.shift_scratch);
             }
         }
     }
@@ -755,7 +759,7 @@ fn build_caches(model: &Model, p: &ContextParams) -> Result<(Vec<Cache>, Vec<usi
     let hp = &model.hparams;
     let (n_ctx, n_seq) = (p.n_ctx as u32, p.n_seq_max as u32);
     let full = KvCells::new(n_ctx, n_seq).map_err(kv_arg)?;
-    let attending: Vec<usize> = (0..hp.n_layer).filter(|&il| hp.kv_layers[il]).collect();
+    let attending: Vec<usize> = (0..hp.n_layer).filter(|&il| hp.stores_kv(il)).collect();
     if attending.is_empty() {
         // a state-space model keeps no K/V at all
         return Ok((Vec::new(), vec![0; hp.n_layer]));
@@ -768,7 +772,7 @@ fn build_caches(model: &Model, p: &ContextParams) -> Result<(Vec<Cache>, Vec<usi
     let size = swa_cache_size(n_ctx, hp.n_swa as u32, n_seq, true, p.n_ubatch as u32, p.swa_full);
     let swa = KvCells::with_swa(size, n_seq, SwaParams::standard(hp.n_swa as u32)).map_err(kv_arg)?;
     let layer_cache: Vec<usize> = hp.swa_layers.iter().map(|&s| s as usize).collect();
-    let layers_of = |c: usize| (0..hp.n_layer).filter(|&il| layer_cache[il] == c).collect();
+    let layers_of = |c: usize| attending.iter().copied().filter(|&il| layer_cache[il] == c).collect();
     Ok((vec![Cache { cells: full, layers: layers_of(0) }, Cache { cells: swa, layers: layers_of(1) }], layer_cache))
 }
 

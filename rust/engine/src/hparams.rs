@@ -18,6 +18,17 @@ pub struct HParams {
     /// Per-head key and value sizes (key_length / value_length; n_embd / n_head by default).
     pub head_dim_k: usize,
     pub head_dim_v: usize,
+    /// The sliding-window layers' head sizes and rotated dimensions (key_length_swa,
+    /// value_length_swa, rope.dimension_count_swa: Gemma 4; the full layers' elsewhere).
+    pub head_dim_k_swa: usize,
+    pub head_dim_v_swa: usize,
+    pub n_rot_swa: usize,
+    /// Per layer: the layer whose cached K/V it attends over: itself, or for Gemma 4's shared
+    /// KV layers an earlier layer of its kind (such a layer stores nothing).
+    pub kv_source: Vec<usize>,
+    /// Whether the sliding-window layers rotate with the model's frequency factors too (Gemma
+    /// 4's `rope_freqs` belong to its full layers only).
+    pub swa_rope_factors: bool,
     pub rms_eps: f32,
     /// The RoPE a context runs unless it overrides it (`rope_train` resolved with defaults).
     pub rope: RopeParams,
@@ -250,6 +261,8 @@ impl HParams {
             n_vocab,
             n_ctx_train: m.opt_usize("context_length")?.unwrap_or(2048),
             n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim_k, head_dim_v,
+            head_dim_k_swa: head_dim_k, head_dim_v_swa: head_dim_v, n_rot_swa: n_rot,
+            kv_source: (0..n_layer).collect(), swa_rope_factors: true,
             rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
             rope,
             rope_train,
@@ -328,11 +341,16 @@ impl HParams {
     /// RoPE parameters of layer `il` in a context running `rope`: sliding-window layers keep
     /// their own base and scale (llama.cpp's context parameters do not override them).
     pub fn layer_rope(&self, rope: &RopeParams, il: usize) -> RopeParams {
-        if self.swa_layers.get(il).copied().unwrap_or(false) {
-            RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, ..*rope }
+        if self.is_swa(il) {
+            RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, n_dims: self.n_rot_swa, ..*rope }
         } else {
             *rope
         }
+    }
+
+    /// The frequency factors layer il rotates with, of the model's `factors`.
+    pub fn layer_rope_factors<'f>(&self, il: usize, factors: Option<&'f [f32]>) -> Option<&'f [f32]> {
+        if self.is_swa(il) && !self.swa_rope_factors { None } else { factors }
     }
 
     /// The sizes an attention-only architecture needs: heads in every layer, an FFN width
@@ -349,13 +367,34 @@ impl HParams {
         Ok(())
     }
 
+    /// Whether layer il attends through the sliding window.
+    pub fn is_swa(&self, il: usize) -> bool { self.swa_layers.get(il).copied().unwrap_or(false) }
+
+    /// Layer il's per-head key and value sizes.
+    pub fn head_dim_k_of(&self, il: usize) -> usize { if self.is_swa(il) { self.head_dim_k_swa } else { self.head_dim_k } }
+    pub fn head_dim_v_of(&self, il: usize) -> usize { if self.is_swa(il) { self.head_dim_v_swa } else { self.head_dim_v } }
+
+    /// Layer il's cache row shape.
+    pub fn kv_geom(&self, il: usize) -> crate::kvstore::KvGeom {
+        crate::kvstore::KvGeom { n_head_kv: self.n_head_kv, head_dim_k: self.head_dim_k_of(il), head_dim_v: self.head_dim_v_of(il) }
+    }
+
+    /// Whether layer il keeps K/V of its own (it attends, and not over an earlier layer's).
+    pub fn stores_kv(&self, il: usize) -> bool { self.kv_layers[il] && self.kv_source[il] == il }
+
+    /// The largest per-head key / value sizes and rotated dimensions of any layer (scratch sizes).
+    pub fn max_head_dim_k(&self) -> usize { self.head_dim_k.max(self.head_dim_k_swa) }
+    pub fn max_head_dim_v(&self) -> usize { self.head_dim_v.max(self.head_dim_v_swa) }
+    pub fn max_n_rot(&self) -> usize { self.rope.n_dims.max(self.n_rot_swa) }
+
     pub fn has_swa(&self) -> bool { self.n_swa > 0 && self.swa_layers.iter().any(|&s| s) }
 
     /// Placeholder hyper-parameters of a vocabulary-only file (no weights to run).
     pub fn vocab_only(arch: &str, n_vocab: usize) -> HParams {
         HParams {
             arch: arch.to_string(), n_vocab, n_ctx_train: 0, n_embd: 0, n_layer: 0, n_head: 1, n_head_kv: 1, n_ff: 0,
-            head_dim_k: 0, head_dim_v: 0, rms_eps: 0.0,
+            head_dim_k: 0, head_dim_v: 0, head_dim_k_swa: 0, head_dim_v_swa: 0, n_rot_swa: 0, kv_source: Vec::new(),
+            swa_rope_factors: true, rms_eps: 0.0,
             rope: RopeParams { n_dims: 0, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0,
                 attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,

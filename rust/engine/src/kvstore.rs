@@ -38,6 +38,23 @@ pub struct LayerKv {
     pub cells: usize,
     /// Rows per V set: cell j's V row is row `v_row(j, v_cols)` of its head's block.
     pub v_cols: usize,
+    /// The layer's KV heads and head sizes (Gemma 4's sliding and full layers differ).
+    pub geom: KvGeom,
+}
+
+/// The shape of one layer's cache rows: KV heads and the per-head sizes of K and V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvGeom {
+    pub n_head_kv: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+}
+
+/// The cells and row shape a layer's storage is sized for.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerShape {
+    pub cells: usize,
+    pub geom: KvGeom,
 }
 
 impl LayerKv {
@@ -57,56 +74,52 @@ pub enum Part {
 pub struct KvStore {
     pub type_k: &'static TypeTraits,
     pub type_v: &'static TypeTraits,
-    pub n_head_kv: usize,
-    /// Elements per cell row: n_head_kv × head size.
-    pub k_row: usize,
-    pub v_row: usize,
-    pub head_dim_k: usize,
-    pub head_dim_v: usize,
     pub layers: Vec<LayerKv>,
     /// The recurrent layers' per-sequence states (none for an attention-only model).
     pub rs: crate::recurrent::RsStore,
 }
 
 impl KvStore {
-    /// Storage for `cells_per_layer[il]` cells in each layer (an interleaved model's sliding
-    /// layers have a smaller cache than its global ones).
-    pub fn new(type_k: GgmlType, type_v: GgmlType, cells_per_layer: &[usize],
-               n_head_kv: usize, head_dim_k: usize, head_dim_v: usize) -> Result<KvStore> {
+    /// Storage for each layer's cells in its own row shape (an interleaved model's sliding
+    /// layers have a smaller cache than its global ones, Gemma 4's other head sizes too; a
+    /// layer of no cells stores nothing).
+    pub fn new(type_k: GgmlType, type_v: GgmlType, shapes: &[LayerShape]) -> Result<KvStore> {
         let tk = traits(type_k).ok_or_else(|| EngineError::Unsupported(format!("cache type {type_k}")))?;
         let tv = traits(type_v).ok_or_else(|| EngineError::Unsupported(format!("cache type {type_v}")))?;
-        for (t, hd) in [(tk, head_dim_k), (tv, head_dim_v)] {
-            if hd % t.block_size != 0 {
-                return Err(EngineError::Unsupported(format!("cache type {} needs a head size multiple of {}, not {hd}", t.ty, t.block_size)));
+        for sh in shapes.iter().filter(|sh| sh.cells > 0) {
+            for (t, hd) in [(tk, sh.geom.head_dim_k), (tv, sh.geom.head_dim_v)] {
+                if hd % t.block_size != 0 {
+                    return Err(EngineError::Unsupported(format!("cache type {} needs a head size multiple of {}, not {hd}", t.ty, t.block_size)));
+                }
             }
         }
-        let (k_row, v_row) = (n_head_kv * head_dim_k, n_head_kv * head_dim_v);
-        let layers = cells_per_layer.iter()
-            .map(|&cells| {
+        let layers = shapes.iter()
+            .map(|&LayerShape { cells, geom }| {
                 let v_cols = v_cols(cells);
-                LayerKv { k: vec![0; tk.row_bytes(k_row) * cells], v: vec![0; tv.row_bytes(v_row) * V_SETS * v_cols], cells, v_cols }
+                let (k_row, v_row) = (geom.n_head_kv * geom.head_dim_k, geom.n_head_kv * geom.head_dim_v);
+                LayerKv { k: vec![0; tk.row_bytes(k_row) * cells], v: vec![0; tv.row_bytes(v_row) * V_SETS * v_cols], cells, v_cols, geom }
             })
             .collect();
-        Ok(KvStore { type_k: tk, type_v: tv, n_head_kv, k_row, v_row, head_dim_k, head_dim_v, layers, rs: Default::default() })
+        Ok(KvStore { type_k: tk, type_v: tv, layers, rs: Default::default() })
     }
 
-    /// Bytes of one cell's whole row (every KV head).
-    pub fn k_row_bytes(&self) -> usize { self.type_k.row_bytes(self.k_row) }
-    pub fn v_row_bytes(&self) -> usize { self.type_v.row_bytes(self.v_row) }
-    /// Bytes of one head's row.
-    pub fn k_head_bytes(&self) -> usize { self.type_k.row_bytes(self.head_dim_k) }
-    pub fn v_head_bytes(&self) -> usize { self.type_v.row_bytes(self.head_dim_v) }
+    /// Bytes of one cell's whole row (every KV head) in layer il.
+    pub fn k_row_bytes(&self, il: usize) -> usize { let g = self.layers[il].geom; self.type_k.row_bytes(g.n_head_kv * g.head_dim_k) }
+    pub fn v_row_bytes(&self, il: usize) -> usize { let g = self.layers[il].geom; self.type_v.row_bytes(g.n_head_kv * g.head_dim_v) }
+    /// Bytes of one head's row in `layer`.
+    pub fn k_head_bytes(&self, layer: &LayerKv) -> usize { self.type_k.row_bytes(layer.geom.head_dim_k) }
+    pub fn v_head_bytes(&self, layer: &LayerKv) -> usize { self.type_v.row_bytes(layer.geom.head_dim_v) }
     pub fn bytes(&self) -> usize { self.layers.iter().map(|l| l.k.len() + l.v.len()).sum::<usize>() + self.rs.bytes() }
 
     /// Where KV head h's block starts in `layer.k` / `layer.v`.
-    pub fn k_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.cells * self.k_head_bytes() }
-    pub fn v_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.v_rows() * self.v_head_bytes() }
+    pub fn k_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.cells * self.k_head_bytes(layer) }
+    pub fn v_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.v_rows() * self.v_head_bytes(layer) }
 
     /// Where head h of `cell`'s row is, in `layer.k` or `layer.v`.
     pub fn at(&self, part: Part, layer: &LayerKv, cell: usize, h: usize) -> Range<usize> {
         let (start, hb) = match part {
-            Part::K => (self.k_block(layer, h) + cell * self.k_head_bytes(), self.k_head_bytes()),
-            Part::V => (self.v_block(layer, h) + v_row(cell, layer.v_cols) * self.v_head_bytes(), self.v_head_bytes()),
+            Part::K => (self.k_block(layer, h) + cell * self.k_head_bytes(layer), self.k_head_bytes(layer)),
+            Part::V => (self.v_block(layer, h) + v_row(cell, layer.v_cols) * self.v_head_bytes(layer), self.v_head_bytes(layer)),
         };
         start..start + hb
     }
@@ -114,11 +127,12 @@ impl KvStore {
     /// Stores one token's K and V rows (f32) into `cell` of `layer`.
     pub fn write(&mut self, layer: usize, cell: usize, k: &[f32], v: &[f32]) {
         let (from_k, from_v) = (self.type_k.from_f32.expect("cache types quantize"), self.type_v.from_f32.expect("cache types quantize"));
-        for h in 0..self.n_head_kv {
+        let g = self.layers[layer].geom;
+        for h in 0..g.n_head_kv {
             let (kr, vr) = (self.at(Part::K, &self.layers[layer], cell, h), self.at(Part::V, &self.layers[layer], cell, h));
             let l = &mut self.layers[layer];
-            from_k(&k[h * self.head_dim_k..(h + 1) * self.head_dim_k], &mut l.k[kr]);
-            from_v(&v[h * self.head_dim_v..(h + 1) * self.head_dim_v], &mut l.v[vr]);
+            from_k(&k[h * g.head_dim_k..(h + 1) * g.head_dim_k], &mut l.k[kr]);
+            from_v(&v[h * g.head_dim_v..(h + 1) * g.head_dim_v], &mut l.v[vr]);
         }
     }
 
@@ -134,15 +148,16 @@ impl KvStore {
     pub fn read_row(&self, part: Part, layer: usize, cell: usize, out: &mut Vec<u8>) {
         let l = &self.layers[layer];
         let data = if part == Part::K { &l.k } else { &l.v };
-        for h in 0..self.n_head_kv {
+        for h in 0..l.geom.n_head_kv {
             out.extend_from_slice(&data[self.at(part, l, cell, h)]);
         }
     }
 
     /// Stores a whole K or V row of `cell` (as `read_row` gives it).
     pub fn write_row(&mut self, part: Part, layer: usize, cell: usize, row: &[u8]) {
-        let hb = if part == Part::K { self.k_head_bytes() } else { self.v_head_bytes() };
-        for h in 0..self.n_head_kv {
+        let l = &self.layers[layer];
+        let hb = if part == Part::K { self.k_head_bytes(l) } else { self.v_head_bytes(l) };
+        for h in 0..l.geom.n_head_kv {
             let at = self.at(part, &self.layers[layer], cell, h);
             let l = &mut self.layers[layer];
             let data = if part == Part::K { &mut l.k } else { &mut l.v };
@@ -151,18 +166,18 @@ impl KvStore {
     }
 
     /// Re-rotates the keys of `cell` by `delta` positions in the given layers (the K-shift),
-    /// with `rope_for_layer` giving each layer's RoPE parameters and `factors` the model's
-    /// frequency factors.
-    pub fn shift_cell(&mut self, cell: usize, delta: i32, layers: &[usize], rope_for_layer: impl Fn(usize) -> RopeParams,
-                      factors: Option<&[f32]>, scratch: &mut Vec<f32>) {
+    /// with `rope_for_layer` giving each layer's RoPE parameters and frequency factors.
+    pub fn shift_cell<'f>(&mut self, cell: usize, delta: i32, layers: &[usize],
+                          rope_for_layer: impl Fn(usize) -> (RopeParams, Option<&'f [f32]>), scratch: &mut Vec<f32>) {
         let (to_f32, from_f32) = (self.type_k.to_f32, self.type_k.from_f32.expect("cache types quantize"));
         let mut cache = Vec::new();
-        scratch.resize(self.head_dim_k, 0.0);
         for &il in layers {
-            let rope = rope_for_layer(il);
+            let (rope, factors) = rope_for_layer(il);
+            let g = self.layers[il].geom;
+            scratch.resize(g.head_dim_k, 0.0);
             cache.resize(rope.n_dims, 0.0);
             rope.fill_cache(delta as f32, factors, &mut cache);
-            for h in 0..self.n_head_kv {
+            for h in 0..g.n_head_kv {
                 let at = self.at(Part::K, &self.layers[il], cell, h);
                 let row = &mut self.layers[il].k[at];
                 to_f32(row, scratch);
@@ -175,7 +190,7 @@ impl KvStore {
     /// Copies the rows of cell `src` to cell `dst` in the given layers (defragmentation).
     pub fn move_cell(&mut self, src: usize, dst: usize, layers: &[usize]) {
         for &il in layers {
-            for h in 0..self.n_head_kv {
+            for h in 0..self.layers[il].geom.n_head_kv {
                 let l = &self.layers[il];
                 let (ks, kd) = (self.at(Part::K, l, src, h), self.at(Part::K, l, dst, h).start);
                 let (vs, vd) = (self.at(Part::V, l, src, h), self.at(Part::V, l, dst, h).start);

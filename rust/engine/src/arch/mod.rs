@@ -6,6 +6,7 @@ pub mod gemma2;
 pub mod bert;
 pub mod falcon_h1;
 pub mod gemma3;
+pub mod gemma4;
 pub mod gpt_oss;
 pub mod granite;
 pub mod granite_hybrid;
@@ -15,6 +16,7 @@ pub mod mamba2;
 pub mod nemotron_h;
 pub mod olmo2;
 pub mod phi3;
+pub(crate) mod ple;
 pub mod qwen3;
 pub mod qwen35;
 
@@ -53,6 +55,7 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen3::QWEN3MOE,
     gemma2::GEMMA2,
     gemma3::GEMMA3,
+    gemma4::GEMMA4,
     phi3::PHI3,
     granite::GRANITE,
     olmo2::OLMO2,

@@ -201,3 +201,28 @@ impl KvStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_of_different_row_shapes_keep_their_own_rows() {
+        let g = |hd| KvGeom { n_head_kv: 2, head_dim_k: hd, head_dim_v: hd };
+        let shapes = [LayerShape { cells: 4, geom: g(64) }, LayerShape { cells: 8, geom: g(128) }, LayerShape { cells: 0, geom: g(128) }];
+        let mut kv = KvStore::new(GgmlType::F32, GgmlType::F32, &shapes).unwrap();
+        assert!(kv.layers[2].k.is_empty() && kv.layers[2].v.is_empty(), "a layer of no cells stores nothing");
+        let row = |n: usize, base: f32| (0..n).map(|i| base + i as f32).collect::<Vec<f32>>();
+        kv.write(0, 3, &row(128, 0.0), &row(128, 1000.0));
+        kv.write(1, 7, &row(256, 0.0), &row(256, 2000.0));
+        assert_eq!((kv.k_row_bytes(0), kv.v_row_bytes(1)), (128 * 4, 256 * 4));
+        for (il, cell, n, vbase) in [(0, 3, 128, 1000.0), (1, 7, 256, 2000.0)] {
+            let (mut k, mut v) = (Vec::new(), Vec::new());
+            kv.read_row(Part::K, il, cell, &mut k);
+            kv.read_row(Part::V, il, cell, &mut v);
+            let f = |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<f32>>();
+            assert_eq!(f(&k), row(n, 0.0));
+            assert_eq!(f(&v), row(n, vbase));
+        }
+    }
+}

@@ -71,9 +71,7 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
 /// (llama.cpp's layer_reuse_cb: the sliding ones over layer n_kv - 2, the full ones over
 /// n_kv - 1, n_kv being the layers that keep K/V).
 fn share_kv(hp: &mut HParams, n_shared: usize) -> Result<()> {
-    if n_shared == 0 {
-        return Ok(());
-    }
+    // llama.cpp asserts n_layer_kv_from_start >= 2 for every Gemma 4 cache, shared layers or not.
     let n_kv = hp.n_layer.checked_sub(n_shared).filter(|&k| k >= 2).ok_or_else(|| {
         EngineError::Unsupported(format!("{}: {n_shared} shared-KV layers of {} leave fewer than 2 with K/V", hp.arch, hp.n_layer))
     })?;
@@ -259,5 +257,35 @@ fn feed_forward(hp: &HParams, lw: &LayerWeights, ex: &LayerExtras, ws: &mut Work
             add_inplace(&mut ws.o[..n * d], &ws.aux[..n * d]);
         }
         _ => ffn(hp, lw, ws, n, geglu, lora, threads),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layers(swa: &[bool]) -> HParams {
+        let mut hp = HParams::vocab_only("gemma4", 8);
+        hp.n_layer = swa.len();
+        hp.swa_layers = swa.to_vec();
+        hp.kv_source = (0..swa.len()).collect();
+        hp.kv_layers = vec![true; swa.len()];
+        hp
+    }
+
+    #[test]
+    fn shared_layers_attend_over_the_last_layer_of_their_kind_with_kv() {
+        let mut hp = layers(&[true, true, false, true, false]);
+        share_kv(&mut hp, 2).unwrap();
+        assert_eq!(hp.kv_source, [0, 1, 2, 1, 2]);
+        assert!(hp.stores_kv(2) && !hp.stores_kv(3) && !hp.stores_kv(4));
+    }
+
+    #[test]
+    fn a_shared_layer_whose_source_is_of_the_other_kind_is_refused() {
+        let mut hp = layers(&[false, true, true, false]);
+        assert!(share_kv(&mut hp, 2).is_err());
+        let mut hp = layers(&[true, false]);
+        assert!(share_kv(&mut hp, 1).is_err(), "fewer than two layers with K/V");
     }
 }

@@ -12,7 +12,7 @@ llama.cpp's gemma4 loader, laid out as its converter writes a real checkpoint.
   of 32 values; FFNs of 256 rows, twice as wide in the shared layers (use_double_wide_mlp);
   a layer output scale per layer; a window of 16 tokens; logits soft-capped at 5.
 - gemma4-moe: two layers (sliding, full), no per-layer embeddings nor shared KV, the full layer
-  without V (V is K's projection); each layer a dense FFN of 256 rows beside 4 experts (2
+  with one KV head (the sliding one two) and without V (V is K's projection); each layer a dense FFN of 256 rows beside 4 experts (2
   used) of 128 rows with fused gate/up matrices, the router's input scale and a second scale
   per expert.
 
@@ -51,6 +51,7 @@ class Spec:
     experts_used: int = 0
     n_ff_exp: int = 0
     no_v_on_full: bool = False
+    n_head_kv_full: int = N_HEAD_KV              # the full layers' KV heads (num_global_key_value_heads)
     kv_matrices_in_shared: set = field(default_factory=set)   # shared layers that still carry K/V
 
 
@@ -59,7 +60,7 @@ def specs() -> list[Spec]:
         Spec("gemma4", swa=[True, False, True, False], n_ff=[256, 256, 512, 512], n_shared_kv=2, n_pl=32,
              kv_matrices_in_shared={2}),
         Spec("gemma4-moe", swa=[True, False], n_ff=[256, 256], experts=4, experts_used=2, n_ff_exp=128,
-             no_v_on_full=True),
+             no_v_on_full=True, n_head_kv_full=1),
     ]
 
 
@@ -71,7 +72,10 @@ def add_metadata(w: gguf.GGUFWriter, s: Spec) -> None:
     w.add_uint32(f"{a}.block_count", n_layer)
     w.add_array(f"{a}.feed_forward_length", s.n_ff)
     w.add_uint32(f"{a}.attention.head_count", N_HEAD)
-    w.add_uint32(f"{a}.attention.head_count_kv", N_HEAD_KV)
+    if s.n_head_kv_full == N_HEAD_KV:
+        w.add_uint32(f"{a}.attention.head_count_kv", N_HEAD_KV)
+    else:
+        w.add_array(f"{a}.attention.head_count_kv", [N_HEAD_KV if swa else s.n_head_kv_full for swa in s.swa])
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_uint32(f"{a}.attention.key_length", HD_FULL)
     w.add_uint32(f"{a}.attention.value_length", HD_FULL)
@@ -106,14 +110,15 @@ def small_norm(wt: Weights, name: str, n: int) -> None:
 def add_attention(wt: Weights, s: Spec, il: int) -> None:
     p = f"blk.{il}."
     hd = HD_SWA if s.swa[il] else HD_FULL
+    n_kv = N_HEAD_KV if s.swa[il] else s.n_head_kv_full
     n_layer = len(s.swa)
     shared = il >= n_layer - s.n_shared_kv
     wt.norm(p + "attn_norm.weight", N_EMBD)
     wt.matrix(p + "attn_q.weight", N_HEAD * hd, N_EMBD, std=0.06)
     if not shared or il in s.kv_matrices_in_shared:
-        wt.matrix(p + "attn_k.weight", N_HEAD_KV * hd, N_EMBD, std=0.06)
+        wt.matrix(p + "attn_k.weight", n_kv * hd, N_EMBD, std=0.06)
         if not (s.no_v_on_full and not s.swa[il]):
-            wt.matrix(p + "attn_v.weight", N_HEAD_KV * hd, N_EMBD, std=0.08)
+            wt.matrix(p + "attn_v.weight", n_kv * hd, N_EMBD, std=0.08)
         small_norm(wt, p + "attn_k_norm.weight", hd)
     small_norm(wt, p + "attn_q_norm.weight", hd)
     wt.matrix(p + "attn_output.weight", N_EMBD, N_HEAD * hd, std=0.05)

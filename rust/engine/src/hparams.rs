@@ -13,7 +13,14 @@ pub struct HParams {
     pub n_embd: usize,
     pub n_layer: usize,
     pub n_head: usize,
+    /// KV heads: the largest of any layer (every layer's but where `kv_heads_per_layer`).
     pub n_head_kv: usize,
+    /// Per layer: its KV heads (head_count_kv, a scalar or per-layer array; 0 in layers
+    /// without attention).
+    pub n_head_kv_layers: Vec<usize>,
+    /// Whether the architecture reads KV head counts per layer (Gemma 4's full layers have
+    /// their own); the others refuse counts that differ between layers.
+    pub kv_heads_per_layer: bool,
     pub n_ff: usize,
     /// Per-head key and value sizes (key_length / value_length; n_embd / n_head by default).
     pub head_dim_k: usize,
@@ -219,15 +226,17 @@ impl HParams {
             .unwrap_or_else(|| heads.clone().unwrap_or_else(|| vec![0; n_layer]));
         let ffs = m.layer_values("feed_forward_length", n_layer)?;
         let n_head = uniform_nonzero(&m, "attention.head_count", heads.as_deref().unwrap_or(&[]))?;
-        let n_head_kv = uniform_nonzero(&m, "attention.head_count_kv", &heads_kv)?;
+        // The largest count: layers of different non-zero counts are refused after the
+        // architecture's own hyper-parameters, unless it reads them per layer (Gemma 4).
+        let n_head_kv = heads_kv.iter().copied().max().unwrap_or(0);
         let n_ff = ffs.as_deref().unwrap_or(&[]).iter().copied().max().unwrap_or(0);
         for (name, v) in [("head_count", n_head), ("head_count_kv", n_head_kv), ("feed_forward_length", n_ff)] {
             if v > MAX_DIM {
                 return Err(file.error(format!("{arch}.{name} = {v} is out of range")).into());
             }
         }
-        if n_head_kv > 0 && n_head % n_head_kv != 0 {
-            return Err(file.error(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")).into());
+        if let Some(&h) = heads_kv.iter().find(|&&h| h > 0 && n_head % h != 0) {
+            return Err(file.error(format!("head_count {n_head} is not a multiple of head_count_kv {h}")).into());
         }
         let n_head_div = n_head.max(1);
         let head_dim_k = m.opt_usize("attention.key_length")?.unwrap_or(n_embd / n_head_div);
@@ -260,7 +269,8 @@ impl HParams {
             arch: arch.to_string(),
             n_vocab,
             n_ctx_train: m.opt_usize("context_length")?.unwrap_or(2048),
-            n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim_k, head_dim_v,
+            n_embd, n_layer, n_head, n_head_kv, n_head_kv_layers: heads_kv.clone(), kv_heads_per_layer: false,
+            n_ff, head_dim_k, head_dim_v,
             head_dim_k_swa: head_dim_k, head_dim_v_swa: head_dim_v, n_rot_swa: n_rot,
             kv_source: (0..n_layer).collect(), swa_rope_factors: true,
             rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
@@ -374,9 +384,29 @@ impl HParams {
     pub fn head_dim_k_of(&self, il: usize) -> usize { if self.is_swa(il) { self.head_dim_k_swa } else { self.head_dim_k } }
     pub fn head_dim_v_of(&self, il: usize) -> usize { if self.is_swa(il) { self.head_dim_v_swa } else { self.head_dim_v } }
 
+    /// Layer il's KV heads.
+    pub fn n_head_kv_of(&self, il: usize) -> usize {
+        if self.kv_heads_per_layer { self.n_head_kv_layers[il] } else { self.n_head_kv }
+    }
+
     /// Layer il's cache row shape.
     pub fn kv_geom(&self, il: usize) -> crate::kvstore::KvGeom {
-        crate::kvstore::KvGeom { n_head_kv: self.n_head_kv, head_dim_k: self.head_dim_k_of(il), head_dim_v: self.head_dim_v_of(il) }
+        crate::kvstore::KvGeom { n_head_kv: self.n_head_kv_of(il), head_dim_k: self.head_dim_k_of(il), head_dim_v: self.head_dim_v_of(il) }
+    }
+
+    /// Refuses KV head counts that differ between layers (zeros aside: layers without
+    /// attention), unless the architecture reads them per layer.
+    pub fn check_kv_heads(&self) -> Result<()> {
+        if self.kv_heads_per_layer {
+            return Ok(());
+        }
+        let mut nz = self.n_head_kv_layers.iter().copied().filter(|&h| h > 0);
+        let first = nz.next().unwrap_or(0);
+        if nz.any(|h| h != first) {
+            return Err(EngineError::Unsupported(format!(
+                "{}.attention.head_count_kv: per-layer values differ ({:?})", self.arch, self.n_head_kv_layers)));
+        }
+        Ok(())
     }
 
     /// Whether layer il keeps K/V of its own (it attends, and not over an earlier layer's).
@@ -392,7 +422,8 @@ impl HParams {
     /// Placeholder hyper-parameters of a vocabulary-only file (no weights to run).
     pub fn vocab_only(arch: &str, n_vocab: usize) -> HParams {
         HParams {
-            arch: arch.to_string(), n_vocab, n_ctx_train: 0, n_embd: 0, n_layer: 0, n_head: 1, n_head_kv: 1, n_ff: 0,
+            arch: arch.to_string(), n_vocab, n_ctx_train: 0, n_embd: 0, n_layer: 0, n_head: 1, n_head_kv: 1,
+            n_head_kv_layers: Vec::new(), kv_heads_per_layer: false, n_ff: 0,
             head_dim_k: 0, head_dim_v: 0, head_dim_k_swa: 0, head_dim_v_swa: 0, n_rot_swa: 0, kv_source: Vec::new(),
             swa_rope_factors: true, rms_eps: 0.0,
             rope: RopeParams { n_dims: 0, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0,

@@ -265,7 +265,7 @@ fn targets_of(model: &Model, file: &GgufFile, owner: &Arc<dyn AsRef<[u8]> + Send
         "attn_v.weight" => one(at(Proj::V)),
         "attn_qkv.weight" => {
             let (hd_k, hd_v) = (hp.head_dim_k_of(il), hp.head_dim_v_of(il));
-            split(&[Proj::Q, Proj::K, Proj::V], &[hd_k * hp.n_head, hd_k * hp.n_head_kv, hd_v * hp.n_head_kv])
+            split(&[Proj::Q, Proj::K, Proj::V], &[hd_k * hp.n_head, hd_k * hp.n_head_kv_of(il), hd_v * hp.n_head_kv_of(il)])
         }
         "attn_output.weight" => one(at(Proj::O)),
         "ffn_gate.weight" => refuse_scaled_nvfp4(w, il, name, Proj::Gate).and_then(|_| one(at(Proj::Gate))),

@@ -318,6 +318,7 @@ impl Model {
         if let Some(arch) = arch {
             hparams.rope.neox = arch.rope_neox;
             (arch.hparams)(&mut hparams, &file)?;
+            hparams.check_kv_heads()?;
             if hparams.rs.is_none() {
                 hparams.check_attention_only(&file)?;
             }
@@ -516,7 +517,8 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
 pub(crate) fn load_attention(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<AttnWeights> {
     let n_embd = hp.n_embd;
     let (hd_k, hd_v) = (hp.head_dim_k_of(il), hp.head_dim_v_of(il));
-    let (q_dim, k_dim, v_dim) = (hd_k * hp.n_head, hd_k * hp.n_head_kv, hd_v * hp.n_head_kv);
+    let n_kv = hp.n_head_kv_of(il);
+    let (q_dim, k_dim, v_dim) = (hd_k * hp.n_head, hd_k * n_kv, hd_v * n_kv);
     let n = |s: &str| format!("blk.{il}.{s}");
     let opt = |on: bool, name: &str, len: usize| -> Result<Option<Vec<f32>>> {
         if on { ld.opt_vector(&n(name), len) } else { Ok(None) }

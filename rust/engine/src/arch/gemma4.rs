@@ -54,6 +54,8 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
     if hp.head_dim_k_swa == 0 || hp.head_dim_k_swa > 1 << 16 || hp.n_rot_swa > hp.head_dim_k_swa || hp.n_rot_swa % 2 != 0 {
         return Err(file.error(format!("rope.dimension_count_swa {} does not fit head size {}", hp.n_rot_swa, hp.head_dim_k_swa)).into());
     }
+    // The full layers may have KV heads of their own (num_global_key_value_heads).
+    hp.kv_heads_per_layer = true;
     hp.attn_scale = 1.0;
     hp.embedding_scale = (hp.n_embd as f32).sqrt();
     hp.swa_rope_factors = false;
@@ -77,9 +79,9 @@ fn share_kv(hp: &mut HParams, n_shared: usize) -> Result<()> {
     })?;
     for il in n_kv..hp.n_layer {
         let src = n_kv - if hp.is_swa(il) { 2 } else { 1 };
-        if hp.is_swa(src) != hp.is_swa(il) {
+        if hp.is_swa(src) != hp.is_swa(il) || hp.n_head_kv_of(src) != hp.n_head_kv_of(il) {
             return Err(EngineError::Unsupported(format!(
-                "{}: shared-KV layer {il} would attend over layer {src}, of the other attention kind", hp.arch)));
+                "{}: shared-KV layer {il} would attend over layer {src}, of another attention kind or KV head count", hp.arch)));
         }
         hp.kv_source[il] = src;
     }
@@ -153,7 +155,7 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, n_ff: usize) -> Result<(Laye
 fn load_attention(ld: &Loader, hp: &HParams, il: usize) -> Result<AttnWeights> {
     let n = |s: &str| format!("blk.{il}.{s}");
     let hd = hp.head_dim_k_of(il);
-    let (q_dim, kv_dim) = (hd * hp.n_head, hd * hp.n_head_kv);
+    let (q_dim, kv_dim) = (hd * hp.n_head, hd * hp.n_head_kv_of(il));
     let own_kv = hp.stores_kv(il);
     let [wq, wk, wv] = if ld.has(&n("attn_qkv.weight")) {
         load_qkv(ld, &n, hp.n_embd, [q_dim, kv_dim, kv_dim])?
@@ -270,6 +272,7 @@ mod tests {
         hp.swa_layers = swa.to_vec();
         hp.kv_source = (0..swa.len()).collect();
         hp.kv_layers = vec![true; swa.len()];
+        hp.n_head_kv_layers = vec![1; swa.len()];
         hp
     }
 

@@ -101,3 +101,32 @@ def test_inspect_names_the_supported_architectures(tmp_path):
                          str(Path(__file__).parent / "data" / "models" / "tiny-qwen3-f32.gguf")],
                         capture_output=True, text=True)
     assert "Architecture qwen3: supported by ferrollama" in ok.stdout
+
+
+def write_glm_llama4(tmp_path: Path, name: str, drop: tuple[str, ...] = (), extra: dict | None = None) -> str:
+    import make_tiny_glm_llama4 as gl
+    path = tmp_path / f"{name}.gguf"
+    gl.write_model(name, "f32", path, drop=drop, extra=extra)
+    return str(path)
+
+
+def test_glm4moe_nextn_block_is_accounted_for_not_ignored(tmp_path):
+    # The NextN block (blk.2) is loaded the way llama.cpp loads it for plain decoding: present
+    # and never run. Its required tensors stay required, and a tensor it does not have is refused.
+    fl.Model(write_glm_llama4(tmp_path, "glm4moe"))
+    with pytest.raises(Exception, match="missing tensor 'blk.2.nextn.enorm.weight'"):
+        fl.Model(write_glm_llama4(tmp_path, "glm4moe", drop=("blk.2.nextn.enorm.weight",)))
+    with pytest.raises(fl.UnsupportedError, match="tensor 'blk.2.nextn.extra.weight' is not used"):
+        fl.Model(write_glm_llama4(tmp_path, "glm4moe", extra={"blk.2.nextn.extra.weight": np.ones(8)}))
+
+
+def test_glm4moe_trunk_converted_without_its_nextn_block_loads(tmp_path):
+    # nextn_predict_layers 1 but no blk.2 tensors at all: llama.cpp's trunk_only case.
+    model = fl.Model(write_glm_llama4(tmp_path, "glm4moe", drop=("blk.2.",)))
+    assert model.n_layer == 2
+
+
+def test_llama4_without_chunked_attention_is_refused(tmp_path):
+    path = write_glm_llama4(tmp_path, "llama4")
+    with pytest.raises(fl.UnsupportedError, match="attention.sliding_window 0"):
+        fl.Model(path, kv_overrides={"llama4.attention.sliding_window": 0})

@@ -22,7 +22,8 @@ ARCHS = ("arch-",)
 #: context RoPE parameters and kv_overrides (tests/data/make_param_scenarios.py)
 PARAMS = ("params-",)
 NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3 + ARCHS + PARAMS)
-ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "granite", "olmo2", "gpt-oss", "gemma4", "gemma4-moe")
+ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "granite", "olmo2", "gpt-oss", "glm4moe", "llama4",
+              "gemma4", "gemma4-moe")
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
@@ -48,4 +49,4 @@ def test_every_spine_and_kv_scenario_is_collected() -> None:
         f"arch-{a}-{t}" for a in ARCH_NAMES for t in ("f32", "q8_0"))
     assert sorted(n for n in NAMES if n.startswith("params-")) == [
         "params-kv-overrides", "params-none-ctx", "params-rope-ctx", "params-yarn-ctx"]
-    assert len(NAMES) == 52 + 18 + 4 + 4  # every recorded scenario
+    assert len(NAMES) == 52 + 22 + 4 + 4  # every recorded scenario

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrollama_kv::{padded_ctx_size, swa_cache_size, KvCells, KvError, RsCells, RsSeqGroup, SwaParams, UBatchView as KvUBatch};
+use ferrollama_kv::{padded_ctx_size, swa_cache_size, KvCells, KvError, RsCells, RsSeqGroup, UBatchView as KvUBatch};
 use ferrollama_tensor::{GgmlType, Threads};
 
 use crate::batch::Batch;
@@ -770,7 +770,7 @@ fn build_caches(model: &Model, p: &ContextParams) -> Result<(Vec<Cache>, Vec<usi
     // The cells are one array shared by every sequence (llama.cpp's unified layout) whatever
     // kv_unified says, so the window must be held for each sequence: size it as unified.
     let size = swa_cache_size(n_ctx, hp.n_swa as u32, n_seq, true, p.n_ubatch as u32, p.swa_full);
-    let swa = KvCells::with_swa(size, n_seq, SwaParams::standard(hp.n_swa as u32)).map_err(kv_arg)?;
+    let swa = KvCells::with_swa(size, n_seq, hp.swa_params()).map_err(kv_arg)?;
     let layer_cache: Vec<usize> = hp.swa_layers.iter().map(|&s| s as usize).collect();
     let layers_of = |c: usize| attending.iter().copied().filter(|&il| layer_cache[il] == c).collect();
     Ok((vec![Cache { cells: full, layers: layers_of(0) }, Cache { cells: swa, layers: layers_of(1) }], layer_cache))
@@ -864,8 +864,11 @@ impl Context {
     /// attention over a silently shortened window.
     fn check_window_held(&self, seq: i32, p0: i32) -> Result<()> {
         let [full, swa] = &self.caches[..] else { return Ok(()) };
-        let n_swa = self.model.hparams.n_swa as i32;
-        let need_from = (p0 - n_swa + 1).max(0);
+        let need_from = self.model.hparams.swa_params().first_visible(p0);
+        if need_from >= p0 {
+            // the first position of a chunk sees no earlier one
+            return Ok(());
+        }
         let full_min = full.cells.seq_pos_min(seq).map_err(kv_arg)?;
         let swa_min = swa.cells.seq_pos_min(seq).map_err(kv_arg)?;
         if full_min >= 0 && full_min <= need_from && p0 > 0 && (swa_min < 0 || swa_min > need_from) {

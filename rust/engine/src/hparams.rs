@@ -1,6 +1,7 @@
 //! Hyper-parameters read from the GGUF metadata (`{arch}.*` keys).
 
 use ferrollama_gguf::{Array, GgufFile};
+pub use ferrollama_kv::SwaType;
 
 use crate::error::{EngineError, Result};
 use crate::ops::RopeParams;
@@ -45,12 +46,17 @@ pub struct HParams {
     pub n_swa: usize,
     /// Per layer: does it attend through the sliding window?
     pub swa_layers: Vec<bool>,
+    /// The window's rule: the last n_swa positions (Standard), or the positions of the
+    /// token's own chunk of n_swa (Chunked: Llama 4).
+    pub swa_kind: SwaType,
     /// RoPE base and scale of sliding-window layers (Gemma 3: rope.freq_base_swa, 10000 when
     /// absent, and a scale of 1).
     pub rope_freq_base_swa: f32,
     pub rope_freq_scale_swa: f32,
     /// Scale applied to the attention scores (1/sqrt(head_dim) unless the architecture says).
     pub attn_scale: f32,
+    /// Llama 4's attention temperature tuning of the layers without RoPE (None: none).
+    pub attn_temperature: Option<AttnTemperature>,
     /// tanh soft-capping of the final logits (0: none).
     pub final_logit_softcap: f32,
     /// tanh soft-capping of the attention scores (0: none; Gemma 2).
@@ -114,6 +120,24 @@ pub struct RsParams {
     pub dt_rank: usize,
 }
 
+/// Llama 4's attention temperature (llm_graph_input_attn_temp): the queries of a token at
+/// position p are multiplied by log(floor((p + offset) / floor_scale) + 1) · scale + 1, which
+/// grows by steps every floor_scale positions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnTemperature {
+    pub floor_scale: f32,
+    pub scale: f32,
+    pub offset: f32,
+}
+
+impl AttnTemperature {
+    /// The factor of a token at position `pos`, computed in double as llama.cpp's set_input does.
+    pub fn factor(&self, pos: i32) -> f32 {
+        let steps = ((pos as f32 + self.offset) / self.floor_scale).floor() as f64;
+        ((steps + 1.0).ln() * self.scale as f64 + 1.0) as f32
+    }
+}
+
 /// How a mixture of experts weighs the experts it picks (llama_expert_gating_func_type).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoeGating {
@@ -124,6 +148,10 @@ pub enum MoeGating {
     /// Top-k of the sigmoid of each logit, renormalized to sum 1 when `norm` (Nemotron-H MoE,
     /// LFM2-MoE).
     Sigmoid { norm: bool },
+    /// Top-k of the logits themselves, weighted by their sigmoid, the weights multiplied into
+    /// the experts' input rather than their output (Llama 4: build_moe_ffn's
+    /// weight_before_ffn).
+    SigmoidOfTopLogits,
 }
 
 impl MoeGating {
@@ -278,6 +306,8 @@ impl HParams {
             rope_train,
             n_swa,
             swa_layers: vec![false; n_layer],
+            swa_kind: SwaType::Standard,
+            attn_temperature: None,
             rope_freq_base_swa: m.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0),
             rope_freq_scale_swa: 1.0,
             attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
@@ -417,6 +447,11 @@ impl HParams {
     pub fn max_head_dim_v(&self) -> usize { self.head_dim_v.max(self.head_dim_v_swa) }
     pub fn max_n_rot(&self) -> usize { self.rope.n_dims.max(self.n_rot_swa) }
 
+    /// The sliding window's parameters for the KV cache's masks and cell reuse.
+    pub fn swa_params(&self) -> ferrollama_kv::SwaParams {
+        ferrollama_kv::SwaParams { n_swa: self.n_swa as u32, kind: self.swa_kind }
+    }
+
     pub fn has_swa(&self) -> bool { self.n_swa > 0 && self.swa_layers.iter().any(|&s| s) }
 
     /// Placeholder hyper-parameters of a vocabulary-only file (no weights to run).
@@ -430,7 +465,7 @@ impl HParams {
                 attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,
                 yarn_log_mul: 0.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
-            n_swa: 0, swa_layers: Vec::new(), rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
+            n_swa: 0, swa_layers: Vec::new(), swa_kind: SwaType::Standard, attn_temperature: None, rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0, n_layer_dense_lead: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
@@ -570,4 +605,18 @@ fn yarn_attn_factor(factor: f32, log_mul: f32) -> f32 {
     let mscale = |scale: f32, m: f32| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
     let f = if log_mul != 0.0 { mscale(factor, 1.0) / mscale(factor, log_mul) } else { mscale(factor, 1.0) };
     f * (1.0 / (1.0 + 0.1 * factor.ln()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AttnTemperature;
+
+    #[test]
+    fn llama4_temperature_steps_every_floor_scale_positions() {
+        let t = AttnTemperature { floor_scale: 8192.0, scale: 0.1, offset: 1.0 };
+        assert_eq!(t.factor(0), 1.0);
+        assert_eq!(t.factor(8190), 1.0);
+        assert_eq!(t.factor(8191), (2f64.ln() * 0.1 + 1.0) as f32);
+        assert_eq!(t.factor(100 * 8192 - 1), (101f64.ln() * 0.1 + 1.0) as f32);
+    }
 }

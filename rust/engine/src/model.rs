@@ -475,7 +475,7 @@ fn load_output_scale(ld: &Loader, output: &QMatrix, tied: bool) -> Result<Option
     ld.opt_scale("output.weight")
 }
 
-fn load_rope_factors(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Result<RopeFactors> {
+pub(crate) fn load_rope_factors(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Result<RopeFactors> {
     let n = hp.rope.n_dims / 2;
     let mut f = RopeFactors::default();
     if parts.rope_freqs {

@@ -97,9 +97,10 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ff
             s.weights[t * k..(t + 1) * k].iter_mut().for_each(|w| *w *= hp.expert_weights_scale);
         }
     }
+    let weigh_input = hp.moe_gating == MoeGating::SigmoidOfTopLogits;
     for e in 0..ne {
         let ctx = ExpertCtx { mm: &mut ws.mm, lora_scratch: &mut ws.lora, lora, threads };
-        run_expert(ex, e, &ws.h, &mut ws.moe, ctx, d, k, n, act);
+        run_expert(ex, e, &ws.h, &mut ws.moe, ctx, ExpertShape { d, k, n, weigh_input }, act);
         if let Some(stats) = ws.stats.as_deref_mut() {
             note_expert(stats, &ws.moe, e, ne, k, d, ex.up[e].rows, ex.gate.is_some());
         }
@@ -200,9 +201,18 @@ impl ExpertCtx<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mut cx: ExpertCtx,
-              d: usize, k: usize, n: usize, act: FfnAct) {
+/// The sizes of an expert's step: n_embd, experts per token, tokens; and where the routing
+/// weight goes: into the expert's input (`weigh_input`: Llama 4) or onto its output.
+#[derive(Clone, Copy)]
+struct ExpertShape {
+    d: usize,
+    k: usize,
+    n: usize,
+    weigh_input: bool,
+}
+
+fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mut cx: ExpertCtx, shape: ExpertShape, act: FfnAct) {
+    let ExpertShape { d, k, n, weigh_input } = shape;
     s.routed.clear();
     for (slot, &c) in s.chosen[..n * k].iter().enumerate() {
         if c as usize == e {
@@ -213,8 +223,14 @@ fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mut cx: Exp
     if m == 0 {
         return;
     }
-    for (i, &(t, _)) in s.routed.iter().enumerate() {
-        s.x[i * d..(i + 1) * d].copy_from_slice(&h[t as usize * d..(t as usize + 1) * d]);
+    for (i, &(t, c)) in s.routed.iter().enumerate() {
+        let (x, token) = (&mut s.x[i * d..(i + 1) * d], &h[t as usize * d..(t as usize + 1) * d]);
+        if weigh_input {
+            let w = s.weights[t as usize * k + c as usize];
+            x.iter_mut().zip(token).for_each(|(x, &v)| *x = v * w);
+        } else {
+            x.copy_from_slice(token);
+        }
     }
     let ff = ex.up[e].rows;
     let hidden = match (act, &ex.gate) {
@@ -238,7 +254,7 @@ fn run_expert(ex: &Experts, e: usize, h: &[f32], s: &mut MoeScratch, mut cx: Exp
     add_expert_bias(&mut s.down[..m * d], ex.down_b.as_deref(), e, d);
     for (i, &(t, c)) in s.routed.iter().enumerate() {
         let slot = t as usize * k + c as usize;
-        let w = s.weights[slot];
+        let w = if weigh_input { 1.0 } else { s.weights[slot] };
         for (o, &v) in s.outs[slot * d..(slot + 1) * d].iter_mut().zip(&s.down[i * d..(i + 1) * d]) {
             *o = v * w;
         }
@@ -276,10 +292,19 @@ struct Choice<'a> {
 /// the top k of the probabilities, plus `selection_bias` where the experts have one (through
 /// `biased`, one token's scratch), weighted by the unbiased probabilities.
 fn route(gating: MoeGating, logits: &mut [f32], selection_bias: Option<&[f32]>, biased: &mut [f32], out: Choice) {
+    if gating == MoeGating::SigmoidOfTopLogits {
+        // chosen by the logits themselves (no selection bias), weighted by their sigmoid
+        top_k(logits, out.chosen);
+        sigmoid_inplace(logits);
+        for (w, &c) in out.weights.iter_mut().zip(out.chosen.iter()) {
+            *w = logits[c as usize];
+        }
+        return;
+    }
     match gating {
         MoeGating::Softmax { .. } => softmax(logits),
         MoeGating::Sigmoid { .. } => sigmoid_inplace(logits),
-        MoeGating::SoftmaxOfChosen => {}
+        MoeGating::SoftmaxOfChosen | MoeGating::SigmoidOfTopLogits => {}
     }
     match selection_bias {
         Some(b) => {
@@ -302,6 +327,7 @@ fn route(gating: MoeGating, logits: &mut [f32], selection_bias: Option<&[f32]>, 
         }
         MoeGating::Softmax { norm: false } | MoeGating::Sigmoid { norm: false } => {}
         MoeGating::SoftmaxOfChosen => softmax(weights),
+        MoeGating::SigmoidOfTopLogits => unreachable!("returned above"),
     }
 }
 
@@ -364,6 +390,17 @@ mod tests {
         route(MoeGating::SoftmaxOfChosen, &mut logits, None, &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
         assert_eq!(chosen, [2, 1]);
         assert!(((w[0] as f64) - e / (e + 1.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn llama4_routing_chooses_by_the_logits_and_weighs_by_their_sigmoid() {
+        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+        // 30 and 31 have the same sigmoid in f32: the logits still tell them apart
+        let mut logits = [1.0f32, 30.0, 31.0, 0.0];
+        let (mut chosen, mut w, mut biased) = ([0u32; 1], [0f32; 1], [0f32; 4]);
+        route(MoeGating::SigmoidOfTopLogits, &mut logits, None, &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
+        assert_eq!(chosen, [2]);
+        assert_eq!(w, [sig(31.0)]);
     }
 
     #[test]

@@ -14,6 +14,19 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     });
 }
 
+/// In-place RMSNorm without weights (ggml_rms_norm alone: Llama 4's L2 norm of Q and K) of
+/// each row of `n` values of `x`.
+pub fn rms_norm_unweighted_inplace(x: &mut [f32], n: usize, eps: f32) {
+    let mut scales = [0f32; ROWS_AT_ONCE];
+    for chunk in x.chunks_mut((ROWS_AT_ONCE * n).max(1)) {
+        let rows = chunk.len() / n.max(1);
+        for_row_scales(chunk, n, eps, |r, scale| scales[r] = scale);
+        for (xr, &scale) in chunk.chunks_exact_mut(n.max(1)).zip(&scales[..rows]) {
+            xr.iter_mut().for_each(|v| *v *= scale);
+        }
+    }
+}
+
 /// In-place RMSNorm of each row of `x` (rows of w.len()).
 pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let n = w.len();

@@ -63,6 +63,31 @@ impl SwaParams {
     }
 }
 
+impl SwaParams {
+    /// The chunked window of `n_swa` positions (Llama 4's chunked attention).
+    pub fn chunked(n_swa: u32) -> SwaParams {
+        SwaParams {
+            n_swa,
+            kind: SwaType::Chunked,
+        }
+    }
+
+    /// The first position before `p1` a token at `p1` still sees (`p1 + 1` minus the window
+    /// behind it): `p1 - n_swa + 1` for a standard window, the start of `p1`'s chunk for a
+    /// chunked one, `p1 - n_swa / 2` for a symmetric one; 0 without a window. Never below 0.
+    pub fn first_visible(&self, p1: Pos) -> Pos {
+        let (p1, n_swa) = (i64::from(p1), i64::from(self.n_swa));
+        let first = match self.kind {
+            SwaType::None => 0,
+            SwaType::Standard => p1 - n_swa + 1,
+            SwaType::Chunked if n_swa > 0 => (p1 / n_swa) * n_swa,
+            SwaType::Chunked => 0,
+            SwaType::Symmetric => p1 - n_swa / 2,
+        };
+        first.clamp(0, p1.max(0)) as Pos
+    }
+}
+
 /// llama.cpp's padding of the context (and so of a unified cache) to a multiple of 256 cells
 /// (`cparams.n_ctx = GGML_PAD(n_ctx, 256)` in llama_context's constructor). Saturates at the
 /// largest multiple of 256 that fits in u32.
@@ -128,6 +153,20 @@ mod tests {
             kind: SwaType::Chunked,
         };
         assert!(!zero.is_masked(0, 5));
+    }
+
+    #[test]
+    fn first_visible_is_the_first_position_the_window_keeps() {
+        for w in [SwaParams::standard(4), SwaParams::chunked(4)] {
+            for p1 in 0..20 {
+                let first = w.first_visible(p1);
+                assert!(!w.is_masked(first, p1), "{w:?} {p1}");
+                assert!(first == 0 || w.is_masked(first - 1, p1), "{w:?} {p1}");
+            }
+        }
+        assert_eq!(SwaParams::chunked(4).first_visible(9), 8);
+        assert_eq!(SwaParams::standard(4).first_visible(9), 6);
+        assert_eq!(SwaParams::NONE.first_visible(9), 0);
     }
 
     #[test]

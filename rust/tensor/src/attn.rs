@@ -140,6 +140,8 @@ pub struct AttnScratch {
     v: Vec<f32>,
     /// The cells visible to the current token, ascending.
     visible: Vec<u32>,
+    /// The cells visible to any token of the call, ascending.
+    union: Vec<u32>,
     /// The same cells grouped by set (cell % sets), ascending within a set, for the sparse
     /// weighted sum; set r's are by_set[set_start[r]..set_start[r + 1]].
     by_set: Vec<u32>,
@@ -308,7 +310,7 @@ pub fn attend_reference(h: &Heads, out: &mut [f32], _s: &mut AttnScratch) {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{grow, v_cols, v_row, AttnScratch, DotOrder, Heads, MAX_HEADS, MAX_TOKENS, V_SETS};
+    use super::{grow, v_row, AttnScratch, DotOrder, Heads, MAX_HEADS, MAX_TOKENS};
     use crate::GgmlType;
 
     /// Lane-wise GCC `_mm512_reduce_add_ps` of one vector, as a scalar.
@@ -350,9 +352,21 @@ mod x86 {
         _mm512_mask_blend_ps(d, res, alt)
     }
 
-    /// Queries per cached row from which converting the rows to f32 once pays (below it, each
-    /// dot product converts the f16 it reads: a decoded token reads each row once per head).
+    /// Uses of a cached row (queries that read it) from which converting it to f32 once pays
+    /// (below it, each dot product converts the f16 it reads: a decoded token reads each row
+    /// once per head).
     const CONVERT_FROM_USES: usize = 16;
+
+    /// How a cell's row is found.
+    #[derive(Clone, Copy)]
+    enum Layout {
+        /// Row j (K).
+        Cells,
+        /// Set-major with this many rows per set (the V cache, `v_row`).
+        SetMajor(usize),
+        /// Row j / sets: the converted rows of one set of the weighted sum's walk.
+        OneSet(usize),
+    }
 
     /// Where a row's values are read: an f16 cache in place, or f32 (an F32 cache, or rows
     /// converted once).
@@ -362,15 +376,18 @@ mod x86 {
         /// Bytes from one row to the next.
         stride: usize,
         f16: bool,
-        /// 0: rows in cell order (K); else set-major with this many rows per set (V).
-        cols: usize,
+        layout: Layout,
     }
 
     impl Rows {
         /// The row of cell j.
         #[inline(always)]
         unsafe fn row(&self, j: usize) -> *const u8 {
-            let r = if self.cols == 0 { j } else { v_row(j, self.cols) };
+            let r = match self.layout {
+                Layout::Cells => j,
+                Layout::SetMajor(cols) => v_row(j, cols),
+                Layout::OneSet(sets) => j / sets,
+            };
             self.p.add(r * self.stride)
         }
         /// Values i..i + 16 of a row (from `row`) as f32.
@@ -384,95 +401,107 @@ mod x86 {
         }
     }
 
-    /// The cached rows of cells 0..end (`in_place`): converted to f32 into `buf` when
-    /// `convert` (and the cache is F16), in the same order of rows, else read in place.
+    /// The f16 row `src` (d values, a multiple of 16) as f32 at `dst`.
     #[inline(always)]
-    unsafe fn rows(in_place: Rows, d: usize, end: usize, convert: bool, buf: &mut Vec<f32>) -> Rows {
-        if !in_place.f16 || !convert {
-            return in_place;
+    unsafe fn convert_row(src: *const u8, d: usize, dst: *mut f32) {
+        for i in (0..d).step_by(16) {
+            _mm512_storeu_ps(dst.add(i), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(2 * i) as *const __m256i)));
         }
-        let cols = if in_place.cols == 0 { 0 } else { v_cols(end) };
-        let converted = Rows { p: grow(buf, end.next_multiple_of(V_SETS) * d).as_mut_ptr() as *const u8, stride: 4 * d, f16: false, cols };
-        for j in 0..end {
-            for i in (0..d).step_by(16) {
-                _mm512_storeu_ps((converted.row(j) as *mut f32).add(i), in_place.load16(in_place.row(j), i));
-            }
-        }
-        converted
     }
 
+    /// One token's view of the call: its query heads, mask row, scores and probabilities.
+    #[derive(Clone, Copy)]
+    struct Token {
+        /// Its queries in the K type's precision (nq rows of dk).
+        q: *const f32,
+        mask: *const f32,
+        /// nq rows of n_kv scores, then exponentials.
+        w: *mut f32,
+        /// nq rows of n_kv probabilities.
+        p: *mut f32,
+        /// nq blocks of sets x dv partial sums.
+        acc: *mut f32,
+        /// One past its last visible cell.
+        end: usize,
+        /// How many cells it sees.
+        n_visible: usize,
+    }
+
+    /// The tokens of a call are computed together, so that each cached row is read from
+    /// memory once per call rather than once per token (a prompt at a depth of thousands of
+    /// cells: the rows of a KV head no longer fit the core's caches). Every score, softmax
+    /// and weighted sum is still the same sequence of operations as for one token alone.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
     pub unsafe fn attend(h: &Heads, out: *mut f32, s: &mut AttnScratch) {
         let (dk, dv, n_kv, nq, nt) = (h.head_dim_k, h.head_dim_v, h.n_kv, h.n_q, h.n_t);
-        let mask = |t: usize| h.mask.as_ptr().add(t * h.mask_stride);
-        // One past the last cell visible to each token, and to any.
-        let mut ends = [0usize; MAX_TOKENS];
-        for (t, e) in ends.iter_mut().enumerate().take(nt) {
-            let m = mask(t);
-            *e = (0..n_kv).rev().find(|&j| *m.add(j) != f32::NEG_INFINITY).map_or(0, |j| j + 1);
-        }
-        let end_any = ends[..nt].iter().copied().max().unwrap_or(0);
-        // The rows of the cache, once for all tokens and heads of the task when they share them.
-        let convert = nt * nq >= CONVERT_FROM_USES;
-        let f16 = |t: GgmlType| t == GgmlType::F16;
-        let k_in_place = Rows { p: h.k.as_ptr().add(h.k_offset), stride: h.k_stride, f16: f16(h.k_type), cols: 0 };
-        let v_in_place = Rows { p: h.v.as_ptr().add(h.v_offset), stride: h.v_stride, f16: f16(h.v_type), cols: h.v_cols };
-        let kr = rows(k_in_place, dk, end_any, convert, &mut s.k);
-        let vr = rows(v_in_place, dv, end_any, convert, &mut s.v);
         let sets = h.sets();
-        let qbuf = grow(&mut s.q, nq * dk).as_mut_ptr();
-        let w = grow(&mut s.w, nq * n_kv).as_mut_ptr();
-        let probs = grow(&mut s.p, nq * n_kv).as_mut_ptr();
-        let acc = grow(&mut s.sets, nq * sets * dv).as_mut_ptr();
-        for t in 0..nt {
-            let m = mask(t);
-            let end = ends[t];
-            s.visible.clear();
-            s.visible.extend((0..end as u32).filter(|&j| *m.add(j as usize) != f32::NEG_INFINITY));
-            let visible = &s.visible[..];
-            for qi in 0..nq {
-                // The query in the K type's precision.
-                let (q, qb) = (h.q.as_ptr().add(t * h.q_stride + qi * dk), qbuf.add(qi * dk));
-                for i in (0..dk).step_by(16) {
-                    let x = _mm512_loadu_ps(q.add(i));
-                    let x = if h.k_type == GgmlType::F16 { _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) } else { x };
-                    _mm512_storeu_ps(qb.add(i), x);
-                }
-                for c in (0..n_kv).step_by(16) {
-                    _mm512_storeu_ps(w.add(qi * n_kv + c), _mm512_set1_ps(f32::NEG_INFINITY));
+        let qbuf = grow(&mut s.q, nt * nq * dk).as_mut_ptr();
+        let w = grow(&mut s.w, nt * nq * n_kv).as_mut_ptr();
+        let probs = grow(&mut s.p, nt * nq * n_kv).as_mut_ptr();
+        let acc = grow(&mut s.sets, nt * nq * sets * dv).as_mut_ptr();
+        let mut tokens = [None; MAX_TOKENS];
+        let mut n_union = 0;
+        union_of_visible(h, &mut s.union);
+        for (t, slot) in tokens.iter_mut().enumerate().take(nt) {
+            let mask = h.mask.as_ptr().add(t * h.mask_stride);
+            let (mut end, mut n_visible) = (0, 0);
+            for &j in &s.union {
+                if *mask.add(j as usize) != f32::NEG_INFINITY {
+                    end = j as usize + 1;
+                    n_visible += 1;
                 }
             }
-            // Scores, scaled and masked: each cached key read once for all heads.
-            if kr.f16 {
-                scores::<true>(h, kr, qbuf, m, visible, w);
-            } else {
-                scores::<false>(h, kr, qbuf, m, visible, w);
+            n_union += n_visible;
+            let at = t * nq;
+            let tok = Token { q: qbuf.add(at * dk), mask, w: w.add(at * n_kv), p: probs.add(at * n_kv), acc: acc.add(at * sets * dv), end, n_visible };
+            prepare_queries(h, t, tok);
+            *slot = Some(tok);
+        }
+        let tokens: Vec<Token> = tokens[..nt].iter().map(|t| t.expect("set above")).collect();
+        let f16 = |t: GgmlType| t == GgmlType::F16;
+        let kr = Rows { p: h.k.as_ptr().add(h.k_offset), stride: h.k_stride, f16: f16(h.k_type), layout: Layout::Cells };
+        let vr = Rows { p: h.v.as_ptr().add(h.v_offset), stride: h.v_stride, f16: f16(h.v_type), layout: Layout::SetMajor(h.v_cols) };
+        // An f16 block of keys (a set of values) is converted to f32 once for all the queries
+        // of the call when enough of them read it.
+        let uses = |n_tokens: usize| n_tokens * nq >= CONVERT_FROM_USES;
+        let k_block = grow(&mut s.k, 16 * dk).as_mut_ptr();
+        // Scores: each key of the union read once for every token while in L1, when the
+        // tokens see mostly the same cells (one sequence's prompt); else each token walks its own.
+        if n_union * 5 >= 4 * nt * s.union.len() {
+            scores(h, kr, &tokens, &s.union, uses(nt).then_some(k_block));
+        } else {
+            for tok in &tokens {
+                visible_cells(tok, &s.union, &mut s.visible);
+                scores(h, kr, std::slice::from_ref(tok), &s.visible, uses(1).then_some(k_block));
             }
-            let o = out.add(t * h.out_stride);
+        }
+        let mut live = [[false; MAX_HEADS]; MAX_TOKENS];
+        for (t, tok) in tokens.iter().enumerate() {
             // A dense walk reads the probabilities set by set: they are stored set-major.
-            let is_sparse = sparse(visible.len(), end);
-            let layout = if is_sparse { None } else { Some(sets) };
-            let mut live = [false; MAX_HEADS];
+            let layout = if sparse(tok.n_visible, tok.end) { None } else { Some(sets) };
             for qi in 0..nq {
-                live[qi] = softmax(w.add(qi * n_kv), n_kv, h.v_type == GgmlType::F16, layout, probs.add(qi * n_kv));
+                live[t][qi] = softmax(tok.w.add(qi * n_kv), n_kv, h.v_type == GgmlType::F16, layout, tok.p.add(qi * n_kv));
             }
-            // Weighted sums: each cached value read once for all heads.
-            let cells = if is_sparse {
-                group_by_set(visible, sets, &mut s.by_set, &mut s.set_start);
-                Cells::BySet(&s.by_set, &s.set_start)
-            } else {
-                Cells::All
-            };
-            let sums = Sums { sets, dv, n_kv, nq, p: probs, end, acc, cells };
-            if vr.f16 {
-                weighted_sums::<true>(&sums, vr);
-            } else {
-                weighted_sums::<false>(&sums, vr);
-            }
+        }
+        // Weighted sums: the dense tokens together (each value row read once for all of them),
+        // the sparse ones alone, over their own cells.
+        let sums = |tok: &Token, cells| Sums { sets, dv, n_kv, nq, p: tok.p, end: tok.end, acc: tok.acc, cells };
+        let dense: Vec<Sums> = tokens.iter().filter(|t| !sparse(t.n_visible, t.end)).map(|t| sums(t, Cells::All)).collect();
+        let end_dense = dense.iter().map(|u| u.end).max().unwrap_or(0);
+        let v_set = uses(dense.len()).then(|| grow(&mut s.v, end_dense.div_ceil(sets) * dv).as_mut_ptr());
+        weighted_sums(&dense, vr, v_set);
+        for tok in tokens.iter().filter(|t| sparse(t.n_visible, t.end)) {
+            visible_cells(tok, &s.union, &mut s.visible);
+            group_by_set(&s.visible, sets, &mut s.by_set, &mut s.set_start);
+            let cells = Cells::BySet(&s.by_set, &s.set_start);
+            weighted_sums(&[Sums { sets, dv, n_kv, nq, p: tok.p, end: tok.end, acc: tok.acc, cells }], vr, None);
+        }
+        for (t, tok) in tokens.iter().enumerate() {
+            let o = out.add(t * h.out_stride);
             for qi in 0..nq {
                 let oq = o.add(qi * dv);
-                if live[qi] {
-                    reduce_sets(sets, dv, acc.add(qi * sets * dv), oq);
+                if live[t][qi] {
+                    reduce_sets(sets, dv, tok.acc.add(qi * sets * dv), oq);
                 } else {
                     for i in 0..dv {
                         *oq.add(i) = 0.0;
@@ -482,57 +511,127 @@ mod x86 {
         }
     }
 
-    /// w[qi][j] = scale * K_j · q_qi + mask[j] for the visible cells j and every head qi (the
-    /// others keep their -inf).
+    /// The cells some token of the call sees, ascending.
+    unsafe fn union_of_visible(h: &Heads, union: &mut Vec<u32>) {
+        union.clear();
+        for j in 0..h.n_kv {
+            if (0..h.n_t).any(|t| *h.mask.as_ptr().add(t * h.mask_stride + j) != f32::NEG_INFINITY) {
+                union.push(j as u32);
+            }
+        }
+    }
+
+    /// The cells `tok` sees (a subset of the union), ascending.
+    unsafe fn visible_cells(tok: &Token, union: &[u32], visible: &mut Vec<u32>) {
+        visible.clear();
+        visible.extend(union.iter().copied().filter(|&j| *tok.mask.add(j as usize) != f32::NEG_INFINITY));
+    }
+
+    /// Token t's queries rounded to the K type, and its scores all -inf (masked).
+    #[inline(always)]
+    unsafe fn prepare_queries(h: &Heads, t: usize, tok: Token) {
+        let dk = h.head_dim_k;
+        for qi in 0..h.n_q {
+            let (q, qb) = (h.q.as_ptr().add(t * h.q_stride + qi * dk), (tok.q as *mut f32).add(qi * dk));
+            for i in (0..dk).step_by(16) {
+                let x = _mm512_loadu_ps(q.add(i));
+                let x = if h.k_type == GgmlType::F16 { _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) } else { x };
+                _mm512_storeu_ps(qb.add(i), x);
+            }
+            for c in (0..h.n_kv).step_by(16) {
+                _mm512_storeu_ps(tok.w.add(qi * h.n_kv + c), _mm512_set1_ps(f32::NEG_INFINITY));
+            }
+        }
+    }
+
+    /// w[qi][j] = scale * K_j · q_qi + mask[j] of each token for the cells j of `cells` it
+    /// sees and every head qi (the others keep their -inf).
     ///
     /// Sixteen cells at a time: the sixteen dot products of a head are reduced together
     /// (`fold_pair`, `reduce_halves`: the adds of sixteen `reduce16` trees, with shuffles that
     /// serve several), leaving the scores in one vector for the scale and the mask. (Converting
     /// an F16 block to f32 once for all heads measured no faster for Qwen's 64-dimension heads
     /// and slower for Gemma's 256.)
+    ///
+    /// With `f32_block` (room for 16 rows of head_dim_k floats) an f16 cache's block of keys is
+    /// converted there once for every token and head.
     #[inline(always)]
-    unsafe fn scores<const F16: bool>(h: &Heads, kr: Rows, q: *const f32, m: *const f32, visible: &[u32], w: *mut f32) {
+    unsafe fn scores(h: &Heads, kr: Rows, tokens: &[Token], cells: &[u32], f32_block: Option<*mut f32>) {
         // The common head sizes as constants: the dot products unroll completely.
-        match h.head_dim_k {
-            64 => scores_dk::<F16, 64>(h, kr, q, m, visible, w),
-            128 => scores_dk::<F16, 128>(h, kr, q, m, visible, w),
-            256 => scores_dk::<F16, 256>(h, kr, q, m, visible, w),
-            _ => scores_dk::<F16, 0>(h, kr, q, m, visible, w),
+        match (kr.f16, f32_block.is_some(), h.head_dim_k) {
+            (true, false, 64) => scores_dk::<true, false, 64>(h, kr, tokens, cells, f32_block),
+            (true, false, 128) => scores_dk::<true, false, 128>(h, kr, tokens, cells, f32_block),
+            (true, false, 256) => scores_dk::<true, false, 256>(h, kr, tokens, cells, f32_block),
+            (true, false, _) => scores_dk::<true, false, 0>(h, kr, tokens, cells, f32_block),
+            (true, true, 64) => scores_dk::<true, true, 64>(h, kr, tokens, cells, f32_block),
+            (true, true, 128) => scores_dk::<true, true, 128>(h, kr, tokens, cells, f32_block),
+            (true, true, 256) => scores_dk::<true, true, 256>(h, kr, tokens, cells, f32_block),
+            (true, true, _) => scores_dk::<true, true, 0>(h, kr, tokens, cells, f32_block),
+            (false, _, 64) => scores_dk::<false, false, 64>(h, kr, tokens, cells, None),
+            (false, _, 128) => scores_dk::<false, false, 128>(h, kr, tokens, cells, None),
+            (false, _, 256) => scores_dk::<false, false, 256>(h, kr, tokens, cells, None),
+            (false, _, _) => scores_dk::<false, false, 0>(h, kr, tokens, cells, None),
         }
     }
 
-    /// `scores` for head size DK (0: h.head_dim_k).
+    /// `scores` for an F16 cache or not, converted blocks or not, head size DK (0: h.head_dim_k).
     #[inline(always)]
-    unsafe fn scores_dk<const F16: bool, const DK: usize>(h: &Heads, kr: Rows, q: *const f32, m: *const f32, visible: &[u32], w: *mut f32) {
-        let kr = Rows { f16: F16, ..kr };
+    unsafe fn scores_dk<const F16: bool, const CONVERT: bool, const DK: usize>(
+        h: &Heads, kr: Rows, tokens: &[Token], cells: &[u32], f32_block: Option<*mut f32>,
+    ) {
         let (dk, n_kv) = (if DK > 0 { DK } else { h.head_dim_k }, h.n_kv);
+        let kr = if CONVERT {
+            Rows { p: f32_block.expect("CONVERT has a block").cast(), stride: 4 * dk, f16: false, layout: Layout::Cells }
+        } else {
+            Rows { f16: F16, ..kr }
+        };
         let scale = _mm512_set1_ps(h.scale);
-        for block in visible.chunks(16) {
+        let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+        for block in cells.chunks(16) {
             let n = block.len();
             // Cells of the block; a short last block repeats its last cell (scores not stored).
             let cell = |c: usize| block[c.min(n - 1)] as usize;
             let contiguous = n == 16 && block[15] - block[0] == 15;
-            let rows: [*const u8; 16] = std::array::from_fn(|c| kr.row(cell(c)));
-            for qi in 0..h.n_q {
-                let qh = q.add(qi * dk);
-                // Four rows at a time (independent chains for the FMA units), folded in pairs
-                // as they come: sixteen whole vectors would not fit the registers.
-                let mut halves = [_mm512_setzero_ps(); 8];
-                for p in 0..4 {
-                    let x = dot_lanes4(h.order_kq, kr, [rows[4 * p], rows[4 * p + 1], rows[4 * p + 2], rows[4 * p + 3]], qh, dk);
-                    halves[2 * p] = fold_pair(x[0], x[1]);
-                    halves[2 * p + 1] = fold_pair(x[2], x[3]);
+            let rows: [*const u8; 16] = if CONVERT {
+                for c in 0..n {
+                    convert_row(h.k.as_ptr().add(block[c] as usize * h.k_stride + h.k_offset), dk, (kr.p as *mut f32).add(c * dk));
                 }
-                let sc = _mm512_mul_ps(reduce_halves(&halves), scale);
-                let wq = w.add(qi * n_kv);
-                if contiguous {
-                    let j0 = block[0] as usize;
-                    _mm512_storeu_ps(wq.add(j0), _mm512_add_ps(sc, _mm512_loadu_ps(m.add(j0))));
-                } else {
-                    let mut lanes = [0f32; 16];
-                    _mm512_storeu_ps(lanes.as_mut_ptr(), sc);
-                    for (c, &j) in block.iter().enumerate() {
-                        *wq.add(j as usize) = lanes[c] + *m.add(j as usize);
+                std::array::from_fn(|c| kr.row(c.min(n - 1)))
+            } else {
+                std::array::from_fn(|c| kr.row(cell(c)))
+            };
+            for tok in tokens {
+                if block[0] as usize >= tok.end {
+                    continue;
+                }
+                let m = tok.mask;
+                for qi in 0..h.n_q {
+                    let qh = tok.q.add(qi * dk);
+                    // Four rows at a time (independent chains for the FMA units), folded in pairs
+                    // as they come: sixteen whole vectors would not fit the registers.
+                    let mut halves = [_mm512_setzero_ps(); 8];
+                    for p in 0..4 {
+                        let x = dot_lanes4(h.order_kq, kr, [rows[4 * p], rows[4 * p + 1], rows[4 * p + 2], rows[4 * p + 3]], qh, dk);
+                        halves[2 * p] = fold_pair(x[0], x[1]);
+                        halves[2 * p + 1] = fold_pair(x[2], x[3]);
+                    }
+                    let sc = _mm512_mul_ps(reduce_halves(&halves), scale);
+                    let wq = tok.w.add(qi * n_kv);
+                    if contiguous {
+                        // A cell the token does not see keeps -inf whatever its key holds.
+                        let j0 = block[0] as usize;
+                        let mv = _mm512_loadu_ps(m.add(j0));
+                        let hidden = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(mv, neg_inf);
+                        _mm512_storeu_ps(wq.add(j0), _mm512_mask_blend_ps(hidden, _mm512_add_ps(sc, mv), neg_inf));
+                    } else {
+                        let mut lanes = [0f32; 16];
+                        _mm512_storeu_ps(lanes.as_mut_ptr(), sc);
+                        for (c, &j) in block.iter().enumerate() {
+                            let mj = *m.add(j as usize);
+                            if mj != f32::NEG_INFINITY {
+                                *wq.add(j as usize) = lanes[c] + mj;
+                            }
+                        }
                     }
                 }
             }
@@ -663,22 +762,50 @@ mod x86 {
         }
     }
 
+    /// The weighted sums of several tokens' heads (all the same heads, sets and dimensions).
+    ///
+    /// With `f32_set` (room for the rows of one set of cells below the largest end) an f16
+    /// cache's rows of a set are converted there once for all the tokens and heads.
     #[inline(always)]
-    unsafe fn weighted_sums<const F16: bool>(u: &Sums, vr: Rows) {
-        let vr = Rows { f16: F16, ..vr };
+    unsafe fn weighted_sums(sums: &[Sums], vr: Rows, f32_set: Option<*mut f32>) {
+        match (vr.f16, f32_set) {
+            (true, None) => weighted_sums_of::<true, false>(sums, vr, f32_set),
+            (true, Some(_)) => weighted_sums_of::<true, true>(sums, vr, f32_set),
+            (false, _) => weighted_sums_of::<false, false>(sums, vr, None),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn weighted_sums_of<const F16: bool, const CONVERT: bool>(sums: &[Sums], vr: Rows, f32_set: Option<*mut f32>) {
+        let Some(first) = sums.first() else { return };
+        let (nq, sets, dv) = (first.nq, first.sets, first.dv);
+        let end = sums.iter().map(|u| u.end).max().unwrap_or(0);
+        let in_place = Rows { f16: F16, ..vr };
+        let converted = |buf: *mut f32| Rows { p: buf.cast(), stride: 4 * dv, f16: false, layout: Layout::OneSet(sets) };
         // Heads in blocks of up to eight, each cached row read once per block: the blocks'
         // accumulators (heads x 16 NV floats) stay in registers. A set's rows are read for
-        // every slice of dimensions while they are in L1.
+        // every slice of dimensions and every token while they are in L1 or L2.
         let mut h0 = 0;
-        while h0 < u.nq {
-            let hb = (u.nq - h0).min(8);
+        while h0 < nq {
+            let hb = (nq - h0).min(8);
             macro_rules! pass {
                 ($(($h:literal, $nv:literal)),*) => {
-                    match (hb, lanes_per_pass(hb, u.dv)) {
+                    match (hb, lanes_per_pass(hb, dv)) {
                         $(($h, $nv) => {
-                            for r in 0..u.sets {
-                                for i in (0..u.dv).step_by(16 * $nv) {
-                                    set_pass::<$h, $nv>(u, vr, h0, i, r);
+                            for r in 0..sets {
+                                let vr = if CONVERT {
+                                    let buf = f32_set.expect("CONVERT has a buffer");
+                                    for (k, j) in (r..end).step_by(sets).enumerate() {
+                                        convert_row(in_place.row(j), dv, buf.add(k * dv));
+                                    }
+                                    converted(buf)
+                                } else {
+                                    in_place
+                                };
+                                for i in (0..dv).step_by(16 * $nv) {
+                                    for u in sums {
+                                        set_pass::<$h, $nv>(u, vr, h0, i, r);
+                                    }
                                 }
                             }
                         })*
@@ -991,15 +1118,18 @@ mod tests {
                     let vvals: Vec<f32> = (0..V_SETS * v_cols * n_head_kv * dv).map(|_| rng.next()).collect();
                     let (k, v) = (cache(kt, &kvals), cache(vt, &vvals));
                     let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
-                    let nt = 3;
+                    // One token per micro-batch needs no more; 18 exercise the tokens computed
+                    // together (and a block of them with a sparse one among dense ones).
+                    let nt = if okq == DotOrder::VecDot { 3 } else { 18 };
                     let q: Vec<f32> = (0..nt * nq * dk).map(|_| rng.next()).collect();
                     // A causal-like mask per token, with holes; token 2 sees nothing. With
-                    // `sparse`, token 1 sees one cell in eight (sequences interleaved in the
-                    // cache), which takes the kernel's sparse path.
+                    // `sparse`, tokens 1, 5, 9.. see one cell in eight (sequences interleaved in
+                    // the cache), which takes the kernel's sparse path.
                     let mask: Vec<f32> = (0..nt * n_kv)
                         .map(|i| {
                             let (t, j) = (i / n_kv, i % n_kv);
-                            let hidden = t == 2 || j % 5 == 3 || j > n_kv - 9 - 7 * t || (sparse && t == 1 && j % 8 != 5);
+                            let last = n_kv - 9 - (7 * t) % (n_kv / 2);
+                            let hidden = t == 2 || j % 5 == 3 || j > last || (sparse && t % 4 == 1 && j % 8 != 5);
                             if hidden { f32::NEG_INFINITY } else { 0.0 }
                         })
                         .collect();

@@ -8,7 +8,7 @@ use ferrollama_tensor::{matmul, MatmulScratch, QMatrix, SendPtr, Threads};
 use crate::actstats::{ActivationStats, Matrix};
 use crate::attention::{attention, AttnInput};
 use crate::graph::{UBatchView, Workspace};
-use crate::hparams::HParams;
+use crate::hparams::{AttnTemperature, HParams};
 use crate::kvstore::KvStore;
 use crate::lora::{add_embedding_terms, add_terms, LayerLora, LoraScratch, Proj, Term};
 use crate::model::{AttnWeights, Ffn, GatedFfn, LayerWeights, Weights};
@@ -116,10 +116,17 @@ pub fn qk_norm(lw: &AttnWeights, ws: &mut Workspace, n: usize, eps: f32) {
 /// token's K and V in its cell of layer `il`.
 pub fn rope_and_store(hp: &HParams, lw: &AttnWeights, rope: &RopeParams, rope_cache: &[f32], ws: &mut Workspace,
                       kv: &mut KvStore, ub: &UBatchView, il: usize) {
+    rope_qk(hp, lw, rope, rope_cache, ws, ub.tokens.len(), il);
+    store_kv(lw, ws, kv, ub, il);
+}
+
+/// Rotates every head of Q and K of n tokens of layer il (`rope_cache` holds each token's
+/// cos/sin; the heads are the layer's size).
+pub fn rope_qk(hp: &HParams, lw: &AttnWeights, rope: &RopeParams, rope_cache: &[f32], ws: &mut Workspace, n: usize, il: usize) {
     let hd = hp.head_dim_k_of(il);
-    let (q_dim, k_dim, v_dim) = (hp.n_head * hd, lw.wk.rows, lw.wv.rows);
+    let (q_dim, k_dim) = (hp.n_head * hd, lw.wk.rows);
     let n_rot = rope.n_dims;
-    for t in 0..ub.tokens.len() {
+    for t in 0..n {
         let cache = &rope_cache[t * n_rot..(t + 1) * n_rot];
         for head in ws.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
             rope_apply(head, cache, rope);
@@ -127,15 +134,28 @@ pub fn rope_and_store(hp: &HParams, lw: &AttnWeights, rope: &RopeParams, rope_ca
         for head in ws.k[t * k_dim..(t + 1) * k_dim].chunks_exact_mut(hd) {
             rope_apply(head, cache, rope);
         }
+    }
+}
+
+/// Stores each token's K and V (ws.k, ws.v) in its cell of layer `il`.
+pub fn store_kv(lw: &AttnWeights, ws: &Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
+    let (k_dim, v_dim) = (lw.wk.rows, lw.wv.rows);
+    for t in 0..ub.tokens.len() {
         kv.write(il, ub.kv(il).slots[t] as usize, &ws.k[t * k_dim..(t + 1) * k_dim], &ws.v[t * v_dim..(t + 1) * v_dim]);
     }
 }
 
 /// RoPE of layer il (its sliding-window base where it has one) and the K/V store.
 pub fn rope_layer_and_store(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
+    rope_layer(hp, lw, ws, ub, il);
+    store_kv(lw, ws, kv, ub, il);
+}
+
+/// Rotates Q and K with layer il's RoPE (its sliding-window base where it has one).
+pub fn rope_layer(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, ub: &UBatchView, il: usize) {
     let sliding = hp.swa_layers[il] && !ws.rope_cache_swa.is_empty();
     let rope_cache = std::mem::take(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache });
-    rope_and_store(hp, lw, &hp.layer_rope(ub.rope, il), &rope_cache, ws, kv, ub, il);
+    rope_qk(hp, lw, &hp.layer_rope(ub.rope, il), &rope_cache, ws, ub.tokens.len(), il);
     *(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache }) = rope_cache;
 }
 
@@ -152,6 +172,15 @@ pub fn rope_queries(hp: &HParams, ws: &mut Workspace, ub: &UBatchView, il: usize
         for head in ws.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
             rope_apply(head, c, &rope);
         }
+    }
+}
+
+/// Multiplies each token's queries (n_head·head_dim values of ws.q) by the attention
+/// temperature of its position (Llama 4's layers without RoPE; llama.cpp's inp_attn_scale).
+pub fn scale_q_by_temperature(hp: &HParams, temp: &AttnTemperature, ws: &mut Workspace, ub: &UBatchView) {
+    let q_dim = hp.n_head * hp.head_dim_k;
+    for (q, &p) in ws.q[..ub.tokens.len() * q_dim].chunks_exact_mut(q_dim).zip(ub.pos) {
+        scale_inplace(q, temp.factor(p));
     }
 }
 

@@ -7,11 +7,13 @@ pub mod bert;
 pub mod falcon_h1;
 pub mod gemma3;
 pub mod gemma4;
+pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granite;
 pub mod granite_hybrid;
 pub mod lfm2;
 pub mod llama;
+pub mod llama4;
 pub mod mamba2;
 pub mod nemotron_h;
 pub mod olmo2;
@@ -72,6 +74,8 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen35::QWEN35,
     qwen35::QWEN35MOE,
     qwen35::QWEN3NEXT,
+    glm4_moe::GLM4MOE,
+    llama4::LLAMA4,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

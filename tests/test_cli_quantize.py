@@ -144,3 +144,32 @@ def test_q1_0_and_q2_0_models_load_and_decode_as_llama_quantizes(tmp_path, kind,
         ctx.decode(fl.Batch.from_tokens([1, 100, 200, 300, 400], logits="last"))
         logits.append(np.array(ctx.logits(-1)))
     assert np.isfinite(logits[0]).all() and np.array_equal(logits[0], logits[1])
+
+
+def test_trailing_unit_dimensions_are_dropped_as_llama_quantize_does(tmp_path):
+    """llama-quantize writes ggml_n_dims(t) dimensions: a [256, 1] tensor (Mamba-2's ssm_norm of
+    one group is [d_inner, 1] in converted files) comes out [256]; the model loads either way."""
+    src = tmp_path / "unit-dim.gguf"
+    reader = gguf.GGUFReader(F32)
+    w = gguf.GGUFWriter(str(src), "llama")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        w.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        w.add_tensor(t.name, data.reshape(1, -1) if t.name == "output_norm.weight" else data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shape = lambda path: [int(d) for d in next(t for t in gguf.GGUFReader(path).tensors if t.name == "output_norm.weight").shape]  # noqa: E731
+    assert shape(src) == [256, 1]
+    out = tmp_path / "q8.gguf"
+    r = ferrollama("quantize", src, out, "q8_0")
+    assert r.returncode == 0, r.stderr
+    assert shape(out) == [256]
+    for path in (src, out):
+        ctx = fl.Context(fl.Model(str(path)), n_ctx=64, type_k="f32", type_v="f32")
+        ctx.decode(fl.Batch.from_tokens([1, 100, 200], logits="last"))
+        assert np.isfinite(ctx.logits(-1)).all()

@@ -21,8 +21,12 @@ GEMMA3 = ("gemma3-",)
 ARCHS = ("arch-",)
 #: context RoPE parameters and kv_overrides (tests/data/make_param_scenarios.py)
 PARAMS = ("params-",)
-NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3 + ARCHS + PARAMS)
-ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "granite", "olmo2", "gpt-oss", "glm4moe", "llama4",
+#: context shifts of the tiny models with layers without RoPE (tests/data/make_tiny_tail.py)
+KSHIFT = ("kshift-",)
+NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3 + ARCHS + PARAMS + KSHIFT)
+ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "granite", "olmo2", "gpt-oss",
+              "smollm3", "mistral3", "qwen2moe", "olmoe", "exaone4", "seed_oss", "ernie4_5", "ernie4_5-moe",
+              "cohere2", "starcoder2", "glm4moe", "llama4", "deepseek2", "deepseek2-lite",
               "gemma4", "gemma4-moe")
 
 
@@ -49,4 +53,5 @@ def test_every_spine_and_kv_scenario_is_collected() -> None:
         f"arch-{a}-{t}" for a in ARCH_NAMES for t in ("f32", "q8_0"))
     assert sorted(n for n in NAMES if n.startswith("params-")) == [
         "params-kv-overrides", "params-none-ctx", "params-rope-ctx", "params-yarn-ctx"]
-    assert len(NAMES) == 52 + 22 + 4 + 4  # every recorded scenario
+    assert sorted(n for n in NAMES if n.startswith("kshift-")) == ["kshift-cohere2", "kshift-exaone4", "kshift-smollm3"]
+    assert len(NAMES) == 52 + 46 + 4 + 4 + 3  # every recorded scenario

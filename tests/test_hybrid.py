@@ -86,3 +86,23 @@ def test_a_partial_state_checkpoint_rewinds_a_sequence(arch: str) -> None:
     _decode(fresh, prompt, 0)
     want = _decode(fresh, [fix], len(prompt))
     assert np.abs(np.asarray(got) - np.asarray(want)).max() < 1e-4
+
+
+def test_positions_of_m_rope_keys_cannot_be_shifted() -> None:
+    """llama.cpp cannot K-shift keys rotated with several positions per token (Qwen3.5's
+    interleaved M-RoPE: get_can_shift is false, the next decode aborts); the engine refuses
+    seq_add / seq_div there and leaves the cache as it was. Qwen3-Next's plain RoPE shifts."""
+    import ferrollama as fl
+    for arch, can_shift in (("qwen35", False), ("qwen3next", True)):
+        ctx = fl.Context(load_model(f"tiny-{arch}-f32.gguf"), n_ctx=64, type_k="f32", type_v="f32")
+        _decode(ctx, [1, 5, 17, 99], 0)
+        if can_shift:
+            ctx.kv.seq_add(0, 0, -1, 3)
+            assert ctx.kv.seq_pos_max(0) == 6
+            continue
+        for move in (lambda: ctx.kv.seq_add(0, 0, -1, 3), lambda: ctx.kv.seq_div(0, 0, -1, 2)):
+            with pytest.raises(fl.UnsupportedError, match="M-RoPE"):
+                move()
+        assert ctx.kv.seq_pos_max(0) == 3
+        ctx.kv.seq_add(0, 0, -1, 0)  # no move: nothing to refuse
+        _decode(ctx, [7], 4)

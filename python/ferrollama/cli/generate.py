@@ -133,6 +133,10 @@ class Generation:
         self.t_start = time.perf_counter()
         self.model = load_model(args)
         self.ctx: Context = make_context(args, self.model)
+        if self.context_shift() and not self.ctx.kv.can_shift:
+            # common_init_from_params: the cache cannot move positions (M-RoPE keys)
+            log("KV cache shifting is not supported for this context, disabling KV cache shifting")
+            args.context_shift = False
         apply_control_vectors(args, self.model, self.ctx)
         self.perf_base = warmup(self.ctx, self.model) if not args.no_warmup else dict(self.ctx.perf)
         self.n_ctx = self.ctx.n_ctx
@@ -203,6 +207,9 @@ class Generation:
         n, w = self.args.grp_attn_n, self.args.grp_attn_w
         if n != 1 and (n <= 0 or w <= 0 or w % n != 0):
             raise CLIError(f"--grp-attn-w ({w}) must be a positive multiple of --grp-attn-n ({n})")
+        if n != 1 and not self.ctx.kv.can_shift:
+            raise CLIError(f"Self-Extend moves cached positions, which the '{self.model.arch}' model's cache cannot "
+                           "(keys with M-RoPE)")
 
     # --- the loop ---
     def run(self) -> int:

@@ -302,6 +302,10 @@ def _write(gguf, reader, path: str, ftype: int, plan: dict[str, str], imatrix: d
 
 
 def _add_tensor(gguf, writer, tensor, data: np.ndarray, kind: str) -> None:
+    # llama-quantize writes ggml_n_dims(t) dimensions: trailing ones dropped (Mamba-2's ssm_norm
+    # [2048, 1] comes out [2048]); numpy's shapes are reversed, so those are its leading ones.
+    while data.ndim > 1 and data.shape[0] == 1:
+        data = data[0]
     member = gguf.GGMLQuantizationType.__members__.get(kind)
     if member is not None:
         writer.add_tensor(tensor.name, data, raw_dtype=member)
@@ -309,6 +313,8 @@ def _add_tensor(gguf, writer, tensor, data: np.ndarray, kind: str) -> None:
     # A type this gguf package does not know: its writer derives the element shape of uint8 bytes
     # from its own table, so the bytes go as int8, with the element shape given.
     shape = [int(d) for d in reversed(tensor.shape)]
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
     writer.add_tensor(tensor.name, data.view(np.int8), raw_shape=shape, raw_dtype=TYPE_IDS[kind])
 
 

@@ -103,6 +103,18 @@ impl ActivationStats {
         e.counts[0] += n_rows as u64;
     }
 
+    /// A product of `x` (n_rows rows) by matrix `mat` of the n_mat matrices of a 3-D weight
+    /// broadcast over its third dimension (latent attention's per-head attn_k_b, attn_v_b):
+    /// llama.cpp keeps each matrix's sums apart, as for experts, and skips small batches, as
+    /// for the other dense products.
+    pub fn record_of(&mut self, m: Matrix, mat: usize, n_mat: usize, x: &[f32], n_rows: usize) {
+        if n_rows < MIN_ROWS || n_rows == 0 {
+            return;
+        }
+        let n_cols = x.len() / n_rows;
+        self.record_expert(m, mat, n_mat, n_cols, x[..n_rows * n_cols].chunks_exact(n_cols));
+    }
+
     /// Rows of expert `expert` (of n_expert) of matrix m, in the order llama.cpp sums them.
     pub fn record_expert<'a>(&mut self, m: Matrix, expert: usize, n_expert: usize, n_cols: usize,
                              rows: impl Iterator<Item = &'a [f32]>) {

@@ -197,16 +197,17 @@ fn task_heads<'a>(a: &AttnInput<'a>, tokens: std::ops::Range<usize>, h0: usize, 
     let g = h0 / (a.n_head / a.n_head_kv);
     let layer = &kv.layers[a.layer];
     let t0 = tokens.start;
+    let (v, v_stride, v_offset, v_cols) = kv.v_view(layer, g);
     Heads {
         k_type: kv.type_k.ty,
         v_type: kv.type_v.ty,
         k: &layer.k,
         k_stride: kv.k_head_bytes(layer),
         k_offset: kv.k_block(layer, g),
-        v: &layer.v,
-        v_stride: kv.v_head_bytes(layer),
-        v_offset: kv.v_block(layer, g),
-        v_cols: layer.v_cols,
+        v,
+        v_stride,
+        v_offset,
+        v_cols,
         head_dim_k: hd_k,
         head_dim_v: hd_v,
         n_kv,

@@ -192,7 +192,7 @@ impl Context {
                 geom: hp.kv_geom(il),
             })
             .collect();
-        let mut store = KvStore::new(params.type_k, params.type_v, &shapes)?;
+        let mut store = new_store(hp, &params, &shapes)?;
         // one recurrent state cell per sequence (llama.cpp: max(1, n_seq_max))
         let rs = match &hp.rs {
             Some(p) => {
@@ -615,8 +615,10 @@ impl Context {
                 continue;
             }
             for (cell, delta) in cache.cells.take_shifts() {
+                // llama.cpp's K-shift (build_graph_shift) rotates every layer by get_rope_freq_base
+                // (and Gemma 4's sliding layers by their own dimensions and factors).
                 self.store.shift_cell(cell as usize, delta, &cache.layers,
-                                     |il| (hp.layer_rope(&rope, il), hp.layer_rope_factors(il, factors)), &mut self.shift_scratch);
+                                      |il| (hp.swa_rope(&rope, il), hp.layer_rope_factors(il, factors)), &mut self.shift_scratch);
             }
         }
     }
@@ -752,6 +754,24 @@ fn rs_groups<'a>(plan: &UBatchPlan, pos: &[i32], seqs: &'a [Vec<i32>]) -> Vec<Rs
 
 fn kv_arg(e: KvError) -> EngineError { EngineError::InvalidArgument(e.to_string()) }
 
+/// The K/V storage of the attention layers: a latent cache for latent attention in a split
+/// file (V is K's leading part, the V cache type does not apply), else K and V per KV head;
+/// the K-shift rotates the keys' RoPE part, which ends latent attention's keys.
+fn new_store(hp: &crate::hparams::HParams, p: &ContextParams, shapes: &[LayerShape]) -> Result<KvStore> {
+    match hp.latent {
+        Some(lp) if lp.split => {
+            let cells: Vec<usize> = shapes.iter().map(|sh| sh.cells).collect();
+            KvStore::latent(p.type_k, &cells, hp.head_dim_k, hp.head_dim_v, lp.kv_lora_rank)
+        }
+        Some(_) => {
+            let mut store = KvStore::new(p.type_k, p.type_v, shapes)?;
+            store.rope_offset = hp.head_dim_k - hp.rope.n_dims;
+            Ok(store)
+        }
+        None => KvStore::new(p.type_k, p.type_v, shapes),
+    }
+}
+
 /// The caches a model needs: one of n_ctx cells, or for an interleaved sliding-window model a
 /// full one for the global layers and a small one (about n_swa + n_ubatch cells, all n_ctx with
 /// swa_full) for the sliding layers, as llama_kv_cache_iswa sizes them.
@@ -810,13 +830,35 @@ impl Context {
     }
     pub fn seq_add(&mut self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
         self.check_seq(seq, false)?;
+        if delta != 0 {
+            self.check_can_shift()?;
+        }
         self.caches.iter_mut().try_for_each(|c| c.cells.seq_add(seq, p0, p1, delta).map_err(kv_arg))?;
         self.rs.as_mut().map_or(Ok(()), |rs| rs.seq_add(seq, p0, p1, delta).map_err(kv_arg))
     }
     pub fn seq_div(&mut self, seq: i32, p0: i32, p1: i32, d: i32) -> Result<()> {
         self.check_seq(seq, false)?;
+        if d != 1 {
+            self.check_can_shift()?;
+        }
         self.caches.iter_mut().try_for_each(|c| c.cells.seq_div(seq, p0, p1, d).map_err(kv_arg))?;
         self.rs.as_mut().map_or(Ok(()), |rs| rs.seq_div(seq, p0, p1, d).map_err(kv_arg))
+    }
+    /// llama_memory_can_shift: whether the positions of cached keys can move (seq_add,
+    /// seq_div), which context shifts and Self-Extend need.
+    pub fn can_shift(&self) -> bool {
+        self.caches.is_empty() || self.model.hparams.imrope_sections.is_none()
+    }
+    /// llama_kv_cache::get_can_shift: keys rotated with several positions per token (Qwen3.5's
+    /// interleaved M-RoPE) cannot be re-rotated to a new position; llama.cpp aborts on the next
+    /// decode after moving them, the engine refuses the move itself (nothing changes).
+    fn check_can_shift(&self) -> Result<()> {
+        if self.can_shift() {
+            return Ok(());
+        }
+        Err(EngineError::Unsupported(format!(
+            "the '{}' model's keys use multi-position RoPE (M-RoPE): their positions cannot be shifted (seq_add / seq_div; llama.cpp: K-shift not supported)",
+            self.model.arch.map_or("?", |a| a.name))))
     }
     pub fn seq_pos_min(&self, seq: i32) -> Result<i32> {
         let attn = match self.caches.last() { Some(c) => Some(c.cells.seq_pos_min(seq).map_err(kv_arg)?), None => None };

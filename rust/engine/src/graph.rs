@@ -104,6 +104,11 @@ pub struct Workspace {
     /// A second block output kept while another is computed (Gemma 4's dense FFN beside its
     /// experts; sized on first use).
     pub aux: Vec<f32>,
+    /// Latent attention's buffers (sized on first use; empty for the other models).
+    pub latent: crate::arch::latent::LatentScratch,
+    /// The attention's output of a parallel block, kept while its FFN runs (sized on first
+    /// use; empty for the other models).
+    pub parallel_attn: Vec<f32>,
 }
 
 impl Workspace {
@@ -131,6 +136,8 @@ impl Workspace {
             ple: Vec::new(),
             ple_gate: Vec::new(),
             aux: Vec::new(),
+            latent: Default::default(),
+            parallel_attn: Vec::new(),
         }
     }
 }

@@ -53,10 +53,18 @@ pub struct HParams {
     /// absent, and a scale of 1).
     pub rope_freq_base_swa: f32,
     pub rope_freq_scale_swa: f32,
+    /// Whether sliding-window layers rotate with that base and scale (llama.cpp's
+    /// get_rope_freq_base / _scale) rather than the context's RoPE (EXAONE 4's graph).
+    pub swa_own_rope: bool,
+    /// Per layer: does it attend without RoPE (SmolLM3's every fourth layer, the global
+    /// layers of Cohere 2 and EXAONE 4)? Its K is stored as projected; a K-shift still rotates
+    /// it, as llama.cpp's does (its hparams.has_rope is true for those layers).
+    pub nope_layers: Vec<bool>,
+    /// The attention temperature (Mistral 3's `attention.temperature_scale`, Llama 4's fixed
+    /// tuning of its layers without RoPE): Q multiplied per token after RoPE (None: no tuning).
+    pub attn_temp: Option<AttnTemperature>,
     /// Scale applied to the attention scores (1/sqrt(head_dim) unless the architecture says).
     pub attn_scale: f32,
-    /// Llama 4's attention temperature tuning of the layers without RoPE (None: none).
-    pub attn_temperature: Option<AttnTemperature>,
     /// tanh soft-capping of the final logits (0: none).
     pub final_logit_softcap: f32,
     /// tanh soft-capping of the attention scores (0: none; Gemma 2).
@@ -79,6 +87,11 @@ pub struct HParams {
     pub logit_scale: f32,
     /// LayerNorm epsilon (attention.layer_norm_epsilon; BERT).
     pub norm_eps: f32,
+    /// The decoder's norms are LayerNorms (ggml_norm with norm_eps, then the weight and an
+    /// optional bias) instead of RMSNorms (Cohere 2, StarCoder 2).
+    pub layer_norm: bool,
+    /// A multiplier of the logits (Cohere 2's logit_scale; 1: none).
+    pub logit_multiplier: f32,
     /// The file's pooling type (llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank),
     /// which a context uses unless told otherwise.
     pub pooling_type: u32,
@@ -100,6 +113,53 @@ pub struct HParams {
     /// tokens see as NEOX RoPE with the pairs outside the sections unrotated; None for the
     /// plain RoPE of the other models.
     pub imrope_sections: Option<[usize; 4]>,
+    /// Multi-head latent attention's sizes (DeepSeek-V2/V3); None for the other models.
+    pub latent: Option<LatentParams>,
+    /// Expert groups (DeepSeek-V3's routing: the experts of the `n_group_used` groups with the
+    /// best sums of their two best scores compete); 0 or 1: no groups.
+    pub n_expert_groups: usize,
+    pub n_group_used: usize,
+}
+
+/// Multi-head latent attention (llama.cpp's n_lora_q, n_lora_kv, n_embd_head_k_mla,
+/// n_embd_head_v_mla). The cache's key and value sizes are `head_dim_k`/`head_dim_v` of
+/// HParams: the latent and the rotated part with one KV head in a split file (`split`: the
+/// absorbed products through attn_k_b/attn_v_b), each head's decompressed key and value in a
+/// file with the joint attn_kv_b.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatentParams {
+    /// Rank of Q's compression (0: Q projected directly by attn_q).
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    /// Each query head's size (the no-RoPE part then the n_rot rotated values) and each
+    /// head's decompressed value size.
+    pub head_dim_qk: usize,
+    pub head_dim_v: usize,
+    pub split: bool,
+}
+
+impl LatentParams {
+    /// The no-RoPE part of a query head.
+    pub fn nope(&self, n_rot: usize) -> usize { self.head_dim_qk - n_rot }
+}
+
+/// llama.cpp's attention temperature tuning (llm_graph_input_attn_temp): a token at position
+/// p has its Q multiplied by log(floor((p + offset) / floor_scale) + 1) * scale + 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnTemperature {
+    pub scale: f32,
+    pub offset: f32,
+    /// Positions per step of the logarithm (> 0).
+    pub floor_scale: usize,
+}
+
+impl AttnTemperature {
+    /// The multiplier of Q at position `pos`, as llama.cpp computes it: the floor in f32, the
+    /// rest in double, rounded to f32.
+    pub fn factor(&self, pos: i32) -> f32 {
+        let steps = ((pos as f32 + self.offset) / self.floor_scale as f32).floor();
+        ((steps as f64 + 1.0).ln() * self.scale as f64 + 1.0) as f32
+    }
 }
 
 /// What the recurrent layers of a model keep per sequence, and their sizes.
@@ -118,24 +178,6 @@ pub struct RsParams {
     pub d_state: usize,
     pub n_group: usize,
     pub dt_rank: usize,
-}
-
-/// Llama 4's attention temperature (llm_graph_input_attn_temp): the queries of a token at
-/// position p are multiplied by log(floor((p + offset) / floor_scale) + 1) · scale + 1, which
-/// grows by steps every floor_scale positions.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttnTemperature {
-    pub floor_scale: f32,
-    pub scale: f32,
-    pub offset: f32,
-}
-
-impl AttnTemperature {
-    /// The factor of a token at position `pos`, computed in double as llama.cpp's set_input does.
-    pub fn factor(&self, pos: i32) -> f32 {
-        let steps = ((pos as f32 + self.offset) / self.floor_scale).floor() as f64;
-        ((steps + 1.0).ln() * self.scale as f64 + 1.0) as f32
-    }
 }
 
 /// How a mixture of experts weighs the experts it picks (llama_expert_gating_func_type).
@@ -289,9 +331,13 @@ impl HParams {
             return Err(file.error(format!("{arch}.expert_shared_feed_forward_length = {n_ff_shexp} is out of range")).into());
         }
         // DeepSeek-V3's choice of expert groups before experts (build_moe_ffn's n_expert_groups > 1).
-        let n_groups = m.opt_usize("expert_group_count")?.unwrap_or(0);
-        if n_groups > 1 {
-            return Err(EngineError::Unsupported(format!("{arch}.expert_group_count = {n_groups}: routing by expert groups")));
+        let n_expert_groups = m.opt_usize("expert_group_count")?.unwrap_or(0);
+        let n_group_used = m.opt_usize("expert_group_used_count")?.unwrap_or(0);
+        if n_expert_groups > 1 && (n_expert % n_expert_groups != 0 || n_expert / n_expert_groups < 2 || n_group_used == 0
+                                   || n_group_used > n_expert_groups || n_expert_used > n_group_used * (n_expert / n_expert_groups)) {
+            return Err(file.error(format!(
+                "{arch}.expert_group_count {n_expert_groups} and expert_group_used_count {n_group_used} do not fit \
+                 {n_expert} experts of which {n_expert_used} are used")).into());
         }
         Ok(HParams {
             arch: arch.to_string(),
@@ -307,7 +353,11 @@ impl HParams {
             n_swa,
             swa_layers: vec![false; n_layer],
             swa_kind: SwaType::Standard,
-            attn_temperature: None,
+            nope_layers: vec![false; n_layer],
+            attn_temp: None,
+            swa_own_rope: true,
+            layer_norm: false,
+            logit_multiplier: 1.0,
             rope_freq_base_swa: m.opt_f32("rope.freq_base_swa")?.unwrap_or(10000.0),
             rope_freq_scale_swa: 1.0,
             attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
@@ -315,6 +365,9 @@ impl HParams {
             ff_layers: match &ffs { Some(v) => v.iter().map(|&f| f > 0).collect(), None => vec![false; n_layer] },
             rs: None,
             imrope_sections: None,
+            latent: None,
+            n_expert_groups,
+            n_group_used,
             final_logit_softcap: m.opt_f32("final_logit_softcapping")?.unwrap_or(0.0),
             attn_logit_softcap: m.opt_f32("attn_logit_softcapping")?.unwrap_or(0.0),
             n_expert, n_expert_used, n_ff_exp, n_ff_shexp,
@@ -378,9 +431,17 @@ impl HParams {
         Ok(())
     }
 
-    /// RoPE parameters of layer `il` in a context running `rope`: sliding-window layers keep
-    /// their own base and scale (llama.cpp's context parameters do not override them).
+    /// RoPE parameters of layer `il`'s graph in a context running `rope`: the sliding-window
+    /// layers' own (`swa_rope`) where the model rotates them so, else the context's.
     pub fn layer_rope(&self, rope: &RopeParams, il: usize) -> RopeParams {
+        if self.swa_own_rope { self.swa_rope(rope, il) } else { *rope }
+    }
+
+    /// RoPE parameters of layer `il` as llama.cpp's get_rope_freq_base / _scale give them:
+    /// sliding-window layers keep their own base and scale (the context's parameters do not
+    /// override them) and rotate their own n_rot_swa dimensions (Gemma 4). llama.cpp's
+    /// K-shift rotates by these even where the graph does not (EXAONE 4, Cohere 2).
+    pub fn swa_rope(&self, rope: &RopeParams, il: usize) -> RopeParams {
         if self.is_swa(il) {
             RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, n_dims: self.n_rot_swa, ..*rope }
         } else {
@@ -464,12 +525,14 @@ impl HParams {
             rope: RopeParams { n_dims: 0, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0,
                 attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,
-                yarn_log_mul: 0.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
-            n_swa: 0, swa_layers: Vec::new(), swa_kind: SwaType::Standard, attn_temperature: None, rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
+                yarn_log_mul: 0.0, yarn_mscale: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
+            n_swa: 0, swa_layers: Vec::new(), swa_kind: SwaType::Standard, nope_layers: Vec::new(), attn_temp: None, swa_own_rope: true,
+            layer_norm: false, logit_multiplier: 1.0, rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0, n_layer_dense_lead: 0,
             embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
             norm_eps: 1e-5, pooling_type: 0, kv_layers: Vec::new(), ff_layers: Vec::new(), rs: None, imrope_sections: None,
+            latent: None, n_expert_groups: 0, n_group_used: 0,
         }
     }
 
@@ -499,6 +562,7 @@ fn rope_params(m: &Meta, n_rot: usize) -> Result<(RopeParams, RopeTrain)> {
         scaling,
         attn_factor: m.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
         yarn_log_mul: m.opt_f32("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0),
+        yarn_mscale: 1.0,
         beta_fast: m.opt_f32("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
         beta_slow: m.opt_f32("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
         n_ctx_orig: m.opt_usize("rope.scaling.original_context_length")?
@@ -535,6 +599,9 @@ pub struct RopeTrain {
     /// rope.scaling.attn_factor, multiplied into the context's attention factor.
     pub attn_factor: f32,
     pub yarn_log_mul: f32,
+    /// YaRN's `mscale` over `mscale_all_dim` (= yarn_log_mul): 1 as llama.cpp assumes, except
+    /// for DeepSeek-V2, whose mscale equals its mscale_all_dim when that is not 1.
+    pub yarn_mscale: f32,
     pub beta_fast: f32,
     pub beta_slow: f32,
     pub n_ctx_orig: usize,
@@ -584,7 +651,7 @@ impl RopeTrain {
         // llama.cpp's hparams.yarn_attn_factor is 1 for the architectures supported.
         let mut attn_factor = pick(o.yarn_attn_factor, 1.0);
         if ext_factor != 0.0 {
-            attn_factor = yarn_attn_factor(1.0 / freq_scale, self.yarn_log_mul);
+            attn_factor = yarn_attn_factor(1.0 / freq_scale, self.yarn_mscale, self.yarn_log_mul);
         }
         Ok(RopeParams {
             freq_base,
@@ -601,9 +668,9 @@ impl RopeTrain {
 
 /// llama_context's YaRN attention factor before rope.scaling.attn_factor: the magnitude
 /// scale of YaRN (get_mscale), divided by the one ggml's rope_yarn multiplies in again.
-fn yarn_attn_factor(factor: f32, log_mul: f32) -> f32 {
+fn yarn_attn_factor(factor: f32, yarn_mscale: f32, log_mul: f32) -> f32 {
     let mscale = |scale: f32, m: f32| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
-    let f = if log_mul != 0.0 { mscale(factor, 1.0) / mscale(factor, log_mul) } else { mscale(factor, 1.0) };
+    let f = if log_mul != 0.0 { mscale(factor, yarn_mscale) / mscale(factor, log_mul) } else { mscale(factor, 1.0) };
     f * (1.0 / (1.0 + 0.1 * factor.ln()))
 }
 
@@ -613,10 +680,21 @@ mod tests {
 
     #[test]
     fn llama4_temperature_steps_every_floor_scale_positions() {
-        let t = AttnTemperature { floor_scale: 8192.0, scale: 0.1, offset: 1.0 };
+        let t = AttnTemperature { scale: 0.1, offset: 1.0, floor_scale: 8192 };
         assert_eq!(t.factor(0), 1.0);
         assert_eq!(t.factor(8190), 1.0);
         assert_eq!(t.factor(8191), (2f64.ln() * 0.1 + 1.0) as f32);
         assert_eq!(t.factor(100 * 8192 - 1), (101f64.ln() * 0.1 + 1.0) as f32);
+    }
+
+    /// Llama 4's temperature: 1 for the first floor_scale positions, then
+    /// 1 + scale · ln(k + 1) for the k-th step.
+    #[test]
+    fn attention_temperature_steps_every_floor_scale_positions() {
+        let t = AttnTemperature { scale: 0.5, offset: 0.0, floor_scale: 16 };
+        assert_eq!(t.factor(0), 1.0);
+        assert_eq!(t.factor(15), 1.0);
+        assert_eq!(t.factor(16), (2f64.ln() * 0.5 + 1.0) as f32);
+        assert_eq!(t.factor(47), (3f64.ln() * 0.5 + 1.0) as f32);
     }
 }

@@ -12,6 +12,11 @@
 //!
 //! A cell's whole row (every head, as llama.cpp stores it) is what the session files hold:
 //! `read_row` and `write_row` gather and scatter it.
+//!
+//! A latent cache (multi-head latent attention, `KvStore::latent`) keeps one K row per cell
+//! and no V: each cell's value is the leading `head_dim_v` values of its key (the compressed
+//! latent), read in place, as llama.cpp views V in K for these models. Its flags are the
+//! store's (every layer of such a model is latent); the row shapes stay per layer.
 
 use std::ops::Range;
 
@@ -74,6 +79,12 @@ pub enum Part {
 pub struct KvStore {
     pub type_k: &'static TypeTraits,
     pub type_v: &'static TypeTraits,
+    /// Values of each key head before its rotated part, which the K-shift rotates (DeepSeek's
+    /// keys end with their RoPE part: llama.cpp's n_embd_nope); 0 for the others.
+    pub rope_offset: usize,
+    /// A latent cache: V is the leading head_dim_v values of each K row, nothing is stored
+    /// for it (v_row_bytes is 0).
+    pub v_in_k: bool,
     pub layers: Vec<LayerKv>,
     /// The recurrent layers' per-sequence states (none for an attention-only model).
     pub rs: crate::recurrent::RsStore,
@@ -100,12 +111,48 @@ impl KvStore {
                 LayerKv { k: vec![0; tk.row_bytes(k_row) * cells], v: vec![0; tv.row_bytes(v_row) * V_SETS * v_cols], cells, v_cols, geom }
             })
             .collect();
-        Ok(KvStore { type_k: tk, type_v: tv, layers, rs: Default::default() })
+        Ok(KvStore { type_k: tk, type_v: tv, rope_offset: 0, v_in_k: false, layers, rs: Default::default() })
+    }
+
+    /// A latent cache (see the module documentation): one K head of head_dim_k values per
+    /// cell (the latent, then the `rope_offset`.. rotated part), whose leading head_dim_v
+    /// values are the cell's value; the V cache type does not apply.
+    pub fn latent(type_k: GgmlType, cells_per_layer: &[usize], head_dim_k: usize, head_dim_v: usize, rope_offset: usize)
+                  -> Result<KvStore> {
+        if head_dim_v > head_dim_k || rope_offset > head_dim_k {
+            return Err(EngineError::Unsupported(format!(
+                "a latent cache of keys of {head_dim_k} values with values of {head_dim_v} and a rotated part from {rope_offset}")));
+        }
+        let geom = KvGeom { n_head_kv: 1, head_dim_k, head_dim_v };
+        // one cell checks both head sizes against the cache type's blocks
+        let mut store = KvStore::new(type_k, type_k, &[LayerShape { cells: 1, geom }])?;
+        store.layers = cells_per_layer.iter()
+            .map(|&cells| LayerKv { k: vec![0; store.type_k.row_bytes(head_dim_k) * cells], v: Vec::new(), cells, v_cols: 0, geom })
+            .collect();
+        (store.rope_offset, store.v_in_k) = (rope_offset, true);
+        Ok(store)
+    }
+
+    /// Layer `layer`'s V storage as the kernels read it: the bytes, the distance between
+    /// rows, where KV head h's block starts, and the rows per set (0: rows in cell order).
+    pub fn v_view<'a>(&self, layer: &'a LayerKv, h: usize) -> (&'a [u8], usize, usize, usize) {
+        if self.v_in_k {
+            (&layer.k, self.k_head_bytes(layer), self.k_block(layer, h), 0)
+        } else {
+            (&layer.v, self.v_head_bytes(layer), self.v_block(layer, h), layer.v_cols)
+        }
     }
 
     /// Bytes of one cell's whole row (every KV head) in layer il.
     pub fn k_row_bytes(&self, il: usize) -> usize { let g = self.layers[il].geom; self.type_k.row_bytes(g.n_head_kv * g.head_dim_k) }
-    pub fn v_row_bytes(&self, il: usize) -> usize { let g = self.layers[il].geom; self.type_v.row_bytes(g.n_head_kv * g.head_dim_v) }
+    /// (0 for a latent cache, which stores no V.)
+    pub fn v_row_bytes(&self, il: usize) -> usize {
+        if self.v_in_k {
+            return 0;
+        }
+        let g = self.layers[il].geom;
+        self.type_v.row_bytes(g.n_head_kv * g.head_dim_v)
+    }
     /// Bytes of one head's row in `layer`.
     pub fn k_head_bytes(&self, layer: &LayerKv) -> usize { self.type_k.row_bytes(layer.geom.head_dim_k) }
     pub fn v_head_bytes(&self, layer: &LayerKv) -> usize { self.type_v.row_bytes(layer.geom.head_dim_v) }
@@ -115,24 +162,29 @@ impl KvStore {
     pub fn k_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.cells * self.k_head_bytes(layer) }
     pub fn v_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.v_rows() * self.v_head_bytes(layer) }
 
-    /// Where head h of `cell`'s row is, in `layer.k` or `layer.v`.
+    /// Where head h of `cell`'s row is, in `layer.k` or `layer.v` (in `layer.k` for the V
+    /// of a latent cache).
     pub fn at(&self, part: Part, layer: &LayerKv, cell: usize, h: usize) -> Range<usize> {
         let (start, hb) = match part {
             Part::K => (self.k_block(layer, h) + cell * self.k_head_bytes(layer), self.k_head_bytes(layer)),
+            Part::V if self.v_in_k => (self.k_block(layer, h) + cell * self.k_head_bytes(layer), self.v_head_bytes(layer)),
             Part::V => (self.v_block(layer, h) + v_row(cell, layer.v_cols) * self.v_head_bytes(layer), self.v_head_bytes(layer)),
         };
         start..start + hb
     }
 
-    /// Stores one token's K and V rows (f32) into `cell` of `layer`.
+    /// Stores one token's K and V rows (f32) into `cell` of `layer` (a latent cache stores
+    /// K only: `v` is not read).
     pub fn write(&mut self, layer: usize, cell: usize, k: &[f32], v: &[f32]) {
         let (from_k, from_v) = (self.type_k.from_f32.expect("cache types quantize"), self.type_v.from_f32.expect("cache types quantize"));
         let g = self.layers[layer].geom;
         for h in 0..g.n_head_kv {
-            let (kr, vr) = (self.at(Part::K, &self.layers[layer], cell, h), self.at(Part::V, &self.layers[layer], cell, h));
-            let l = &mut self.layers[layer];
-            from_k(&k[h * g.head_dim_k..(h + 1) * g.head_dim_k], &mut l.k[kr]);
-            from_v(&v[h * g.head_dim_v..(h + 1) * g.head_dim_v], &mut l.v[vr]);
+            let kr = self.at(Part::K, &self.layers[layer], cell, h);
+            from_k(&k[h * g.head_dim_k..(h + 1) * g.head_dim_k], &mut self.layers[layer].k[kr]);
+            if !self.v_in_k {
+                let vr = self.at(Part::V, &self.layers[layer], cell, h);
+                from_v(&v[h * g.head_dim_v..(h + 1) * g.head_dim_v], &mut self.layers[layer].v[vr]);
+            }
         }
     }
 
@@ -141,11 +193,16 @@ impl KvStore {
         &layer.k[self.at(Part::K, layer, cell, h)]
     }
     pub fn v_head<'a>(&self, layer: &'a LayerKv, cell: usize, h: usize) -> &'a [u8] {
-        &layer.v[self.at(Part::V, layer, cell, h)]
+        let data = if self.v_in_k { &layer.k } else { &layer.v };
+        &data[self.at(Part::V, layer, cell, h)]
     }
 
-    /// Appends the whole K or V row of `cell` (every head, in head order) to `out`.
+    /// Appends the whole K or V row of `cell` (every head, in head order) to `out` (nothing
+    /// for the V of a latent cache, which has none of its own).
     pub fn read_row(&self, part: Part, layer: usize, cell: usize, out: &mut Vec<u8>) {
+        if part == Part::V && self.v_in_k {
+            return;
+        }
         let l = &self.layers[layer];
         let data = if part == Part::K { &l.k } else { &l.v };
         for h in 0..l.geom.n_head_kv {
@@ -155,6 +212,9 @@ impl KvStore {
 
     /// Stores a whole K or V row of `cell` (as `read_row` gives it).
     pub fn write_row(&mut self, part: Part, layer: usize, cell: usize, row: &[u8]) {
+        if part == Part::V && self.v_in_k {
+            return;
+        }
         let l = &self.layers[layer];
         let hb = if part == Part::K { self.k_head_bytes(l) } else { self.v_head_bytes(l) };
         for h in 0..l.geom.n_head_kv {
@@ -181,7 +241,7 @@ impl KvStore {
                 let at = self.at(Part::K, &self.layers[il], cell, h);
                 let row = &mut self.layers[il].k[at];
                 to_f32(row, scratch);
-                rope_apply(scratch, &cache, &rope);
+                rope_apply(&mut scratch[self.rope_offset..], &cache, &rope);
                 from_f32(scratch, row);
             }
         }
@@ -196,7 +256,9 @@ impl KvStore {
                 let (vs, vd) = (self.at(Part::V, l, src, h), self.at(Part::V, l, dst, h).start);
                 let l = &mut self.layers[il];
                 l.k.copy_within(ks, kd);
-                l.v.copy_within(vs, vd);
+                if !self.v_in_k {
+                    l.v.copy_within(vs, vd);
+                }
             }
         }
     }
@@ -205,6 +267,43 @@ impl KvStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::RopeParams;
+
+    fn latent() -> KvStore {
+        // keys of 6 values: a latent of 4 (the value), then 2 rotated
+        KvStore::latent(GgmlType::F32, &[8], 6, 4, 4).expect("a latent store")
+    }
+
+    #[test]
+    fn a_latent_cache_reads_its_values_in_its_keys_and_stores_no_v() {
+        let mut kv = latent();
+        let k: Vec<f32> = (1..=6).map(|x| x as f32).collect();
+        kv.write(0, 3, &k, &[]);
+        let layer = &kv.layers[0];
+        assert!(layer.v.is_empty() && kv.v_row_bytes(0) == 0);
+        let v: Vec<f32> = kv.v_head(layer, 3, 0).chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(v, [1.0, 2.0, 3.0, 4.0]);
+        let (data, stride, offset, cols) = kv.v_view(layer, 0);
+        assert_eq!((data.len(), stride, offset, cols), (8 * 24, 24, 0, 0));
+        let (mut k_row, mut v_row) = (Vec::new(), Vec::new());
+        kv.read_row(Part::K, 0, 3, &mut k_row);
+        kv.read_row(Part::V, 0, 3, &mut v_row);
+        assert_eq!((k_row.len(), v_row.len()), (24, 0));
+        assert_eq!(kv.bytes(), 8 * 24);
+    }
+
+    #[test]
+    fn the_k_shift_rotates_only_the_rope_part_of_a_latent_key() {
+        let mut kv = latent();
+        kv.write(0, 0, &[1.0, 2.0, 3.0, 4.0, 1.0, 0.0], &[]);
+        let rope = RopeParams { n_dims: 2, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0,
+                                beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 };
+        let mut scratch = Vec::new();
+        kv.shift_cell(0, 1, &[0], |_| (rope, None), &mut scratch);
+        let k: Vec<f32> = kv.k_head(&kv.layers[0], 0, 0).chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(&k[..4], &[1.0, 2.0, 3.0, 4.0]);
+        assert!((k[4] - 1f32.cos()).abs() < 1e-6 && (k[5] - 1f32.sin()).abs() < 1e-6, "{k:?}");
+    }
 
     #[test]
     fn layers_of_different_row_shapes_keep_their_own_rows() {

@@ -245,6 +245,11 @@ fn targets_of(model: &Model, file: &GgufFile, owner: &Arc<dyn AsRef<[u8]> + Send
     if il >= hp.n_layer {
         return Err(unsupported());
     }
+    // Latent attention's projections are plain products in llama.cpp's graph (no adapter
+    // terms) but for the output projection.
+    if w.layers[il].latent.is_some() && rest.starts_with("attn_") && rest != "attn_output.weight" {
+        return Err(unsupported());
+    }
     let at = |p: Proj| Site::Layer(il, p);
     let split = |projs: &[Proj], rows: &[usize]| -> Result<Vec<Target>> {
         if rows.iter().sum::<usize>() != b.shape[1] {

@@ -19,6 +19,9 @@ pub(crate) use crate::weights::Loader;
 pub struct LayerWeights {
     /// RMSNorm before the mixer (OLMo 2 has none).
     pub attn_norm: Option<Vec<f32>>,
+    /// The biases of the pre-norms, where they are LayerNorms with biases (StarCoder 2).
+    pub attn_norm_b: Option<Vec<f32>>,
+    pub ffn_norm_b: Option<Vec<f32>>,
     pub attn: Option<AttnWeights>,
     /// The recurrent mixer (see `recurrent`).
     pub rs: Option<crate::recurrent::RsWeights>,
@@ -29,6 +32,8 @@ pub struct LayerWeights {
     /// BERT's LayerNorms after the attention's and the FFN's residual adds.
     pub attn_out_norm: Option<LayerNorm>,
     pub layer_out_norm: Option<LayerNorm>,
+    /// Multi-head latent attention (DeepSeek-V2/V3: `arch::latent`), instead of `attn`.
+    pub latent: Option<Box<crate::arch::latent::LatentAttnWeights>>,
 }
 
 /// The attention of a block: Q/K/V/O projections and what goes with them.
@@ -222,6 +227,8 @@ impl RopeFactors {
 pub struct Weights {
     pub tok_embd: QMatrix,
     pub output_norm: Vec<f32>,
+    /// The output norm's bias (a LayerNorm with bias: StarCoder 2).
+    pub output_norm_b: Option<Vec<f32>>,
     /// The output projection; the token embedding itself when the model ties them.
     pub output: QMatrix,
     pub output_b: Option<Vec<f32>>,
@@ -401,6 +408,8 @@ pub struct LayerParts {
     /// qwen3 and qwen3moe graphs pass them to build_ffn/build_moe_ffn; the others leave them
     /// unread, so a file with them is refused.
     pub ffn_scales: bool,
+    /// The experts' shared expert (of hp.n_ff_shexp rows), in a model with experts.
+    pub shared_expert: Option<SharedParts>,
 }
 
 impl LayerParts {
@@ -408,7 +417,7 @@ impl LayerParts {
     pub const PRE_NORM: LayerParts = LayerParts {
         pre_norms: true, o_bias: false, qk_norm: None, post_norms: false, fused_gate_up: false, ffn_bias: false,
         sinks: false, rope_freqs: false, long_rope: false, output_bias: false, tied_output: false,
-        ffn_norm_name: "ffn_norm.weight", ffn_scales: false,
+        ffn_norm_name: "ffn_norm.weight", ffn_scales: false, shared_expert: None,
     };
 }
 
@@ -434,7 +443,7 @@ pub(crate) fn load_decoder(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Res
     let layers = (0..hp.n_layer).map(|il| load_layer(ld, hp, parts, il)).collect::<Result<Vec<_>>>()?;
     let output_norm = ld.vector("output_norm.weight", n_embd)?;
     let rope_factors = load_rope_factors(ld, hp, parts)?;
-    Ok(Weights { tok_embd, output_norm, output, output_b, output_s, output_tied, layers, rope_factors, encoder: None,
+    Ok(Weights { tok_embd, output_norm, output_norm_b: None, output, output_b, output_s, output_tied, layers, rope_factors, encoder: None,
                  extras: ExtraParts::default() })
 }
 
@@ -454,7 +463,7 @@ pub(crate) fn load_embeddings_and_head_named(ld: &Loader, hp: &HParams, layers: 
     let output = own_output.unwrap_or_else(|| tok_embd.clone());
     let output_s = load_output_scale(ld, &output, output_tied)?;
     let output_norm = ld.vector(output_norm, hp.n_embd)?;
-    Ok(Weights { tok_embd, output_norm, output, output_b: None, output_s, output_tied, layers,
+    Ok(Weights { tok_embd, output_norm, output_norm_b: None, output, output_b: None, output_s, output_tied, layers,
                  rope_factors: RopeFactors::default(), encoder: None, extras: ExtraParts::default() })
 }
 
@@ -500,8 +509,10 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         rs: None,
         post_attn_norm: norm(parts.post_norms, "post_attention_norm.weight")?,
         ffn_norm: norm(parts.pre_norms, parts.ffn_norm_name)?,
-        ffn: if hp.n_expert > 0 {
-            let ep = ExpertParts { bias: parts.ffn_bias, scales: parts.ffn_scales, ..ExpertParts::ROUTED };
+        // The leading dense layers of a model with experts (n_layer_dense_lead) keep a dense FFN.
+        ffn: if hp.n_expert > 0 && il >= hp.n_layer_dense_lead {
+            let ep = ExpertParts { bias: parts.ffn_bias, scales: parts.ffn_scales, shared: parts.shared_expert,
+                                   ..ExpertParts::ROUTED };
             Ffn::Experts(load_experts(ld, hp, il, &ep)?)
         } else {
             Ffn::Gated(load_gated(ld, hp, parts, il)?)
@@ -509,6 +520,9 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
         post_ffn_norm: norm(parts.post_norms, "post_ffw_norm.weight")?,
         attn_out_norm: None,
         layer_out_norm: None,
+        attn_norm_b: None,
+        ffn_norm_b: None,
+        latent: None,
     })
 }
 

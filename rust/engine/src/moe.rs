@@ -22,6 +22,9 @@ pub struct MoeScratch {
     logits: Vec<f32>,
     /// One token's probabilities plus the selection bias, which choose its experts.
     biased: Vec<f32>,
+    /// One token's score of each expert group, and the groups it keeps (expert groups only).
+    group_scores: Vec<f32>,
+    groups_kept: Vec<u32>,
     /// Each token's chosen experts and their weights, in order of choice: n × n_expert_used.
     chosen: Vec<u32>,
     weights: Vec<f32>,
@@ -59,6 +62,8 @@ impl MoeScratch {
             down: vec![0.0; n_ubatch * d],
             outs: vec![0.0; n_ubatch * k * d],
             biased: vec![0.0; ne],
+            group_scores: vec![0.0; hp.n_expert_groups],
+            groups_kept: vec![0; hp.n_group_used],
             shared_gate: vec![0.0; n_ubatch * hp.n_ff_shexp],
             shared_up: vec![0.0; n_ubatch * hp.n_ff_shexp],
             shared_out: if hp.n_ff_shexp > 0 { vec![0.0; n_ubatch * d] } else { Vec::new() },
@@ -92,7 +97,8 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ff
             add_inplace(logits, b);
         }
         let choice = Choice { chosen: &mut s.chosen[t * k..(t + 1) * k], weights: &mut s.weights[t * k..(t + 1) * k] };
-        route(hp.moe_gating, logits, ex.probs_b.as_deref(), &mut s.biased, choice);
+        let groups = Groups { n: hp.n_expert_groups, scores: &mut s.group_scores, kept: &mut s.groups_kept };
+        route(hp.moe_gating, logits, ex.probs_b.as_deref(), &mut s.biased, groups, choice);
         if hp.expert_weights_scale != 0.0 && hp.expert_weights_scale != 1.0 {
             s.weights[t * k..(t + 1) * k].iter_mut().for_each(|w| *w *= hp.expert_weights_scale);
         }
@@ -291,7 +297,8 @@ struct Choice<'a> {
 /// A token's choice of experts from its router logits (overwritten by the probabilities):
 /// the top k of the probabilities, plus `selection_bias` where the experts have one (through
 /// `biased`, one token's scratch), weighted by the unbiased probabilities.
-fn route(gating: MoeGating, logits: &mut [f32], selection_bias: Option<&[f32]>, biased: &mut [f32], out: Choice) {
+fn route(gating: MoeGating, logits: &mut [f32], selection_bias: Option<&[f32]>, biased: &mut [f32], groups: Groups,
+         out: Choice) {
     if gating == MoeGating::SigmoidOfTopLogits {
         // chosen by the logits themselves (no selection bias), weighted by their sigmoid
         top_k(logits, out.chosen);
@@ -306,14 +313,24 @@ fn route(gating: MoeGating, logits: &mut [f32], selection_bias: Option<&[f32]>, 
         MoeGating::Sigmoid { .. } => sigmoid_inplace(logits),
         MoeGating::SoftmaxOfChosen | MoeGating::SigmoidOfTopLogits => {}
     }
+    let ne = logits.len();
     match selection_bias {
         Some(b) => {
             for ((s, &p), &bias) in biased.iter_mut().zip(logits.iter()).zip(b) {
                 *s = p + bias;
             }
-            top_k(&biased[..logits.len()], out.chosen);
         }
-        None => top_k(logits, out.chosen),
+        None if groups.n > 1 => biased[..ne].copy_from_slice(logits),
+        None => {}
+    }
+    let grouped = groups.n > 1;
+    if grouped {
+        keep_best_groups(&mut biased[..ne], groups);
+    }
+    if selection_bias.is_some() || grouped {
+        top_k(&biased[..ne], out.chosen);
+    } else {
+        top_k(logits, out.chosen);
     }
     let weights = out.weights;
     for (w, &c) in weights.iter_mut().zip(out.chosen.iter()) {
@@ -328,6 +345,32 @@ fn route(gating: MoeGating, logits: &mut [f32], selection_bias: Option<&[f32]>, 
         MoeGating::Softmax { norm: false } | MoeGating::Sigmoid { norm: false } => {}
         MoeGating::SoftmaxOfChosen => softmax(weights),
         MoeGating::SigmoidOfTopLogits => unreachable!("returned above"),
+    }
+}
+
+/// A token's expert groups (build_moe_ffn with n_expert_groups > 1): `n` groups of
+/// consecutive experts, the scores of each group, the groups kept.
+struct Groups<'a> {
+    n: usize,
+    scores: &'a mut [f32],
+    kept: &'a mut [u32],
+}
+
+/// Sets the selection scores of every expert outside the `g.kept.len()` groups with the best
+/// sums of their two best scores to -inf (DeepSeek-V3's group-limited routing, as ggml
+/// computes it: top-2 per group, their sum, the top groups, the others filled with -inf).
+fn keep_best_groups(scores: &mut [f32], g: Groups) {
+    let per_group = scores.len() / g.n;
+    let mut best2 = [0u32; 2];
+    for (gi, group) in scores.chunks_exact(per_group).enumerate() {
+        top_k(group, &mut best2);
+        g.scores[gi] = group[best2[0] as usize] + group[best2[1] as usize];
+    }
+    top_k(g.scores, g.kept);
+    for (gi, group) in scores.chunks_exact_mut(per_group).enumerate() {
+        if !g.kept.contains(&(gi as u32)) {
+            group.fill(f32::NEG_INFINITY);
+        }
     }
 }
 
@@ -382,14 +425,31 @@ mod tests {
     fn softmax_routing_renormalizes_the_chosen_weights() {
         let mut logits = [1.0f32, 2.0, 3.0, 0.0];
         let (mut chosen, mut w, mut biased) = ([0u32; 2], [0f32; 2], [0f32; 4]);
-        route(MoeGating::Softmax { norm: true }, &mut logits, None, &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
+        route(MoeGating::Softmax { norm: true }, &mut logits, None, &mut biased, no_groups(), Choice { chosen: &mut chosen, weights: &mut w });
         assert_eq!(chosen, [2, 1]);
         let e = (1.0f64).exp();
         assert!(((w[0] as f64) - e / (e + 1.0)).abs() < 1e-6 && ((w[0] + w[1]) - 1.0).abs() < 1e-6);
         let mut logits = [1.0f32, 2.0, 3.0, 0.0];
-        route(MoeGating::SoftmaxOfChosen, &mut logits, None, &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
+        route(MoeGating::SoftmaxOfChosen, &mut logits, None, &mut biased, no_groups(), Choice { chosen: &mut chosen, weights: &mut w });
         assert_eq!(chosen, [2, 1]);
         assert!(((w[0] as f64) - e / (e + 1.0)).abs() < 1e-6);
+    }
+
+    fn no_groups() -> Groups<'static> {
+        Groups { n: 0, scores: &mut [], kept: &mut [] }
+    }
+
+    #[test]
+    fn group_routing_chooses_only_among_the_groups_with_the_best_two_scores() {
+        // Groups {0, 1}, {2, 3}, {4, 5}: sums of their two best 1.1, 1.0, 0.95; the one best
+        // expert (5, of the last group) is not chosen, as its group is not kept.
+        let mut logits = [0.5f32, 0.6, 0.5, 0.5, 0.05, 0.9];
+        let (mut chosen, mut w, mut biased) = ([0u32; 2], [0f32; 2], [0f32; 6]);
+        let (mut scores, mut kept) = ([0f32; 3], [0u32; 2]);
+        let groups = Groups { n: 3, scores: &mut scores, kept: &mut kept };
+        route(MoeGating::Sigmoid { norm: false }, &mut logits, None, &mut biased, groups, Choice { chosen: &mut chosen, weights: &mut w });
+        assert_eq!(kept, [0, 1]);
+        assert_eq!(chosen, [1, 0]);
     }
 
     #[test]
@@ -398,7 +458,7 @@ mod tests {
         // 30 and 31 have the same sigmoid in f32: the logits still tell them apart
         let mut logits = [1.0f32, 30.0, 31.0, 0.0];
         let (mut chosen, mut w, mut biased) = ([0u32; 1], [0f32; 1], [0f32; 4]);
-        route(MoeGating::SigmoidOfTopLogits, &mut logits, None, &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
+        route(MoeGating::SigmoidOfTopLogits, &mut logits, None, &mut biased, no_groups(), Choice { chosen: &mut chosen, weights: &mut w });
         assert_eq!(chosen, [2]);
         assert_eq!(w, [sig(31.0)]);
     }
@@ -409,11 +469,11 @@ mod tests {
         let mut logits = [1.0f32, 2.0, 3.0, 0.0];
         let (mut chosen, mut w, mut biased) = ([0u32; 2], [0f32; 2], [0f32; 4]);
         let bias = [0.0f32, 0.0, 0.0, 5.0];
-        route(MoeGating::Sigmoid { norm: false }, &mut logits, Some(&bias), &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
+        route(MoeGating::Sigmoid { norm: false }, &mut logits, Some(&bias), &mut biased, no_groups(), Choice { chosen: &mut chosen, weights: &mut w });
         assert_eq!(chosen, [3, 2]);
         assert_eq!(w, [sig(0.0), sig(3.0)]);
         let mut logits = [1.0f32, 2.0, 3.0, 0.0];
-        route(MoeGating::Sigmoid { norm: true }, &mut logits, Some(&bias), &mut biased, Choice { chosen: &mut chosen, weights: &mut w });
+        route(MoeGating::Sigmoid { norm: true }, &mut logits, Some(&bias), &mut biased, no_groups(), Choice { chosen: &mut chosen, weights: &mut w });
         let sum = sig(0.0) + sig(3.0);
         assert_eq!(w, [sig(0.0) / sum, sig(3.0) / sum]);
     }

@@ -277,6 +277,12 @@ pub fn gelu_inplace(x: &mut [f32]) {
 /// LayerNorm of each row of x in place (ggml_norm: mean, then the variance of the centred
 /// values, both summed in f64), then times w plus b.
 pub fn layer_norm_inplace(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    layer_norm_rows(x, w, Some(b), eps);
+}
+
+/// LayerNorm of each row of x in place, times w, plus b where there is one (ggml_norm, then
+/// ggml_mul and ggml_add).
+pub fn layer_norm_rows(x: &mut [f32], w: &[f32], b: Option<&[f32]>, eps: f32) {
     let n = w.len();
     for row in x.chunks_exact_mut(n) {
         let mean = (row.iter().fold(0f64, |s, &v| s + v as f64) / n as f64) as f32;
@@ -286,8 +292,9 @@ pub fn layer_norm_inplace(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
             sum2 += (*v * *v) as f64;
         }
         let scale = 1.0 / ((sum2 / n as f64) as f32 + eps).sqrt();
-        for ((v, &g), &c) in row.iter_mut().zip(w).zip(b) {
-            *v = *v * scale * g + c;
+        match b {
+            Some(b) => row.iter_mut().zip(w).zip(b).for_each(|((v, &g), &c)| *v = *v * scale * g + c),
+            None => row.iter_mut().zip(w).for_each(|(v, &g)| *v = *v * scale * g),
         }
     }
 }
@@ -451,5 +458,18 @@ mod tests {
         rms_norm(&x, &[1.0, 1.0, 2.0, 1.0], 0.0, &mut y);
         let r = (30.0f32 / 4.0).sqrt();
         assert!((y[2] - 6.0 / r).abs() < 1e-6);
+    }
+
+    /// A LayerNorm without bias is the LayerNorm with a zero bias; each row on its own.
+    #[test]
+    fn layer_norm_without_bias_is_a_zero_bias() {
+        let x: Vec<f32> = (0..8).map(|i| (i * i) as f32 * 0.3 - 1.0).collect();
+        let w = [0.5, 1.0, 1.5, 2.0];
+        let (mut a, mut b) = (x.clone(), x.clone());
+        layer_norm_rows(&mut a, &w, None, 1e-5);
+        layer_norm_inplace(&mut b, &w, &[0.0; 4], 1e-5);
+        assert_eq!(a, b);
+        let mean: f32 = a[4..].iter().zip(&w).map(|(v, g)| v / g).sum::<f32>() / 4.0;
+        assert!(mean.abs() < 1e-6);
     }
 }

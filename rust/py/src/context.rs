@@ -331,6 +331,9 @@ impl PyKv {
     fn seq_pos_min(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.seq_pos_min(seq_id).map_err(to_py) }
     fn seq_pos_max(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.seq_pos_max(seq_id).map_err(to_py) }
     fn clear(&self) -> PyResult<()> { self.ctx.get().lock()?.kv_clear(); Ok(()) }
+    /// Whether cached positions can move (seq_add / seq_div): llama_memory_can_shift. False for
+    /// keys rotated with several positions per token (M-RoPE), whose shift llama.cpp refuses.
+    #[getter] fn can_shift(&self) -> PyResult<bool> { Ok(self.ctx.get().lock()?.can_shift()) }
     /// Bytes of K/V storage of every layer.
     #[getter] fn nbytes(&self) -> PyResult<usize> { Ok(self.ctx.get().lock()?.store.bytes()) }
     /// Cells of each cache: [full] or, for interleaved sliding-window models, [full, sliding].

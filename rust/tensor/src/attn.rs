@@ -32,10 +32,18 @@ pub fn v_cols(cells: usize) -> usize {
 /// The row of cell j in a set-major V cache of `cols` rows per set: each set's cells are
 /// consecutive rows, so the weighted sum, which walks a set's cells in order, streams them
 /// (cells 64 apart in cell order are 16 KB apart in a 128-dimension cache: the walk would
-/// miss every cache level and alias in L1).
+/// miss every cache level and alias in L1). `cols` 0: the values are rows in cell order (a
+/// latent cache's values are the leading part of its keys, read in place).
 #[inline(always)]
 pub fn v_row(cell: usize, cols: usize) -> usize {
-    (cell % V_SETS) * cols + cell / V_SETS
+    if cols == 0 { cell } else { (cell % V_SETS) * cols + cell / V_SETS }
+}
+
+/// The cells a V cache of `cols` rows per set holds (0: rows in cell order, as many as the
+/// keys: `n_kv`).
+#[inline]
+pub fn v_capacity(cols: usize, n_kv: usize) -> usize {
+    if cols == 0 { n_kv } else { V_SETS * cols }
 }
 
 /// How a dot product's terms are summed (see the module documentation).
@@ -56,8 +64,8 @@ pub struct Heads<'a> {
     pub k: &'a [u8],
     pub k_stride: usize,
     pub k_offset: usize,
-    /// The layer's cached values, rows set-major: cell j's head starts at
-    /// v[v_row(j, v_cols) * v_stride + v_offset].
+    /// The layer's cached values, rows set-major (or in cell order for v_cols 0): cell j's
+    /// head starts at v[v_row(j, v_cols) * v_stride + v_offset].
     pub v: &'a [u8],
     pub v_stride: usize,
     pub v_offset: usize,
@@ -94,7 +102,7 @@ impl Heads<'_> {
     pub fn operands_fit(&self) -> bool {
         matches!(self.k_type, GgmlType::F16 | GgmlType::F32)
             && matches!(self.v_type, GgmlType::F16 | GgmlType::F32)
-            && self.n_kv <= V_SETS * self.v_cols
+            && self.n_kv <= v_capacity(self.v_cols, self.n_kv)
             && (1..=MAX_HEADS).contains(&self.n_q)
             && (1..=MAX_TOKENS).contains(&self.n_t)
             && self.mask_stride >= self.n_kv
@@ -109,7 +117,7 @@ impl Heads<'_> {
         let es = |t: GgmlType| if t == GgmlType::F16 { 2 } else { 4 };
         let last = self.n_kv.saturating_sub(1);
         let k_end = last * self.k_stride + self.k_offset + self.head_dim_k * es(self.k_type);
-        let v_end = (V_SETS * self.v_cols).saturating_sub(1) * self.v_stride + self.v_offset + self.head_dim_v * es(self.v_type);
+        let v_end = v_capacity(self.v_cols, self.n_kv).saturating_sub(1) * self.v_stride + self.v_offset + self.head_dim_v * es(self.v_type);
         self.k.len() >= k_end && self.v.len() >= v_end
     }
 
@@ -785,12 +793,16 @@ mod x86 {
         // Heads in blocks of up to eight, each cached row read once per block: the blocks'
         // accumulators (heads x 16 NV floats) stay in registers. A set's rows are read for
         // every slice of dimensions and every token while they are in L1 or L2.
+        // Two tokens at a time where the heads are few (each value vector loaded then feeds
+        // twice the accumulators): the dense walks, which cover the same cells.
+        let pairs = nq <= 2 && sums.len() >= 2 && sums.iter().all(|u| matches!(u.cells, Cells::All));
         let mut h0 = 0;
         while h0 < nq {
             let hb = (nq - h0).min(8);
+            let nv = if pairs { lanes_per_pair(hb, dv) } else { lanes_per_pass(hb, dv) };
             macro_rules! pass {
                 ($(($h:literal, $nv:literal)),*) => {
-                    match (hb, lanes_per_pass(hb, dv)) {
+                    match (hb, nv) {
                         $(($h, $nv) => {
                             for r in 0..sets {
                                 let vr = if CONVERT {
@@ -803,13 +815,22 @@ mod x86 {
                                     in_place
                                 };
                                 for i in (0..dv).step_by(16 * $nv) {
-                                    for u in sums {
-                                        set_pass::<$h, $nv>(u, vr, h0, i, r);
+                                    if pairs {
+                                        for two in sums.chunks(2) {
+                                            match two {
+                                                [u0, u1] => set_pass_pair::<$h, $nv>([u0, u1], vr, h0, i, r),
+                                                _ => set_pass::<$h, $nv>(&two[0], vr, h0, i, r),
+                                            }
+                                        }
+                                    } else {
+                                        for u in sums {
+                                            set_pass::<$h, $nv>(u, vr, h0, i, r);
+                                        }
                                     }
                                 }
                             }
                         })*
-                        _ => unreachable!("lanes_per_pass returns one of these"),
+                        _ => unreachable!("lanes_per_pass and lanes_per_pair return one of these"),
                     }
                 };
             }
@@ -847,6 +868,68 @@ mod x86 {
             1 | 2 if dv % 128 == 0 => 8,
             1..=4 => 4,
             _ => 2,
+        }
+    }
+
+    /// 16-float vectors per row chunk for two tokens of `hb` (1 or 2) heads.
+    fn lanes_per_pair(hb: usize, dv: usize) -> usize {
+        if hb == 1 && dv % 128 == 0 {
+            8
+        } else {
+            4
+        }
+    }
+
+    /// `set_pass` of two tokens' dense walks together: each value vector loaded once for both
+    /// (the cells both see, then the rest of the longer walk); every accumulator still takes
+    /// its cells in order.
+    #[inline(always)]
+    unsafe fn set_pass_pair<const HB: usize, const NV: usize>(u: [&Sums; 2], vr: Rows, h0: usize, i: usize, r: usize) {
+        let (n_kv, sets) = (u[0].n_kv, u[0].sets);
+        let p = [u[0].p.add(h0 * n_kv), u[1].p.add(h0 * n_kv)];
+        let mut a = [[[_mm512_setzero_ps(); NV]; HB]; 2];
+        macro_rules! add {
+            ($j:expr, $pi:expr, $tokens:expr) => {{
+                let (j, pi): (usize, usize) = ($j, $pi);
+                let v = vr.row(j);
+                let mut x = [_mm512_setzero_ps(); NV];
+                for c in 0..NV {
+                    x[c] = vr.load16(v, i + 16 * c);
+                }
+                for t in $tokens {
+                    for h in 0..HB {
+                        let pv = _mm512_set1_ps(*p[t].add(h * n_kv + pi));
+                        for c in 0..NV {
+                            a[t][h][c] = _mm512_fmadd_ps(x[c], pv, a[t][h][c]);
+                        }
+                    }
+                }
+            }};
+        }
+        let (mut j, mut pi) = (r, p_index(r, sets, n_kv));
+        let both = u[0].end.min(u[1].end);
+        while j < both {
+            add!(j, pi, 0..2);
+            j += sets;
+            pi += 1;
+        }
+        while j < u[0].end {
+            add!(j, pi, 0..1);
+            j += sets;
+            pi += 1;
+        }
+        while j < u[1].end {
+            add!(j, pi, 1..2);
+            j += sets;
+            pi += 1;
+        }
+        for (t, ut) in u.iter().enumerate() {
+            for h in 0..HB {
+                let base = ut.acc.add(((h0 + h) * sets + r) * ut.dv + i);
+                for c in 0..NV {
+                    _mm512_storeu_ps(base.add(16 * c), a[t][h][c]);
+                }
+            }
         }
     }
 
@@ -1096,6 +1179,48 @@ mod tests {
         assert_eq!(expf_reference(f32::NEG_INFINITY), 0.0);
         assert_eq!(expf_reference(-1000.0), 0.0);
         assert_eq!(expf_reference(0.0), 1.0);
+    }
+
+    #[test]
+    fn values_read_in_place_from_the_keys_equal_a_set_major_copy() {
+        // A latent cache: one KV head, each cell's value the leading 64 of its 128 key values
+        // (v_cols 0: rows in cell order), against the same values in a set-major V cache.
+        if active_isa() != Isa::Avx512 {
+            return;
+        }
+        let mut rng = Lcg(5);
+        let (dk, dv, n_kv, nq, nt) = (128, 64, 192, 4, 2);
+        for ty in [GgmlType::F32, GgmlType::F16] {
+            let es = if ty == GgmlType::F16 { 2 } else { 4 };
+            let kvals: Vec<f32> = (0..n_kv * dk).map(|_| rng.next()).collect();
+            let cols = v_cols(n_kv);
+            let mut vvals = vec![0f32; V_SETS * cols * dv];
+            for j in 0..n_kv {
+                vvals[v_row(j, cols) * dv..(v_row(j, cols) + 1) * dv].copy_from_slice(&kvals[j * dk..j * dk + dv]);
+            }
+            let (k, v) = (cache(ty, &kvals), cache(ty, &vvals));
+            let q: Vec<f32> = (0..nt * nq * dk).map(|_| rng.next()).collect();
+            let mask: Vec<f32> = (0..nt * n_kv).map(|i| if i % n_kv > 150 + i / n_kv { f32::NEG_INFINITY } else { 0.0 }).collect();
+            let heads = |v: &'static [u8], v_stride: usize, v_cols: usize, order: DotOrder| Heads {
+                k_type: ty, v_type: ty, k: leak(&k), k_stride: dk * es, k_offset: 0, v, v_stride, v_offset: 0, v_cols,
+                head_dim_k: dk, head_dim_v: dv, n_kv, q: leak(&q), q_stride: nq * dk, n_q: nq, n_t: nt, mask: leak(&mask),
+                mask_stride: n_kv, out_stride: nq * dv, scale: 0.1, order_kq: order, order_vp: order,
+            };
+            for order in [DotOrder::VecDot, DotOrder::TinyBlas] {
+                let (in_place, set_major) = (heads(leak(&k), dk * es, 0, order), heads(leak(&v), dv * es, cols, order));
+                assert!(in_place.supported() && set_major.supported());
+                let mut s = AttnScratch::default();
+                let (mut a, mut b, mut c) = (vec![0f32; nt * nq * dv], vec![1f32; nt * nq * dv], vec![2f32; nt * nq * dv]);
+                attend(&in_place, &mut a, &mut s);
+                attend(&set_major, &mut b, &mut s);
+                attend_reference(&in_place, &mut c, &mut s);
+                assert!(a.iter().zip(&b).chain(a.iter().zip(&c)).all(|(x, y)| x.to_bits() == y.to_bits()), "{ty} {order:?}");
+            }
+        }
+    }
+
+    fn leak<T: Clone>(x: &[T]) -> &'static [T] {
+        Box::leak(x.to_vec().into_boxed_slice())
     }
 
     #[test]

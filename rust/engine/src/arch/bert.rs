@@ -57,7 +57,7 @@ fn load(ld: &Loader, hp: &HParams, bert: bool) -> Result<Weights> {
     let norm = layer_norm(ld, "token_embd_norm", d)?;
     let layers = (0..hp.n_layer).map(|il| load_layer(ld, hp, il, bert)).collect::<Result<Vec<_>>>()?;
     Ok(Weights {
-        output: tok_embd.clone(), tok_embd, output_norm: Vec::new(), output_b: None, output_s: None, output_tied: false, layers,
+        output: tok_embd.clone(), tok_embd, output_norm: Vec::new(), output_norm_b: None, output_b: None, output_s: None, output_tied: false, layers,
         rope_factors: RopeFactors::default(), encoder: Some(EncoderInputs { pos_embd, type_row0, norm }),
         extras: Default::default(),
     })
@@ -97,6 +97,7 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, bert: bool) -> Result<LayerW
         post_attn_norm: None, ffn_norm: None, ffn, post_ffn_norm: None,
         attn_out_norm: Some(layer_norm(ld, &n("attn_output_norm"), d)?),
         layer_out_norm: Some(layer_norm(ld, &n("layer_output_norm"), d)?),
+        attn_norm_b: None, ffn_norm_b: None, latent: None,
     })
 }
 

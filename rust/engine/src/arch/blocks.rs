@@ -8,11 +8,11 @@ use ferrollama_tensor::{matmul, MatmulScratch, QMatrix, SendPtr, Threads};
 use crate::actstats::{ActivationStats, Matrix};
 use crate::attention::{attention, AttnInput};
 use crate::graph::{UBatchView, Workspace};
-use crate::hparams::{AttnTemperature, HParams};
+use crate::hparams::HParams;
 use crate::kvstore::KvStore;
 use crate::lora::{add_embedding_terms, add_terms, LayerLora, LoraScratch, Proj, Term};
 use crate::model::{AttnWeights, Ffn, GatedFfn, LayerWeights, Weights};
-use crate::ops::{add_bias, add_inplace, rms_norm, rms_norm_inplace, rope_apply, scale_inplace, RopeParams};
+use crate::ops::{add_bias, add_inplace, layer_norm_rows, rms_norm, rms_norm_inplace, rope_apply, scale_inplace, RopeParams};
 
 /// out = W·x for n tokens, times W's second scale where it has one, plus the LoRA terms of W
 /// (llama.cpp's build_lora_mm).
@@ -66,6 +66,18 @@ pub fn pre_norm(ws: &mut Workspace, norm: Option<&[f32]>, eps: f32, n: usize, d:
     match norm {
         Some(w) => rms_norm(&ws.x[..n * d], w, eps, &mut ws.h[..n * d]),
         None => ws.h[..n * d].copy_from_slice(&ws.x[..n * d]),
+    }
+}
+
+/// ws.h = the model's norm of ws.x: a LayerNorm (with `bias` where it has one) in a model
+/// of LayerNorms, else RMSNorm (a copy of ws.x for a block without norm).
+pub fn layer_pre_norm(hp: &HParams, ws: &mut Workspace, norm: Option<&[f32]>, bias: Option<&[f32]>, n: usize, d: usize) {
+    match norm {
+        Some(w) if hp.layer_norm => {
+            ws.h[..n * d].copy_from_slice(&ws.x[..n * d]);
+            layer_norm_rows(&mut ws.h[..n * d], w, bias, hp.norm_eps);
+        }
+        _ => pre_norm(ws, norm, hp.rms_eps, n, d),
     }
 }
 
@@ -145,9 +157,12 @@ pub fn store_kv(lw: &AttnWeights, ws: &Workspace, kv: &mut KvStore, ub: &UBatchV
     }
 }
 
-/// RoPE of layer il (its sliding-window base where it has one) and the K/V store.
+/// RoPE of layer il (its sliding-window base where it has one; none on a no-RoPE layer) and
+/// the K/V store.
 pub fn rope_layer_and_store(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize) {
-    rope_layer(hp, lw, ws, ub, il);
+    if !hp.nope_layers.get(il).copied().unwrap_or(false) {
+        rope_layer(hp, lw, ws, ub, il);
+    }
     store_kv(lw, ws, kv, ub, il);
 }
 
@@ -175,12 +190,13 @@ pub fn rope_queries(hp: &HParams, ws: &mut Workspace, ub: &UBatchView, il: usize
     }
 }
 
-/// Multiplies each token's queries (n_head·head_dim values of ws.q) by the attention
-/// temperature of its position (Llama 4's layers without RoPE; llama.cpp's inp_attn_scale).
-pub fn scale_q_by_temperature(hp: &HParams, temp: &AttnTemperature, ws: &mut Workspace, ub: &UBatchView) {
+/// Q times each token's attention temperature (llama.cpp's Llama 4 temperature tuning) where
+/// the model has one.
+pub fn temper_q(hp: &HParams, ws: &mut Workspace, ub: &UBatchView) {
+    let Some(temp) = hp.attn_temp else { return };
     let q_dim = hp.n_head * hp.head_dim_k;
-    for (q, &p) in ws.q[..ub.tokens.len() * q_dim].chunks_exact_mut(q_dim).zip(ub.pos) {
-        scale_inplace(q, temp.factor(p));
+    for (t, &p) in ub.pos.iter().enumerate() {
+        scale_inplace(&mut ws.q[t * q_dim..(t + 1) * q_dim], temp.factor(p));
     }
 }
 
@@ -336,7 +352,11 @@ pub fn output(hp: &HParams, w: &Weights, ws: &mut Workspace, ub: &UBatchView, th
         let (src, dst) = (r * d, i * d);
         ws.h[dst..dst + d].copy_from_slice(&ws.x[src..src + d]);
     }
-    rms_norm_inplace(&mut ws.h[..n_out * d], &w.output_norm, hp.rms_eps);
+    if hp.layer_norm {
+        layer_norm_rows(&mut ws.h[..n_out * d], &w.output_norm, w.output_norm_b.as_deref(), hp.norm_eps);
+    } else {
+        rms_norm_inplace(&mut ws.h[..n_out * d], &w.output_norm, hp.rms_eps);
+    }
     let logits = &mut logits[..n_out * hp.n_vocab];
     let terms = ub.lora.map_or(&[][..], |l| l.output());
     lora_mm(&w.output, w.output_s, terms, &ws.h, n_out, logits, &mut ws.mm, &mut ws.lora, threads);
@@ -414,11 +434,12 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
         if let Some(s) = ws.stats.as_deref_mut() {
             s.begin_layer(il);
         }
-        pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
+        layer_pre_norm(hp, ws, lw.attn_norm.as_deref(), lw.attn_norm_b.as_deref(), n, d);
         let a = lw.attn();
         project_qkv(a, ws, n, ub.lora_layer(il), threads);
         qk_norm(a, ws, n, eps);
         rope_layer_and_store(hp, a, ws, kv, ub, il);
+        temper_q(hp, ws, ub);
         let scale = if style.q_prescale {
             scale_inplace(&mut ws.q[..n * a.wq.rows], hp.attn_scale);
             1.0
@@ -427,7 +448,7 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
         };
         attend(hp, a, ws, kv, ub, il, scale, hp.attn_logit_softcap, threads);
         residual(ws, lw.post_attn_norm.as_deref(), eps, hp.residual_scale, n, d);
-        pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
+        layer_pre_norm(hp, ws, lw.ffn_norm.as_deref(), lw.ffn_norm_b.as_deref(), n, d);
         ffn(hp, lw, ws, n, style.act, ub.lora_layer(il), threads);
         residual(ws, lw.post_ffn_norm.as_deref(), eps, hp.residual_scale, n, d);
         if let Some(cv) = ub.cvec {
@@ -435,11 +456,76 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
         }
     }
     output(hp, w, ws, ub, threads, logits);
-    let logits = &mut logits[..ub.out_rows.len() * hp.n_vocab];
+    scale_logits(hp, &mut logits[..ub.out_rows.len() * hp.n_vocab]);
+}
+
+/// The forward pass of a pre-norm decoder whose blocks differ only in their token mixer
+/// (attention of one kind or another, a recurrent mixer): per block x += mixer(rms_norm(x)),
+/// x += swiglu_ffn(rms_norm(x)) (dense or experts), the control vector; then the head.
+/// `mixer(lw, ws, kv, il)` reads ws.o's input rows from ws.x's norm and leaves its output in ws.o.
+pub fn pre_norm_blocks(model: &crate::model::Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView,
+                       threads: &Threads, logits: &mut [f32],
+                       mut mixer: impl FnMut(&LayerWeights, &mut Workspace, &mut KvStore, usize)) {
+    let hp = &model.hparams;
+    let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
+    embed(w, ws, ub, d, 1.0, threads);
+    fill_rope_caches(hp, ws, ub);
+    for (il, lw) in w.layers.iter().enumerate() {
+        if let Some(s) = ws.stats.as_deref_mut() {
+            s.begin_layer(il);
+        }
+        pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
+        mixer(lw, ws, kv, il);
+        residual(ws, None, eps, 1.0, n, d);
+        pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
+        ffn(hp, lw, ws, n, crate::ops::swiglu, ub.lora_layer(il), threads);
+        residual(ws, None, eps, 1.0, n, d);
+        if let Some(cv) = ub.cvec {
+            cv.apply(il, &mut ws.x[..n * d]);
+        }
+    }
+    output(hp, w, ws, ub, threads, logits);
+}
+
+/// The logits' divisor (Granite), multiplier (Cohere 2) and soft cap (Gemma), where the model
+/// has them.
+pub fn scale_logits(hp: &HParams, logits: &mut [f32]) {
     if hp.logit_scale != 1.0 {
         scale_inplace(logits, 1.0 / hp.logit_scale);
+    }
+    if hp.logit_multiplier != 1.0 {
+        scale_inplace(logits, hp.logit_multiplier);
     }
     if hp.final_logit_softcap > 0.0 {
         softcap_logits(logits, hp.final_logit_softcap);
     }
+}
+
+/// The forward pass of a decoder of parallel blocks (Cohere's): each layer's one pre-norm
+/// feeds both its attention and its FFN, and x += FFN, then x += attention (ggml's order of
+/// the adds).
+#[allow(clippy::too_many_arguments)]
+pub fn parallel_decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore,
+                                ub: &UBatchView, threads: &Threads, logits: &mut [f32], act: Activation) {
+    let hp = &model.hparams;
+    let (n, d) = (ub.tokens.len(), hp.n_embd);
+    embed(w, ws, ub, d, hp.embedding_scale, threads);
+    fill_rope_caches(hp, ws, ub);
+    for (il, lw) in w.layers.iter().enumerate() {
+        if let Some(s) = ws.stats.as_deref_mut() {
+            s.begin_layer(il);
+        }
+        layer_pre_norm(hp, ws, lw.attn_norm.as_deref(), lw.attn_norm_b.as_deref(), n, d);
+        self_attention(hp, lw.attn(), ws, kv, ub, il, threads);
+        let attn_out = crate::recurrent::sized(&mut ws.parallel_attn, n * d);
+        attn_out.copy_from_slice(&ws.o[..n * d]);
+        ffn(hp, lw, ws, n, act, ub.lora_layer(il), threads);
+        add_inplace(&mut ws.x[..n * d], &ws.o[..n * d]);
+        add_inplace(&mut ws.x[..n * d], &ws.parallel_attn[..n * d]);
+        if let Some(cv) = ub.cvec {
+            cv.apply(il, &mut ws.x[..n * d]);
+        }
+    }
+    output(hp, w, ws, ub, threads, logits);
+    scale_logits(hp, &mut logits[..ub.out_rows.len() * hp.n_vocab]);
 }

@@ -41,6 +41,7 @@ fn load(ld: &Loader, hp: &HParams) -> Result<Weights> {
                 ffn_norm: Some(ld.vector(&n("ffn_norm"), hp.n_embd)?),
                 ffn: Ffn::Gated(load_gated(ld, hp, &parts, il)?),
                 post_ffn_norm: None, attn_out_norm: None, layer_out_norm: None,
+                attn_norm_b: None, ffn_norm_b: None, latent: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -143,6 +143,8 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, n_ff: usize) -> Result<(Laye
         post_ffn_norm: Some(norm("post_ffw_norm.weight")?),
         attn_out_norm: None,
         layer_out_norm: None,
+        latent: None,
+        attn_norm_b: None, ffn_norm_b: None,
     };
     let out_scale = ld.opt_vector(&n("layer_output_scale.weight"), 1)?.map(|s| s[0]);
     Ok((lw, LayerExtras { out_scale, dense_beside_experts }))

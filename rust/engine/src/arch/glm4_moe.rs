@@ -126,6 +126,8 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize) -> Result<LayerWeights> {
         post_ffn_norm: None,
         attn_out_norm: None,
         layer_out_norm: None,
+        latent: None,
+        attn_norm_b: None, ffn_norm_b: None,
     })
 }
 

@@ -67,6 +67,7 @@ fn load(ld: &Loader, hp: &HParams) -> Result<Weights> {
                 ffn_norm: Some(ld.vector(&format!("blk.{il}.ffn_norm.weight"), hp.n_embd)?),
                 ffn: load_ffn(ld, hp, &attn_parts, il)?,
                 post_ffn_norm: None, attn_out_norm: None, layer_out_norm: None,
+                attn_norm_b: None, ffn_norm_b: None, latent: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -10,8 +10,7 @@
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
 
-use crate::arch::blocks::{attend, embed, fill_rope_caches, ffn, output, pre_norm, project_qkv, qk_norm, residual,
-                          rope_and_store};
+use crate::arch::blocks::{attend, pre_norm_blocks, project_qkv, qk_norm, rope_and_store};
 use crate::arch::ArchInfo;
 use crate::error::{EngineError, Result};
 use crate::graph::{UBatchView, Workspace};
@@ -19,7 +18,6 @@ use crate::hparams::{HParams, Meta, MoeGating};
 use crate::kvstore::KvStore;
 use crate::model::{load_attention, load_embeddings_and_head_named, load_experts, load_gated, AttnWeights, ExpertParts, Ffn,
                    LayerParts, LayerWeights, Loader, Model, QkNorm, Weights};
-use crate::ops::swiglu;
 use crate::recurrent::{short_conv_mixer, short_conv_params, RsWeights, ShortConvWeights};
 
 pub const LFM2: ArchInfo = ArchInfo { name: "lfm2", rope_neox: true, hparams, load, forward, encoder: false };
@@ -120,6 +118,8 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize) -> Result<LayerWeights> {
         post_ffn_norm: None,
         attn_out_norm: None,
         layer_out_norm: None,
+        attn_norm_b: None,
+        ffn_norm_b: None, latent: None,
     })
 }
 
@@ -144,28 +144,11 @@ fn load_ffn(ld: &Loader, hp: &HParams, il: usize) -> Result<Ffn> {
 fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, threads: &Threads, logits: &mut [f32]) {
     let hp = &model.hparams;
     let rs = hp.rs.as_ref().expect("set by hparams");
-    let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, 1.0, threads);
-    fill_rope_caches(hp, ws, ub);
-    for (il, lw) in w.layers.iter().enumerate() {
-        if let Some(s) = ws.stats.as_deref_mut() {
-            s.begin_layer(il);
-        }
-        pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
-        match &lw.rs {
-            Some(RsWeights::ShortConv(c)) => short_conv_mixer(rs, c, ws, &mut kv.rs, ub, il, threads),
-            Some(_) => unreachable!("lfm2 layers are loaded with short convolutions or attention"),
-            None => attention(hp, lw.attn(), ws, kv, ub, il, threads),
-        }
-        residual(ws, None, eps, 1.0, n, d);
-        pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
-        ffn(hp, lw, ws, n, swiglu, ub.lora_layer(il), threads);
-        residual(ws, None, eps, 1.0, n, d);
-        if let Some(cv) = ub.cvec {
-            cv.apply(il, &mut ws.x[..n * d]);
-        }
-    }
-    output(hp, w, ws, ub, threads, logits);
+    pre_norm_blocks(model, w, ws, kv, ub, threads, logits, |lw, ws, kv, il| match &lw.rs {
+        Some(RsWeights::ShortConv(c)) => short_conv_mixer(rs, c, ws, &mut kv.rs, ub, il, threads),
+        Some(_) => unreachable!("lfm2 layers are loaded with short convolutions or attention"),
+        None => attention(hp, lw.attn(), ws, kv, ub, il, threads),
+    });
 }
 
 /// ws.o = the attention of layer il: Q/K/V, their per-head norms, RoPE with the context's

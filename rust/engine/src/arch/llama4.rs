@@ -18,8 +18,7 @@
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
 
-use crate::arch::blocks::{attend, embed, ffn, fill_rope_caches, output, pre_norm, project_qkv, residual, rope_layer,
-                          scale_q_by_temperature, store_kv};
+use crate::arch::blocks::{attend, pre_norm_blocks, project_qkv, rope_layer, store_kv, temper_q};
 use crate::arch::ArchInfo;
 use crate::error::{EngineError, Result};
 use crate::graph::{UBatchView, Workspace};
@@ -27,7 +26,7 @@ use crate::hparams::{AttnTemperature, HParams, Meta, MoeGating, SwaType};
 use crate::kvstore::KvStore;
 use crate::model::{load_attention, load_embeddings_and_head, load_experts, load_gated, load_rope_factors, AttnWeights, ExpertParts,
                    Ffn, LayerParts, LayerWeights, Loader, Model, SharedParts, Weights};
-use crate::ops::{rms_norm_unweighted_inplace, swiglu};
+use crate::ops::rms_norm_unweighted_inplace;
 
 pub const LLAMA4: ArchInfo = ArchInfo { name: "llama4", rope_neox: false, hparams, load, forward, encoder: false };
 
@@ -66,7 +65,7 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
     hp.load_swa_pattern(file, NO_ROPE_STEP)?;
     hp.rope_freq_base_swa = hp.opt_f32(file, "rope.freq_base_swa", hp.rope_train.freq_base)?;
     hp.rope_freq_scale_swa = hp.rope_train.freq_scale;
-    hp.attn_temperature = Some(AttnTemperature { floor_scale: CHUNK as f32, scale: 0.1, offset: 1.0 });
+    hp.attn_temp = Some(AttnTemperature { scale: 0.1, offset: 1.0, floor_scale: CHUNK as usize });
     hp.moe_gating = MoeGating::SigmoidOfTopLogits;
     // llama.cpp's llama4 loader reads neither expert_weights_scale nor attention.scale
     hp.expert_weights_scale = 0.0;
@@ -104,29 +103,14 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, moe: bool) -> Result<LayerWe
         post_ffn_norm: None,
         attn_out_norm: None,
         layer_out_norm: None,
+        latent: None,
+        attn_norm_b: None, ffn_norm_b: None,
     })
 }
 
 fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, threads: &Threads, logits: &mut [f32]) {
     let hp = &model.hparams;
-    let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, 1.0, threads);
-    fill_rope_caches(hp, ws, ub);
-    for (il, lw) in w.layers.iter().enumerate() {
-        if let Some(s) = ws.stats.as_deref_mut() {
-            s.begin_layer(il);
-        }
-        pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
-        attention(hp, lw.attn(), ws, kv, ub, il, threads);
-        residual(ws, None, eps, 1.0, n, d);
-        pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
-        ffn(hp, lw, ws, n, swiglu, ub.lora_layer(il), threads);
-        residual(ws, None, eps, 1.0, n, d);
-        if let Some(cv) = ub.cvec {
-            cv.apply(il, &mut ws.x[..n * d]);
-        }
-    }
-    output(hp, w, ws, ub, threads, logits);
+    pre_norm_blocks(model, w, ws, kv, ub, threads, logits, |lw, ws, kv, il| attention(hp, lw.attn(), ws, kv, ub, il, threads));
 }
 
 /// Block il's attention: Q/K/V; RoPE then the L2 norms of Q and K, or (no RoPE) Q times the
@@ -141,8 +125,8 @@ fn attention(hp: &HParams, a: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore
             rms_norm_unweighted_inplace(&mut ws.q[..n * q_dim], hp.head_dim_k, hp.rms_eps);
             rms_norm_unweighted_inplace(&mut ws.k[..n * k_dim], hp.head_dim_k, hp.rms_eps);
         }
-    } else if let Some(temp) = &hp.attn_temperature {
-        scale_q_by_temperature(hp, temp, ws, ub);
+    } else {
+        temper_q(hp, ws, ub);
     }
     store_kv(a, ws, kv, ub, il);
     attend(hp, a, ws, kv, ub, il, hp.attn_scale, 0.0, threads);

@@ -34,6 +34,7 @@ fn load(ld: &Loader, hp: &HParams) -> Result<Weights> {
                 rs: Some(RsWeights::Mamba2(Mamba2Weights::load(ld, rs, hp.n_embd, il, true)?)),
                 post_attn_norm: None, ffn_norm: None, ffn: Ffn::None, post_ffn_norm: None,
                 attn_out_norm: None, layer_out_norm: None,
+                attn_norm_b: None, ffn_norm_b: None, latent: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;

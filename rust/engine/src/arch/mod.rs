@@ -2,8 +2,13 @@
 //! moe.rs), and one table row each.
 
 pub(crate) mod blocks;
+pub mod deepseek2;
+pub(crate) mod latent;
 pub mod gemma2;
 pub mod bert;
+pub mod cohere2;
+pub mod ernie4_5;
+pub mod exaone4;
 pub mod falcon_h1;
 pub mod gemma3;
 pub mod gemma4;
@@ -15,12 +20,18 @@ pub mod lfm2;
 pub mod llama;
 pub mod llama4;
 pub mod mamba2;
+pub mod mistral3;
 pub mod nemotron_h;
 pub mod olmo2;
+pub mod olmoe;
 pub mod phi3;
 pub(crate) mod ple;
 pub mod qwen3;
+pub mod qwen2moe;
 pub mod qwen35;
+pub mod seed_oss;
+pub mod smollm3;
+pub mod starcoder2;
 
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
@@ -76,6 +87,17 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen35::QWEN3NEXT,
     glm4_moe::GLM4MOE,
     llama4::LLAMA4,
+    deepseek2::DEEPSEEK2,
+    smollm3::SMOLLM3,
+    mistral3::MISTRAL3,
+    qwen2moe::QWEN2MOE,
+    olmoe::OLMOE,
+    exaone4::EXAONE4,
+    seed_oss::SEED_OSS,
+    ernie4_5::ERNIE4_5,
+    ernie4_5::ERNIE4_5_MOE,
+    cohere2::COHERE2,
+    starcoder2::STARCODER2,
 ];
 
 pub fn arch_info(name: &str) -> Result<&'static ArchInfo> {

@@ -74,6 +74,7 @@ fn load(ld: &Loader, hp: &HParams) -> Result<Weights> {
                 ffn_norm: None,
                 ffn: if recurrent || attends { Ffn::None } else { load_ffn(ld, hp, il)? },
                 post_ffn_norm: None, attn_out_norm: None, layer_out_norm: None,
+                attn_norm_b: None, ffn_norm_b: None, latent: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;

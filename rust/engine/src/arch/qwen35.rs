@@ -16,7 +16,7 @@
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
 
-use crate::arch::blocks::{embed, ffn, fill_rope_caches, gated_attention, output, pre_norm, residual};
+use crate::arch::blocks::{gated_attention, pre_norm_blocks};
 use crate::arch::ArchInfo;
 use crate::error::{EngineError, Result};
 use crate::graph::{UBatchView, Workspace};
@@ -25,7 +25,6 @@ use crate::kvstore::KvStore;
 use crate::model::{
     load_experts, load_gated, load_gated_attention, ExpertParts, Ffn, LayerParts, LayerWeights, Loader, Model, SharedParts, Weights,
 };
-use crate::ops::swiglu;
 use crate::recurrent::{delta_net_mixer, delta_net_params, DeltaNetFamily, DeltaNetWeights, RsWeights};
 
 pub const QWEN35: ArchInfo = ArchInfo { name: "qwen35", rope_neox: true, hparams: hparams_qwen35, load: load_qwen35, forward, encoder: false };
@@ -182,6 +181,7 @@ fn load_layer(ld: &Loader, hp: &HParams, il: usize, family: DeltaNetFamily, ffn:
         ffn_norm: Some(ld.vector(&n("post_attention_norm.weight"), hp.n_embd)?),
         ffn,
         post_ffn_norm: None, attn_out_norm: None, layer_out_norm: None,
+        attn_norm_b: None, ffn_norm_b: None, latent: None,
     })
 }
 
@@ -221,26 +221,9 @@ fn skip_mtp_layer(ld: &Loader, il: usize, moe: bool) -> Result<()> {
 fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, threads: &Threads, logits: &mut [f32]) {
     let hp = &model.hparams;
     let rs = hp.rs.as_ref().expect("set by hparams");
-    let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, 1.0, threads);
-    fill_rope_caches(hp, ws, ub);
-    for (il, lw) in w.layers.iter().enumerate() {
-        if let Some(s) = ws.stats.as_deref_mut() {
-            s.begin_layer(il);
-        }
-        pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
-        match &lw.rs {
-            Some(RsWeights::DeltaNet(m)) => delta_net_mixer(rs, m, ws, &mut kv.rs, ub, il, eps, threads),
-            Some(_) => unreachable!("the recurrent blocks of these models are loaded with a delta net"),
-            None => gated_attention(hp, lw.attn(), ws, kv, ub, il, threads),
-        }
-        residual(ws, None, eps, 1.0, n, d);
-        pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
-        ffn(hp, lw, ws, n, swiglu, ub.lora_layer(il), threads);
-        residual(ws, None, eps, 1.0, n, d);
-        if let Some(cv) = ub.cvec {
-            cv.apply(il, &mut ws.x[..n * d]);
-        }
-    }
-    output(hp, w, ws, ub, threads, logits);
+    pre_norm_blocks(model, w, ws, kv, ub, threads, logits, |lw, ws, kv, il| match &lw.rs {
+        Some(RsWeights::DeltaNet(m)) => delta_net_mixer(rs, m, ws, &mut kv.rs, ub, il, hp.rms_eps, threads),
+        Some(_) => unreachable!("the recurrent blocks of these models are loaded with a delta net"),
+        None => gated_attention(hp, lw.attn(), ws, kv, ub, il, threads),
+    });
 }

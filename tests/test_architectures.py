@@ -29,7 +29,7 @@ def write(tmp_path: Path, s: mk.Spec) -> str:
 
 
 def test_every_architecture_of_the_issue_is_in_the_table():
-    for arch in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "granite", "olmo2",
+    for arch in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3", "granite", "olmo2",
                  "smollm3", "mistral3", "qwen2moe", "olmoe", "exaone4", "seed_oss", "ernie4_5", "ernie4_5-moe",
                  "cohere2", "starcoder2", "deepseek2"):
         assert arch in fl._core.SUPPORTED_ARCHITECTURES

@@ -44,6 +44,11 @@ pub struct AttnInput<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
+impl AttnInput<'_> {
+    /// The row shape of the attended layer's cache.
+    fn geom(&self) -> crate::kvstore::KvGeom { self.kv.layers[self.layer].geom }
+}
+
 /// Per-thread buffers, grown to the largest call and then reused.
 #[derive(Default)]
 struct Scratch {
@@ -71,7 +76,7 @@ thread_local! {
 /// shares each cached key and value among them: the kernel reads each cached row once per
 /// task while it is in cache, and converts it once when enough queries share it).
 pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
-    let hd_v = a.kv.head_dim_v;
+    let hd_v = a.geom().head_dim_v;
     let out_ptr = SendPtr(out.as_mut_ptr());
     let (tokens_per_task, heads_per_task) = task_shape(a.n_tokens, a.n_head, a.n_head_kv, threads.n_threads());
     let n_blocks = a.n_tokens.div_ceil(tokens_per_task);
@@ -143,7 +148,7 @@ fn exact_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usi
         return false;
     }
     // SAFETY: the task owns heads h0..h0 + nh of these tokens' rows of `out`.
-    unsafe { attend_raw(&h, out.get().add((tokens.start * a.n_head + h0) * a.kv.head_dim_v), &mut s.exact) };
+    unsafe { attend_raw(&h, out.get().add((tokens.start * a.n_head + h0) * a.geom().head_dim_v), &mut s.exact) };
     true
 }
 
@@ -159,7 +164,7 @@ fn avx2_heads(a: &AttnInput, tokens: std::ops::Range<usize>, h0: usize, nh: usiz
         return false;
     }
     // SAFETY: the task owns heads h0..h0 + nh of these tokens' rows of `out`.
-    unsafe { attn_avx2::attend_raw(&h, out.get().add((tokens.start * a.n_head + h0) * a.kv.head_dim_v), &mut s.avx2) };
+    unsafe { attn_avx2::attend_raw(&h, out.get().add((tokens.start * a.n_head + h0) * a.geom().head_dim_v), &mut s.avx2) };
     true
 }
 
@@ -173,7 +178,7 @@ fn spec_heads(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s:
     if !attn_avx2::shape_ok(&h) {
         return false;
     }
-    for (i, d) in dst.chunks_exact_mut(a.kv.head_dim_v).enumerate() {
+    for (i, d) in dst.chunks_exact_mut(a.geom().head_dim_v).enumerate() {
         attn_avx2::query_spec(&h, 0, i, d, &mut s.spec);
     }
     true
@@ -188,7 +193,7 @@ fn plain_softmax(a: &AttnInput) -> bool {
 /// The task of query heads h0..h0 + nh (one KV head's) of `tokens`, as the kernels take it.
 fn task_heads<'a>(a: &AttnInput<'a>, tokens: std::ops::Range<usize>, h0: usize, nh: usize, order_kq: DotOrder, order_vp: DotOrder) -> Heads<'a> {
     let kv = a.kv;
-    let (hd_k, hd_v, n_kv) = (kv.head_dim_k, kv.head_dim_v, a.n_kv);
+    let (hd_k, hd_v, n_kv) = (a.geom().head_dim_k, a.geom().head_dim_v, a.n_kv);
     let g = h0 / (a.n_head / a.n_head_kv);
     let layer = &kv.layers[a.layer];
     let t0 = tokens.start;
@@ -197,7 +202,7 @@ fn task_heads<'a>(a: &AttnInput<'a>, tokens: std::ops::Range<usize>, h0: usize, 
         k_type: kv.type_k.ty,
         v_type: kv.type_v.ty,
         k: &layer.k,
-        k_stride: kv.k_head_bytes(),
+        k_stride: kv.k_head_bytes(layer),
         k_offset: kv.k_block(layer, g),
         v,
         v_stride,
@@ -226,7 +231,7 @@ fn task_heads<'a>(a: &AttnInput<'a>, tokens: std::ops::Range<usize>, h0: usize, 
 /// the maximum and the sum, as ggml_soft_max adds it), the weighted sum in cell order.
 fn heads_portable(a: &AttnInput, t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) {
     let kv = a.kv;
-    let (hd_k, hd_v, n_kv) = (kv.head_dim_k, kv.head_dim_v, a.n_kv);
+    let (hd_k, hd_v, n_kv) = (a.geom().head_dim_k, a.geom().head_dim_v, a.n_kv);
     let g = h0 / (a.n_head / a.n_head_kv);
     let layer = &kv.layers[a.layer];
     queries_to_dot_type(a, t, h0, nh, s);
@@ -297,7 +302,7 @@ const MAX_GROUP: usize = 64;
 /// The queries of (token t, heads h0..h0 + nh) in the K cache type's dot-product partner
 /// type, and (for F16 and F32 partners) as f32.
 fn queries_to_dot_type(a: &AttnInput, t: usize, h0: usize, nh: usize, s: &mut Scratch) {
-    let hd_k = a.kv.head_dim_k;
+    let hd_k = a.geom().head_dim_k;
     let q = &a.q[(t * a.n_head + h0) * hd_k..(t * a.n_head + h0 + nh) * hd_k];
     let dot_tr = traits(a.kv.type_k.vec_dot_type).expect("vec_dot types are in the table");
     s.q_bytes.resize(dot_tr.row_bytes(hd_k) * nh, 0);
@@ -310,7 +315,7 @@ fn queries_to_dot_type(a: &AttnInput, t: usize, h0: usize, nh: usize, s: &mut Sc
 
 /// The query of (token t, head h) in the K cache type's dot-product partner type.
 fn query_to_dot_type(a: &AttnInput, t: usize, h: usize, qbuf: &mut Vec<u8>) {
-    let hd_k = a.kv.head_dim_k;
+    let hd_k = a.geom().head_dim_k;
     let q = &a.q[(t * a.n_head + h) * hd_k..(t * a.n_head + h + 1) * hd_k];
     let dot_tr = traits(a.kv.type_k.vec_dot_type).expect("vec_dot types are in the table");
     qbuf.resize(dot_tr.row_bytes(hd_k), 0);
@@ -322,7 +327,7 @@ fn query_to_dot_type(a: &AttnInput, t: usize, h: usize, qbuf: &mut Vec<u8>) {
 /// an f16 V, as ggml_vec_mad_f16 does).
 fn one_head_online(a: &AttnInput, t: usize, h: usize, dst: &mut [f32], qbuf: &mut Vec<u8>, vbuf: &mut Vec<f32>) {
     let kv = a.kv;
-    let (hd_k, hd_v) = (kv.head_dim_k, kv.head_dim_v);
+    let (hd_k, hd_v) = (a.geom().head_dim_k, a.geom().head_dim_v);
     let g = h / (a.n_head / a.n_head_kv);
     let layer = &kv.layers[a.layer];
     query_to_dot_type(a, t, h, qbuf);

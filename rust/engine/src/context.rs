@@ -13,7 +13,7 @@ use crate::batch::Batch;
 use crate::error::{EngineError, Result};
 use crate::graph::{ControlVector, KvView, UBatchView, Workspace};
 use crate::lora::{LoraAdapter, LoraSet};
-use crate::kvstore::KvStore;
+use crate::kvstore::{KvStore, LayerShape};
 use crate::model::Model;
 use crate::recurrent::{RsStore, RsUBatch};
 use crate::split::{split_equal, split_simple, UBatchPlan};
@@ -186,10 +186,13 @@ impl Context {
         // llama.cpp pads the context to a multiple of 256 cells.
         params.n_ctx = padded_ctx_size(params.n_ctx as u32) as usize;
         let (caches, layer_cache) = build_caches(&model, &params)?;
-        let cells_per_layer: Vec<usize> = (0..hp.n_layer)
-            .map(|il| if hp.kv_layers[il] { caches[layer_cache[il]].cells.size() as usize } else { 0 })
+        let shapes: Vec<LayerShape> = (0..hp.n_layer)
+            .map(|il| LayerShape {
+                cells: if hp.stores_kv(il) { caches[layer_cache[il]].cells.size() as usize } else { 0 },
+                geom: hp.kv_geom(il),
+            })
             .collect();
-        let mut store = new_store(hp, &params, &cells_per_layer)?;
+        let mut store = new_store(hp, &params, &shapes)?;
         // one recurrent state cell per sequence (llama.cpp: max(1, n_seq_max))
         let rs = match &hp.rs {
             Some(p) => {
@@ -612,8 +615,10 @@ impl Context {
                 continue;
             }
             for (cell, delta) in cache.cells.take_shifts() {
-                // llama.cpp's K-shift (build_graph_shift) rotates every layer by get_rope_freq_base.
-                self.store.shift_cell(cell as usize, delta, &cache.layers, |il| hp.swa_rope(&rope, il), factors, &mut self.shift_scratch);
+                // llama.cpp's K-shift (build_graph_shift) rotates every layer by get_rope_freq_base
+                // (and Gemma 4's sliding layers by their own dimensions and factors).
+                self.store.shift_cell(cell as usize, delta, &cache.layers,
+                                      |il| (hp.swa_rope(&rope, il), hp.layer_rope_factors(il, factors)), &mut self.shift_scratch);
             }
         }
     }
@@ -752,15 +757,18 @@ fn kv_arg(e: KvError) -> EngineError { EngineError::InvalidArgument(e.to_string(
 /// The K/V storage of the attention layers: a latent cache for latent attention in a split
 /// file (V is K's leading part, the V cache type does not apply), else K and V per KV head;
 /// the K-shift rotates the keys' RoPE part, which ends latent attention's keys.
-fn new_store(hp: &crate::hparams::HParams, p: &ContextParams, cells_per_layer: &[usize]) -> Result<KvStore> {
+fn new_store(hp: &crate::hparams::HParams, p: &ContextParams, shapes: &[LayerShape]) -> Result<KvStore> {
     match hp.latent {
-        Some(lp) if lp.split => KvStore::latent(p.type_k, cells_per_layer, hp.head_dim_k, hp.head_dim_v, lp.kv_lora_rank),
+        Some(lp) if lp.split => {
+            let cells: Vec<usize> = shapes.iter().map(|sh| sh.cells).collect();
+            KvStore::latent(p.type_k, &cells, hp.head_dim_k, hp.head_dim_v, lp.kv_lora_rank)
+        }
         Some(_) => {
-            let mut store = KvStore::new(p.type_k, p.type_v, cells_per_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)?;
+            let mut store = KvStore::new(p.type_k, p.type_v, shapes)?;
             store.rope_offset = hp.head_dim_k - hp.rope.n_dims;
             Ok(store)
         }
-        None => KvStore::new(p.type_k, p.type_v, cells_per_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v),
+        None => KvStore::new(p.type_k, p.type_v, shapes),
     }
 }
 
@@ -771,7 +779,7 @@ fn build_caches(model: &Model, p: &ContextParams) -> Result<(Vec<Cache>, Vec<usi
     let hp = &model.hparams;
     let (n_ctx, n_seq) = (p.n_ctx as u32, p.n_seq_max as u32);
     let full = KvCells::new(n_ctx, n_seq).map_err(kv_arg)?;
-    let attending: Vec<usize> = (0..hp.n_layer).filter(|&il| hp.kv_layers[il]).collect();
+    let attending: Vec<usize> = (0..hp.n_layer).filter(|&il| hp.stores_kv(il)).collect();
     if attending.is_empty() {
         // a state-space model keeps no K/V at all
         return Ok((Vec::new(), vec![0; hp.n_layer]));
@@ -784,7 +792,7 @@ fn build_caches(model: &Model, p: &ContextParams) -> Result<(Vec<Cache>, Vec<usi
     let size = swa_cache_size(n_ctx, hp.n_swa as u32, n_seq, true, p.n_ubatch as u32, p.swa_full);
     let swa = KvCells::with_swa(size, n_seq, hp.swa_params()).map_err(kv_arg)?;
     let layer_cache: Vec<usize> = hp.swa_layers.iter().map(|&s| s as usize).collect();
-    let layers_of = |c: usize| (0..hp.n_layer).filter(|&il| layer_cache[il] == c).collect();
+    let layers_of = |c: usize| attending.iter().copied().filter(|&il| layer_cache[il] == c).collect();
     Ok((vec![Cache { cells: full, layers: layers_of(0) }, Cache { cells: swa, layers: layers_of(1) }], layer_cache))
 }
 

@@ -97,6 +97,13 @@ pub struct Workspace {
     /// Gated attention's Q projection, each head's query and gate side by side (sized on
     /// first use; empty for the other models).
     pub q_gated: Vec<f32>,
+    /// Per-layer embeddings: each token's inputs of every layer, and one layer's gate (sized
+    /// on first use; empty for the other models).
+    pub ple: Vec<f32>,
+    pub ple_gate: Vec<f32>,
+    /// A second block output kept while another is computed (Gemma 4's dense FFN beside its
+    /// experts; sized on first use).
+    pub aux: Vec<f32>,
     /// Latent attention's buffers (sized on first use; empty for the other models).
     pub latent: crate::arch::latent::LatentScratch,
     /// The attention's output of a parallel block, kept while its FFN runs (sized on first
@@ -106,26 +113,29 @@ pub struct Workspace {
 
 impl Workspace {
     pub fn new(hp: &HParams, n_ubatch: usize) -> Workspace {
-        let q_dim = hp.n_head * hp.head_dim_k;
-        let attn_dim = hp.n_head * hp.head_dim_v;
+        let q_dim = hp.n_head * hp.max_head_dim_k();
+        let attn_dim = hp.n_head * hp.max_head_dim_v();
         Workspace {
             x: vec![0.0; n_ubatch * hp.n_embd],
             h: vec![0.0; n_ubatch * hp.n_embd],
             q: vec![0.0; n_ubatch * q_dim],
-            k: vec![0.0; n_ubatch * hp.n_embd_k_gqa()],
-            v: vec![0.0; n_ubatch * hp.n_embd_v_gqa()],
+            k: vec![0.0; n_ubatch * hp.n_head_kv * hp.max_head_dim_k()],
+            v: vec![0.0; n_ubatch * hp.n_head_kv * hp.max_head_dim_v()],
             attn: vec![0.0; n_ubatch * attn_dim],
             o: vec![0.0; n_ubatch * hp.n_embd.max(attn_dim)],
             gate: vec![0.0; n_ubatch * hp.n_ff],
             up: vec![0.0; n_ubatch * hp.n_ff],
             rope_cache: vec![0.0; n_ubatch * hp.rope.n_dims],
-            rope_cache_swa: if hp.has_swa() { vec![0.0; n_ubatch * hp.rope.n_dims] } else { Vec::new() },
+            rope_cache_swa: if hp.has_swa() { vec![0.0; n_ubatch * hp.max_n_rot()] } else { Vec::new() },
             mm: MatmulScratch::default(),
             moe: crate::moe::MoeScratch::new(hp, n_ubatch),
             lora: Default::default(),
             stats: None,
             rs: Default::default(),
             q_gated: Vec::new(),
+            ple: Vec::new(),
+            ple_gate: Vec::new(),
+            aux: Vec::new(),
             latent: Default::default(),
             parallel_attn: Vec::new(),
         }

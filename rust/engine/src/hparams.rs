@@ -14,11 +14,29 @@ pub struct HParams {
     pub n_embd: usize,
     pub n_layer: usize,
     pub n_head: usize,
+    /// KV heads: the largest of any layer (every layer's but where `kv_heads_per_layer`).
     pub n_head_kv: usize,
+    /// Per layer: its KV heads (head_count_kv, a scalar or per-layer array; 0 in layers
+    /// without attention).
+    pub n_head_kv_layers: Vec<usize>,
+    /// Whether the architecture reads KV head counts per layer (Gemma 4's full layers have
+    /// their own); the others refuse counts that differ between layers.
+    pub kv_heads_per_layer: bool,
     pub n_ff: usize,
     /// Per-head key and value sizes (key_length / value_length; n_embd / n_head by default).
     pub head_dim_k: usize,
     pub head_dim_v: usize,
+    /// The sliding-window layers' head sizes and rotated dimensions (key_length_swa,
+    /// value_length_swa, rope.dimension_count_swa: Gemma 4; the full layers' elsewhere).
+    pub head_dim_k_swa: usize,
+    pub head_dim_v_swa: usize,
+    pub n_rot_swa: usize,
+    /// Per layer: the layer whose cached K/V it attends over: itself, or for Gemma 4's shared
+    /// KV layers an earlier layer of its kind (such a layer stores nothing).
+    pub kv_source: Vec<usize>,
+    /// Whether the sliding-window layers rotate with the model's frequency factors too (Gemma
+    /// 4's `rope_freqs` belong to its full layers only).
+    pub swa_rope_factors: bool,
     pub rms_eps: f32,
     /// The RoPE a context runs unless it overrides it (`rope_train` resolved with defaults).
     pub rope: RopeParams,
@@ -278,15 +296,17 @@ impl HParams {
             .unwrap_or_else(|| heads.clone().unwrap_or_else(|| vec![0; n_layer]));
         let ffs = m.layer_values("feed_forward_length", n_layer)?;
         let n_head = uniform_nonzero(&m, "attention.head_count", heads.as_deref().unwrap_or(&[]))?;
-        let n_head_kv = uniform_nonzero(&m, "attention.head_count_kv", &heads_kv)?;
+        // The largest count: layers of different non-zero counts are refused after the
+        // architecture's own hyper-parameters, unless it reads them per layer (Gemma 4).
+        let n_head_kv = heads_kv.iter().copied().max().unwrap_or(0);
         let n_ff = ffs.as_deref().unwrap_or(&[]).iter().copied().max().unwrap_or(0);
         for (name, v) in [("head_count", n_head), ("head_count_kv", n_head_kv), ("feed_forward_length", n_ff)] {
             if v > MAX_DIM {
                 return Err(file.error(format!("{arch}.{name} = {v} is out of range")).into());
             }
         }
-        if n_head_kv > 0 && n_head % n_head_kv != 0 {
-            return Err(file.error(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")).into());
+        if let Some(&h) = heads_kv.iter().find(|&&h| h > 0 && n_head % h != 0) {
+            return Err(file.error(format!("head_count {n_head} is not a multiple of head_count_kv {h}")).into());
         }
         let n_head_div = n_head.max(1);
         let head_dim_k = m.opt_usize("attention.key_length")?.unwrap_or(n_embd / n_head_div);
@@ -323,7 +343,10 @@ impl HParams {
             arch: arch.to_string(),
             n_vocab,
             n_ctx_train: m.opt_usize("context_length")?.unwrap_or(2048),
-            n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim_k, head_dim_v,
+            n_embd, n_layer, n_head, n_head_kv, n_head_kv_layers: heads_kv.clone(), kv_heads_per_layer: false,
+            n_ff, head_dim_k, head_dim_v,
+            head_dim_k_swa: head_dim_k, head_dim_v_swa: head_dim_v, n_rot_swa: n_rot,
+            kv_source: (0..n_layer).collect(), swa_rope_factors: true,
             rms_eps: m.opt_f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
             rope,
             rope_train,
@@ -416,14 +439,19 @@ impl HParams {
 
     /// RoPE parameters of layer `il` as llama.cpp's get_rope_freq_base / _scale give them:
     /// sliding-window layers keep their own base and scale (the context's parameters do not
-    /// override them). llama.cpp's K-shift rotates by these even where the graph does not
-    /// (EXAONE 4, Cohere 2).
+    /// override them) and rotate their own n_rot_swa dimensions (Gemma 4). llama.cpp's
+    /// K-shift rotates by these even where the graph does not (EXAONE 4, Cohere 2).
     pub fn swa_rope(&self, rope: &RopeParams, il: usize) -> RopeParams {
-        if self.swa_layers.get(il).copied().unwrap_or(false) {
-            RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, ..*rope }
+        if self.is_swa(il) {
+            RopeParams { freq_base: self.rope_freq_base_swa, freq_scale: self.rope_freq_scale_swa, n_dims: self.n_rot_swa, ..*rope }
         } else {
             *rope
         }
+    }
+
+    /// The frequency factors layer il rotates with, of the model's `factors`.
+    pub fn layer_rope_factors<'f>(&self, il: usize, factors: Option<&'f [f32]>) -> Option<&'f [f32]> {
+        if self.is_swa(il) && !self.swa_rope_factors { None } else { factors }
     }
 
     /// The sizes an attention-only architecture needs: heads in every layer, an FFN width
@@ -440,6 +468,46 @@ impl HParams {
         Ok(())
     }
 
+    /// Whether layer il attends through the sliding window.
+    pub fn is_swa(&self, il: usize) -> bool { self.swa_layers.get(il).copied().unwrap_or(false) }
+
+    /// Layer il's per-head key and value sizes.
+    pub fn head_dim_k_of(&self, il: usize) -> usize { if self.is_swa(il) { self.head_dim_k_swa } else { self.head_dim_k } }
+    pub fn head_dim_v_of(&self, il: usize) -> usize { if self.is_swa(il) { self.head_dim_v_swa } else { self.head_dim_v } }
+
+    /// Layer il's KV heads.
+    pub fn n_head_kv_of(&self, il: usize) -> usize {
+        if self.kv_heads_per_layer { self.n_head_kv_layers[il] } else { self.n_head_kv }
+    }
+
+    /// Layer il's cache row shape.
+    pub fn kv_geom(&self, il: usize) -> crate::kvstore::KvGeom {
+        crate::kvstore::KvGeom { n_head_kv: self.n_head_kv_of(il), head_dim_k: self.head_dim_k_of(il), head_dim_v: self.head_dim_v_of(il) }
+    }
+
+    /// Refuses KV head counts that differ between layers (zeros aside: layers without
+    /// attention), unless the architecture reads them per layer.
+    pub fn check_kv_heads(&self) -> Result<()> {
+        if self.kv_heads_per_layer {
+            return Ok(());
+        }
+        let mut nz = self.n_head_kv_layers.iter().copied().filter(|&h| h > 0);
+        let first = nz.next().unwrap_or(0);
+        if nz.any(|h| h != first) {
+            return Err(EngineError::Unsupported(format!(
+                "{}.attention.head_count_kv: per-layer values differ ({:?})", self.arch, self.n_head_kv_layers)));
+        }
+        Ok(())
+    }
+
+    /// Whether layer il keeps K/V of its own (it attends, and not over an earlier layer's).
+    pub fn stores_kv(&self, il: usize) -> bool { self.kv_layers[il] && self.kv_source[il] == il }
+
+    /// The largest per-head key / value sizes and rotated dimensions of any layer (scratch sizes).
+    pub fn max_head_dim_k(&self) -> usize { self.head_dim_k.max(self.head_dim_k_swa) }
+    pub fn max_head_dim_v(&self) -> usize { self.head_dim_v.max(self.head_dim_v_swa) }
+    pub fn max_n_rot(&self) -> usize { self.rope.n_dims.max(self.n_rot_swa) }
+
     /// The sliding window's parameters for the KV cache's masks and cell reuse.
     pub fn swa_params(&self) -> ferrollama_kv::SwaParams {
         ferrollama_kv::SwaParams { n_swa: self.n_swa as u32, kind: self.swa_kind }
@@ -450,8 +518,10 @@ impl HParams {
     /// Placeholder hyper-parameters of a vocabulary-only file (no weights to run).
     pub fn vocab_only(arch: &str, n_vocab: usize) -> HParams {
         HParams {
-            arch: arch.to_string(), n_vocab, n_ctx_train: 0, n_embd: 0, n_layer: 0, n_head: 1, n_head_kv: 1, n_ff: 0,
-            head_dim_k: 0, head_dim_v: 0, rms_eps: 0.0,
+            arch: arch.to_string(), n_vocab, n_ctx_train: 0, n_embd: 0, n_layer: 0, n_head: 1, n_head_kv: 1,
+            n_head_kv_layers: Vec::new(), kv_heads_per_layer: false, n_ff: 0,
+            head_dim_k: 0, head_dim_v: 0, head_dim_k_swa: 0, head_dim_v_swa: 0, n_rot_swa: 0, kv_source: Vec::new(),
+            swa_rope_factors: true, rms_eps: 0.0,
             rope: RopeParams { n_dims: 0, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0,
                 attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 },
             rope_train: RopeTrain { freq_base: 10000.0, freq_scale: 1.0, scaling: RopeScaling::Linear, attn_factor: 1.0,

@@ -15,7 +15,8 @@
 //!
 //! A latent cache (multi-head latent attention, `KvStore::latent`) keeps one K row per cell
 //! and no V: each cell's value is the leading `head_dim_v` values of its key (the compressed
-//! latent), read in place, as llama.cpp views V in K for these models.
+//! latent), read in place, as llama.cpp views V in K for these models. Its flags are the
+//! store's (every layer of such a model is latent); the row shapes stay per layer.
 
 use std::ops::Range;
 
@@ -42,6 +43,23 @@ pub struct LayerKv {
     pub cells: usize,
     /// Rows per V set: cell j's V row is row `v_row(j, v_cols)` of its head's block.
     pub v_cols: usize,
+    /// The layer's KV heads and head sizes (Gemma 4's sliding and full layers differ).
+    pub geom: KvGeom,
+}
+
+/// The shape of one layer's cache rows: KV heads and the per-head sizes of K and V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvGeom {
+    pub n_head_kv: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+}
+
+/// The cells and row shape a layer's storage is sized for.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerShape {
+    pub cells: usize,
+    pub geom: KvGeom,
 }
 
 impl LayerKv {
@@ -61,17 +79,11 @@ pub enum Part {
 pub struct KvStore {
     pub type_k: &'static TypeTraits,
     pub type_v: &'static TypeTraits,
-    pub n_head_kv: usize,
-    /// Elements per cell row: n_head_kv × head size.
-    pub k_row: usize,
-    pub v_row: usize,
-    pub head_dim_k: usize,
-    pub head_dim_v: usize,
     /// Values of each key head before its rotated part, which the K-shift rotates (DeepSeek's
     /// keys end with their RoPE part: llama.cpp's n_embd_nope); 0 for the others.
     pub rope_offset: usize,
     /// A latent cache: V is the leading head_dim_v values of each K row, nothing is stored
-    /// for it (v_row is 0).
+    /// for it (v_row_bytes is 0).
     pub v_in_k: bool,
     pub layers: Vec<LayerKv>,
     /// The recurrent layers' per-sequence states (none for an attention-only model).
@@ -79,26 +91,27 @@ pub struct KvStore {
 }
 
 impl KvStore {
-    /// Storage for `cells_per_layer[il]` cells in each layer (an interleaved model's sliding
-    /// layers have a smaller cache than its global ones).
-    pub fn new(type_k: GgmlType, type_v: GgmlType, cells_per_layer: &[usize],
-               n_head_kv: usize, head_dim_k: usize, head_dim_v: usize) -> Result<KvStore> {
+    /// Storage for each layer's cells in its own row shape (an interleaved model's sliding
+    /// layers have a smaller cache than its global ones, Gemma 4's other head sizes too; a
+    /// layer of no cells stores nothing).
+    pub fn new(type_k: GgmlType, type_v: GgmlType, shapes: &[LayerShape]) -> Result<KvStore> {
         let tk = traits(type_k).ok_or_else(|| EngineError::Unsupported(format!("cache type {type_k}")))?;
         let tv = traits(type_v).ok_or_else(|| EngineError::Unsupported(format!("cache type {type_v}")))?;
-        for (t, hd) in [(tk, head_dim_k), (tv, head_dim_v)] {
-            if hd % t.block_size != 0 {
-                return Err(EngineError::Unsupported(format!("cache type {} needs a head size multiple of {}, not {hd}", t.ty, t.block_size)));
+        for sh in shapes.iter().filter(|sh| sh.cells > 0) {
+            for (t, hd) in [(tk, sh.geom.head_dim_k), (tv, sh.geom.head_dim_v)] {
+                if hd % t.block_size != 0 {
+                    return Err(EngineError::Unsupported(format!("cache type {} needs a head size multiple of {}, not {hd}", t.ty, t.block_size)));
+                }
             }
         }
-        let (k_row, v_row) = (n_head_kv * head_dim_k, n_head_kv * head_dim_v);
-        let layers = cells_per_layer.iter()
-            .map(|&cells| {
+        let layers = shapes.iter()
+            .map(|&LayerShape { cells, geom }| {
                 let v_cols = v_cols(cells);
-                LayerKv { k: vec![0; tk.row_bytes(k_row) * cells], v: vec![0; tv.row_bytes(v_row) * V_SETS * v_cols], cells, v_cols }
+                let (k_row, v_row) = (geom.n_head_kv * geom.head_dim_k, geom.n_head_kv * geom.head_dim_v);
+                LayerKv { k: vec![0; tk.row_bytes(k_row) * cells], v: vec![0; tv.row_bytes(v_row) * V_SETS * v_cols], cells, v_cols, geom }
             })
             .collect();
-        Ok(KvStore { type_k: tk, type_v: tv, n_head_kv, k_row, v_row, head_dim_k, head_dim_v, rope_offset: 0, v_in_k: false, layers,
-                     rs: Default::default() })
+        Ok(KvStore { type_k: tk, type_v: tv, rope_offset: 0, v_in_k: false, layers, rs: Default::default() })
     }
 
     /// A latent cache (see the module documentation): one K head of head_dim_k values per
@@ -110,11 +123,13 @@ impl KvStore {
             return Err(EngineError::Unsupported(format!(
                 "a latent cache of keys of {head_dim_k} values with values of {head_dim_v} and a rotated part from {rope_offset}")));
         }
-        let mut store = KvStore::new(type_k, type_k, &[], 1, head_dim_k, head_dim_v)?;
+        let geom = KvGeom { n_head_kv: 1, head_dim_k, head_dim_v };
+        // one cell checks both head sizes against the cache type's blocks
+        let mut store = KvStore::new(type_k, type_k, &[LayerShape { cells: 1, geom }])?;
         store.layers = cells_per_layer.iter()
-            .map(|&cells| LayerKv { k: vec![0; store.type_k.row_bytes(head_dim_k) * cells], v: Vec::new(), cells, v_cols: 0 })
+            .map(|&cells| LayerKv { k: vec![0; store.type_k.row_bytes(head_dim_k) * cells], v: Vec::new(), cells, v_cols: 0, geom })
             .collect();
-        (store.v_row, store.rope_offset, store.v_in_k) = (0, rope_offset, true);
+        (store.rope_offset, store.v_in_k) = (rope_offset, true);
         Ok(store)
     }
 
@@ -122,31 +137,38 @@ impl KvStore {
     /// rows, where KV head h's block starts, and the rows per set (0: rows in cell order).
     pub fn v_view<'a>(&self, layer: &'a LayerKv, h: usize) -> (&'a [u8], usize, usize, usize) {
         if self.v_in_k {
-            (&layer.k, self.k_head_bytes(), self.k_block(layer, h), 0)
+            (&layer.k, self.k_head_bytes(layer), self.k_block(layer, h), 0)
         } else {
-            (&layer.v, self.v_head_bytes(), self.v_block(layer, h), layer.v_cols)
+            (&layer.v, self.v_head_bytes(layer), self.v_block(layer, h), layer.v_cols)
         }
     }
 
-    /// Bytes of one cell's whole row (every KV head).
-    pub fn k_row_bytes(&self) -> usize { self.type_k.row_bytes(self.k_row) }
-    pub fn v_row_bytes(&self) -> usize { self.type_v.row_bytes(self.v_row) }
-    /// Bytes of one head's row.
-    pub fn k_head_bytes(&self) -> usize { self.type_k.row_bytes(self.head_dim_k) }
-    pub fn v_head_bytes(&self) -> usize { self.type_v.row_bytes(self.head_dim_v) }
+    /// Bytes of one cell's whole row (every KV head) in layer il.
+    pub fn k_row_bytes(&self, il: usize) -> usize { let g = self.layers[il].geom; self.type_k.row_bytes(g.n_head_kv * g.head_dim_k) }
+    /// (0 for a latent cache, which stores no V.)
+    pub fn v_row_bytes(&self, il: usize) -> usize {
+        if self.v_in_k {
+            return 0;
+        }
+        let g = self.layers[il].geom;
+        self.type_v.row_bytes(g.n_head_kv * g.head_dim_v)
+    }
+    /// Bytes of one head's row in `layer`.
+    pub fn k_head_bytes(&self, layer: &LayerKv) -> usize { self.type_k.row_bytes(layer.geom.head_dim_k) }
+    pub fn v_head_bytes(&self, layer: &LayerKv) -> usize { self.type_v.row_bytes(layer.geom.head_dim_v) }
     pub fn bytes(&self) -> usize { self.layers.iter().map(|l| l.k.len() + l.v.len()).sum::<usize>() + self.rs.bytes() }
 
     /// Where KV head h's block starts in `layer.k` / `layer.v`.
-    pub fn k_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.cells * self.k_head_bytes() }
-    pub fn v_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.v_rows() * self.v_head_bytes() }
+    pub fn k_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.cells * self.k_head_bytes(layer) }
+    pub fn v_block(&self, layer: &LayerKv, h: usize) -> usize { h * layer.v_rows() * self.v_head_bytes(layer) }
 
     /// Where head h of `cell`'s row is, in `layer.k` or `layer.v` (in `layer.k` for the V
     /// of a latent cache).
     pub fn at(&self, part: Part, layer: &LayerKv, cell: usize, h: usize) -> Range<usize> {
         let (start, hb) = match part {
-            Part::K => (self.k_block(layer, h) + cell * self.k_head_bytes(), self.k_head_bytes()),
-            Part::V if self.v_in_k => (self.k_block(layer, h) + cell * self.k_head_bytes(), self.v_head_bytes()),
-            Part::V => (self.v_block(layer, h) + v_row(cell, layer.v_cols) * self.v_head_bytes(), self.v_head_bytes()),
+            Part::K => (self.k_block(layer, h) + cell * self.k_head_bytes(layer), self.k_head_bytes(layer)),
+            Part::V if self.v_in_k => (self.k_block(layer, h) + cell * self.k_head_bytes(layer), self.v_head_bytes(layer)),
+            Part::V => (self.v_block(layer, h) + v_row(cell, layer.v_cols) * self.v_head_bytes(layer), self.v_head_bytes(layer)),
         };
         start..start + hb
     }
@@ -155,12 +177,13 @@ impl KvStore {
     /// K only: `v` is not read).
     pub fn write(&mut self, layer: usize, cell: usize, k: &[f32], v: &[f32]) {
         let (from_k, from_v) = (self.type_k.from_f32.expect("cache types quantize"), self.type_v.from_f32.expect("cache types quantize"));
-        for h in 0..self.n_head_kv {
+        let g = self.layers[layer].geom;
+        for h in 0..g.n_head_kv {
             let kr = self.at(Part::K, &self.layers[layer], cell, h);
-            from_k(&k[h * self.head_dim_k..(h + 1) * self.head_dim_k], &mut self.layers[layer].k[kr]);
+            from_k(&k[h * g.head_dim_k..(h + 1) * g.head_dim_k], &mut self.layers[layer].k[kr]);
             if !self.v_in_k {
                 let vr = self.at(Part::V, &self.layers[layer], cell, h);
-                from_v(&v[h * self.head_dim_v..(h + 1) * self.head_dim_v], &mut self.layers[layer].v[vr]);
+                from_v(&v[h * g.head_dim_v..(h + 1) * g.head_dim_v], &mut self.layers[layer].v[vr]);
             }
         }
     }
@@ -182,7 +205,7 @@ impl KvStore {
         }
         let l = &self.layers[layer];
         let data = if part == Part::K { &l.k } else { &l.v };
-        for h in 0..self.n_head_kv {
+        for h in 0..l.geom.n_head_kv {
             out.extend_from_slice(&data[self.at(part, l, cell, h)]);
         }
     }
@@ -192,8 +215,9 @@ impl KvStore {
         if part == Part::V && self.v_in_k {
             return;
         }
-        let hb = if part == Part::K { self.k_head_bytes() } else { self.v_head_bytes() };
-        for h in 0..self.n_head_kv {
+        let l = &self.layers[layer];
+        let hb = if part == Part::K { self.k_head_bytes(l) } else { self.v_head_bytes(l) };
+        for h in 0..l.geom.n_head_kv {
             let at = self.at(part, &self.layers[layer], cell, h);
             let l = &mut self.layers[layer];
             let data = if part == Part::K { &mut l.k } else { &mut l.v };
@@ -202,18 +226,18 @@ impl KvStore {
     }
 
     /// Re-rotates the keys of `cell` by `delta` positions in the given layers (the K-shift),
-    /// with `rope_for_layer` giving each layer's RoPE parameters and `factors` the model's
-    /// frequency factors.
-    pub fn shift_cell(&mut self, cell: usize, delta: i32, layers: &[usize], rope_for_layer: impl Fn(usize) -> RopeParams,
-                      factors: Option<&[f32]>, scratch: &mut Vec<f32>) {
+    /// with `rope_for_layer` giving each layer's RoPE parameters and frequency factors.
+    pub fn shift_cell<'f>(&mut self, cell: usize, delta: i32, layers: &[usize],
+                          rope_for_layer: impl Fn(usize) -> (RopeParams, Option<&'f [f32]>), scratch: &mut Vec<f32>) {
         let (to_f32, from_f32) = (self.type_k.to_f32, self.type_k.from_f32.expect("cache types quantize"));
         let mut cache = Vec::new();
-        scratch.resize(self.head_dim_k, 0.0);
         for &il in layers {
-            let rope = rope_for_layer(il);
+            let (rope, factors) = rope_for_layer(il);
+            let g = self.layers[il].geom;
+            scratch.resize(g.head_dim_k, 0.0);
             cache.resize(rope.n_dims, 0.0);
             rope.fill_cache(delta as f32, factors, &mut cache);
-            for h in 0..self.n_head_kv {
+            for h in 0..g.n_head_kv {
                 let at = self.at(Part::K, &self.layers[il], cell, h);
                 let row = &mut self.layers[il].k[at];
                 to_f32(row, scratch);
@@ -226,7 +250,7 @@ impl KvStore {
     /// Copies the rows of cell `src` to cell `dst` in the given layers (defragmentation).
     pub fn move_cell(&mut self, src: usize, dst: usize, layers: &[usize]) {
         for &il in layers {
-            for h in 0..self.n_head_kv {
+            for h in 0..self.layers[il].geom.n_head_kv {
                 let l = &self.layers[il];
                 let (ks, kd) = (self.at(Part::K, l, src, h), self.at(Part::K, l, dst, h).start);
                 let (vs, vd) = (self.at(Part::V, l, src, h), self.at(Part::V, l, dst, h).start);
@@ -242,9 +266,8 @@ impl KvStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{KvStore, Part};
+    use super::*;
     use crate::ops::RopeParams;
-    use ferrollama_tensor::GgmlType;
 
     fn latent() -> KvStore {
         // keys of 6 values: a latent of 4 (the value), then 2 rotated
@@ -257,7 +280,7 @@ mod tests {
         let k: Vec<f32> = (1..=6).map(|x| x as f32).collect();
         kv.write(0, 3, &k, &[]);
         let layer = &kv.layers[0];
-        assert!(layer.v.is_empty() && kv.v_row_bytes() == 0);
+        assert!(layer.v.is_empty() && kv.v_row_bytes(0) == 0);
         let v: Vec<f32> = kv.v_head(layer, 3, 0).chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         assert_eq!(v, [1.0, 2.0, 3.0, 4.0]);
         let (data, stride, offset, cols) = kv.v_view(layer, 0);
@@ -276,9 +299,29 @@ mod tests {
         let rope = RopeParams { n_dims: 2, neox: false, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0,
                                 beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 };
         let mut scratch = Vec::new();
-        kv.shift_cell(0, 1, &[0], |_| rope, None, &mut scratch);
+        kv.shift_cell(0, 1, &[0], |_| (rope, None), &mut scratch);
         let k: Vec<f32> = kv.k_head(&kv.layers[0], 0, 0).chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         assert_eq!(&k[..4], &[1.0, 2.0, 3.0, 4.0]);
         assert!((k[4] - 1f32.cos()).abs() < 1e-6 && (k[5] - 1f32.sin()).abs() < 1e-6, "{k:?}");
+    }
+
+    #[test]
+    fn layers_of_different_row_shapes_keep_their_own_rows() {
+        let g = |hd| KvGeom { n_head_kv: 2, head_dim_k: hd, head_dim_v: hd };
+        let shapes = [LayerShape { cells: 4, geom: g(64) }, LayerShape { cells: 8, geom: g(128) }, LayerShape { cells: 0, geom: g(128) }];
+        let mut kv = KvStore::new(GgmlType::F32, GgmlType::F32, &shapes).unwrap();
+        assert!(kv.layers[2].k.is_empty() && kv.layers[2].v.is_empty(), "a layer of no cells stores nothing");
+        let row = |n: usize, base: f32| (0..n).map(|i| base + i as f32).collect::<Vec<f32>>();
+        kv.write(0, 3, &row(128, 0.0), &row(128, 1000.0));
+        kv.write(1, 7, &row(256, 0.0), &row(256, 2000.0));
+        assert_eq!((kv.k_row_bytes(0), kv.v_row_bytes(1)), (128 * 4, 256 * 4));
+        for (il, cell, n, vbase) in [(0, 3, 128, 1000.0), (1, 7, 256, 2000.0)] {
+            let (mut k, mut v) = (Vec::new(), Vec::new());
+            kv.read_row(Part::K, il, cell, &mut k);
+            kv.read_row(Part::V, il, cell, &mut v);
+            let f = |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<f32>>();
+            assert_eq!(f(&k), row(n, 0.0));
+            assert_eq!(f(&v), row(n, vbase));
+        }
     }
 }

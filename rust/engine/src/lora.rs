@@ -268,7 +268,10 @@ fn targets_of(model: &Model, file: &GgufFile, owner: &Arc<dyn AsRef<[u8]> + Send
         "attn_q.weight" => one(at(Proj::Q)),
         "attn_k.weight" => one(at(Proj::K)),
         "attn_v.weight" => one(at(Proj::V)),
-        "attn_qkv.weight" => split(&[Proj::Q, Proj::K, Proj::V], &[hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa(), hp.n_embd_v_gqa()]),
+        "attn_qkv.weight" => {
+            let (hd_k, hd_v) = (hp.head_dim_k_of(il), hp.head_dim_v_of(il));
+            split(&[Proj::Q, Proj::K, Proj::V], &[hd_k * hp.n_head, hd_k * hp.n_head_kv_of(il), hd_v * hp.n_head_kv_of(il)])
+        }
         "attn_output.weight" => one(at(Proj::O)),
         "ffn_gate.weight" => refuse_scaled_nvfp4(w, il, name, Proj::Gate).and_then(|_| one(at(Proj::Gate))),
         "ffn_up.weight" if fused_gate_up => split(&[Proj::Gate, Proj::Up], &[hp.n_ff, hp.n_ff]),

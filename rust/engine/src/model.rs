@@ -152,6 +152,9 @@ pub struct Experts {
     pub down_s: Option<Vec<f32>>,
     /// A dense FFN every token goes through beside its routed experts.
     pub shared: Option<SharedExpert>,
+    /// Gemma 4's router input: the residual stream RMS-normalized (no weights), divided by
+    /// sqrt(n_embd), times these n_embd values (`ffn_gate_inp.scale`); None: the experts' input.
+    pub router_in_scale: Option<Vec<f32>>,
 }
 
 /// The shared expert (`ffn_{gate,up,down}_shexp`): a dense FFN whose output is added to the
@@ -238,6 +241,36 @@ pub struct Weights {
     pub rope_factors: RopeFactors,
     /// An encoder's input additions (None for decoders).
     pub encoder: Option<EncoderInputs>,
+    /// The parts of some families beyond the common decoder block.
+    pub extras: ExtraParts,
+}
+
+/// Parts beyond the common decoder block, which the architectures that have them load.
+#[derive(Default)]
+pub struct ExtraParts {
+    /// Per-layer embeddings (Gemma 4: `arch::ple`).
+    pub ple: Option<crate::arch::ple::PerLayerEmbeddings>,
+    /// Per layer (empty for the models without any).
+    pub layers: Vec<LayerExtras>,
+}
+
+/// A layer's parts beyond `LayerWeights` (Gemma 4).
+#[derive(Default)]
+pub struct LayerExtras {
+    /// A scalar the whole hidden state is multiplied by after the layer (layer_output_scale).
+    pub out_scale: Option<f32>,
+    /// A dense FFN beside the experts, each with its own norms: the dense FFN's input is
+    /// ffn_norm's and its output goes through `dense_post_norm` (post_ffw_norm_1); the
+    /// experts' input is `experts_pre_norm`'s (pre_ffw_norm_2), their output goes through
+    /// `experts_post_norm` (post_ffw_norm_2); the two are summed before post_ffw_norm.
+    pub dense_beside_experts: Option<DenseBesideExperts>,
+}
+
+pub struct DenseBesideExperts {
+    pub ffn: GatedFfn,
+    pub dense_post_norm: Vec<f32>,
+    pub experts_pre_norm: Vec<f32>,
+    pub experts_post_norm: Vec<f32>,
 }
 
 pub struct Model {
@@ -292,6 +325,7 @@ impl Model {
         if let Some(arch) = arch {
             hparams.rope.neox = arch.rope_neox;
             (arch.hparams)(&mut hparams, &file)?;
+            hparams.check_kv_heads()?;
             if hparams.rs.is_none() {
                 hparams.check_attention_only(&file)?;
             }
@@ -409,7 +443,8 @@ pub(crate) fn load_decoder(ld: &Loader, hp: &HParams, parts: &LayerParts) -> Res
     let layers = (0..hp.n_layer).map(|il| load_layer(ld, hp, parts, il)).collect::<Result<Vec<_>>>()?;
     let output_norm = ld.vector("output_norm.weight", n_embd)?;
     let rope_factors = load_rope_factors(ld, hp, parts)?;
-    Ok(Weights { tok_embd, output_norm, output_norm_b: None, output, output_b, output_s, output_tied, layers, rope_factors, encoder: None })
+    Ok(Weights { tok_embd, output_norm, output_norm_b: None, output, output_b, output_s, output_tied, layers, rope_factors, encoder: None,
+                 extras: ExtraParts::default() })
 }
 
 /// The token embedding, the output norm and head (tied to the embedding when the file has no
@@ -429,7 +464,7 @@ pub(crate) fn load_embeddings_and_head_named(ld: &Loader, hp: &HParams, layers: 
     let output_s = load_output_scale(ld, &output, output_tied)?;
     let output_norm = ld.vector(output_norm, hp.n_embd)?;
     Ok(Weights { tok_embd, output_norm, output_norm_b: None, output, output_b: None, output_s, output_tied, layers,
-                 rope_factors: RopeFactors::default(), encoder: None })
+                 rope_factors: RopeFactors::default(), encoder: None, extras: ExtraParts::default() })
 }
 
 /// `output.scale` (and the unused `output.input_scale`), which llama.cpp reads for an NVFP4
@@ -495,7 +530,9 @@ fn load_layer(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Resul
 /// their second scales, and the optional parts `parts` names (output bias, Q/K norms, sinks).
 pub(crate) fn load_attention(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<AttnWeights> {
     let n_embd = hp.n_embd;
-    let (q_dim, k_dim, v_dim) = (hp.head_dim_k * hp.n_head, hp.n_embd_k_gqa(), hp.n_embd_v_gqa());
+    let (hd_k, hd_v) = (hp.head_dim_k_of(il), hp.head_dim_v_of(il));
+    let n_kv = hp.n_head_kv_of(il);
+    let (q_dim, k_dim, v_dim) = (hd_k * hp.n_head, hd_k * n_kv, hd_v * n_kv);
     let n = |s: &str| format!("blk.{il}.{s}");
     let opt = |on: bool, name: &str, len: usize| -> Result<Option<Vec<f32>>> {
         if on { ld.opt_vector(&n(name), len) } else { Ok(None) }
@@ -505,11 +542,11 @@ pub(crate) fn load_attention(ld: &Loader, hp: &HParams, parts: &LayerParts, il: 
     let scales = load_proj_scales(ld, &n)?;
     let (q_norm_len, k_norm_len) = match parts.qk_norm {
         Some(QkNorm::Whole) => (q_dim, k_dim),
-        _ => (hp.head_dim_k, hp.head_dim_k),
+        _ => (hd_k, hd_k),
     };
     Ok(AttnWeights {
         wq, wk, wv,
-        wo: ld.matrix(&n("attn_output.weight"), hp.head_dim_v * hp.n_head, n_embd)?,
+        wo: ld.matrix(&n("attn_output.weight"), hd_v * hp.n_head, n_embd)?,
         bq, bk, bv,
         bo: opt(parts.o_bias, "attn_output.bias", n_embd)?,
         scales,
@@ -587,7 +624,12 @@ pub(crate) fn load_qkv_biases(ld: &Loader, n: &dyn Fn(&str) -> String, dims: [us
 }
 
 pub(crate) fn load_gated(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize) -> Result<GatedFfn> {
-    let (n_embd, n_ff) = (hp.n_embd, hp.n_ff);
+    load_gated_sized(ld, hp, parts, il, hp.n_ff)
+}
+
+/// `load_gated` for a layer of its own width (Gemma 4's per-layer feed_forward_length).
+pub(crate) fn load_gated_sized(ld: &Loader, hp: &HParams, parts: &LayerParts, il: usize, n_ff: usize) -> Result<GatedFfn> {
+    let n_embd = hp.n_embd;
     let n = |s: &str| format!("blk.{il}.{s}");
     let opt = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
         if parts.ffn_bias { ld.opt_vector(&n(name), len) } else { Ok(None) }
@@ -636,25 +678,45 @@ pub(crate) fn load_experts(ld: &Loader, hp: &HParams, il: usize, ep: &ExpertPart
     let opt = |name: &str, len: usize| -> Result<Option<Vec<f32>>> {
         if ep.bias { ld.opt_vector_2d(&n(name), len, n_exp) } else { Ok(None) }
     };
-    let mats: &[&str] = if ep.gated { &["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"] } else { &["ffn_up_exps", "ffn_down_exps"] };
+    // Gate and up may come as one `ffn_gate_up_exps` (each expert's gate rows, then its up
+    // rows), which llama.cpp's build_moe_ffn splits after one product.
+    let fused = ep.gated && ld.has(&n("ffn_gate_up_exps.weight"));
+    let mats: &[&str] = match (fused, ep.gated) {
+        (true, _) => &["ffn_gate_up_exps", "ffn_down_exps"],
+        (false, true) => &["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"],
+        (false, false) => &["ffn_up_exps", "ffn_down_exps"],
+    };
     for m in mats {
         ld.skip_input_scale(&n(&format!("{m}.weight")), n_exp)?;
     }
     let scales = |name: &str| if ep.scales { ld.opt_vector(&n(name), n_exp) } else { Ok(None) };
+    let (gate, up) = if fused {
+        let blocks = ld.row_blocks(&n("ffn_gate_up_exps.weight"), &[n_embd, 2 * n_ff, n_exp], n_embd, &vec![n_ff; 2 * n_exp])?;
+        let (mut gate, mut up) = (Vec::with_capacity(n_exp), Vec::with_capacity(n_exp));
+        for (i, b) in blocks.into_iter().enumerate() {
+            if i % 2 == 0 { gate.push(b) } else { up.push(b) }
+        }
+        (Some(gate), up)
+    } else {
+        (if ep.gated { Some(per_expert("ffn_gate_exps.weight", n_embd, n_ff)?) } else { None },
+         per_expert("ffn_up_exps.weight", n_embd, n_ff)?)
+    };
     Ok(Experts {
-        gate_s: if ep.gated { scales("ffn_gate_exps.scale")? } else { None },
-        up_s: scales("ffn_up_exps.scale")?,
+        // llama.cpp's generic pass reads the scales of separate gate and up experts only.
+        gate_s: if ep.gated && !fused { scales("ffn_gate_exps.scale")? } else { None },
+        up_s: if fused { None } else { scales("ffn_up_exps.scale")? },
         down_s: scales("ffn_down_exps.scale")?,
         router: ld.matrix(&n("ffn_gate_inp.weight"), n_embd, n_exp)?,
         router_b: if ep.bias { ld.opt_vector(&n("ffn_gate_inp.bias"), n_exp)? } else { None },
         probs_b: if ep.probs_b { Some(ld.vector(&n("exp_probs_b.bias"), n_exp)?) } else { None },
-        gate: if ep.gated { Some(per_expert("ffn_gate_exps.weight", n_embd, n_ff)?) } else { None },
-        up: per_expert("ffn_up_exps.weight", n_embd, n_ff)?,
+        gate,
+        up,
         down: per_expert("ffn_down_exps.weight", n_ff, n_embd)?,
         gate_b: if ep.gated { opt("ffn_gate_exps.bias", n_ff)? } else { None },
         up_b: opt("ffn_up_exps.bias", n_ff)?,
         down_b: opt("ffn_down_exps.bias", n_embd)?,
         shared: ep.shared.map(|sp| load_shared_expert(ld, hp, il, &sp)).transpose()?,
+        router_in_scale: None,
     })
 }
 

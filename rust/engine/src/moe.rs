@@ -41,6 +41,8 @@ pub struct MoeScratch {
     shared_gate: Vec<f32>,
     shared_up: Vec<f32>,
     shared_out: Vec<f32>,
+    /// Gemma 4's router input (n × n_embd; sized on first use, empty for the other models).
+    router_x: Vec<f32>,
 }
 
 impl MoeScratch {
@@ -65,6 +67,7 @@ impl MoeScratch {
             shared_gate: vec![0.0; n_ubatch * hp.n_ff_shexp],
             shared_up: vec![0.0; n_ubatch * hp.n_ff_shexp],
             shared_out: if hp.n_ff_shexp > 0 { vec![0.0; n_ubatch * d] } else { Vec::new() },
+            router_x: Vec::new(),
         }
     }
 }
@@ -78,8 +81,16 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ff
         shared_expert(sh, ws, n, d, act, threads);
     }
     let s = &mut ws.moe;
-    crate::arch::blocks::lora_mm(&ex.router, None, lora.terms(Proj::Router), &ws.h, n, &mut s.logits[..n * ne], &mut ws.mm, &mut ws.lora, threads);
-    note(&mut ws.stats, Matrix::FfnGateInp, &ws.h[..n * d], n);
+    let router_in: &[f32] = match &ex.router_in_scale {
+        Some(scale) => {
+            let x = crate::recurrent::sized(&mut s.router_x, n * d);
+            router_input(&ws.x[..n * d], scale, hp.rms_eps, x);
+            x
+        }
+        None => &ws.h[..n * d],
+    };
+    crate::arch::blocks::lora_mm(&ex.router, None, lora.terms(Proj::Router), router_in, n, &mut s.logits[..n * ne], &mut ws.mm, &mut ws.lora, threads);
+    note(&mut ws.stats, Matrix::FfnGateInp, router_in, n);
     for t in 0..n {
         let logits = &mut s.logits[t * ne..(t + 1) * ne];
         if let Some(b) = &ex.router_b {
@@ -110,6 +121,21 @@ pub fn moe_ffn(hp: &HParams, ex: &Experts, ws: &mut Workspace, n: usize, act: Ff
     }
     if ex.shared.is_some() {
         add_inplace(&mut ws.o[..n * d], &s.shared_out[..n * d]);
+    }
+}
+
+/// Gemma 4's router input (llama_model_gemma4's graph): each row of the residual stream `x`
+/// RMS-normalized without weights, times 1/sqrt(n_embd), times `scale`, one product at a time
+/// as ggml rounds them.
+fn router_input(x: &[f32], scale: &[f32], eps: f32, out: &mut [f32]) {
+    let d = scale.len();
+    out.copy_from_slice(x);
+    crate::ops::rms_norm_plain_inplace(out, d, eps);
+    let inv_sqrt_d = 1.0 / (d as f32).sqrt();
+    for row in out.chunks_exact_mut(d) {
+        for (v, &g) in row.iter_mut().zip(scale) {
+            *v = (*v * inv_sqrt_d) * g;
+        }
     }
 }
 

@@ -42,6 +42,18 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// In-place RMSNorm without weights (ggml_rms_norm alone) of each row of n values.
+pub fn rms_norm_plain_inplace(x: &mut [f32], n: usize, eps: f32) {
+    let mut scales = [0f32; ROWS_AT_ONCE];
+    for chunk in x.chunks_mut((ROWS_AT_ONCE * n).max(1)) {
+        let rows = chunk.len() / n.max(1);
+        for_row_scales(chunk, n, eps, |r, scale| scales[r] = scale);
+        for (xr, &scale) in chunk.chunks_exact_mut(n).zip(&scales[..rows]) {
+            xr.iter_mut().for_each(|v| *v *= scale);
+        }
+    }
+}
+
 /// Each row of `row` values divided by its L2 norm, as llama.cpp's build_gdn_l2_norm computes
 /// it: ggml_rms_norm with epsilon eps/row (x / sqrt(mean(x²) + eps/row)), then ggml_scale by
 /// 1/sqrt(row) — two products, in that order (the gated delta net's queries and keys).

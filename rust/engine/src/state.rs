@@ -143,8 +143,7 @@ impl Context {
             let meta = cache.cells.state_write(seq).map_err(|e| bad(e.to_string()))?;
             out.extend((meta.bytes.len() as u64).to_le_bytes());
             out.extend(&meta.bytes);
-            let (kb, vb) = (self.store.k_row_bytes(), self.store.v_row_bytes());
-            let rows_len = cache.layers.len() * meta.cells.len() * (kb + vb);
+            let rows_len = meta.cells.len() * self.cache_row_bytes(&cache.layers);
             out.extend((rows_len as u64).to_le_bytes());
             for &il in &cache.layers {
                 for part in [Part::K, Part::V] {
@@ -155,6 +154,11 @@ impl Context {
             }
         }
         Ok(())
+    }
+
+    /// Bytes of one cell's K and V rows over a cache's layers (each layer in its own shape).
+    fn cache_row_bytes(&self, layers: &[usize]) -> usize {
+        layers.iter().map(|&il| self.store.k_row_bytes(il) + self.store.v_row_bytes(il)).sum()
     }
 
     fn read_caches<'a>(&self, r: &mut BlobReader<'a>) -> Result<Vec<CacheBlob<'a>>> {
@@ -168,7 +172,6 @@ impl Context {
 
     /// Restores cache metadata on copies, checks the K/V sizes, then commits everything.
     fn apply_caches(&mut self, blobs: &[CacheBlob], dst: Option<i32>) -> Result<()> {
-        let (kb, vb) = (self.store.k_row_bytes(), self.store.v_row_bytes());
         let mut restored = Vec::with_capacity(blobs.len());
         for (cache, blob) in self.caches.iter().zip(blobs) {
             let mut cells = cache.cells.clone();
@@ -179,7 +182,7 @@ impl Context {
             if read.consumed != blob.meta.len() {
                 return Err(bad("the cell metadata has trailing bytes"));
             }
-            if blob.rows.len() != cache.layers.len() * read.cells.len() * (kb + vb) {
+            if blob.rows.len() != read.cells.len() * self.cache_row_bytes(&cache.layers) {
                 return Err(bad("the K/V data does not match the cells"));
             }
             restored.push((cells, read.cells));
@@ -188,7 +191,7 @@ impl Context {
             cache.cells = cells;
             let mut rows = blob.rows;
             for &il in &cache.layers {
-                for (part, n) in [(Part::K, kb), (Part::V, vb)] {
+                for (part, n) in [(Part::K, self.store.k_row_bytes(il)), (Part::V, self.store.v_row_bytes(il))] {
                     for &c in &slots {
                         self.store.write_row(part, il, c as usize, &rows[..n]);
                         rows = &rows[n..];

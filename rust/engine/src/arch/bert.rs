@@ -59,6 +59,7 @@ fn load(ld: &Loader, hp: &HParams, bert: bool) -> Result<Weights> {
     Ok(Weights {
         output: tok_embd.clone(), tok_embd, output_norm: Vec::new(), output_norm_b: None, output_b: None, output_s: None, output_tied: false, layers,
         rope_factors: RopeFactors::default(), encoder: Some(EncoderInputs { pos_embd, type_row0, norm }),
+        extras: Default::default(),
     })
 }
 

@@ -47,14 +47,16 @@ pub fn embed(w: &Weights, ws: &mut Workspace, ub: &UBatchView, d: usize, scale: 
 /// the sliding-window layers' own base where the model has one.
 pub fn fill_rope_caches(hp: &HParams, ws: &mut Workspace, ub: &UBatchView) {
     let n_rot = hp.rope.n_dims;
-    let swa_rope = hp.layer_rope(ub.rope, hp.swa_layers.iter().position(|&s| s).unwrap_or(0));
+    let swa_il = hp.swa_layers.iter().position(|&s| s).unwrap_or(0);
+    let (swa_rope, swa_factors) = (hp.layer_rope(ub.rope, swa_il), hp.layer_rope_factors(swa_il, ub.rope_factors));
+    let n_rot_swa = swa_rope.n_dims;
     for (t, &p) in ub.pos.iter().enumerate() {
         ub.rope.fill_cache(p as f32, ub.rope_factors, &mut ws.rope_cache[t * n_rot..(t + 1) * n_rot]);
         if let Some(sections) = hp.imrope_sections {
             ub.rope.imrope_text(sections, &mut ws.rope_cache[t * n_rot..(t + 1) * n_rot]);
         }
         if !ws.rope_cache_swa.is_empty() {
-            swa_rope.fill_cache(p as f32, ub.rope_factors, &mut ws.rope_cache_swa[t * n_rot..(t + 1) * n_rot]);
+            swa_rope.fill_cache(p as f32, swa_factors, &mut ws.rope_cache_swa[t * n_rot_swa..(t + 1) * n_rot_swa]);
         }
     }
 }
@@ -81,17 +83,22 @@ pub fn layer_pre_norm(hp: &HParams, ws: &mut Workspace, norm: Option<&[f32]>, bi
 
 /// ws.q, ws.k, ws.v = W·ws.h (+ the adapters' terms, + biases) for n tokens.
 pub fn project_qkv(lw: &AttnWeights, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
+    project_q(lw, ws, n, lora, threads);
+    project_kv(lw, ws, n, lora, threads);
+}
+
+/// ws.q = Wq·ws.h (+ the adapters' terms, + bias) for n tokens.
+pub fn project_q(lw: &AttnWeights, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
     let q_dim = lw.wq.rows;
     lora_mm(&lw.wq, lw.scales.q, lora.terms(Proj::Q), &ws.h, n, &mut ws.q[..n * q_dim], &mut ws.mm, &mut ws.lora, threads);
     if let Some(b) = &lw.bq {
         add_bias(&mut ws.q[..n * q_dim], b);
     }
-    project_kv(lw, ws, n, lora, threads);
 }
 
 /// ws.k, ws.v = W·ws.h (+ the adapters' terms, + biases) for n tokens, and the activation
 /// statistics of the three projections' input.
-fn project_kv(lw: &AttnWeights, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
+pub fn project_kv(lw: &AttnWeights, ws: &mut Workspace, n: usize, lora: LayerLora, threads: &Threads) {
     let (k_dim, v_dim) = (lw.wk.rows, lw.wv.rows);
     lora_mm(&lw.wk, lw.scales.k, lora.terms(Proj::K), &ws.h, n, &mut ws.k[..n * k_dim], &mut ws.mm, &mut ws.lora, threads);
     lora_mm(&lw.wv, lw.scales.v, lora.terms(Proj::V), &ws.h, n, &mut ws.v[..n * v_dim], &mut ws.mm, &mut ws.lora, threads);
@@ -121,20 +128,22 @@ pub fn qk_norm(lw: &AttnWeights, ws: &mut Workspace, n: usize, eps: f32) {
 /// token's K and V in its cell of layer `il`.
 pub fn rope_and_store(hp: &HParams, lw: &AttnWeights, rope: &RopeParams, rope_cache: &[f32], ws: &mut Workspace,
                       kv: &mut KvStore, ub: &UBatchView, il: usize) {
-    rope_qk(hp, lw, rope, rope_cache, ws, ub.tokens.len());
+    rope_qk(hp, lw, rope, rope_cache, ws, ub.tokens.len(), il);
     store_kv(lw, ws, kv, ub, il);
 }
 
-/// Rotates every head of Q and K of n tokens (`rope_cache` holds each token's cos/sin).
-pub fn rope_qk(hp: &HParams, lw: &AttnWeights, rope: &RopeParams, rope_cache: &[f32], ws: &mut Workspace, n: usize) {
-    let (q_dim, k_dim) = (hp.n_head * hp.head_dim_k, lw.wk.rows);
+/// Rotates every head of Q and K of n tokens of layer il (`rope_cache` holds each token's
+/// cos/sin; the heads are the layer's size).
+pub fn rope_qk(hp: &HParams, lw: &AttnWeights, rope: &RopeParams, rope_cache: &[f32], ws: &mut Workspace, n: usize, il: usize) {
+    let hd = hp.head_dim_k_of(il);
+    let (q_dim, k_dim) = (hp.n_head * hd, lw.wk.rows);
     let n_rot = rope.n_dims;
     for t in 0..n {
         let cache = &rope_cache[t * n_rot..(t + 1) * n_rot];
-        for head in ws.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hp.head_dim_k) {
+        for head in ws.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
             rope_apply(head, cache, rope);
         }
-        for head in ws.k[t * k_dim..(t + 1) * k_dim].chunks_exact_mut(hp.head_dim_k) {
+        for head in ws.k[t * k_dim..(t + 1) * k_dim].chunks_exact_mut(hd) {
             rope_apply(head, cache, rope);
         }
     }
@@ -161,8 +170,24 @@ pub fn rope_layer_and_store(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, 
 pub fn rope_layer(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, ub: &UBatchView, il: usize) {
     let sliding = hp.swa_layers[il] && !ws.rope_cache_swa.is_empty();
     let rope_cache = std::mem::take(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache });
-    rope_qk(hp, lw, &hp.layer_rope(ub.rope, il), &rope_cache, ws, ub.tokens.len());
+    rope_qk(hp, lw, &hp.layer_rope(ub.rope, il), &rope_cache, ws, ub.tokens.len(), il);
     *(if sliding { &mut ws.rope_cache_swa } else { &mut ws.rope_cache }) = rope_cache;
+}
+
+/// Rotates every query head of layer il (its sliding-window RoPE where it has one), for a
+/// layer that attends over an earlier layer's K/V and stores none (Gemma 4's shared KV).
+pub fn rope_queries(hp: &HParams, ws: &mut Workspace, ub: &UBatchView, il: usize) {
+    let sliding = hp.swa_layers[il] && !ws.rope_cache_swa.is_empty();
+    let rope = hp.layer_rope(ub.rope, il);
+    let (hd, n_rot) = (hp.head_dim_k_of(il), rope.n_dims);
+    let q_dim = hp.n_head * hd;
+    let cache = if sliding { &ws.rope_cache_swa } else { &ws.rope_cache };
+    for t in 0..ub.tokens.len() {
+        let c = &cache[t * n_rot..(t + 1) * n_rot];
+        for head in ws.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
+            rope_apply(head, c, &rope);
+        }
+    }
 }
 
 /// Q times each token's attention temperature (llama.cpp's Llama 4 temperature tuning) where
@@ -188,10 +213,10 @@ pub fn attend(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &KvStore, 
 pub fn attend_heads(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &KvStore, ub: &UBatchView, il: usize,
                     scale: f32, softcap: f32, threads: &Threads) {
     let n = ub.tokens.len();
-    let (q_dim, attn_dim) = (hp.n_head * hp.head_dim_k, hp.n_head * hp.head_dim_v);
+    let (q_dim, attn_dim) = (hp.n_head * hp.head_dim_k_of(il), hp.n_head * hp.head_dim_v_of(il));
     let view = ub.kv(il);
     let input = AttnInput {
-        q: &ws.q[..n * q_dim], n_tokens: n, n_head: hp.n_head, n_head_kv: hp.n_head_kv, kv, layer: il,
+        q: &ws.q[..n * q_dim], n_tokens: n, n_head: hp.n_head, n_head_kv: hp.n_head_kv_of(il), kv, layer: hp.kv_source[il],
         mask: view.mask, n_kv: view.n_kv, scale, softcap, sinks: lw.sinks.as_deref(),
     };
     attention(&input, &mut ws.attn[..n * attn_dim], threads);
@@ -200,7 +225,7 @@ pub fn attend_heads(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &KvS
 /// ws.o = Wo · ws.attn (+ the adapters' terms, + output bias).
 pub fn attn_output(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, ub: &UBatchView, il: usize, threads: &Threads) {
     let n = ub.tokens.len();
-    let (attn_dim, d) = (hp.n_head * hp.head_dim_v, hp.n_embd);
+    let (attn_dim, d) = (hp.n_head * hp.head_dim_v_of(il), hp.n_embd);
     lora_mm(&lw.wo, lw.scales.o, ub.lora_layer(il).terms(Proj::O), &ws.attn, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
     note(&mut ws.stats, Matrix::AttnOutput, &ws.attn[..n * attn_dim], n);
     if let Some(b) = &lw.bo {

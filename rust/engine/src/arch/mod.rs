@@ -11,6 +11,7 @@ pub mod ernie4_5;
 pub mod exaone4;
 pub mod falcon_h1;
 pub mod gemma3;
+pub mod gemma4;
 pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granite;
@@ -24,6 +25,7 @@ pub mod nemotron_h;
 pub mod olmo2;
 pub mod olmoe;
 pub mod phi3;
+pub(crate) mod ple;
 pub mod qwen3;
 pub mod qwen2moe;
 pub mod qwen35;
@@ -66,6 +68,7 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen3::QWEN3MOE,
     gemma2::GEMMA2,
     gemma3::GEMMA3,
+    gemma4::GEMMA4,
     phi3::PHI3,
     granite::GRANITE,
     olmo2::OLMO2,

@@ -10,6 +10,10 @@ use ferrollama_tensor::attn::{attend, v_cols, AttnScratch, DotOrder, Heads};
 use ferrollama_tensor::util::f32_to_f16;
 use ferrollama_tensor::GgmlType;
 
+#[path = "shared/thread_time.rs"]
+mod thread_time;
+use thread_time::thread_cpu_seconds;
+
 fn f16_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut s = seed;
     (0..n)
@@ -20,22 +24,6 @@ fn f16_bytes(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-fn thread_seconds() -> f64 {
-    let mut ts = libc_timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the struct; CLOCK_THREAD_CPUTIME_ID = 3 on Linux.
-    unsafe { clock_gettime(3, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
-#[repr(C)]
-struct libc_timespec {
-    tv_sec: i64,
-    tv_nsec: i64,
-}
-
-extern "C" {
-    fn clock_gettime(clk: i32, ts: *mut libc_timespec) -> i32;
-}
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("a number")).collect();
@@ -58,9 +46,9 @@ fn main() {
         attend(&h, &mut out, &mut s);
         let mut best = f64::INFINITY;
         for _ in 0..reps {
-            let t0 = thread_seconds();
+            let t0 = thread_cpu_seconds();
             attend(&h, &mut out, &mut s);
-            best = best.min(thread_seconds() - t0);
+            best = best.min(thread_cpu_seconds() - t0);
         }
         let flops = 4.0 * (n_t * group * dim) as f64 * (depth + n_t / 2) as f64;
         println!("{name:>13}: {n_t} tokens x {group} heads of {dim} at depth {depth}: {:8.1} us  {:6.1} GFLOP/s", best * 1e6, flops / best * 1e-9);

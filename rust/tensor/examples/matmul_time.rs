@@ -16,6 +16,10 @@ use std::time::Instant;
 
 use ferrollama_tensor::{matmul, GgmlType, MatmulScratch, QMatrix, Threads, WeightBytes};
 
+#[path = "shared/thread_time.rs"]
+mod thread_time;
+use thread_time::thread_cpu_seconds;
+
 fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> T {
     args.get(i).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         eprintln!("usage: matmul_time TYPE ROWS COLS TOKENS THREADS REPS WEIGHTS_FILE COPIES (bad or missing {what})");
@@ -41,12 +45,12 @@ fn main() {
     let mut scratch = MatmulScratch::default();
     let pool = Threads::new(threads);
     let mut pass = || {
-        let (start, cpu) = (Instant::now(), thread_seconds());
+        let (start, cpu) = (Instant::now(), thread_cpu_seconds());
         for m in &matrices {
             matmul(m, &x, tokens, &mut out, &mut scratch, &pool);
         }
         let n = matrices.len() as f64;
-        (start.elapsed().as_secs_f64() / n, (thread_seconds() - cpu) / n)
+        (start.elapsed().as_secs_f64() / n, (thread_cpu_seconds() - cpu) / n)
     };
     pass();
     let (times, cpu): (Vec<String>, Vec<String>) = (0..reps).map(|_| pass()).map(|(w, c)| (format!("{w:.9}"), format!("{c:.9}"))).unzip();
@@ -54,19 +58,3 @@ fn main() {
              out.iter().map(|v| *v as f64).sum::<f64>());
 }
 
-fn thread_seconds() -> f64 {
-    let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the struct; CLOCK_THREAD_CPUTIME_ID = 3 on Linux.
-    unsafe { clock_gettime(3, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
-#[repr(C)]
-struct Timespec {
-    tv_sec: i64,
-    tv_nsec: i64,
-}
-
-extern "C" {
-    fn clock_gettime(clk: i32, ts: *mut Timespec) -> i32;
-}

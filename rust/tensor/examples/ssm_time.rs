@@ -24,6 +24,10 @@ use std::time::Instant;
 use ferrollama_tensor::ssm::{gated_delta_net_on, ssm_conv_on, ssm_scan_on};
 use ferrollama_tensor::{Isa, Threads};
 
+#[path = "shared/thread_time.rs"]
+mod thread_time;
+use thread_time::thread_cpu_seconds;
+
 /// Reproducible inputs without a dependency: a xorshift in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -196,15 +200,6 @@ impl Kernel for Conv {
     fn run(&mut self, isa: Isa, layer: usize, n_t: usize, threads: &Threads) {
         ssm_conv_on(isa, self.states[layer].get(), &self.x, self.channels, n_t, &self.weight, self.d_conv, self.channels, &mut self.out, threads);
     }
-}
-
-/// The calling thread's CPU time in seconds: on one thread, what the kernel cost, whatever
-/// else shares the cores (wall time counts the time the thread waits for a core).
-fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a plain libc call filling a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 /// Nanoseconds per token and layer: the best of `reps` passes over `layers` layers (after one

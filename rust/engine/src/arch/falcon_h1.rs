@@ -7,14 +7,14 @@
 use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
 
-use crate::arch::blocks::{embed, ffn, fill_rope_caches, output, pre_norm, residual, self_attention};
+use crate::arch::blocks::{pre_norm_blocks, self_attention};
 use crate::arch::ArchInfo;
 use crate::error::Result;
 use crate::graph::{UBatchView, Workspace};
 use crate::hparams::HParams;
 use crate::kvstore::KvStore;
 use crate::model::{load_attention, load_gated, Ffn, LayerParts, LayerWeights, Loader, Model, Weights};
-use crate::ops::{add_inplace, swiglu};
+use crate::ops::add_inplace;
 use crate::recurrent::{mamba2_mixer, mamba2_params, sized, Mamba2Weights, RsWeights};
 
 pub const FALCON_H1: ArchInfo = ArchInfo { name: "falcon-h1", rope_neox: true, hparams, load, forward, encoder: false };
@@ -51,29 +51,15 @@ fn load(ld: &Loader, hp: &HParams) -> Result<Weights> {
 fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, threads: &Threads, logits: &mut [f32]) {
     let hp = &model.hparams;
     let rs = hp.rs.as_ref().expect("set by hparams");
-    let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, 1.0, threads);
-    fill_rope_caches(hp, ws, ub);
-    for (il, lw) in w.layers.iter().enumerate() {
-        if let Some(s) = ws.stats.as_deref_mut() {
-            s.begin_layer(il);
-        }
-        pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
+    let (n, d) = (ub.tokens.len(), hp.n_embd);
+    pre_norm_blocks(model, w, ws, kv, ub, threads, logits, |lw, ws, kv, il| {
         let Some(RsWeights::Mamba2(m)) = &lw.rs else { unreachable!("every falcon-h1 block is loaded with its mixer") };
-        mamba2_mixer(rs, m, ws, &mut kv.rs, ub, il, eps, threads);
+        mamba2_mixer(rs, m, ws, &mut kv.rs, ub, il, hp.rms_eps, threads);
         let mut mixed = std::mem::take(&mut ws.rs.mixed);
         sized(&mut mixed, n * d).copy_from_slice(&ws.o[..n * d]);
         self_attention(hp, lw.attn(), ws, kv, ub, il, threads);
         // the block's output: attention + mixer, then added to the stream
         add_inplace(&mut ws.o[..n * d], &mixed[..n * d]);
         ws.rs.mixed = mixed;
-        residual(ws, None, eps, 1.0, n, d);
-        pre_norm(ws, lw.ffn_norm.as_deref(), eps, n, d);
-        ffn(hp, lw, ws, n, swiglu, ub.lora_layer(il), threads);
-        residual(ws, None, eps, 1.0, n, d);
-        if let Some(cv) = ub.cvec {
-            cv.apply(il, &mut ws.x[..n * d]);
-        }
-    }
-    output(hp, w, ws, ub, threads, logits);
+    });
 }

@@ -268,16 +268,21 @@ def main() -> None:
         if dst.exists() and not args.force:
             print("exists", dst)
             continue
-        f16 = out / f"bench-{name}-f16.gguf"
-        t0 = time.time()
-        write_f16(name, f16)
-        t1 = time.time()
-        subprocess.run([sys.executable, "-m", "ferrollama.cli", "quantize", str(f16), str(dst), "Q4_K_M"],
-                       check=True, stdout=subprocess.DEVNULL)
-        if not args.keep_f16:
-            f16.unlink()
-        print(f"wrote {dst} ({dst.stat().st_size / 2**20:.1f} MiB; F16 {t1 - t0:.0f} s, "
-              f"quantize {time.time() - t1:.0f} s)")
+        write_q4_k_m(lambda f16: write_f16(name, f16), out / f"bench-{name}-f16.gguf", dst, args.keep_f16)
+
+
+def write_q4_k_m(write_f16_to, f16: Path, dst: Path, keep_f16: bool) -> None:
+    """Writes the F16 model with `write_f16_to(f16)`, then `ferrollama quantize` makes dst of it
+    in Q4_K_M; the F16 file is deleted unless keep_f16."""
+    t0 = time.time()
+    write_f16_to(f16)
+    t1 = time.time()
+    subprocess.run([sys.executable, "-m", "ferrollama.cli", "quantize", str(f16), str(dst), "Q4_K_M"],
+                   check=True, stdout=subprocess.DEVNULL)
+    if not keep_f16:
+        f16.unlink()
+    print(f"wrote {dst} ({dst.stat().st_size / 2**20:.1f} MiB; F16 {t1 - t0:.0f} s, "
+          f"quantize {time.time() - t1:.0f} s)")
 
 
 if __name__ == "__main__":

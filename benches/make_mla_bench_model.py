@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import gguf
@@ -48,7 +46,7 @@ sys.path.insert(0, str(REPO / "tests" / "data"))
 sys.path.insert(0, str(REPO / "benches"))
 import make_tiny_archs as mk  # noqa: E402
 import make_tiny_mla as tm  # noqa: E402 - the tensor and metadata writers
-from make_hybrid_bench_models import synthetic_vocab  # noqa: E402
+from make_hybrid_bench_models import synthetic_vocab, write_q4_k_m  # noqa: E402
 
 DEFAULT_OUT = Path.home() / ".cache" / "ferrollama" / "bench"
 
@@ -122,16 +120,7 @@ def main() -> None:
     if dst.exists() and not args.force:
         print("exists", dst)
         return
-    f16 = out / f"bench-deepseek2-lite-{args.layers}l-f16.gguf"
-    t0 = time.time()
-    write_f16(spec, f16)
-    t1 = time.time()
-    subprocess.run([sys.executable, "-m", "ferrollama.cli", "quantize", str(f16), str(dst), "Q4_K_M"],
-                   check=True, stdout=subprocess.DEVNULL)
-    if not args.keep_f16:
-        f16.unlink()
-    print(f"wrote {dst} ({dst.stat().st_size / 2**20:.1f} MiB; F16 {t1 - t0:.0f} s, "
-          f"quantize {time.time() - t1:.0f} s)")
+    write_q4_k_m(lambda f16: write_f16(spec, f16), out / f"bench-deepseek2-lite-{args.layers}l-f16.gguf", dst, args.keep_f16)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def write(tmp_path: Path, s: mk.Spec) -> str:
 def test_every_architecture_of_the_issue_is_in_the_table():
     for arch in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4", "phi3", "granite", "olmo2",
                  "smollm3", "mistral3", "qwen2moe", "olmoe", "exaone4", "seed_oss", "ernie4_5", "ernie4_5-moe",
-                 "cohere2", "starcoder2", "deepseek2"):
+                 "cohere2", "starcoder2", "deepseek2", "gemma3n"):
         assert arch in fl._core.SUPPORTED_ARCHITECTURES
 
 
@@ -132,3 +132,22 @@ def test_llama4_without_chunked_attention_is_refused(tmp_path):
     path = write_glm_llama4(tmp_path, "llama4")
     with pytest.raises(fl.UnsupportedError, match="attention.sliding_window 0"):
         fl.Model(path, kv_overrides={"llama4.attention.sliding_window": 0})
+
+
+GEMMA3N = str(Path(__file__).parent / "data" / "models" / "tiny-gemma3n-f32.gguf")
+
+
+@pytest.mark.parametrize("key, value", [
+    ("gemma3n.altup.num_inputs", 3),
+    ("gemma3n.altup.active_idx", 1),
+    ("gemma3n.embedding_length_per_layer_input", 128),
+    ("gemma3n.attention.shared_kv_layers", 4),
+    ("gemma3n.final_logit_softcapping", 50.0),
+])
+def test_gemma3n_metadata_that_llama_cpp_fixes_otherwise_is_refused(key, value):
+    # llama.cpp's gemma3n graph reads none of these keys and computes with fixed values; a file
+    # stating other values cannot be run the same by both, so it is refused, naming the key.
+    short = key.removeprefix("gemma3n.")
+    with pytest.raises(fl.UnsupportedError, match=short):
+        fl.Model(GEMMA3N, kv_overrides={key: value})
+    assert fl.Model(GEMMA3N).arch == "gemma3n"

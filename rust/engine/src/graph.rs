@@ -109,6 +109,8 @@ pub struct Workspace {
     /// The attention's output of a parallel block, kept while its FFN runs (sized on first
     /// use; empty for the other models).
     pub parallel_attn: Vec<f32>,
+    /// Gemma 3n's streams and routing (sized on first use; empty for the other models).
+    pub altup: crate::arch::gemma3n::AltUpScratch,
 }
 
 impl Workspace {
@@ -138,6 +140,7 @@ impl Workspace {
             aux: Vec::new(),
             latent: Default::default(),
             parallel_attn: Vec::new(),
+            altup: Default::default(),
         }
     }
 }

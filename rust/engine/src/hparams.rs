@@ -254,6 +254,16 @@ impl Meta<'_> {
         }
         vals.iter().map(|&x| usize::try_from(x).map_err(|_| self.bad(&key, "negative"))).collect::<Result<Vec<_>>>().map(Some)
     }
+    /// `{arch}.KEY` as an array of n_layer numbers (Gemma 3n's activation_sparsity_scale).
+    pub fn layer_f32s(&self, k: &str, n_layer: usize) -> Result<Option<Vec<f32>>> {
+        let key = self.key(k);
+        let Some(v) = self.file.get(&key) else { return Ok(None) };
+        let vals = v.as_array().and_then(Array::to_f32_vec).ok_or_else(|| self.bad(&key, "not an array of numbers"))?;
+        if vals.len() != n_layer {
+            return Err(self.bad(&key, &format!("{} values for {n_layer} layers", vals.len())));
+        }
+        Ok(Some(vals))
+    }
     fn uniform_array(&self, key: &str, a: Option<&Array>) -> Result<usize> {
         let vals = a.and_then(Array::to_i64_vec).ok_or_else(|| self.bad(key, "not an integer"))?;
         let first = *vals.first().ok_or_else(|| self.bad(key, "empty array"))?;
@@ -496,6 +506,23 @@ impl HParams {
         if nz.any(|h| h != first) {
             return Err(EngineError::Unsupported(format!(
                 "{}.attention.head_count_kv: per-layer values differ ({:?})", self.arch, self.n_head_kv_layers)));
+        }
+        Ok(())
+    }
+
+    /// Layers from `n_kv` on attend over the K/V of the last layer of their kind before
+    /// `n_kv` and store none (llama.cpp's layer_reuse_cb of Gemma 3n and Gemma 4: a sliding
+    /// layer over layer n_kv - 2, a full one over n_kv - 1). Refused where that layer is of
+    /// the other kind or has other KV heads (llama.cpp would read a cache it does not have).
+    pub fn share_kv_from(&mut self, n_kv: usize) -> Result<()> {
+        for il in n_kv..self.n_layer {
+            let src = n_kv.checked_sub(if self.is_swa(il) { 2 } else { 1 });
+            let Some(src) = src.filter(|&s| self.is_swa(s) == self.is_swa(il) && self.n_head_kv_of(s) == self.n_head_kv_of(il)) else {
+                return Err(EngineError::Unsupported(format!(
+                    "{}: shared-KV layer {il} would attend over layer {src:?}, missing or of another attention kind or KV head count",
+                    self.arch)));
+            };
+            self.kv_source[il] = src;
         }
         Ok(())
     }

@@ -248,8 +248,10 @@ pub struct Weights {
 /// Parts beyond the common decoder block, which the architectures that have them load.
 #[derive(Default)]
 pub struct ExtraParts {
-    /// Per-layer embeddings (Gemma 4: `arch::ple`).
+    /// Per-layer embeddings (Gemma 3n, Gemma 4: `arch::ple`).
     pub ple: Option<crate::arch::ple::PerLayerEmbeddings>,
+    /// Gemma 3n's AltUp streams and LAuReL residuals.
+    pub altup: Option<crate::arch::gemma3n::AltUp>,
     /// Per layer (empty for the models without any).
     pub layers: Vec<LayerExtras>,
 }

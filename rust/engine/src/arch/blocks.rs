@@ -12,7 +12,9 @@ use crate::hparams::HParams;
 use crate::kvstore::KvStore;
 use crate::lora::{add_embedding_terms, add_terms, LayerLora, LoraScratch, Proj, Term};
 use crate::model::{AttnWeights, Ffn, GatedFfn, LayerWeights, Weights};
-use crate::ops::{add_bias, add_inplace, layer_norm_rows, rms_norm, rms_norm_inplace, rope_apply, scale_inplace, RopeParams};
+use crate::ops::{
+    add_bias, add_inplace, layer_norm_rows, rms_norm, rms_norm_inplace, rms_norm_plain_inplace, rope_apply, scale_inplace, RopeParams,
+};
 
 /// out = W·x for n tokens, times W's second scale where it has one, plus the LoRA terms of W
 /// (llama.cpp's build_lora_mm).
@@ -275,6 +277,27 @@ pub fn gated_attention(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &
         out.iter_mut().zip(gate.iter()).for_each(|(o, &g)| *o *= g);
     }
     attn_output(hp, lw, ws, ub, il, threads);
+}
+
+/// ws.o = layer il's attention of ws.h as Gemma 3n and Gemma 4 compute it: Q with its
+/// per-head norm and RoPE; for a layer with K/V of its own, K with its norm and RoPE and V
+/// RMS-normalized without weights, stored in the cache; attention with scores scaled by
+/// hp.attn_scale over its own or its source layer's cells (HParams::share_kv_from).
+pub fn normed_qkv_attention(hp: &HParams, a: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize,
+                            threads: &Threads) {
+    let n = ub.tokens.len();
+    let lora = ub.lora_layer(il);
+    project_q(a, ws, n, lora, threads);
+    if hp.stores_kv(il) {
+        project_kv(a, ws, n, lora, threads);
+        qk_norm(a, ws, n, hp.rms_eps);
+        rms_norm_plain_inplace(&mut ws.v[..n * a.wv.rows], hp.head_dim_v_of(il), hp.rms_eps);
+        rope_layer_and_store(hp, a, ws, kv, ub, il);
+    } else {
+        qk_norm(a, ws, n, hp.rms_eps);
+        rope_queries(hp, ws, ub, il);
+    }
+    attend(hp, a, ws, kv, ub, il, hp.attn_scale, 0.0, threads);
 }
 
 /// Adds a dense product's input rows to the activation statistics, when they are collected.

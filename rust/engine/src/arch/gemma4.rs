@@ -13,8 +13,7 @@ use ferrollama_gguf::GgufFile;
 use ferrollama_tensor::Threads;
 
 use crate::arch::blocks::{
-    attend, embed, ffn, fill_rope_caches, gated_ffn, output, pre_norm, project_kv, project_q, qk_norm, residual,
-    rope_layer_and_store, rope_queries, softcap_logits, FfnAct,
+    embed, ffn, fill_rope_caches, gated_ffn, normed_qkv_attention, output, pre_norm, residual, softcap_logits, FfnAct,
 };
 use crate::arch::{ple, ArchInfo};
 use crate::error::{EngineError, Result};
@@ -25,7 +24,7 @@ use crate::model::{
     load_experts, load_gated_sized, load_proj_scales, load_qkv, AttnWeights, DenseBesideExperts, ExpertParts, ExtraParts,
     Ffn, LayerExtras, LayerParts, LayerWeights, Loader, Model, Weights,
 };
-use crate::ops::{add_inplace, geglu, rms_norm_inplace, rms_norm_plain_inplace, scale_inplace};
+use crate::ops::{add_inplace, geglu, rms_norm_inplace, scale_inplace};
 
 pub const GEMMA4: ArchInfo = ArchInfo { name: "gemma4", rope_neox: true, hparams, load, forward, encoder: false };
 
@@ -70,22 +69,13 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
 }
 
 /// The last `n_shared` layers attend over the K/V of the last earlier layer of their kind
-/// (llama.cpp's layer_reuse_cb: the sliding ones over layer n_kv - 2, the full ones over
-/// n_kv - 1, n_kv being the layers that keep K/V).
+/// (HParams::share_kv_from); llama.cpp asserts that at least 2 layers keep K/V.
 fn share_kv(hp: &mut HParams, n_shared: usize) -> Result<()> {
     // llama.cpp asserts n_layer_kv_from_start >= 2 for every Gemma 4 cache, shared layers or not.
     let n_kv = hp.n_layer.checked_sub(n_shared).filter(|&k| k >= 2).ok_or_else(|| {
         EngineError::Unsupported(format!("{}: {n_shared} shared-KV layers of {} leave fewer than 2 with K/V", hp.arch, hp.n_layer))
     })?;
-    for il in n_kv..hp.n_layer {
-        let src = n_kv - if hp.is_swa(il) { 2 } else { 1 };
-        if hp.is_swa(src) != hp.is_swa(il) || hp.n_head_kv_of(src) != hp.n_head_kv_of(il) {
-            return Err(EngineError::Unsupported(format!(
-                "{}: shared-KV layer {il} would attend over layer {src}, of another attention kind or KV head count", hp.arch)));
-        }
-        hp.kv_source[il] = src;
-    }
-    Ok(())
+    hp.share_kv_from(n_kv)
 }
 
 fn load(ld: &Loader, hp: &HParams) -> Result<Weights> {
@@ -107,7 +97,7 @@ fn load(ld: &Loader, hp: &HParams) -> Result<Weights> {
         // the full layers' proportional RoPE (one tensor, which every full layer reads)
         w.rope_factors.freqs = Some(ld.vector("rope_freqs.weight", hp.head_dim_k / 2)?);
     }
-    w.extras = ExtraParts { ple: ple::load(ld, hp, n_pl)?, layers: extras };
+    w.extras = ExtraParts { ple: ple::load(ld, hp, n_pl)?, altup: None, layers: extras };
     Ok(w)
 }
 
@@ -202,7 +192,7 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
             s.begin_layer(il);
         }
         pre_norm(ws, lw.attn_norm.as_deref(), eps, n, d);
-        attention(hp, lw.attn(), ws, kv, ub, il, threads);
+        normed_qkv_attention(hp, lw.attn(), ws, kv, ub, il, threads);
         residual(ws, lw.post_attn_norm.as_deref(), eps, 1.0, n, d);
         let extras = &w.extras.layers[il];
         feed_forward(hp, lw, extras, ws, ub, il, threads);
@@ -221,25 +211,6 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
     if hp.final_logit_softcap > 0.0 {
         softcap_logits(&mut logits[..ub.out_rows.len() * hp.n_vocab], hp.final_logit_softcap);
     }
-}
-
-/// ws.o = layer il's attention of ws.h: Q with its per-head norm and RoPE; for a layer with
-/// K/V of its own, K with its norm and RoPE and V RMS-normalized without weights, stored in
-/// the cache; attention with unscaled scores over its own or its source layer's cells.
-fn attention(hp: &HParams, a: &AttnWeights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, il: usize, threads: &Threads) {
-    let n = ub.tokens.len();
-    let lora = ub.lora_layer(il);
-    project_q(a, ws, n, lora, threads);
-    if hp.stores_kv(il) {
-        project_kv(a, ws, n, lora, threads);
-        qk_norm(a, ws, n, hp.rms_eps);
-        rms_norm_plain_inplace(&mut ws.v[..n * a.wv.rows], hp.head_dim_v_of(il), hp.rms_eps);
-        rope_layer_and_store(hp, a, ws, kv, ub, il);
-    } else {
-        qk_norm(a, ws, n, hp.rms_eps);
-        rope_queries(hp, ws, ub, il);
-    }
-    attend(hp, a, ws, kv, ub, il, hp.attn_scale, 0.0, threads);
 }
 
 /// ws.o = the layer's FFN of the residual stream ws.x: ffn_norm then the GeGLU FFN, or (MoE

@@ -11,6 +11,7 @@ pub mod ernie4_5;
 pub mod exaone4;
 pub mod falcon_h1;
 pub mod gemma3;
+pub mod gemma3n;
 pub mod gemma4;
 pub mod glm4_moe;
 pub mod gpt_oss;
@@ -68,6 +69,7 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen3::QWEN3MOE,
     gemma2::GEMMA2,
     gemma3::GEMMA3,
+    gemma3n::GEMMA3N,
     gemma4::GEMMA4,
     phi3::PHI3,
     granite::GRANITE,

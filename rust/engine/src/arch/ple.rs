@@ -1,8 +1,8 @@
-//! Per-layer embeddings (Gemma 4's, as llama_model_gemma4's graph computes them; Gemma 3n
-//! has the same block): each token gets, for every layer, a small vector of n_pl values: its
-//! row of a second embedding table plus a normalized projection of its scaled embedding. After
-//! each layer, the hidden state gates that layer's vector through a GELU, and a normalized
-//! projection of the product is added back to the hidden state.
+//! Per-layer embeddings (Gemma 4's and Gemma 3n's, as llama.cpp's graphs compute them): each
+//! token gets, for every layer, a small vector of n_pl values: its row of a second embedding
+//! table plus a normalized projection of its scaled embedding. After each layer, the hidden
+//! state gates that layer's vector through a GELU, and a normalized projection of the product
+//! is added back to the hidden state.
 
 use ferrollama_tensor::{QMatrix, Threads};
 
@@ -83,12 +83,22 @@ pub fn inputs(p: &PerLayerEmbeddings, hp: &HParams, ws: &mut Workspace, ub: &UBa
 }
 
 /// ws.x += RMSNorm(W_proj · (gelu(W_gate · ws.x) * input of layer il)) for n tokens, through
-/// ws.o (llama_model_gemma4's per-layer embedding step after the FFN's residual).
+/// ws.h and ws.o (llama_model_gemma4's per-layer embedding step after the FFN's residual).
 pub fn apply(p: &PerLayerEmbeddings, hp: &HParams, il: usize, ws: &mut Workspace, n: usize, threads: &Threads) {
+    let d = hp.n_embd;
+    ws.h[..n * d].copy_from_slice(&ws.x[..n * d]);
+    gated_projection(p, hp, il, ws, n, threads);
+    add_inplace(&mut ws.x[..n * d], &ws.o[..n * d]);
+}
+
+/// ws.o = RMSNorm(W_proj · (gelu(W_gate · ws.h) * input of layer il)) for n tokens: what
+/// layer il's per-layer input adds to the hidden state (Gemma 4's whole; Gemma 3n's
+/// predictions but the active one), gated by the state in ws.h.
+pub fn gated_projection(p: &PerLayerEmbeddings, hp: &HParams, il: usize, ws: &mut Workspace, n: usize, threads: &Threads) {
     let (d, n_pl, width) = (hp.n_embd, p.n_pl, p.n_pl * hp.n_layer);
     let l = &p.layers[il];
     let gate = sized(&mut ws.ple_gate, n * n_pl);
-    lora_mm(&l.inp_gate, None, &[], &ws.x[..n * d], n, gate, &mut ws.mm, &mut ws.lora, threads);
+    lora_mm(&l.inp_gate, None, &[], &ws.h[..n * d], n, gate, &mut ws.mm, &mut ws.lora, threads);
     gelu_inplace(gate);
     for (t, g) in gate.chunks_exact_mut(n_pl).enumerate() {
         let input = &ws.ple[t * width + il * n_pl..t * width + (il + 1) * n_pl];
@@ -96,5 +106,4 @@ pub fn apply(p: &PerLayerEmbeddings, hp: &HParams, il: usize, ws: &mut Workspace
     }
     lora_mm(&l.proj, None, &[], gate, n, &mut ws.o[..n * d], &mut ws.mm, &mut ws.lora, threads);
     rms_norm_inplace(&mut ws.o[..n * d], &l.post_norm, hp.rms_eps);
-    add_inplace(&mut ws.x[..n * d], &ws.o[..n * d]);
 }

@@ -66,3 +66,33 @@ def test_progress_bar_on_a_terminal_only():
         import os
 
         os.close(fd)
+
+
+def test_depth_runs_each_test_after_that_many_tokens():
+    r = ferrollama("bench", "-m", TINY, "-p", 16, "-n", 4, "-d", "0,24", "-r", 2, "-o", "json", "-t", 1)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["n_depth"], x["n_prompt"], x["n_gen"]) for x in rows] == [(0, 16, 0), (0, 0, 4), (24, 16, 0), (24, 0, 4)]
+    md = ferrollama("bench", "-m", TINY, "-p", 16, "-n", 0, "-d", 24, "-r", 1)
+    assert md.returncode == 0, md.stderr
+    assert "pp16 @ d24" in md.stdout
+
+
+def test_depth_is_filled_once_then_restored_from_the_sequence_state():
+    import random
+
+    import ferrollama as fl
+    from ferrollama.cli.bench import Bench, Instance
+
+    model = fl.Model(str(TINY))
+    bench = Bench(model, random.Random(1))
+    inst = Instance(n_batch=64, n_ubatch=32, n_threads=1, type_k="f16", type_v="f16", n_depth=40)
+    ctx = fl.Context(model, n_ctx=64, n_batch=64, n_ubatch=32)
+    bench.fill_depth(ctx, inst)
+    assert ctx.kv.seq_pos_max(0) == 39
+    saved = bench.depth_state
+    ctx.kv.clear()
+    bench.fill_depth(ctx, inst)
+    assert ctx.kv.seq_pos_max(0) == 39 and bench.depth_state is saved  # restored, not decoded again
+    bench.prompt(ctx, 16, inst.n_batch)
+    assert ctx.kv.seq_pos_max(0) == 55

@@ -1,7 +1,9 @@
 """``ferrollama bench``: llama-bench's tests on random tokens.
 
 pp N decodes an N-token prompt in batches of n_batch; tg N decodes N tokens one at a time;
-pg pp,tg does both. Each test is repeated -r times after a warmup; the result is the mean ± the
+pg pp,tg does both. With -d D each test runs after D tokens already in the context (filled
+once, untimed, then restored from the sequence's saved state before each repetition, as
+llama-bench does). Each test is repeated -r times after a warmup; the result is the mean ± the
 sample standard deviation of the tokens per second, printed as llama-bench's markdown table or
 as its JSON. List options take comma-separated values and every combination is run.
 """
@@ -18,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .._core import Batch, Context, Model
+from .._core import Batch, Context, Model, StateError
 from ..generation.tokens import add_bos_of
 from .common import (CLIError, cache_type, format_params, format_size, int_value, load_model, model_description,
                      progress)
@@ -58,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--n-prompt", type=_int_list, action="append", metavar="N", help="prompt lengths (default: 512)")
     p.add_argument("-n", "--n-gen", type=_int_list, action="append", metavar="N", help="generation lengths (default: 128)")
     p.add_argument("-pg", type=_pg_list, action="append", metavar="PP,TG", help="prompt then generation (default: none)")
+    p.add_argument("-d", "--n-depth", type=_int_list, action="append", metavar="N",
+                   help="tokens already in the context before each test (default: 0)")
     p.add_argument("-r", "--repetitions", type=int_value, default=5, metavar="N", help="repetitions of each test (default: 5)")
     p.add_argument("-t", "--threads", type=_positive_list, action="append", metavar="N", help="threads (default: the physical cores)")
     p.add_argument("-b", "--batch-size", type=_positive_list, action="append", metavar="N", help="batch sizes (default: 2048)")
@@ -81,6 +85,7 @@ class Instance:
     n_threads: int | None
     type_k: str
     type_v: str
+    n_depth: int = 0
 
 
 @dataclass
@@ -95,8 +100,10 @@ class Result:
     @property
     def name(self) -> str:
         if self.n_prompt and self.n_gen:
-            return f"pp{self.n_prompt}+tg{self.n_gen}"
-        return f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+            test = f"pp{self.n_prompt}+tg{self.n_gen}"
+        else:
+            test = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        return f"{test} @ d{self.inst.n_depth}" if self.inst.n_depth else test
 
     @property
     def samples_ts(self) -> list[float]:
@@ -112,6 +119,8 @@ class Bench:
     def __init__(self, model: Model, rng: random.Random):
         self.model, self.rng = model, rng
         self.add_bos = add_bos_of(model)
+        # sequence 0's state after the last depth filled: (depth, blob)
+        self.depth_state: tuple[int, bytes] | None = None
 
     def _token(self, first: bool) -> int:
         if first and self.add_bos:
@@ -142,6 +151,7 @@ class Bench:
         r.test_time = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         for _ in range(reps):
             ctx.kv.clear()
+            self.fill_depth(ctx, r.inst)
             t0 = time.perf_counter_ns()
             if r.n_prompt:
                 self.prompt(ctx, r.n_prompt, r.inst.n_batch)
@@ -149,6 +159,21 @@ class Bench:
                 self.gen(ctx, r.n_gen)
             r.samples_ns.append(time.perf_counter_ns() - t0)
             bar.update(1)
+
+
+    def fill_depth(self, ctx: Context, inst: Instance) -> None:
+        """Puts inst.n_depth tokens in the (cleared) context: the saved state of that depth if
+        there is one, else a prompt, whose state is then saved."""
+        if not inst.n_depth:
+            return
+        if self.depth_state and self.depth_state[0] == inst.n_depth:
+            try:
+                ctx.seq_state_set(self.depth_state[1], 0)
+                return
+            except StateError:  # a state this context cannot take: fill again, as llama-bench does
+                ctx.kv.clear()
+        self.prompt(ctx, inst.n_depth, inst.n_batch)
+        self.depth_state = (inst.n_depth, ctx.seq_state_get(0))
 
 
 def _tests(args: argparse.Namespace) -> list[tuple[int, int]]:
@@ -161,7 +186,7 @@ def _tests(args: argparse.Namespace) -> list[tuple[int, int]]:
 def _instances(args: argparse.Namespace) -> list[Instance]:
     combos = itertools.product(_flat(args.batch_size, [2048]), _flat(args.ubatch_size, [512]),
                                _flat(args.threads, [None]), _flat(args.cache_type_k, ["f16"]),
-                               _flat(args.cache_type_v, ["f16"]))
+                               _flat(args.cache_type_v, ["f16"]), _flat(args.n_depth, [0]))
     return [Instance(*c) for c in combos]
 
 
@@ -209,7 +234,7 @@ def as_record(r: Result, model: Model, desc: str) -> dict:
         "gpu_info": "", "backends": "CPU", "model_filename": model.path, "model_type": desc, "model_size": model.size,
         "model_n_params": model.n_params, "n_batch": r.inst.n_batch, "n_ubatch": r.inst.n_ubatch,
         "n_threads": r.n_threads, "type_k": r.inst.type_k, "type_v": r.inst.type_v, "n_gpu_layers": 0,
-        "use_mmap": True, "embeddings": False, "n_prompt": r.n_prompt, "n_gen": r.n_gen, "n_depth": 0,
+        "use_mmap": True, "embeddings": False, "n_prompt": r.n_prompt, "n_gen": r.n_gen, "n_depth": r.inst.n_depth,
         "test_time": r.test_time, "avg_ns": int(statistics.fmean(ns)), "stddev_ns": int(_stdev([float(x) for x in ns])),
         "avg_ts": statistics.fmean(ts), "stddev_ts": _stdev(ts), "samples_ns": ns, "samples_ts": ts,
     }
@@ -231,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     with progress(total, "bench", unit="run") as bar:
         for inst in instances:
             for n_prompt, n_gen in tests:
-                ctx = Context(model, n_ctx=n_prompt + n_gen, n_batch=inst.n_batch, n_ubatch=inst.n_ubatch,
+                ctx = Context(model, n_ctx=inst.n_depth + n_prompt + n_gen, n_batch=inst.n_batch, n_ubatch=inst.n_ubatch,
                               n_threads=inst.n_threads, n_threads_batch=inst.n_threads,
                               type_k=inst.type_k, type_v=inst.type_v)
                 r = Result(inst, ctx.n_threads, n_prompt, n_gen)

@@ -183,7 +183,8 @@ class Model:
         p.n_seq_max = c.get("n_seq_max", 1)
         p.n_threads = p.n_threads_batch = THREADS
         p.type_k = p.type_v = cache_type
-        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        # flash attention off unless the scenario asks (llama.cpp requires it for a quantized V cache)
+        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if c.get("flash_attn") else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         p.kv_unified = c.get("kv_unified", True)
         p.swa_full = c.get("swa_full", False)
         p.no_perf = True

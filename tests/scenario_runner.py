@@ -146,12 +146,12 @@ def llama_cpp_self_disagreements(scn: dict) -> set:
     """Outputs where llama.cpp's F32-cache and F16-cache records name different top tokens:
     there llama.cpp does not agree with itself, so no engine can agree or disagree with it."""
     f16 = {_key(e): e for e in scn.get("expected_kv_f16", []) if "top" in e}
-    return {_key(e) for e in scn["expected"] if "top" in e and _key(e) in f16
+    return {_key(e) for e in scn.get("expected", []) if "top" in e and _key(e) in f16
             and e["top"][0][0] != f16[_key(e)]["top"][0][0]}
 
 
 def compare(name: str, scn: dict, got: list[dict], cache_type: str) -> Comparison:
-    expected = scn["expected"] if cache_type == "f32" else scn["expected_kv_f16"]
+    expected = scn["expected"] if cache_type == "f32" else scn[f"expected_kv_{cache_type}"]
     mine = {_key(e): e for e in got}
     cmp = Comparison(name, cache_type)
     ties = llama_cpp_self_disagreements(scn)

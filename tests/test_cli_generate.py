@@ -295,7 +295,7 @@ def test_unsupported_architecture(tmp_path):
 @pytest.mark.parametrize("flags, text", [
     (["--temp", "warm"], "expected a number"),
     (["-n", "1.5"], "expected an integer"),
-    (["-ctk", "q4_0"], "unsupported cache type 'q4_0'"),
+    (["-ctk", "q6_k"], "unsupported cache type 'q6_k'"),
     (["-l", "15043*2"], "TOKEN_ID(+/-)BIAS"),
     (["-l", "999999+1"], "outside the vocabulary"),
     (["--samplers", "top_k;banana"], "unknown sampler 'banana'"),

@@ -30,6 +30,23 @@ ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "grani
               "gemma4", "gemma4-moe", "gemma3n")
 
 
+#: llama.cpp's other KV cache types (benches/record_kv_types.py: K and V of one type, flash
+#: attention on), on a prompt with several sequences and on a context shift (no bf16 there: that
+#: shift aborts llama.cpp)
+KV_TYPES = ("bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+KV_TYPE_CASES = [("kv-types", t) for t in KV_TYPES] + [("kv-types-shift", t) for t in KV_TYPES if t != "bf16"]
+
+
+@pytest.mark.parametrize("name, cache_type", KV_TYPE_CASES)
+def test_kv_cache_type(name: str, cache_type: str) -> None:
+    scn = sr.load(name)
+    got = sr.run(scn, load_model(scn["model"]), cache_type)
+    cmp = sr.compare(name, scn, got, cache_type)
+    assert cmp.n_logits == len([e for e in scn[f"expected_kv_{cache_type}"] if "logits" in e]) > 0
+    problems = sr.check(cmp, scn["model"], "llama")
+    assert not problems, f"{name} [{cache_type}]: " + "; ".join(problems)
+
+
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("name", NAMES)
 def test_scenario(name: str, cache_type: str) -> None:

@@ -67,3 +67,13 @@ def test_an_adapter_of_a_latent_projection_is_refused(tmp_path) -> None:
     loras.write_adapter(ad, path)
     with pytest.raises(fl.UnsupportedError, match="does not apply a LoRA adapter to 'blk.0.attn_q_a.weight'"):
         fl.LoraAdapter(load_model("tiny-deepseek2-f32.gguf"), str(path))
+
+
+@pytest.mark.parametrize("cache_type", ["q8_0", "q4_0"])
+def test_a_quantized_latent_cache_is_refused(cache_type: str) -> None:
+    # llama.cpp 0.3.36 rotates a quantized cache by Hadamard blocks; for the latent cache the
+    # rotated keys are also the values, whose output it never rotates back: not copied.
+    model = load_model("tiny-deepseek2-f32.gguf")
+    with pytest.raises(fl.UnsupportedError, match=f"cache type (?i:{cache_type}) with latent attention"):
+        fl.Context(model, n_ctx=64, type_k=cache_type, type_v=cache_type)
+    assert fl.Context(model, n_ctx=64, type_k="bf16", type_v="bf16").kv.nbytes > 0

@@ -61,7 +61,7 @@ def seed_value(text: str) -> int:
     return value
 
 
-CACHE_TYPES = ("f32", "f16", "q8_0")
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 def cache_type(text: str) -> str:

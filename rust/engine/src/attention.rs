@@ -1,4 +1,6 @@
 //! Attention over the cells of the KV cache: scores, masked softmax, weighted sum of values.
+//! Over a quantized cache that llama.cpp rotates (`KvStore::rot_k`, `rot_v`) the queries are
+//! rotated like the stored keys and the output is rotated back like the stored values.
 //!
 //! Numerics follow ggml. The query is converted to the K cache type's dot-product partner
 //! (f16 for an f16 cache, q8_0 for q8_0) before the dot products. For f32 and f16 V caches the
@@ -76,6 +78,33 @@ thread_local! {
 /// shares each cached key and value among them: the kernel reads each cached row once per
 /// task while it is in cache, and converts it once when enough queries share it).
 pub fn attention(a: &AttnInput, out: &mut [f32], threads: &Threads) {
+    let (rot_k, rot_v) = (a.kv.rot_k, a.kv.rot_v);
+    if rot_k == 0 {
+        attend_cells(a, out, threads);
+    } else {
+        // A rotated cache's keys are met by queries rotated alike (llama.cpp's build_attn):
+        // orthonormal blocks keep every score.
+        let mut q = ROTATED_Q.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        q.clear();
+        q.extend_from_slice(a.q);
+        crate::ops::hadamard_blocks(&mut q, rot_k);
+        attend_cells(&AttnInput { q: &q, ..*a }, out, threads);
+        ROTATED_Q.with(|b| *b.borrow_mut() = q);
+    }
+    if rot_v > 0 {
+        // the values were stored rotated: so is their weighted sum, rotated back here
+        let n = a.n_tokens * a.n_head * a.geom().head_dim_v;
+        crate::ops::hadamard_blocks(&mut out[..n], rot_v);
+    }
+}
+
+thread_local! {
+    /// The queries of a call over a rotated cache, rotated (kept for the next call).
+    static ROTATED_Q: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `attention` over the cells as they are stored (the queries already in the cache's basis).
+fn attend_cells(a: &AttnInput, out: &mut [f32], threads: &Threads) {
     let hd_v = a.geom().head_dim_v;
     let out_ptr = SendPtr(out.as_mut_ptr());
     let (tokens_per_task, heads_per_task) = task_shape(a.n_tokens, a.n_head, a.n_head_kv, threads.n_threads());

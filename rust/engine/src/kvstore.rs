@@ -1,5 +1,5 @@
 //! K and V storage of the cache: for each layer, one row per cell and KV head, in the cache
-//! type (f32, f16 or q8_0). Which cell holds what is the kv crate's business; this file only
+//! type (`CACHE_TYPES`). Which cell holds what is the kv crate's business; this file only
 //! stores, reads, re-rotates (K-shift) and moves rows.
 //!
 //! Layout, chosen for the attention kernel, which reads one KV head's rows per task:
@@ -24,16 +24,22 @@ use ferrollama_tensor::attn::{v_cols, v_row, V_SETS};
 use ferrollama_tensor::{traits, GgmlType, TypeTraits};
 
 use crate::error::{EngineError, Result};
-use crate::ops::{rope_apply, RopeParams};
+use crate::ops::{hadamard_blocks, rope_apply, RopeParams};
 
-/// Cache element types a user may choose.
+/// The cache element types a user may choose: llama.cpp's (`-ctk`/`-ctv`), by name.
+pub const CACHE_TYPES: [(&str, GgmlType); 9] = [
+    ("f32", GgmlType::F32), ("f16", GgmlType::F16), ("bf16", GgmlType::BF16), ("q8_0", GgmlType::Q8_0),
+    ("q4_0", GgmlType::Q4_0), ("q4_1", GgmlType::Q4_1), ("iq4_nl", GgmlType::IQ4_NL), ("q5_0", GgmlType::Q5_0),
+    ("q5_1", GgmlType::Q5_1),
+];
+
+/// The cache element type of a name (CACHE_TYPES).
 pub fn parse_cache_type(name: &str) -> Result<GgmlType> {
-    match name.to_ascii_lowercase().as_str() {
-        "f32" => Ok(GgmlType::F32),
-        "f16" => Ok(GgmlType::F16),
-        "q8_0" => Ok(GgmlType::Q8_0),
-        other => Err(EngineError::InvalidArgument(format!("cache type '{other}' is not one of f32, f16, q8_0"))),
-    }
+    let lower = name.to_ascii_lowercase();
+    CACHE_TYPES.iter().find(|(n, _)| *n == lower).map(|&(_, t)| t).ok_or_else(|| {
+        let names: Vec<&str> = CACHE_TYPES.iter().map(|(n, _)| *n).collect();
+        EngineError::InvalidArgument(format!("cache type '{lower}' is not one of {}", names.join(", ")))
+    })
 }
 
 pub struct LayerKv {
@@ -88,6 +94,39 @@ pub struct KvStore {
     pub layers: Vec<LayerKv>,
     /// The recurrent layers' per-sequence states (none for an attention-only model).
     pub rs: crate::recurrent::RsStore,
+    /// llama.cpp's attention rotation of a quantized cache (`rotation_block`): the order of
+    /// the Hadamard blocks K and the queries are rotated by, and V and the attention's output;
+    /// 0: none.
+    pub rot_k: usize,
+    pub rot_v: usize,
+    /// A row being rotated before it is stored.
+    rot_row: Vec<f32>,
+}
+
+/// The order of the Walsh-Hadamard blocks llama.cpp (llama_kv_cache: attn_rot_k, attn_rot_v)
+/// multiplies a quantized cache's rows by before storing them, so that block quantization
+/// spreads an outlier's error over the block instead of losing the small values beside it:
+/// for the layers' one head size `dims` (every cached layer's; none if they differ) when it is
+/// a multiple of 64, the largest power of two dividing it (K, whose queries are rotated alike)
+/// or 64 (V, whose attention output is rotated back); 0 for a float cache type.
+fn rotation_block(t: &TypeTraits, mut dims: impl Iterator<Item = usize>, largest: bool) -> usize {
+    let Some(first) = dims.next() else { return 0 };
+    if t.block_size == 1 || first % 64 != 0 || dims.any(|d| d != first) {
+        return 0;
+    }
+    if largest { 1 << first.trailing_zeros() } else { 64 }
+}
+
+/// dst = `from`(src), src first rotated by Hadamard blocks of order `rot` (0: as it is) in
+/// `scratch`.
+fn store_row(from: fn(&[f32], &mut [u8]), src: &[f32], rot: usize, scratch: &mut Vec<f32>, dst: &mut [u8]) {
+    if rot == 0 {
+        return from(src, dst);
+    }
+    scratch.clear();
+    scratch.extend_from_slice(src);
+    hadamard_blocks(scratch, rot);
+    from(scratch, dst);
 }
 
 impl KvStore {
@@ -111,7 +150,9 @@ impl KvStore {
                 LayerKv { k: vec![0; tk.row_bytes(k_row) * cells], v: vec![0; tv.row_bytes(v_row) * V_SETS * v_cols], cells, v_cols, geom }
             })
             .collect();
-        Ok(KvStore { type_k: tk, type_v: tv, rope_offset: 0, v_in_k: false, layers, rs: Default::default() })
+        let cached = || shapes.iter().filter(|sh| sh.cells > 0).map(|sh| sh.geom);
+        let (rot_k, rot_v) = (rotation_block(tk, cached().map(|g| g.head_dim_k), true), rotation_block(tv, cached().map(|g| g.head_dim_v), false));
+        Ok(KvStore { type_k: tk, type_v: tv, rope_offset: 0, v_in_k: false, layers, rs: Default::default(), rot_k, rot_v, rot_row: Vec::new() })
     }
 
     /// A latent cache (see the module documentation): one K head of head_dim_k values per
@@ -126,6 +167,13 @@ impl KvStore {
         let geom = KvGeom { n_head_kv: 1, head_dim_k, head_dim_v };
         // one cell checks both head sizes against the cache type's blocks
         let mut store = KvStore::new(type_k, type_k, &[LayerShape { cells: 1, geom }])?;
+        if store.rot_k > 0 {
+            // llama.cpp rotates such a cache's latent keys, which are also its values, and never
+            // rotates the values' output back: refused rather than copied.
+            return Err(EngineError::Unsupported(format!(
+                "cache type {} with latent attention (llama.cpp rotates the latent cache it quantizes; use f16, bf16 or f32)",
+                store.type_k.ty)));
+        }
         store.layers = cells_per_layer.iter()
             .map(|&cells| LayerKv { k: vec![0; store.type_k.row_bytes(head_dim_k) * cells], v: Vec::new(), cells, v_cols: 0, geom })
             .collect();
@@ -180,10 +228,11 @@ impl KvStore {
         let g = self.layers[layer].geom;
         for h in 0..g.n_head_kv {
             let kr = self.at(Part::K, &self.layers[layer], cell, h);
-            from_k(&k[h * g.head_dim_k..(h + 1) * g.head_dim_k], &mut self.layers[layer].k[kr]);
+            store_row(from_k, &k[h * g.head_dim_k..(h + 1) * g.head_dim_k], self.rot_k, &mut self.rot_row, &mut self.layers[layer].k[kr]);
             if !self.v_in_k {
                 let vr = self.at(Part::V, &self.layers[layer], cell, h);
-                from_v(&v[h * g.head_dim_v..(h + 1) * g.head_dim_v], &mut self.layers[layer].v[vr]);
+                store_row(from_v, &v[h * g.head_dim_v..(h + 1) * g.head_dim_v], self.rot_v, &mut self.rot_row,
+                          &mut self.layers[layer].v[vr]);
             }
         }
     }
@@ -241,7 +290,14 @@ impl KvStore {
                 let at = self.at(Part::K, &self.layers[il], cell, h);
                 let row = &mut self.layers[il].k[at];
                 to_f32(row, scratch);
+                // a rotated cache's keys are rotated back for RoPE, then again (llama.cpp's build_rope_shift)
+                if self.rot_k > 0 {
+                    hadamard_blocks(scratch, self.rot_k);
+                }
                 rope_apply(&mut scratch[self.rope_offset..], &cache, &rope);
+                if self.rot_k > 0 {
+                    hadamard_blocks(scratch, self.rot_k);
+                }
                 from_f32(scratch, row);
             }
         }

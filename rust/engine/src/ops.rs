@@ -192,6 +192,29 @@ impl RopeParams {
     }
 }
 
+/// x = H·x for each block of `n` values of x, H the orthonormal Walsh-Hadamard matrix of order
+/// n (a power of two) in Sylvester's order, as ggml's CPU computes it for a product hinted
+/// GGML_HINT_SRC0_IS_HADAMARD (ggml_compute_forward_fwht): each value times 1/sqrt(n) first,
+/// then the butterflies (u + v, u - v) of spans 1, 2, 4, ... n/2. H·H = I: the same call
+/// rotates back.
+pub fn hadamard_blocks(x: &mut [f32], n: usize) {
+    debug_assert!(n.is_power_of_two() && x.len() % n == 0);
+    let scale = 1.0 / (n as f32).sqrt();
+    for block in x.chunks_exact_mut(n) {
+        block.iter_mut().for_each(|v| *v *= scale);
+        let mut len = 1;
+        while len < n {
+            for pair in block.chunks_exact_mut(2 * len) {
+                let (lo, hi) = pair.split_at_mut(len);
+                for (u, v) in lo.iter_mut().zip(hi.iter_mut()) {
+                    (*u, *v) = (*u + *v, *u - *v);
+                }
+            }
+            len *= 2;
+        }
+    }
+}
+
 /// Rotates one head vector in place with a cache from `fill_cache`.
 pub fn rope_apply(x: &mut [f32], cache: &[f32], p: &RopeParams) {
     let half = p.n_dims / 2;

@@ -96,7 +96,7 @@ fn scalar_rows() -> Vec<Row> {
         (T::Q5_K, k::dequantize_q5_k, Some(kq::quantize_q5_k), Some(kq::quantize_q5_k), T::Q8_K, k::vec_dot_q5_k_q8_k),
         (T::Q6_K, k::dequantize_q6_k, Some(kq::quantize_q6_k), Some(kq::quantize_q6_k), T::Q8_K, k::vec_dot_q6_k_q8_k),
         (T::Q8_K, k::dequantize_q8_k, Some(k::quantize_q8_k), Some(k::quantize_q8_k), T::Q8_K, q8_k_self_dot),
-        (T::IQ4_NL, l::dequantize_iq4_nl, Some(kq::quantize_iq4_nl), Some(kq::quantize_iq4_nl), T::Q8_0, l::vec_dot_iq4_nl_q8_0),
+        (T::IQ4_NL, l::dequantize_iq4_nl, Some(kq::quantize_iq4_nl_row), Some(kq::quantize_iq4_nl), T::Q8_0, l::vec_dot_iq4_nl_q8_0),
         (T::MXFP4, l::dequantize_mxfp4, Some(l::quantize_mxfp4), Some(l::quantize_mxfp4), T::Q8_0, l::vec_dot_mxfp4_q8_0),
         (T::NVFP4, nv::dequantize_nvfp4, Some(nv::quantize_nvfp4), Some(nv::quantize_nvfp4), T::Q8_0, nv::vec_dot_nvfp4_q8_0),
         (T::Q1_0, q1q2::dequantize_q1_0, Some(q1q2::quantize_q1_0), Some(q1q2::quantize_q1_0), T::Q8_0, q1q2::vec_dot_q1_0_q8_0),

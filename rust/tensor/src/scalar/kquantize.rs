@@ -622,6 +622,17 @@ pub fn quantize_iq4_nl(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// quantize_row_iq4_nl_ref: each block's scale from its largest value alone, without the
+/// search over nearby scales (ntry -1) that quantize_iq4_nl makes. ggml's from_float of IQ4_NL
+/// (what a KV cache of that type stores) is this one.
+pub fn quantize_iq4_nl_row(src: &[f32], dst: &mut [u8]) {
+    for (x, y) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(IQ4_NL_BYTES)) {
+        let (mut unused_h, mut unused_l) = (0u16, [0u8; 1]);
+        let dh = quantize_iq4_impl(x, &mut y[2..18], &mut unused_h, &mut unused_l, -1, None);
+        y[0..2].copy_from_slice(&dh.to_le_bytes());
+    }
+}
+
 /// quantize_iq4_xs without importance weights (what quantize_row_iq4_xs_ref does).
 pub fn quantize_iq4_xs(src: &[f32], dst: &mut [u8]) {
     for (x, y) in src.chunks_exact(QK_K).zip(dst.chunks_exact_mut(IQ4_XS_BYTES)) {

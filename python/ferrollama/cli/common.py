@@ -148,9 +148,9 @@ def add_context_args(p: argparse.ArgumentParser, n_ctx: int = 4096) -> None:
     g.add_argument("-tb", "--threads-batch", type=positive_int, default=None, metavar="N",
                    help="threads for batches and prompts (default: same as --threads)")
     g.add_argument("-ctk", "--ctk", "--cache-type-k", dest="cache_type_k", type=cache_type, default="f16",
-                   metavar="TYPE", help="KV cache type for K: f32, f16, q8_0 (default: f16)")
+                   metavar="TYPE", help="KV cache type for K: " + ", ".join(CACHE_TYPES) + " (default: f16)")
     g.add_argument("-ctv", "--ctv", "--cache-type-v", dest="cache_type_v", type=cache_type, default="f16",
-                   metavar="TYPE", help="KV cache type for V: f32, f16, q8_0 (default: f16)")
+                   metavar="TYPE", help="KV cache type for V: " + ", ".join(CACHE_TYPES) + " (default: f16)")
     g.add_argument("--no-warmup", action="store_true", help="skip warming up the model with an empty run")
 
 

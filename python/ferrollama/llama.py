@@ -890,7 +890,7 @@ class Llama:
             if tools:
                 raise ValueError("give tools or functions, not both")
             tools = [{"type": "function", "function": f} for f in functions]
-            tool_choice = _tool_choice_of_function_call(function_call)
+            tool_choice = T.tool_choice_of_function_call(function_call)
         template = self.chat_template
         plan = T.plan_tools(template.source, [dict(m) for m in messages], list(tools or []), tool_choice,
                             S.Grammar.json_schema_to_gbnf)
@@ -993,15 +993,6 @@ def _load_lora(model: Model, path: str):
 
 def _normalized(vec: np.ndarray, normalize: bool) -> np.ndarray:
     return vec / max(float(np.linalg.norm(vec)), 1e-12) if normalize else vec
-
-
-def _tool_choice_of_function_call(function_call: Any) -> Any:
-    """The tool_choice of the older function_call ("none", "auto" or {"name": ...})."""
-    if function_call is None or function_call in ("none", "auto"):
-        return function_call
-    if isinstance(function_call, dict) and "name" in function_call:
-        return {"type": "function", "function": {"name": function_call["name"]}}
-    raise ValueError(f"function_call must be 'none', 'auto' or {{'name': ...}}, not {function_call!r}")
 
 
 def _grammar_text(grammar: Any) -> str:
@@ -1122,19 +1113,12 @@ def _merge_choices(chunks: list[dict]) -> dict:
     return {**merged[0], "choices": choices, "usage": usage}
 
 
-def _with_function_call(message: dict, legacy: bool) -> dict:
-    """The older functions API also names the first call in function_call."""
-    if legacy and message.get("tool_calls"):
-        message["function_call"] = dict(message["tool_calls"][0]["function"])
-    return message
-
-
 def _chat_response(completion: dict, fmt: str | None = None, legacy: bool = False) -> dict:
     choice = completion["choices"][0]
     message, finish = T.assistant_message(choice["text"], fmt, True, choice["finish_reason"])
     return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
             "model": completion["model"],
-            "choices": [{"index": 0, "message": _with_function_call(message, legacy),
+            "choices": [{"index": 0, "message": T.with_function_call(message, legacy),
                          "logprobs": chat_logprobs_of_completion(choice["logprobs"]), "finish_reason": finish}],
             "usage": completion["usage"]}
 
@@ -1164,7 +1148,7 @@ def _chat_stream(chunks: Iterator[dict], fmt: str | None = None, legacy: bool = 
             if legacy:
                 d["function_call"] = {"name": calls[0].name, "arguments": calls[0].arguments}
             yield delta(d)
-        yield delta({}, "tool_calls" if calls else choice["finish_reason"])
+        yield delta({}, T.finish_reason(calls, choice["finish_reason"]))
 
 
 def _schema_of(response_format: dict | None) -> Any:

@@ -256,6 +256,11 @@ def test_the_older_functions_api_maps_to_tools(client):
     message = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and len(message.tool_calls) == 1
     assert (message.function_call.name, json.loads(message.function_call.arguments)) == ("get_weather", {"city": "Paris"})
+    chunks = list(client.chat.completions.create(model="qwen", messages=question, functions=[WEATHER[0]["function"]],
+                                                 function_call={"name": "get_weather"}, max_tokens=48, temperature=0,
+                                                 stream=True))
+    streamed = [c.choices[0].delta.function_call for c in chunks if c.choices[0].delta.function_call]
+    assert [(f.name, f.arguments) for f in streamed] == [("get_weather", message.function_call.arguments)]
     # the call and its result in the older roles make the prompt the tools' roles make
     older = [{"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
              {"role": "function", "name": "get_weather", "content": "22 degrees"}]

@@ -12,8 +12,8 @@ from typing import Any
 
 from ._core import Context
 
-__all__ = ["LlamaContextParams", "LlamaModelParams", "IGNORED_KEYWORDS", "context_keywords", "GGML_TYPE_IDS",
-           "LOAD_MODE_NONE", "LOAD_MODE_MMAP", "LOAD_MODE_MLOCK", "LOAD_MODE_MMAP_MLOCK"]
+__all__ = ["LlamaContextParams", "LlamaModelParams", "IGNORED_KEYWORDS", "GGML_TYPE_IDS", "context_keywords",
+           "sort_extra_keywords", "load_mode"]
 
 #: keywords of older llama-cpp-python versions (and LangChain's ``device``) that wrappers still
 #: pass to every Llama: llama-cpp-python 0.3.x takes them through **kwargs without effect, and

@@ -441,8 +441,6 @@ def test_constructor_keywords_and_their_errors(tiny):
     llm = Llama(TINY, n_ctx=128, verbose=False, **{k: v for k, v in zip(
         NO_EFFECT_ON_CPU, (-1, 1, 0, [1.0], False, True, True, True, False, True))})
     assert llm.n_ctx() == 256 and llm.pooling_type() == "none"      # n_ctx is padded to 256 cells
-    with pytest.raises(TypeError, match="temprature"):
-        Llama(TINY, n_ctx=128, verbose=False, temprature=0.5)
     with pytest.raises(ModelPathError) as e:
         Llama("/no/such/model.gguf")
     assert isinstance(e.value, ValueError) and isinstance(e.value, fl_errors().GGUFError)
@@ -450,6 +448,45 @@ def test_constructor_keywords_and_their_errors(tiny):
         Llama(TINY, n_ctx=128, verbose=False, attention_type=1)
     with pytest.raises(ValueError, match="cache type"):
         Llama(TINY, n_ctx=128, verbose=False, type_k=99)
+
+
+def test_unknown_keywords_warn_once_and_wrappers_old_keywords_pass_silently(tiny):
+    import warnings
+
+    from ferrollama.llama import Llama
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        llm = Llama(TINY, n_ctx=128, verbose=False, temprature=0.5, top_kk=3, n_seq_max=2,
+                    n_parts=-1, f16_kv=True, device="cpu")         # LangChain's, to every Llama
+    assert [str(w.message) for w in caught] == ["Llama: unknown keyword arguments ignored: temprature, top_kk"]
+    assert caught[0].filename == __file__                          # the caller's line
+    assert llm.context_params.n_seq_max == 2                        # a Context's keyword goes to it
+    assert "temprature" not in llm.__getstate__()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Llama(TINY, n_ctx=128, verbose=False, n_parts=-1, f16_kv=True, low_vram=False, mul_mat_q=True)
+
+
+def test_context_and_model_params_with_llama_cpp_python_s_names(tiny):
+    from ferrollama.llama import Llama
+
+    llm = Llama(TINY, n_ctx=128, n_batch=64, n_threads=1, verbose=False, type_k="q8_0", flash_attn=True,
+                rope_freq_base=20000.0, use_mlock=True, n_gpu_layers=-1, tensor_split=[1.0])
+    cp, mp = llm.context_params, llm.model_params
+    assert (cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch, cp.n_seq_max) == (128, 64, 64, 1, 1, 1)
+    assert (cp.type_k, cp.type_v, cp.flash_attn_type, cp.rope_freq_base, cp.rope_scaling_type) == (8, 1, 1, 20000.0, -1)
+    assert (cp.pooling_type, cp.attention_type, cp.embeddings, cp.yarn_ext_factor) == (-1, -1, False, -1.0)
+    assert (mp.n_gpu_layers, mp.use_mmap, mp.use_mlock, mp.load_mode, mp.vocab_only, mp.tensor_split) == (
+        -1, True, True, 3, False, (1.0,))
+    assert (llm.n_threads, llm.n_threads_batch, llm.numa, llm.tensor_split, llm.verbose) == (1, 1, False, [1.0], False)
+    assert str(llm.model_path) == str(TINY)
+    with pytest.raises(AttributeError):
+        cp.n_ctx = 256
+    embed = Llama(TINY, n_ctx=0, verbose=False, embedding=True, pooling_type=1, n_threads=1, n_threads_batch=2)
+    assert (embed.context_params.n_ctx, embed.context_params.pooling_type, embed.context_params.embeddings) == (
+        embed.model.n_ctx_train, 1, True)
+    assert (embed.n_threads, embed.n_threads_batch, embed.context_params.n_threads_batch) == (1, 2, 2)
 
 
 def fl_errors():

@@ -62,6 +62,17 @@ def test_harmony_reasoning():
     assert (parsed.content, parsed.reasoning, parsed.tool_calls) == ("Hi", "Think.", [])
 
 
+def test_an_answer_cut_by_max_tokens_ends_with_length_even_with_a_call():
+    from ferrollama.chat.tools import assistant_message
+
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_w'
+    for finish, expected in (("stop", "tool_calls"), ("length", "length")):
+        message, reason = assistant_message(text, "hermes", True, finish)
+        assert reason == expected and [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
+        assert message["content"] == '<tool_call>\n{"name": "get_w'   # the cut call: text, as the model wrote it
+    assert assistant_message("Hello.", "hermes", True, "length") == ({"role": "assistant", "content": "Hello."}, "length")
+
+
 @pytest.mark.parametrize("fmt, sentence", [
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
     ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}'),

@@ -75,6 +75,18 @@ def test_lookup_drafts_follow_the_latest_occurrence():
         PromptLookupDecoding(num_pred_tokens=0)
 
 
+def test_predicted_drafts_follow_the_occurrence_nearest_the_generated_length():
+    from ferrollama.generation.speculative import predicted_draft
+
+    prediction = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 7]
+    assert predicted_draft(prediction, [1, 2], 3) == [3, 4, 1]            # 2 tokens in: the first "1 2"
+    assert predicted_draft(prediction, [9, 9, 9, 9, 9, 1, 2], 3) == [5, 6, 1]   # 7 in: the one ending at 6
+    assert predicted_draft(prediction, [8, 4, 1, 2], 2) == [5, 6]         # the longer n-gram "4 1 2" decides
+    assert predicted_draft(prediction, [8, 6, 1, 2], 2) == [7]            # "6 1 2": what is left of it
+    assert predicted_draft(prediction, [9, 7], 4) == []                   # "7" ends it: nothing follows
+    assert predicted_draft(prediction, [42], 4) == [] and predicted_draft([], [1], 4) == []
+
+
 class _Always:
     """A drafter that proposes fixed tokens (right or wrong)."""
 

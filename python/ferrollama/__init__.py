@@ -39,6 +39,40 @@ from .llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 from .llama_types import *  # noqa: F401,F403 - llama_cpp exposes its types at the top level too
 from .models import default_model_path
 
+#: llama-cpp-python's modules that ferrollama has, by their name under llama_cpp
+LLAMA_CPP_MODULES = ("llama", "llama_cache", "llama_chat_format", "llama_grammar", "llama_speculative",
+                     "llama_tokenizer", "llama_types")
+
+
+def install_as_llama_cpp() -> None:
+    """Makes ``import llama_cpp`` (and ``llama_cpp.llama``, ``llama_cpp.llama_chat_format``, ...: the
+    modules in LLAMA_CPP_MODULES) give ferrollama's, as pymysql.install_as_MySQLdb() does, for
+    libraries that import llama_cpp themselves (LangChain, llama-index, outlines ...). Importing
+    another llama_cpp module (its C API, llama_cpp.llama_cpp) then fails with ModuleNotFoundError
+    rather than loading a second copy of one of ferrollama's."""
+    import importlib
+    import sys
+
+    sys.modules["llama_cpp"] = sys.modules[__name__]
+    for name in LLAMA_CPP_MODULES:
+        sys.modules[f"llama_cpp.{name}"] = importlib.import_module(f".{name}", __name__)
+    if not any(isinstance(f, _NoOtherLlamaCppModule) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoOtherLlamaCppModule())
+
+
+class _NoOtherLlamaCppModule:
+    """Finds no llama_cpp module but the installed ones (which sys.modules holds): without it,
+    ``import llama_cpp.server`` would load a second copy of ferrollama.server under that name."""
+
+    def find_spec(self, name: str, path=None, target=None):  # noqa: ANN001 - the finder protocol
+        import sys
+
+        if name.startswith("llama_cpp.") and sys.modules.get("llama_cpp") is sys.modules[__name__]:
+            raise ModuleNotFoundError(f"No module named {name!r}: ferrollama stands in for llama_cpp's "
+                                      f"{', '.join(LLAMA_CPP_MODULES)}", name=name)
+        return None
+
+
 __all__ = [
     "Batch",
     "BusyError",
@@ -78,5 +112,6 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "default_model_path",
+    "install_as_llama_cpp",
     "samplers",
 ]

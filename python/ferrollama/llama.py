@@ -22,6 +22,8 @@ import numpy as np
 from . import samplers as S
 from ._core import Batch, Context, GGUFError, LoraAdapter, Model, UnsupportedError
 from ._llama_hooks import LogitsProcessorList, MinTokensLogitsProcessor, StoppingCriteriaList
+from ._llama_params import (GGML_TYPE_IDS, LlamaContextParams, LlamaModelParams, load_mode,
+                            sort_extra_keywords)
 from .chat import tools as T
 from .chat.templates import ChatTemplate
 from .generation.logprobs import TokenLogprob, chat_logprobs_of_completion, completion_logprobs, token_logprob
@@ -63,7 +65,7 @@ class LlamaState:
 
 
 #: llama.cpp's ggml_type ids of the cache types a context takes (llama-cpp-python's type_k/type_v)
-_CACHE_TYPE_IDS = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 20: "iq4_nl", 30: "bf16"}
+_CACHE_TYPE_IDS = {i: name for name, i in GGML_TYPE_IDS.items()}
 #: llama_pooling_type ids
 _POOLING_IDS = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 #: llama_rope_scaling_type ids
@@ -237,10 +239,13 @@ class Llama:
                  spm_infill: bool = False, verbose: bool = True,
                  # ferrollama's own
                  chat_template: str | None = None, pooling: str | None = None,
-                 ctx_checkpoints: int = DEFAULT_CHECKPOINTS, **context_params: Any):
-        self._init_args = {k: v for k, v in locals().items() if k not in ("self", "context_params", "__class__")}
+                 ctx_checkpoints: int = DEFAULT_CHECKPOINTS, **extra: Any):
+        self._init_args = {k: v for k, v in locals().items() if k not in ("self", "extra", "__class__")}
+        # llama-cpp-python takes any keyword through **kwargs: a Context's are passed to it
+        context_params = sort_extra_keywords(extra, frozenset(self._init_args) | {"embeddings"})
         self._init_args.update(context_params)
         self.verbose = verbose
+        self.numa, self.tensor_split = numa, tensor_split
         t0 = time.perf_counter()
         self.model_path = model_file(model_path)
         self.model = Model(self.model_path, use_mmap=use_mmap, vocab_only=vocab_only, kv_overrides=kv_overrides)
@@ -277,6 +282,15 @@ class Llama:
             embeddings=embedding, pooling=self._pooling if embedding else None)
         self._embed_ctx: Context | None = self.ctx if embedding else None
         self._n_ctx = self.ctx.n_ctx if self.ctx is not None else n_ctx
+        # the threads the context runs on (llama-cpp-python's defaults where there is none)
+        self.n_threads = self.ctx.n_threads if self.ctx is not None else n_threads or max((os.cpu_count() or 2) // 2, 1)
+        self.n_threads_batch = n_threads_batch or self.n_threads
+        self.context_params = self._context_params_view()
+        self.model_params = LlamaModelParams(
+            n_gpu_layers=n_gpu_layers, split_mode=split_mode, main_gpu=main_gpu,
+            tensor_split=tuple(tensor_split) if tensor_split is not None else None,
+            load_mode=load_mode(use_mmap, use_mlock), use_mmap=use_mmap, use_mlock=use_mlock, vocab_only=vocab_only,
+            check_tensors=False, kv_overrides=kv_overrides)
         #: a recurrent model's saved states, from which a shorter cached prefix is resumed
         self._checkpoints = Checkpoints(self.ctx, ctx_checkpoints) if self.ctx is not None else None
         self._n_vocab = self.model.n_vocab
@@ -304,6 +318,23 @@ class Llama:
         if verbose:
             print(f"ferrollama: {self.model_path}: {self.model.arch}, {self.model.n_params / 1e6:.0f}M parameters, "
                   f"n_ctx {self._n_ctx}, loaded in {(time.perf_counter() - t0) * 1e3:.0f} ms", file=sys.stderr)
+
+    def _context_params_view(self) -> LlamaContextParams:
+        """llama_context_params as this Llama made its context (the pooling and RoPE scaling as ids)."""
+        a, ck = self._init_args, self._context_kwargs
+        pooling_ids = {name: i for i, name in _POOLING_IDS.items()}
+        return LlamaContextParams(
+            n_ctx=ck["n_ctx"], n_batch=ck["n_batch"], n_ubatch=ck["n_ubatch"], n_seq_max=ck.get("n_seq_max", 1),
+            n_rs_seq=ck.get("n_rs_seq", 0), n_threads=self.n_threads, n_threads_batch=self.n_threads_batch,
+            rope_scaling_type=-1 if a["rope_scaling_type"] is None else a["rope_scaling_type"],
+            pooling_type=pooling_ids[self._pooling] if self._pooling is not None else -1,
+            attention_type=a["attention_type"], flash_attn_type=int(bool(a["flash_attn"])),
+            **{k: a[k] for k in ("rope_freq_base", "rope_freq_scale", "yarn_ext_factor", "yarn_attn_factor",
+                                 "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "offload_kqv", "no_perf")},
+            defrag_thold=ck.get("defrag_thold", -1.0), type_k=GGML_TYPE_IDS[ck["type_k"].lower()],
+            type_v=GGML_TYPE_IDS[ck["type_v"].lower()], embeddings=a["embedding"],
+            op_offload=True if a["op_offload"] is None else a["op_offload"], swa_full=ck.get("swa_full", False),
+            kv_unified=ck.get("kv_unified", True))
 
     # --- llama-cpp-python's accessors ---
     def n_ctx(self) -> int:
@@ -859,7 +890,7 @@ class Llama:
             if tools:
                 raise ValueError("give tools or functions, not both")
             tools = [{"type": "function", "function": f} for f in functions]
-            tool_choice = _tool_choice_of_function_call(function_call)
+            tool_choice = T.tool_choice_of_function_call(function_call)
         template = self.chat_template
         plan = T.plan_tools(template.source, [dict(m) for m in messages], list(tools or []), tool_choice,
                             S.Grammar.json_schema_to_gbnf)
@@ -962,15 +993,6 @@ def _load_lora(model: Model, path: str):
 
 def _normalized(vec: np.ndarray, normalize: bool) -> np.ndarray:
     return vec / max(float(np.linalg.norm(vec)), 1e-12) if normalize else vec
-
-
-def _tool_choice_of_function_call(function_call: Any) -> Any:
-    """The tool_choice of the older function_call ("none", "auto" or {"name": ...})."""
-    if function_call is None or function_call in ("none", "auto"):
-        return function_call
-    if isinstance(function_call, dict) and "name" in function_call:
-        return {"type": "function", "function": {"name": function_call["name"]}}
-    raise ValueError(f"function_call must be 'none', 'auto' or {{'name': ...}}, not {function_call!r}")
 
 
 def _grammar_text(grammar: Any) -> str:
@@ -1091,19 +1113,12 @@ def _merge_choices(chunks: list[dict]) -> dict:
     return {**merged[0], "choices": choices, "usage": usage}
 
 
-def _with_function_call(message: dict, legacy: bool) -> dict:
-    """The older functions API also names the first call in function_call."""
-    if legacy and message.get("tool_calls"):
-        message["function_call"] = dict(message["tool_calls"][0]["function"])
-    return message
-
-
 def _chat_response(completion: dict, fmt: str | None = None, legacy: bool = False) -> dict:
     choice = completion["choices"][0]
     message, finish = T.assistant_message(choice["text"], fmt, True, choice["finish_reason"])
     return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
             "model": completion["model"],
-            "choices": [{"index": 0, "message": _with_function_call(message, legacy),
+            "choices": [{"index": 0, "message": T.with_function_call(message, legacy),
                          "logprobs": chat_logprobs_of_completion(choice["logprobs"]), "finish_reason": finish}],
             "usage": completion["usage"]}
 
@@ -1133,7 +1148,7 @@ def _chat_stream(chunks: Iterator[dict], fmt: str | None = None, legacy: bool = 
             if legacy:
                 d["function_call"] = {"name": calls[0].name, "arguments": calls[0].arguments}
             yield delta(d)
-        yield delta({}, "tool_calls" if calls else choice["finish_reason"])
+        yield delta({}, T.finish_reason(calls, choice["finish_reason"]))
 
 
 def _schema_of(response_format: dict | None) -> Any:

@@ -25,7 +25,8 @@ from typing import Any
 
 __all__ = ["ToolCall", "ParsedOutput", "detect_format", "parse_output", "tool_call_marker",
            "required_call_grammar", "tools_system_prompt", "FORMATS", "ToolPlan", "plan_tools", "ToolGate",
-           "assistant_message", "fallback_messages"]
+           "assistant_message", "fallback_messages", "finish_reason", "tool_choice_of_function_call",
+           "with_function_call"]
 
 FORMATS = ("hermes", "llama3", "mistral", "gpt-oss", "generic")
 
@@ -390,9 +391,9 @@ class ToolGate:
         return unsent, parsed.tool_calls, parsed.reasoning
 
 
-def assistant_message(text: str, fmt: str | None, parallel: bool, finish_reason: str | None) -> tuple[dict, str | None]:
+def assistant_message(text: str, fmt: str | None, parallel: bool, finish: str | None) -> tuple[dict, str | None]:
     """The assistant message of a whole answer (content, tool_calls, reasoning_content) and its
-    finish reason ("tool_calls" when it calls tools)."""
+    finish reason (see finish_reason)."""
     gate = ToolGate(fmt)
     content = gate.push(text)
     rest, calls, reasoning = gate.finish()
@@ -402,4 +403,26 @@ def assistant_message(text: str, fmt: str | None, parallel: bool, finish_reason:
         message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = [c.to_openai() for c in calls]
-    return message, ("tool_calls" if calls else finish_reason)
+    return message, finish_reason(calls, finish)
+
+
+def finish_reason(calls: list, finish: str | None) -> str | None:
+    """The finish reason of an answer: "tool_calls" where it calls tools, but "length" where
+    max_tokens cut it, calls or not (as llama-server says: the calls may be incomplete)."""
+    return "tool_calls" if calls and finish != "length" else finish
+
+
+def tool_choice_of_function_call(function_call: Any) -> Any:
+    """The tool_choice of the older function_call ("none", "auto" or {"name": ...})."""
+    if function_call is None or function_call in ("none", "auto"):
+        return function_call
+    if isinstance(function_call, dict) and "name" in function_call:
+        return {"type": "function", "function": {"name": function_call["name"]}}
+    raise ValueError(f"function_call must be 'none', 'auto' or {{'name': ...}}, not {function_call!r}")
+
+
+def with_function_call(message: dict, legacy: bool) -> dict:
+    """The older functions API also names the first call in function_call."""
+    if legacy and message.get("tool_calls"):
+        message["function_call"] = dict(message["tool_calls"][0]["function"])
+    return message

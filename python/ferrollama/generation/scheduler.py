@@ -33,7 +33,7 @@ from .logprobs import chat_logprobs as _chat_logprobs
 from .logprobs import completion_logprobs as _completion_logprobs
 from .params import SamplingParams
 from .sampler import Sampler
-from .speculative import snapshots_for
+from .speculative import predicted_draft, snapshots_for
 from .text import StopScanner
 from .tokens import common_prefix_len
 
@@ -66,6 +66,9 @@ class Request:
     cache_prompt: bool = True
     #: render special tokens in the text (for chat formats whose tool calls are special tokens)
     special: bool = False
+    #: tokens the answer is expected to repeat (OpenAI's predicted output): drafted from first,
+    #: where the scheduler drafts
+    prediction: Sequence[int] = ()
 
 
 @dataclass
@@ -222,7 +225,8 @@ class Scheduler:
 
     ``drafter`` (ferrollama.PromptLookupDecoding, or a DraftModel with a sequence per slot)
     drafts tokens after each generating slot's next token from that slot's own tokens; the step decodes them with it and each slot
-    keeps the drafted tokens its own sampler picks too (speculative decoding, per slot).
+    keeps the drafted tokens its own sampler picks too (speculative decoding, per slot). A
+    request's ``prediction`` is drafted from first (generation.speculative.predicted_draft).
 
     A recurrent model's slot cannot cut its state back to a shorter prefix: it keeps up to
     ``ctx_checkpoints`` checkpoints of its state (one before the last token of each prompt) and
@@ -497,7 +501,9 @@ class Scheduler:
             n_max = min(n_max, self.ctx.n_rs_seq)  # what a rollback can drop again
         if n_max <= 0:
             return []
-        return self.drafter.draft(slot.tokens + [slot.next_token], n_max, seq_id=slot.seq_id)[:n_max]
+        tokens = slot.tokens + [slot.next_token]
+        predicted = predicted_draft(req.prediction, tokens[slot.n_prompt:], n_max) if req.prediction else []
+        return predicted or self.drafter.draft(tokens, n_max, seq_id=slot.seq_id)[:n_max]
 
     def _decode(self, rows: list[Slot]) -> bool:
         """Decodes the batch; on an engine error, frees idle caches and retries, then fails

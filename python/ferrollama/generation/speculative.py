@@ -31,7 +31,8 @@ import numpy as np
 from .._core import Batch, Context, Model
 from .checkpoints import Checkpoints
 
-__all__ = ["PromptLookupDecoding", "DraftModel", "Drafter", "SpeculativeStats", "speculative_tokens", "snapshots_for"]
+__all__ = ["PromptLookupDecoding", "DraftModel", "Drafter", "SpeculativeStats", "speculative_tokens", "snapshots_for",
+           "predicted_draft"]
 
 
 class Drafter(Protocol):
@@ -64,13 +65,37 @@ class PromptLookupDecoding:
         n_max = min(n_max, self.num_pred_tokens)
         ids = np.asarray(tokens, dtype=np.int64)
         for size in range(min(self.max_ngram_size, len(ids) - 1), 0, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], size)
-            hits = np.flatnonzero((windows == ids[-size:]).all(axis=1))
-            for start in (hits + size)[::-1]:
+            starts = _ngram_ends(ids[:-1], ids[-size:])
+            for start in starts[::-1]:
                 follow = ids[start:start + n_max]
                 if len(follow):
                     return follow.tolist()
         return []
+
+
+def _ngram_ends(haystack: np.ndarray, ngram: np.ndarray) -> np.ndarray:
+    """Where each occurrence of ngram in haystack ends (the index after it), in order."""
+    windows = np.lib.stride_tricks.sliding_window_view(haystack, len(ngram))
+    return np.flatnonzero((windows == ngram).all(axis=1)) + len(ngram)
+
+
+#: the longest n-gram of the generated tokens looked up in a predicted output
+PREDICTION_NGRAM = 4
+
+
+def predicted_draft(prediction: Sequence[int], generated: Sequence[int], n_max: int) -> list[int]:
+    """Up to n_max tokens drafted from a predicted output (OpenAI's ``prediction``): what follows,
+    in the prediction, the longest n-gram (at most PREDICTION_NGRAM) that ends the generated
+    tokens; of its occurrences, the one ending nearest the generated length (an answer that
+    repeats the prediction is at about the same place in it)."""
+    pred, gen = np.asarray(prediction, dtype=np.int64), np.asarray(generated, dtype=np.int64)
+    for size in range(min(PREDICTION_NGRAM, len(gen), len(pred)), 0, -1):
+        ends = _ngram_ends(pred, gen[-size:])
+        ends = ends[ends < len(pred)]
+        if len(ends):
+            start = int(ends[np.argmin(np.abs(ends - len(gen)))])
+            return pred[start:start + n_max].tolist()
+    return []
 
 
 class _DraftSeq:

@@ -34,7 +34,7 @@ from ..generation.sampler import Sampler
 from ..generation.scheduler import JobFailed, Output, QueueFull, Request, Scheduler, chat_logprobs, completion_logprobs
 from .metrics import Metrics
 from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, Message,
-                      SamplingFields, TokenizeRequest)
+                      MessageToolCall, SamplingFields, TokenizeRequest)
 
 __all__ = ["create_app", "ApiError"]
 
@@ -171,14 +171,6 @@ def _sampler_field(params: SamplingParams) -> str:
     return "response_format" if params.json_schema is not None else "grammar" if params.grammar else "sampling"
 
 
-def _max_tokens(engine: Engine, value: int | None, default: int | None) -> int | None:
-    value = default if value is None else value
-    limit = engine.scheduler.n_ctx_slot
-    if value is not None and value > limit:
-        raise bad_request(f"max_tokens is {value}; a slot's context holds {limit} tokens", "max_tokens_too_large")
-    return value
-
-
 async def submit(engine: Engine, requests: list[Request], samplers: list[Sampler]):
     try:
         return engine.scheduler.submit_many(requests, samplers)
@@ -275,17 +267,28 @@ def _sum_usage(lasts: Sequence[Output], n_per_prompt: int) -> dict:
 
 # --- chat ------------------------------------------------------------------------------------------
 
+#: the roles of the older API and of OpenAI's newer one, as templates know them
+_TEMPLATE_ROLES = {"developer": "system", "function": "tool"}
+
+
+def _text(content: str | list | None) -> str:
+    return content if not isinstance(content, list) else "".join(p.text for p in content)
+
+
 def _message_dict(m: Message) -> dict:
-    content = m.content if not isinstance(m.content, list) else "".join(p.text for p in m.content)
-    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+    # an assistant's refusal is what it said (the openai client sends content null beside it)
+    out: dict[str, Any] = {"role": _TEMPLATE_ROLES.get(m.role, m.role), "content": _text(m.content) or m.refusal or ""}
     if m.name is not None:
         out["name"] = m.name
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
-    if m.tool_calls:
+    calls = m.tool_calls or ([MessageToolCall(id="call_0", function=m.function_call)] if m.function_call else [])
+    if calls:
         out["tool_calls"] = [{"id": c.id, "type": "function",
                               "function": {"name": c.function.name, "arguments": _arguments_value(c.function.arguments)}}
-                             for c in m.tool_calls]
+                             for c in calls]
+    if m.reasoning_content:
+        out["reasoning_content"] = m.reasoning_content
     return out
 
 
@@ -303,32 +306,76 @@ class ChatPlan:
     #: the tool-call format to parse the answer with (None: no tools)
     tool_format: str | None
     grammar: str | None
+    #: whether the answer may hold several calls, and whether it names one in function_call (the older API)
+    parallel: bool = True
+    legacy: bool = False
+
+
+def _refuse_what_is_not_text(req: ChatRequest) -> None:
+    """Audio answers and web search: refused with the reason (this server writes text only)."""
+    if "audio" in (req.modalities or []) or req.audio is not None:
+        raise bad_request("modalities: this server answers in text; audio output is not available", "unsupported_parameter")
+    if req.web_search_options is not None:
+        raise bad_request("web_search_options: this server does not search the web", "unsupported_parameter")
+
+
+def _tools_of(req: ChatRequest) -> tuple[list[dict], Any, bool]:
+    """The tools, tool_choice and parallel_tool_calls, also of the older functions and function_call."""
+    if req.functions is None:
+        if req.function_call is not None:
+            raise bad_request("function_call needs functions")
+        tools = [t.model_dump(by_alias=True, exclude_none=True) for t in req.tools or []]
+        choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel) else req.tool_choice
+        return tools, choice, req.parallel_tool_calls
+    if req.tools is not None or req.tool_choice is not None:
+        raise bad_request("give tools or functions, not both")
+    call = req.function_call.model_dump() if isinstance(req.function_call, BaseModel) else req.function_call
+    return ([{"type": "function", "function": f.model_dump(exclude_none=True)} for f in req.functions],
+            T.tool_choice_of_function_call(call), False)
+
+
+def _reasoning_kwargs(effort: str | None) -> dict:
+    """The template's variables for reasoning_effort (llama-server's: "none" turns thinking off)."""
+    if effort is None:
+        return {}
+    if effort == "none":
+        return {"enable_thinking": False}
+    return {"reasoning_effort": effort, "reasoning_strength": effort}
 
 
 def plan_chat(engine: Engine, req: ChatRequest) -> ChatPlan:
+    _refuse_what_is_not_text(req)
     messages = [_message_dict(m) for m in req.messages]
-    tools = [t.model_dump(by_alias=True, exclude_none=True) for t in req.tools or []]
-    choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel) else req.tool_choice
+    tools, choice, parallel = _tools_of(req)
     try:
         plan = T.plan_tools(engine.template.source, messages, tools, choice,
-                            samplers.Grammar.json_schema_to_gbnf, req.parallel_tool_calls)
+                            samplers.Grammar.json_schema_to_gbnf, parallel)
     except (ValueError, EngineError) as e:
         if "tool_choice" in str(e):
             raise bad_request(str(e)) from None
         raise bad_request(f"tools: {e}", "invalid_tools") from None
     try:
-        tokens = engine.template.tokens(engine.model, plan.messages, add_generation_prompt=True, **plan.template_kwargs)
+        tokens = engine.template.tokens(engine.model, plan.messages, add_generation_prompt=True,
+                                        **plan.template_kwargs, **_reasoning_kwargs(req.reasoning_effort))
     except ChatTemplateError as e:
         raise bad_request(f"messages: {e}", "invalid_messages") from None
-    return ChatPlan(tokens, plan.format, plan.grammar)
+    return ChatPlan(tokens, plan.format, plan.grammar, parallel, req.functions is not None)
+
+
+def _prediction_tokens(engine: Engine, req: ChatRequest) -> list[int]:
+    if req.prediction is None:
+        return []
+    return list(engine.model.tokenize(_text(req.prediction.content), add_special=False, parse_special=False))
 
 
 def _chat_logprobs(engine: Engine, outs: Sequence[Output]) -> dict | None:
     return chat_logprobs(engine.model, outs)
 
 
-def _chat_message(engine: Engine, outs: list[Output], fmt: str | None, parallel: bool) -> tuple[dict, str]:
-    return T.assistant_message("".join(o.text for o in outs), fmt, parallel, outs[-1].finish_reason)  # type: ignore[return-value]
+def _chat_message(outs: list[Output], plan: ChatPlan) -> tuple[dict, str]:
+    message, finish = T.assistant_message("".join(o.text for o in outs), plan.tool_format, plan.parallel,
+                                          outs[-1].finish_reason)
+    return T.with_function_call(message, plan.legacy), finish  # type: ignore[return-value]
 
 
 async def chat_completions(request: HttpRequest) -> Response:
@@ -336,38 +383,40 @@ async def chat_completions(request: HttpRequest) -> Response:
     req = await parse_body(request, ChatRequest)
     plan = plan_chat(engine, req)
     params = sampling_params(engine, req, plan.grammar)
-    max_tokens = _max_tokens(engine, req.max_completion_tokens or req.max_tokens, None)
+    # beyond what the slot holds, the answer ends with "length" when the slot is full (as llama-server's)
+    max_tokens = req.max_completion_tokens or req.max_tokens
     top = (req.top_logprobs or 0) if req.logprobs else None
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs: true")
     special = plan.tool_format in ("hermes", "mistral", "gpt-oss")
-    gen = Request(plan.tokens, params, max_tokens, _stops(req), top, req.cache_prompt, special)
+    gen = Request(plan.tokens, params, max_tokens, _stops(req), top, req.cache_prompt, special,
+                  _prediction_tokens(engine, req))
     jobs = await submit(engine, [gen] * req.n, _choice_samplers(engine, params, req.n))
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model or engine.model_name}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return event_stream(_chat_chunks(engine, request, jobs, meta, plan.tool_format, req, include_usage))
+        return event_stream(_chat_chunks(engine, jobs, meta, plan, req, include_usage))
     try:
         outs = await collect(request, jobs)
     except JobFailed as e:
         raise _job_failed(e) from None
     choices = []
     for i, o in enumerate(outs):
-        message, finish = _chat_message(engine, o, plan.tool_format, req.parallel_tool_calls)
+        message, finish = _chat_message(o, plan)
         choices.append({"index": i, "message": message, "logprobs": _chat_logprobs(engine, o) if req.logprobs else None,
                         "finish_reason": finish})
     return JSONResponse({**meta, "object": "chat.completion", "choices": choices,
                          "usage": _sum_usage([o[-1] for o in outs], req.n)})
 
 
-async def _chat_chunks(engine: Engine, request: HttpRequest, jobs: list, meta: dict, fmt: str | None,
-                       req: ChatRequest, include_usage: bool) -> AsyncIterator[dict]:
+async def _chat_chunks(engine: Engine, jobs: list, meta: dict, plan: ChatPlan, req: ChatRequest,
+                       include_usage: bool) -> AsyncIterator[dict]:
     base = {**meta, "object": "chat.completion.chunk"}
     chunk = lambda i, delta, finish=None, logprobs=None: {  # noqa: E731
         **base, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
     for i in range(len(jobs)):
         yield chunk(i, {"role": "assistant", "content": ""})
-    gates = [T.ToolGate(fmt) for _ in jobs]
+    gates = [T.ToolGate(plan.tool_format) for _ in jobs]
     lasts: list[Output] = [Output("")] * len(jobs)
     async for i, out in merged(jobs):
         text = gates[i].push(out.text)
@@ -378,14 +427,15 @@ async def _chat_chunks(engine: Engine, request: HttpRequest, jobs: list, meta: d
             continue
         lasts[i] = out
         rest, calls, reasoning = gates[i].finish()
-        calls = calls if req.parallel_tool_calls else calls[:1]
+        calls = calls if plan.parallel else calls[:1]
         if reasoning:
             yield chunk(i, {"reasoning_content": reasoning})
         if rest:
             yield chunk(i, {"content": rest})
         if calls:
-            yield chunk(i, {"tool_calls": [c.to_openai(k) for k, c in enumerate(calls)]})
-        yield chunk(i, {}, "tool_calls" if calls else out.finish_reason)
+            delta = {"tool_calls": [c.to_openai(k) for k, c in enumerate(calls)]}
+            yield chunk(i, T.with_function_call(delta, plan.legacy))
+        yield chunk(i, {}, T.finish_reason(calls, out.finish_reason))
     if include_usage:
         yield {**base, "choices": [], "usage": _sum_usage(lasts, req.n)}
 
@@ -413,7 +463,7 @@ async def completions(request: HttpRequest) -> Response:
     req = await parse_body(request, CompletionRequest)
     prompts = _prompts(engine, req.prompt)
     params = sampling_params(engine, req)
-    max_tokens = _max_tokens(engine, req.max_tokens, 16)
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens
     gens = [Request(p, params, max_tokens, _stops(req), req.logprobs, req.cache_prompt) for p in prompts for _ in range(req.n)]
     samplers = [s for _ in prompts for s in _choice_samplers(engine, params, req.n)]
     jobs = await submit(engine, gens, samplers)

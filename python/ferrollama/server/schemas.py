@@ -1,7 +1,9 @@
 """The OpenAI request bodies (and llama.cpp's extra fields) as pydantic models.
 
 Every model forbids unknown fields and validates strictly: a field the server does not honour,
-or a value of the wrong type, is a 400 that names it, never silently ignored.
+or a value of the wrong type, is a 400 that names it, never silently ignored. The fields OpenAI's
+clients send that cannot change a local answer (``store``, ``metadata``, ...) are accepted and
+listed as such (README "Server").
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ class ResponseFormat(Strict):
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    #: OpenAI pads chunks against length side channels; a local server has none to close: no effect
+    include_obfuscation: Optional[bool] = None
 
 
 class ToolCallFunction(Strict):
@@ -73,11 +77,26 @@ class TextPart(Strict):
 
 
 class Message(Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Union[str, list[TextPart], None] = None
     name: Optional[str] = None
     tool_calls: Optional[list[MessageToolCall]] = None
     tool_call_id: Optional[str] = None
+    # what an assistant message holds as the openai client returns it (message.model_dump()), sent back
+    refusal: Optional[str] = None
+    #: an earlier audio answer (never this server's): null only
+    audio: None = None
+    annotations: Optional[list[dict[str, Any]]] = None
+    #: the older functions API's call
+    function_call: Optional[ToolCallFunction] = None
+    reasoning_content: Optional[str] = None
+
+
+class Prediction(Strict):
+    """OpenAI's predicted output: text the answer is expected to repeat much of."""
+
+    type: Literal["content"]
+    content: Union[str, list[TextPart]]
 
 
 class SamplingFields(Strict):
@@ -114,6 +133,25 @@ class ChatRequest(SamplingFields):
     tools: Optional[list[Tool]] = None
     tool_choice: Union[Literal["none", "auto", "required"], ToolChoiceNamed, None] = None
     parallel_tool_calls: bool = True
+    #: the older API of tools: functions and function_call (one call)
+    functions: Optional[list[FunctionDef]] = Field(default=None, min_length=1)
+    function_call: Union[Literal["none", "auto"], NamedFunction, None] = None
+    #: given to the chat template as reasoning_effort, "none" as enable_thinking false (llama-server's rule)
+    reasoning_effort: Optional[str] = None
+    #: drafts for speculative decoding on a server that drafts (--lookup, -md)
+    prediction: Optional[Prediction] = None
+    # refused with a reason when set: this server writes text and searches nothing
+    modalities: Optional[list[Literal["text", "audio"]]] = None
+    audio: Optional[dict[str, Any]] = None
+    web_search_options: Optional[dict[str, Any]] = None
+    # OpenAI's fields with no effect on the answer here (README "Server")
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    prompt_cache_retention: Optional[str] = None
+    safety_identifier: Optional[str] = None
+    verbosity: Optional[Literal["low", "medium", "high"]] = None
 
 
 PromptType = Union[str, list[str], list[int], list[list[int]]]

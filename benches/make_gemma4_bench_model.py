@@ -26,9 +26,10 @@ the same), tied embeddings, final_logit_softcapping 30, rms_norm_eps 1e-6, max_p
 131072.
 
 Not E2B's: the layer count. --layers (a multiple of 5, default 10 against 35) keeps the pattern
-(four sliding, one full), and the shared-KV tail is the real model's share (20 of 35) of it,
-rounded, but at most layers - 5 so that one full layer keeps its own K/V (default: 5 shared
-layers, 5..9, over the K/V of layers 3 and 4). So per token the tied output matrix (262144 x 1536)
+(four sliding, one full), and the layers with K/V of their own are the real model's share (15 of
+35) of them rounded to whole periods, at least one, so that they end with a full layer as E2B's
+do (llama.cpp's shared sliding layers read the last but one of them, the shared full layers the
+last); the rest share (default: layers 5..9 over the K/V of layers 3 and 4; 35: E2B's 15..34). So per token the tied output matrix (262144 x 1536)
 is a larger share of the work than in the real model, and the K/V memory per token is that of
 the layers kept: the real model keeps K/V in 3 full layers (4, 9, 14: 2 x 512 F16 values each =
 6 KiB per token) and 12 sliding ones (1 KiB per token each, in a 512-token window); the default
@@ -72,7 +73,10 @@ def set_real_sizes() -> None:
 def e2b_spec(n_layer: int) -> tg.Spec:
     if n_layer < PERIOD or n_layer % PERIOD:
         raise SystemExit(f"--layers must be a positive multiple of {PERIOD} (four sliding layers, one full)")
-    n_shared = min(round(n_layer * E2B_SHARED / E2B_LAYERS), n_layer - PERIOD)
+    # the layers with K/V of their own end with a full layer, as E2B's 15 do: the shared sliding
+    # layers read the last but one of them, the shared full layers the last
+    n_kv = PERIOD * max(1, round(n_layer * (E2B_LAYERS - E2B_SHARED) / E2B_LAYERS / PERIOD))
+    n_shared = n_layer - n_kv
     swa = [(il + 1) % PERIOD != 0 for il in range(n_layer)]
     n_ff = [2 * N_FF if il >= n_layer - n_shared else N_FF for il in range(n_layer)]   # use_double_wide_mlp
     return tg.Spec(f"gemma4-e2b-{n_layer}l", swa=swa, n_ff=n_ff, n_shared_kv=n_shared, n_pl=N_PL,

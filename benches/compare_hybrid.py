@@ -16,9 +16,13 @@ tokens, as benches/compare.py; its tests and runner are reused):
 - state memory, one sequence: a context with n_seq_max 1 and n_ctx = depth + 512.
   llama.cpp: its logged "KV buffer size" and "RS buffer size" (attention K/V cells, recurrent
   states); ferrollama: ctx.kv.nbytes (both kinds) of that context and of one with n_ctx 256
-  smaller, whose difference gives the K/V bytes per cell, hence the split. Also the size of the
-  saved sequence state at depth (llama_state_seq_get_size / len(seq_state_get)), which holds the
-  8192 used cells rather than the allocation.
+  smaller, whose difference gives the K/V bytes per cell, hence the split. K/V bytes per token:
+  those of one cell of the full-context cache (llama.cpp: its logged "llama_kv_cache: size = X MiB
+  (N cells" of that cache, X / N). A model with interleaved sliding-window layers has a second,
+  fixed-size cache for them (the window plus a ubatch of cells in both engines, swa_full off):
+  llama.cpp's second such line, ferrollama's ctx.kv.sizes[1] cells and the bytes beside the full
+  cache's. Also the size of the saved sequence state at depth (llama_state_seq_get_size /
+  len(seq_state_get)), which holds the 8192 used cells rather than the allocation.
 
 llama.cpp's buffer types: this CPU advertises AMX, and ggml's AMX buffer type (first among the
 CPU's extra buffer types) takes Q4_K weights, whose first product then dies of an illegal
@@ -296,17 +300,42 @@ def state_memory(name: str, model, n_ctx: int, threads: int) -> dict:  # noqa: A
         ctx.close()
         kv = sum(buffer_lines(lines, "KV buffer size").values()) * MiB
         rs = sum(buffer_lines(lines, "RS buffer size").values()) * MiB
-        return {"n_ctx": n_ctx, "kv_bytes": kv, "rs_bytes": rs, "source": "llama.cpp's log (MiB, 2 decimals)"}
+        full, swa = kv_cache_sizes(lines)
+        per_token = full[0] * MiB / full[1] if full else 0.0
+        return {"n_ctx": n_ctx, "kv_bytes": kv, "rs_bytes": rs, "kv_bytes_per_token": per_token,
+                "swa_bytes": swa[0] * MiB if swa else 0.0, "swa_cells": swa[1] if swa else 0,
+                "source": "llama.cpp's log (MiB, 2 decimals)"}
     sizes = {}
     for n in (n_ctx, n_ctx - 256):
         ctx = model.context(n_ctx=n, **kw)
-        sizes[n] = (ctx.kv.nbytes, ctx.n_ctx)
+        sizes[n] = (ctx.kv.nbytes, ctx.n_ctx, ctx.kv.sizes)
         ctx.close()
-    (b1, c1), (b2, c2) = sizes[n_ctx], sizes[n_ctx - 256]
+    (b1, c1, cells), (b2, c2, _) = sizes[n_ctx], sizes[n_ctx - 256]
     per_cell = (b1 - b2) / (c1 - c2) if c1 != c2 else 0.0
     kv = per_cell * c1
-    return {"n_ctx": c1, "kv_bytes": kv, "rs_bytes": b1 - kv, "total_bytes": b1,
-            "source": "ctx.kv.nbytes at n_ctx and n_ctx - 256"}
+    # [full, sliding] caches: what is left beside the full cache's cells is the sliding window's
+    swa = b1 - kv if len(cells) > 1 else 0.0
+    return {"n_ctx": c1, "kv_bytes": kv + swa, "rs_bytes": b1 - kv - swa, "total_bytes": b1,
+            "kv_bytes_per_token": per_cell, "swa_bytes": swa, "swa_cells": cells[1] if len(cells) > 1 else 0,
+            "source": "ctx.kv.nbytes at n_ctx and n_ctx - 256, ctx.kv.sizes"}
+
+
+def kv_cache_sizes(lines: list[str]) -> tuple[tuple[float, int] | None, tuple[float, int] | None]:
+    """(MiB, cells) of llama.cpp's full-context K/V cache and of its sliding-window one (None when
+    absent), from the 'llama_kv_cache: size = X MiB (N cells, ...' lines; an interleaved-SWA
+    model's logs announce each ('creating non-SWA KV cache', 'creating     SWA KV cache')."""
+    full = swa = None
+    next_is_swa = False
+    for line in "".join(lines).splitlines():
+        if m := re.search(r"creating +(non-SWA|SWA) KV cache", line):
+            next_is_swa = m[1] == "SWA"
+        elif m := re.search(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells", line):
+            size = (float(m[1]), int(m[2]))
+            if next_is_swa:
+                swa = size
+            else:
+                full = size
+    return full, swa
 
 
 def mib(x) -> str:  # noqa: ANN001
@@ -314,15 +343,17 @@ def mib(x) -> str:  # noqa: ANN001
 
 
 def memory_table(mem: dict, depth_state: dict) -> str:
-    header = ["model", "engine", "K/V cells MiB", "recurrent states MiB", "total MiB", "seq state blob at depth MiB"]
+    header = ["model", "engine", "K/V cells MiB", "K/V bytes per token", "of which sliding window MiB (cells)",
+              "recurrent states MiB", "total MiB", "seq state blob at depth MiB"]
     body = []
     for model, per in mem.items():
         for e, m in per.items():
             if "error" in m:
-                body.append([model, e, m["error"][:60], "", "", ""])
+                body.append([model, e, m["error"][:60], "", "", "", "", ""])
                 continue
-            body.append([model, e, mib(m["kv_bytes"]), mib(m["rs_bytes"]), mib(m["kv_bytes"] + m["rs_bytes"]),
-                         mib(depth_state.get(model, {}).get(e))])
+            swa = f"{mib(m['swa_bytes'])} ({m['swa_cells']})" if m["swa_cells"] else "-"
+            body.append([model, e, mib(m["kv_bytes"]), f"{m['kv_bytes_per_token']:.0f}", swa, mib(m["rs_bytes"]),
+                         mib(m["kv_bytes"] + m["rs_bytes"]), mib(depth_state.get(model, {}).get(e))])
     return B.markdown_table(header, body)
 
 

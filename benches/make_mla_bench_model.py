@@ -61,15 +61,24 @@ LITE = tm.MlaSpec("deepseek2-lite-bench", n_layer=5, q_lora=0, split=True, nope=
 
 class F16Weights(mk.Weights):
     """The tiny models' Weights in F16 (norms, router and vectors F32), drawn in float32 (the
-    expert tensors are 184M values each), each matrix's std scaled to its row length."""
+    expert tensors are 184M values each) a block of 2^24 values at a time (the same values as one
+    draw: no float32 copy of a whole table, such as Gemma 4's per-layer one of 2.35G values),
+    each matrix's std scaled to its row length."""
+
+    BLOCK = 1 << 24
 
     def __init__(self, w: gguf.GGUFWriter, rng: np.random.Generator) -> None:
         super().__init__(w, rng, "f16")
 
     def matrix(self, name: str, *shape: int, std: float = 0.07) -> None:
-        data = self.rng.standard_normal(shape, dtype=np.float32)
-        data *= std * math.sqrt(TINY_WIDTH / shape[-1])
-        self.w.add_tensor(name, data.astype(np.float16))
+        out = np.empty(shape, dtype=np.float16)
+        flat = out.reshape(-1)
+        scale = np.float32(std * math.sqrt(TINY_WIDTH / shape[-1]))
+        for start in range(0, flat.size, self.BLOCK):
+            block = self.rng.standard_normal(min(self.BLOCK, flat.size - start), dtype=np.float32)
+            block *= scale
+            flat[start:start + block.size] = block
+        self.w.add_tensor(name, out)
 
 
 def set_real_sizes() -> None:

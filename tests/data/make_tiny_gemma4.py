@@ -38,6 +38,7 @@ from make_tiny_archs import N_CTX, N_VOCAB, TYPES, Weights, copy_vocab, scenario
 DATA = Path(__file__).resolve().parent
 N_EMBD, N_HEAD, N_HEAD_KV = 256, 4, 2
 HD_FULL, HD_SWA = 128, 64
+N_SWA, SOFTCAP = 16, 5.0                    # the sliding window, the final logits' soft cap
 
 
 @dataclass
@@ -85,11 +86,11 @@ def add_metadata(w: gguf.GGUFWriter, s: Spec) -> None:
     w.add_uint32(f"{a}.rope.dimension_count_swa", HD_SWA)
     w.add_float32(f"{a}.rope.freq_base", 1000000.0)
     w.add_float32(f"{a}.rope.freq_base_swa", 10000.0)
-    w.add_uint32(f"{a}.attention.sliding_window", 16)
+    w.add_uint32(f"{a}.attention.sliding_window", N_SWA)
     w.add_array(f"{a}.attention.sliding_window_pattern", s.swa)
     w.add_uint32(f"{a}.attention.shared_kv_layers", s.n_shared_kv)
     w.add_uint32(f"{a}.embedding_length_per_layer_input", s.n_pl)
-    w.add_float32(f"{a}.final_logit_softcapping", 5.0)
+    w.add_float32(f"{a}.final_logit_softcapping", SOFTCAP)
     if s.experts:
         w.add_uint32(f"{a}.expert_count", s.experts)
         w.add_uint32(f"{a}.expert_used_count", s.experts_used)

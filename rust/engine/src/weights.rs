@@ -176,7 +176,7 @@ impl Loader {
     /// computes the same dot products as over the whole, bit for bit.
     pub fn row_blocks(&self, name: &str, shape: &[usize], cols: usize, block_rows: &[usize]) -> Result<Vec<QMatrix>> {
         let t = self.info(name)?;
-        if t.shape != shape {
+        if !same_shape(&t.shape, shape) {
             return Err(self.file.error(format!("tensor '{name}' has shape {:?}, expected {shape:?}", t.shape)).into());
         }
         let tr = traits(t.ggml_type).ok_or_else(|| unsupported_type(name, t.ggml_type))?;
@@ -223,7 +223,7 @@ impl Loader {
     /// per-expert biases.
     pub fn opt_vector_2d(&self, name: &str, len: usize, n: usize) -> Result<Option<Vec<f32>>> {
         let Some(t) = self.file.tensor(name) else { return Ok(None) };
-        if t.shape != [len, n] {
+        if !same_shape(&t.shape, &[len, n]) {
             return Err(self.file.error(format!("tensor '{name}' has shape {:?}, expected [{len}, {n}]", t.shape)).into());
         }
         self.info(name)?;
@@ -264,6 +264,14 @@ impl Loader {
     }
 }
 
+/// Whether two shapes are one up to trailing dimensions of 1, as ggml's (always 4-D) are: a
+/// converter writes Mamba-2's one-group `ssm_norm` as [2048, 1], llama-quantize (and ferrollama's
+/// quantize) as [2048].
+fn same_shape(a: &[usize], b: &[usize]) -> bool {
+    let trim = |s: &[usize]| s.len() - s.iter().rev().take_while(|&&d| d == 1).count();
+    a[..trim(a)] == b[..trim(b)]
+}
+
 /// `blk.0.attn_q.weight` -> `blk.0.attn_q.SUFFIX`.
 fn sibling(weight: &str, suffix: &str) -> String {
     format!("{}.{suffix}", weight.strip_suffix(".weight").unwrap_or(weight))
@@ -271,4 +279,18 @@ fn sibling(weight: &str, suffix: &str) -> String {
 
 fn unsupported_type(name: &str, ty: ferrollama_tensor::GgmlType) -> EngineError {
     EngineError::Unsupported(format!("tensor '{name}' has type {ty}, which the engine does not support"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_shape;
+
+    #[test]
+    fn shapes_are_equal_up_to_trailing_dimensions_of_one() {
+        assert!(same_shape(&[2048], &[2048, 1]));
+        assert!(same_shape(&[2048, 1], &[2048]));
+        assert!(same_shape(&[64, 4, 1, 1], &[64, 4]));
+        assert!(!same_shape(&[2048, 2], &[2048]));
+        assert!(!same_shape(&[1, 2048], &[2048]));
+    }
 }

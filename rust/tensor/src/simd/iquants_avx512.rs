@@ -58,17 +58,18 @@ pub unsafe fn octet_sums_iq<const Q: usize, const PER32: bool>(
             for first in (0..64).step_by(span) {
                 // The group's scale vector holds row r's scale in both i16 halves of dword r.
                 let scale = _mm256_srli_epi32::<16>(loadu(ob.add(2048 + 32 * (first / 4))));
-                let mut part = [_mm256_setzero_si256(); 4];
+                // Two sums a token (even and odd k): eight independent chains of `vpdpbusd`.
+                let mut part = [[_mm256_setzero_si256(); 4]; 2];
                 for k in first..first + span {
                     // Chunk k / 8's vector k % 8: 256 (k / 8) + 32 (k % 8) = 32 k.
                     let wk = loadu(ob.add(32 * k));
                     for t in 0..4 {
                         let xk = std::ptr::read_unaligned(biased[q][t].add(256 * i + 4 * k) as *const i32);
-                        part[t] = _mm256_dpbusd_epi32(part[t], _mm256_set1_epi32(xk), wk);
+                        part[k % 2][t] = _mm256_dpbusd_epi32(part[k % 2][t], _mm256_set1_epi32(xk), wk);
                     }
                 }
                 for t in 0..4 {
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(part[t], scale));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(_mm256_add_epi32(part[0][t], part[1][t]), scale));
                 }
             }
             let corr = loadu(ob.add(2560));
@@ -80,6 +81,57 @@ pub unsafe fn octet_sums_iq<const Q: usize, const PER32: bool>(
         }
         for t in 0..4 {
             _mm256_storeu_ps(out.add((4 * q + t) * ldo), acc[t]);
+        }
+    }
+}
+
+/// The 32 bytes at p (low half) and at p + apart (high half).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn side_by_side(p: *const u8, apart: usize) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(loadu(p)), loadu(p.add(apart)))
+}
+
+/// `octet_sums_iq` for two octets side by side (the octet `decode_octet_iq` wrote at `octet`
+/// and the next one, `octet_bytes` on: sixteen consecutive rows), each vector holding the
+/// sixteen rows (the first octet's in the low 256 bits) against a token's broadcast bytes:
+/// half the multiplies of two `octet_sums_iq` calls, 64 products each. The same exact isum
+/// per output and the same float steps, so the same bits. out[(4 q + t) * ldo + r]: row r
+/// (0..16) times token t of quad q.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn octet_pair_sums_iq<const Q: usize, const PER32: bool>(
+    nsb: usize, octet: *const u8, octet_bytes: usize, x: [[*const u8; 4]; Q], biased: [[*const u8; 4]; Q], out: *mut f32, ldo: usize,
+) {
+    let span = if PER32 { 8 } else { 4 };
+    let both = |i: usize, at: usize| side_by_side(octet.add(i * IQ_OCTET_BYTES + at), octet_bytes);
+    for q in 0..Q {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for i in 0..nsb {
+            let mut isum = [_mm512_setzero_si512(); 4];
+            for first in (0..64).step_by(span) {
+                let scale = _mm512_srli_epi32::<16>(both(i, 2048 + 32 * (first / 4)));
+                let mut part = [[_mm512_setzero_si512(); 4]; 2];
+                for k in first..first + span {
+                    let wk = both(i, 32 * k);
+                    for t in 0..4 {
+                        let xk = std::ptr::read_unaligned(biased[q][t].add(256 * i + 4 * k) as *const i32);
+                        part[k % 2][t] = _mm512_dpbusd_epi32(part[k % 2][t], _mm512_set1_epi32(xk), wk);
+                    }
+                }
+                for t in 0..4 {
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_add_epi32(part[0][t], part[1][t]), scale));
+                }
+            }
+            let corr = both(i, 2560);
+            let d = _mm512_castsi512_ps(both(i, 2592));
+            for t in 0..4 {
+                let r = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum[t], corr)), d);
+                acc[t] = _mm512_fmadd_ps(r, _mm512_set1_ps(*(x[q][t].add(i * 292) as *const f32)), acc[t]);
+            }
+        }
+        for t in 0..4 {
+            _mm512_storeu_ps(out.add((4 * q + t) * ldo), acc[t]);
         }
     }
 }

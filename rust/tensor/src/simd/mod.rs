@@ -566,6 +566,50 @@ impl SumsGemm {
         }
     }
 
+    /// Whether `run_octet_pair` serves this kind (the i-quants at the AVX-512 level).
+    pub fn has_octet_pairs(&self) -> bool {
+        self.vnni && self.kind >= KIND_IQ
+    }
+
+    /// `run_octet` on two octets side by side (`octets`: the two `decode_octet` made of
+    /// sixteen consecutive rows, one after the other): out[(4 q + t) * ldo + r] for rows r of
+    /// 0..16. Panics unless `has_octet_pairs`.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes of 16 floats at every (4 q + t) * ldo, q < quads.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn run_octet_pair(&self, n: usize, octets: &[u8], x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
+        assert!(self.has_octet_pairs(), "octet pairs of the i-quants at the AVX-512 level only");
+        let octet_bytes = self.octet_bytes(n);
+        assert!(octets.len() >= 2 * octet_bytes, "two octets of {n}-element rows");
+        self.check_acts(n, x, stride, first_quad, quads, OCTET_MAX_QUADS);
+        let nb = n / 256;
+        assert!((first_quad..first_quad + quads).all(|q| f.biased[q].len() >= 4 * nb * 256), "tile factors of another size");
+        #[cfg(target_arch = "x86_64")]
+        {
+            let rows = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride)) };
+            let biased = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| f.biased[first_quad + q][t * nb * 256..].as_ptr()) };
+            let o = octets.as_ptr();
+            macro_rules! call {
+                ($q:literal) => {
+                    if iquants_avx512::scale_per_32(self.kind - KIND_IQ) {
+                        iquants_avx512::octet_pair_sums_iq::<$q, true>(nb, o, octet_bytes, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
+                    } else {
+                        iquants_avx512::octet_pair_sums_iq::<$q, false>(nb, o, octet_bytes, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
+                    }
+                };
+            }
+            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's
+            // AVX-512 VNNI (`vnni`).
+            match quads {
+                4 => call!(4),
+                3 => call!(3),
+                2 => call!(2),
+                _ => call!(1),
+            }
+        }
+    }
+
     /// Checks quads first_quad..first_quad + quads of activation rows x.
     fn check_acts(&self, n: usize, x: &[u8], stride: usize, first_quad: usize, quads: usize, max_quads: usize) {
         let (elems, act_bytes) = self.block();

@@ -227,33 +227,47 @@ pub(crate) unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize, signs:
     }
 }
 
+/// The IQ1 grid octets of four 11-bit indices (octet l: entry `indices[l]`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn iq1_grid4(indices: [usize; 4]) -> __m256i {
+    let g = |l: usize| IQ1S_GRID[indices[l] & 2047] as i64;
+    _mm256_set_epi64x(g(3), g(2), g(1), g(0))
+}
+
 /// IQ1_S sub-block ib of the block at b: its 32 grid values (-1, 0, 1 as bytes). Plain
 /// code rather than closures built by `array::from_fn`, which stayed out-of-line calls.
+/// (The AVX-512 level computes the indices with `pdep` instead.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn iq1_s_grid(b: *const u8, ib: usize) -> __m256i {
     let qs = b.add(2 + 4 * ib);
     // Three high index bits per octet, then the scale and the delta's sign.
     let qh = std::ptr::read_unaligned(b.add(34 + 2 * ib) as *const u16) as usize;
-    let g = |l: usize| IQ1S_GRID[*qs.add(l) as usize | (((qh >> (3 * l)) & 7) << 8)] as i64;
-    _mm256_set_epi64x(g(3), g(2), g(1), g(0))
+    let index = |l: usize| *qs.add(l) as usize | (((qh >> (3 * l)) & 7) << 8);
+    iq1_grid4([index(0), index(1), index(2), index(3)])
+}
+
+/// IQ1_M's delta signs of a sub-block from its u16 of four qh nibbles (octet l's nibble l:
+/// bits 0-2 the index's high part, bit 3 the delta's sign), as the operand of
+/// `_mm256_sign_epi8`: bytes 1, or -1 where the octet's bit 3 is set (each nibble shifted
+/// down to bit 0 of its quadword, then 0 - bit, or 1).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn iq1_m_delta(qh: usize) -> __m256i {
+    let bits = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(qh as i64), _mm256_set_epi64x(15, 11, 7, 3)), _mm256_set1_epi64x(1));
+    _mm256_or_si256(_mm256_sub_epi64(_mm256_setzero_si256(), bits), _mm256_set1_epi8(1))
 }
 
 /// IQ1_M sub-block ib of the block at b: its 32 grid values (-1, 0, 1 as bytes) and each
-/// element's delta sign as the operand of `_mm256_sign_epi8` (bytes 1, or -1 where its
-/// octet's qh nibble has bit 3 set: each of the four nibbles shifted down to bit 0 of its
-/// quadword, then 0 - bit, or 1).
+/// element's delta sign (`iq1_m_delta`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn iq1_m_sub_block(b: *const u8, ib: usize) -> (__m256i, __m256i) {
     let qs = b.add(4 * ib);
-    // Octet l's nibble l: bits 0-2 the index's high part, bit 3 the delta's sign.
     let qh = std::ptr::read_unaligned(b.add(32 + 2 * ib) as *const u16) as usize;
-    let g = |l: usize| IQ1S_GRID[*qs.add(l) as usize | (((qh >> (4 * l)) & 7) << 8)] as i64;
-    let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
-    let bits = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(qh as i64), _mm256_set_epi64x(15, 11, 7, 3)), _mm256_set1_epi64x(1));
-    let delta = _mm256_or_si256(_mm256_sub_epi64(_mm256_setzero_si256(), bits), _mm256_set1_epi8(1));
-    (grid, delta)
+    let index = |l: usize| *qs.add(l) as usize | (((qh >> (4 * l)) & 7) << 8);
+    (iq1_grid4([index(0), index(1), index(2), index(3)]), iq1_m_delta(qh))
 }
 
 /// `acc + madd(p, scales)` at the AVX2 level (the AVX-512 level fuses it: `vpdpwssd`).

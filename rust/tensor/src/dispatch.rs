@@ -13,8 +13,8 @@ pub enum Isa {
     Scalar,
     /// AVX2 with FMA and F16C.
     Avx2,
-    /// AVX-512 F, BW, VL and VNNI on top of AVX2 (a CPU with AVX-512 but no VNNI uses
-    /// the AVX2 kernels).
+    /// AVX-512 F, BW, VL and VNNI and BMI2 on top of AVX2 (a CPU with AVX-512 but no VNNI
+    /// uses the AVX2 kernels; every CPU with AVX-512 has BMI2).
     Avx512,
 }
 
@@ -28,7 +28,8 @@ impl Isa {
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512vnni");
+                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("bmi2");
             if avx512 {
                 return Isa::Avx512;
             }

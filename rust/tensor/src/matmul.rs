@@ -431,7 +431,13 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
             let quads = ((n_tokens - t0) / TOKEN_TILE).min(OCTET_MAX_QUADS);
             let xs = &act[t0 * xrow..(t0 + quads * TOKEN_TILE) * xrow];
             gemm.factors(w.cols, xs, xrow, quads, f);
-            for o in 0..n_octets {
+            // With all the octets decoded, two at a time where the kind has such a kernel.
+            let paired = if !one_tile && gemm.has_octet_pairs() { n_octets / 2 } else { 0 };
+            for p in 0..paired {
+                let dst = out.0.add(t0 * w.rows + rows.start + 16 * p);
+                gemm.run_octet_pair(w.cols, &octets[2 * p * octet_bytes..(2 * p + 2) * octet_bytes], xs, xrow, 0, quads, f, dst, w.rows);
+            }
+            for o in 2 * paired..n_octets {
                 let slot = if one_tile { 0 } else { o };
                 let octet = &mut octets[slot * octet_bytes..(slot + 1) * octet_bytes];
                 // The octet's eight outputs of each token are consecutive in `out`.

@@ -338,6 +338,39 @@ fn check_octet(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, 
     }
 }
 
+/// Runs the two-octet kernel of `gemm` (the i-quants at the AVX-512 level) on sixteen weight
+/// rows `w` and the activation rows `xs` from quad first_quad on, and checks every output
+/// against `dot` bit for bit, and that nothing else was written.
+#[allow(clippy::too_many_arguments)]
+fn check_octet_pair(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, first_quad: usize, quads: usize, w: &[u8], xs: &[u8], what: &str) {
+    use ferrollama_tensor::simd::{TileFactors, OCTET_MAX_QUADS};
+    let tokens = 4 * (first_quad + quads);
+    let stride = xs.len() / tokens;
+    let (octet_bytes, wrow) = (gemm.octet_bytes(n), w.len() / 16);
+    let mut octets = vec![0u8; 2 * octet_bytes];
+    for (half, rows) in w.chunks_exact(8 * wrow).enumerate() {
+        gemm.decode_octet(n, rows, &mut octets[half * octet_bytes..(half + 1) * octet_bytes]);
+    }
+    let mut f = TileFactors::default();
+    gemm.factors(n, xs, stride, first_quad + quads, &mut f);
+    // Rows of 18 outputs: the kernel writes 16 a token, the 2 after stay NaN.
+    let ldo = 18;
+    let mut out = vec![f32::NAN; 4 * OCTET_MAX_QUADS * ldo];
+    // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + 16 floats.
+    unsafe { gemm.run_octet_pair(n, &octets, xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
+    for (t, x) in xs.chunks_exact(stride).enumerate() {
+        for r in 0..ldo {
+            let got = out[t * ldo + r];
+            if t < 4 * first_quad || r >= 16 {
+                assert!(got.is_nan(), "{what} n={n}: wrote token {t} lane {r}");
+            } else {
+                let want = dot(n, &w[r * wrow..(r + 1) * wrow], x);
+                assert_eq!(got.to_bits(), want.to_bits(), "{what} n={n}: row {r} token {t}");
+            }
+        }
+    }
+}
+
 /// The eight-row kernel of the legacy kinds (one to four quads of four tokens, started at
 /// any quad of a tile) equals the specification's dot of each row with each token bit for
 /// bit, writing only its outputs. Scale 0 is the extreme of each kind's i16 pair sums, as
@@ -531,6 +564,13 @@ fn iquant_octet_kernels_equal_the_tiled_dots() {
                         (0..tokens).flat_map(|_| quantize(GgmlType::Q8_K, &rng.vec(n, scale))).collect()
                     };
                     check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{ty} {isa:?} scale {scale}"));
+                    // The two-octet kernel (AVX-512) on these rows and eight more.
+                    assert_eq!(gemm.has_octet_pairs(), isa >= Isa::Avx512, "{ty} {isa:?}: octet pairs at the AVX-512 level");
+                    if gemm.has_octet_pairs() {
+                        let more: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                        let w16: Vec<u8> = w.iter().chain(&more).copied().collect();
+                        check_octet_pair(&gemm, dot, n, first_quad, quads, &w16, &xs, &format!("{ty} {isa:?} scale {scale} (pair)"));
+                    }
                 }
             }
         }
@@ -648,6 +688,45 @@ fn four_token_tile_kernels_equal_the_row_dot() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Weight types whose products have no AVX-512 kernel yet (issue 39): at the AVX-512 level
+/// they run their AVX2 kernels. Listed so that the test below stays truthful; remove a type
+/// when its AVX-512 kernels land.
+const AVX512_NOT_YET: [GgmlType; 6] = [GgmlType::MXFP4, GgmlType::NVFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::Q1_0, GgmlType::Q2_0];
+
+/// Weight types with no SIMD dot at any level yet: their products run the portable kernel.
+const NO_SIMD_YET: [GgmlType; 1] = [GgmlType::BF16];
+
+/// No weight type's product resolves to the portable kernel at any SIMD level this CPU has,
+/// and at each level the kernels are that level's, except the types listed above (which
+/// must resolve as listed: a type that gains kernels fails here until it leaves its list).
+/// Q8_1 and Q8_K are activation types only (their self-dots exist for the table's totality).
+#[test]
+fn every_weight_type_resolves_to_the_kernels_of_each_level() {
+    use ferrollama_tensor::simd::{kernel_isa, SumsGemm};
+    let activation_only = [GgmlType::Q8_1, GgmlType::Q8_K];
+    for (isa, table) in levels() {
+        for e in table.iter().filter(|e| !activation_only.contains(&e.ty)) {
+            let want = if NO_SIMD_YET.contains(&e.ty) {
+                Isa::Scalar
+            } else if isa == Isa::Avx512 && AVX512_NOT_YET.contains(&e.ty) {
+                Isa::Avx2
+            } else {
+                isa
+            };
+            assert_eq!(kernel_isa(e.ty, isa), want, "{} at {isa:?}", e.ty);
+            assert_eq!(e.vec_dot as usize == e.vec_dot_scalar as usize, want == Isa::Scalar, "{} at {isa:?}: the table's row dot", e.ty);
+            if let Some(tiled) = e.vec_dot_tiled.filter(|_| want != Isa::Scalar) {
+                assert_ne!(tiled as usize, e.vec_dot_tiled_scalar.map_or(0, |d| d as usize), "{} at {isa:?}: a SIMD tiled dot", e.ty);
+            }
+        }
+        // The many-token kernels of the i-quants are the level's too.
+        for ty in [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M] {
+            let gemm = SumsGemm::for_type(ty, isa).expect("an octet kernel at every SIMD level");
+            assert_eq!(gemm.octet_isa(), isa, "{ty} at {isa:?}: the octet product");
         }
     }
 }

@@ -55,7 +55,7 @@ const EVEN_SIGN_BYTES: [u64; 128] = {
 };
 
 /// The kinds by number, for the kernels' const parameter.
-const fn kind(k: u8) -> IqKind {
+pub(crate) const fn kind(k: u8) -> IqKind {
     match k {
         0 => IqKind::Iq2Xxs,
         1 => IqKind::Iq2Xs,
@@ -124,7 +124,7 @@ unsafe fn aux_signs_scales(aux: __m256i, scales: &mut [i32; 8]) -> __m256i {
 /// instead (measured 3 % faster there than completing them here; the signs stay unset).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block_signs<const KIND: u8>(b: *const u8, signs: &mut [u8; 32], scales: &mut [i32; 8]) -> __m256i {
+pub(crate) unsafe fn block_signs<const KIND: u8>(b: *const u8, signs: &mut [u8; 32], scales: &mut [i32; 8]) -> __m256i {
     let bytes = match kind(KIND) {
         IqKind::Iq2Xxs => {
             // (index u32, aux u32) per sub-block: the odd dwords of 64 bytes.
@@ -150,7 +150,7 @@ unsafe fn block_signs<const KIND: u8>(b: *const u8, signs: &mut [u8; 32], scales
 /// AVX2 has no per-lane 16-bit shift).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq2_s_indices(b: *const u8, out: &mut [u16; 32]) {
+pub(crate) unsafe fn iq2_s_indices(b: *const u8, out: &mut [u16; 32]) {
     let qh = _mm256_broadcastsi128_si256(_mm_loadl_epi64(b.add(66) as *const __m128i));
     let shifts = _mm256_set1_epi64x(0x0004_0010_0040_0100);
     let high = _mm256_set1_epi16(0x300);
@@ -191,7 +191,7 @@ unsafe fn sub_block_halves(halves: __m256i, ib: usize) -> __m256i {
 /// is the specification; this reads the bytes without bounds checks or a struct in memory).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize, signs: &[u8; 32], scales: &[i32; 8], halves: __m256i, indices: &[u16; 32]) -> (__m256i, __m256i, __m256i) {
+pub(crate) unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize, signs: &[u8; 32], scales: &[i32; 8], halves: __m256i, indices: &[u16; 32]) -> (__m256i, __m256i, __m256i) {
     let odd = |s: u32| (2 * s + 1) as i16;
     let sign = || sign_bytes_of(signs.as_ptr().add(4 * ib));
     match kind(KIND) {
@@ -227,183 +227,220 @@ unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize, signs: &[u8; 32],
     }
 }
 
-/// The dot of one weight row with T activation rows: per super-block `acc = fma(d * d_x,
-/// lanes, acc)` and `factor * hsum` at the end (vec_dot), or `r = isum * (d * factor)`,
-/// `one = fma(r, d_x, one)` (tiled). `BYTES` the block size, the f16 d first.
+/// The IQ1 grid octets of four 11-bit indices (octet l: entry `indices[l]`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iquant<const KIND: u8, const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-    let (bytes, factor) = (kind(KIND).bytes(), kind(KIND).factor());
-    let mut acc = [_mm256_setzero_ps(); T];
-    let mut one = [0f32; T];
-    for i in 0..nb {
-        let bw = w.add(i * bytes);
-        // Each sub-block is decoded once into registers and used for every token.
-        // Two sub-blocks a step, into two sums, as ggml: independent chains to overlap.
-        let (mut signs, mut scales) = ([0u8; 32], [0i32; 8]);
-        let halves = block_signs::<KIND>(bw, &mut signs, &mut scales);
-        let mut indices = [0u16; 32];
-        if kind(KIND) == IqKind::Iq2S {
-            iq2_s_indices(bw, &mut indices);
-        }
-        let mut sumi = [[_mm256_setzero_si256(); T]; 2];
-        for ib in (0..8).step_by(2) {
-            let pair = [sub_vectors::<KIND>(bw, ib, &signs, &scales, halves, &indices), sub_vectors::<KIND>(bw, ib + 1, &signs, &scales, halves, &indices)];
-            for (h, (grid, signs, scales)) in pair.into_iter().enumerate() {
-                for t in 0..T {
-                    let q8 = _mm256_sign_epi8(loadu(x[t].add(i * 292 + 4 + 32 * (ib + h))), signs);
-                    sumi[h][t] = _mm256_add_epi32(sumi[h][t], _mm256_madd_epi16(_mm256_maddubs_epi16(grid, q8), scales));
-                }
-            }
-        }
-        let sumi: [__m256i; T] = std::array::from_fn(|t| _mm256_add_epi32(sumi[0][t], sumi[1][t]));
-        let dw = f16_1(bw);
-        for t in 0..T {
-            let dx = std::ptr::read_unaligned(x[t].add(i * 292) as *const f32);
-            if MODE == TILED {
-                one[t] = (hsum_epi32(sumi[t]) as f32 * (dw * factor)).mul_add(dx, one[t]);
-            } else {
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-            }
-        }
-    }
-    for t in 0..T {
-        out[t] = if MODE == TILED { one[t] } else { factor * hsum_ps(acc[t]) };
-    }
+pub(crate) unsafe fn iq1_grid4(indices: [usize; 4]) -> __m256i {
+    let g = |l: usize| IQ1S_GRID[indices[l] & 2047] as i64;
+    _mm256_set_epi64x(g(3), g(2), g(1), g(0))
 }
 
-/// For each kind, ggml's AVX2 vec_dot and llama.cpp's tiled product.
-macro_rules! iq_kernels {
-    ($($k:literal $dot:ident $tiled:ident),*) => {$(
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $dot<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            iquant::<$k, VEC_DOT, T>(nb, w, x, out)
+/// IQ1_S sub-block ib of the block at b: its 32 grid values (-1, 0, 1 as bytes). Plain
+/// code rather than closures built by `array::from_fn`, which stayed out-of-line calls.
+/// (The AVX-512 level computes the indices with `pdep` instead.)
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn iq1_s_grid(b: *const u8, ib: usize) -> __m256i {
+    let qs = b.add(2 + 4 * ib);
+    // Three high index bits per octet, then the scale and the delta's sign.
+    let qh = std::ptr::read_unaligned(b.add(34 + 2 * ib) as *const u16) as usize;
+    let index = |l: usize| *qs.add(l) as usize | (((qh >> (3 * l)) & 7) << 8);
+    iq1_grid4([index(0), index(1), index(2), index(3)])
+}
+
+/// IQ1_M's delta signs of a sub-block from its u16 of four qh nibbles (octet l's nibble l:
+/// bits 0-2 the index's high part, bit 3 the delta's sign), as the operand of
+/// `_mm256_sign_epi8`: bytes 1, or -1 where the octet's bit 3 is set (each nibble shifted
+/// down to bit 0 of its quadword, then 0 - bit, or 1).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn iq1_m_delta(qh: usize) -> __m256i {
+    let bits = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(qh as i64), _mm256_set_epi64x(15, 11, 7, 3)), _mm256_set1_epi64x(1));
+    _mm256_or_si256(_mm256_sub_epi64(_mm256_setzero_si256(), bits), _mm256_set1_epi8(1))
+}
+
+/// IQ1_M sub-block ib of the block at b: its 32 grid values (-1, 0, 1 as bytes) and each
+/// element's delta sign (`iq1_m_delta`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn iq1_m_sub_block(b: *const u8, ib: usize) -> (__m256i, __m256i) {
+    let qs = b.add(4 * ib);
+    let qh = std::ptr::read_unaligned(b.add(32 + 2 * ib) as *const u16) as usize;
+    let index = |l: usize| *qs.add(l) as usize | (((qh >> (4 * l)) & 7) << 8);
+    (iq1_grid4([index(0), index(1), index(2), index(3)]), iq1_m_delta(qh))
+}
+
+/// `acc + madd(p, scales)` at the AVX2 level (the AVX-512 level fuses it: `vpdpwssd`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn madd_add(acc: __m256i, p: __m256i, scales: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(p, scales))
+}
+
+/// The one-row dot kernels of the i-quants (T tokens at once), stamped once per level with
+/// its `target_feature`s and its `madd_add` (the same exact i32 lanes at every level):
+/// for each kind ggml's AVX2 vec_dot and llama.cpp's tiled product. The invoking module
+/// brings the decoding helpers of this file into scope.
+macro_rules! iq_dot_kernels {
+    ($features:literal) => {
+        /// The dot of one weight row with T activation rows: per super-block `acc = fma(d * d_x,
+        /// lanes, acc)` and `factor * hsum` at the end (vec_dot), or `r = isum * (d * factor)`,
+        /// `one = fma(r, d_x, one)` (tiled). `BYTES` the block size, the f16 d first.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn iquant<const KIND: u8, const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let (bytes, factor) = (kind(KIND).bytes(), kind(KIND).factor());
+            let mut acc = [_mm256_setzero_ps(); T];
+            let mut one = [0f32; T];
+            for i in 0..nb {
+                let bw = w.add(i * bytes);
+                // Each sub-block is decoded once into registers and used for every token.
+                // Two sub-blocks a step, into two sums, as ggml: independent chains to overlap.
+                let (mut signs, mut scales) = ([0u8; 32], [0i32; 8]);
+                let halves = block_signs::<KIND>(bw, &mut signs, &mut scales);
+                let mut indices = [0u16; 32];
+                if kind(KIND) == IqKind::Iq2S {
+                    iq2_s_indices(bw, &mut indices);
+                }
+                let mut sumi = [[_mm256_setzero_si256(); T]; 2];
+                for ib in (0..8).step_by(2) {
+                    let pair = [sub_vectors::<KIND>(bw, ib, &signs, &scales, halves, &indices), sub_vectors::<KIND>(bw, ib + 1, &signs, &scales, halves, &indices)];
+                    for (h, (grid, signs, scales)) in pair.into_iter().enumerate() {
+                        for t in 0..T {
+                            let q8 = _mm256_sign_epi8(loadu(x[t].add(i * 292 + 4 + 32 * (ib + h))), signs);
+                            sumi[h][t] = madd_add(sumi[h][t], _mm256_maddubs_epi16(grid, q8), scales);
+                        }
+                    }
+                }
+                let sumi: [__m256i; T] = std::array::from_fn(|t| _mm256_add_epi32(sumi[0][t], sumi[1][t]));
+                let dw = f16_1(bw);
+                for t in 0..T {
+                    let dx = std::ptr::read_unaligned(x[t].add(i * 292) as *const f32);
+                    if MODE == TILED {
+                        one[t] = (hsum_epi32(sumi[t]) as f32 * (dw * factor)).mul_add(dx, one[t]);
+                    } else {
+                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    }
+                }
+            }
+            for t in 0..T {
+                out[t] = if MODE == TILED { one[t] } else { factor * hsum_ps(acc[t]) };
+            }
         }
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            iquant::<$k, TILED, T>(nb, w, x, out)
+
+        /// IQ1_S x Q8_K as ggml_vec_dot_iq1_s_q8_K (AVX2) or llama.cpp's tiled product
+        /// (`scalar::iquants`): the grid (-1, 0, 1) decoded once for every token, signed products in
+        /// 16-bit words, times the sub-block scale into eight lanes; the delta term an integer per
+        /// block from the activation's sums.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn iq1_s_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let mut acc = [_mm256_setzero_ps(); T];
+            let (mut acc1, mut one) = ([0f32; T], [0f32; T]);
+            for i in 0..nb {
+                let bw = w.add(i * IQ1_S_BYTES);
+                let block = std::slice::from_raw_parts(bw, IQ1_S_BYTES);
+                let mut grid = [_mm256_setzero_si256(); 8];
+                let mut scale = [(0i32, 0i32); 8];
+                for ib in 0..8 {
+                    grid[ib] = iq1_s_grid(bw, ib);
+                    scale[ib] = iq1_s_scale_sign(block, ib);
+                }
+                let dw = f16_1(bw);
+                for t in 0..T {
+                    let bx = x[t].add(i * 292);
+                    let mut sumi = _mm256_setzero_si256();
+                    let mut delta = 0i32;
+                    for ib in 0..8 {
+                        let q8 = loadu(bx.add(4 + 32 * ib));
+                        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(grid[ib], grid[ib]), _mm256_sign_epi8(q8, grid[ib]));
+                        sumi = madd_add(sumi, p16, _mm256_set1_epi16(scale[ib].0 as i16));
+                        let bsum = std::ptr::read_unaligned(bx.add(260 + 4 * ib) as *const i16) as i32 + std::ptr::read_unaligned(bx.add(262 + 4 * ib) as *const i16) as i32;
+                        delta += bsum * scale[ib].1 * scale[ib].0;
+                    }
+                    let dx = std::ptr::read_unaligned(bx as *const f32);
+                    if MODE == TILED {
+                        one[t] = ((8 * hsum_epi32(sumi) + delta) as f32 * (dw * 0.125)).mul_add(dx, one[t]);
+                    } else {
+                        let d = dx * dw;
+                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[t]);
+                        acc1[t] = d.mul_add(delta as f32, acc1[t]);
+                    }
+                }
+            }
+            for t in 0..T {
+                out[t] = if MODE == TILED { one[t] } else { hsum_ps(acc[t]) + 0.125 * acc1[t] };
+            }
+        }
+
+        /// IQ1_M x Q8_K as ggml_vec_dot_iq1_m_q8_K (AVX2) or llama.cpp's tiled product
+        /// (`scalar::iquants`): the grid and the delta signs decoded once for every token, each
+        /// against the activation in 16-bit words times the group scales into eight lanes.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn iq1_m_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            let (mut acc, mut acc_delta) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+            let mut one = [0f32; T];
+            for i in 0..nb {
+                let bw = w.add(i * IQ1_M_BYTES);
+                let block = std::slice::from_raw_parts(bw, IQ1_M_BYTES);
+                let (mut grid, mut delta, mut scales) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+                let s16 = iq1_m_scales16(block);
+                for ib in 0..8 {
+                    (grid[ib], delta[ib]) = iq1_m_sub_block(bw, ib);
+                    scales[ib] = scale_halves(s16[2 * ib] as i16, s16[2 * ib + 1] as i16);
+                }
+                let dw = iq1_m_d(block);
+                for t in 0..T {
+                    let bx = x[t].add(i * 292);
+                    let (mut sumi, mut sumd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    for ib in 0..8 {
+                        let q8 = loadu(bx.add(4 + 32 * ib));
+                        let pg = _mm256_maddubs_epi16(_mm256_sign_epi8(grid[ib], grid[ib]), _mm256_sign_epi8(q8, grid[ib]));
+                        let pd = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(q8, delta[ib]));
+                        sumi = madd_add(sumi, pg, scales[ib]);
+                        sumd = madd_add(sumd, pd, scales[ib]);
+                    }
+                    let dx = std::ptr::read_unaligned(bx as *const f32);
+                    if MODE == TILED {
+                        one[t] = ((8 * hsum_epi32(sumi) + hsum_epi32(sumd)) as f32 * (dw * 0.125)).mul_add(dx, one[t]);
+                    } else {
+                        let d = _mm256_set1_ps(dx * dw);
+                        acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
+                        acc_delta[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumd), acc_delta[t]);
+                    }
+                }
+            }
+            for t in 0..T {
+                out[t] = if MODE == TILED { one[t] } else { hsum_ps(acc[t]) + 0.125 * hsum_ps(acc_delta[t]) };
+            }
+        }
+
+        $crate::simd::iquants_avx2::iq_entry_points!($features:
+            iq2_xxs = iquant::<0, VEC_DOT>, iq2_xxs_tiled = iquant::<0, TILED>,
+            iq2_xs = iquant::<1, VEC_DOT>, iq2_xs_tiled = iquant::<1, TILED>,
+            iq2_s = iquant::<2, VEC_DOT>, iq2_s_tiled = iquant::<2, TILED>,
+            iq3_xxs = iquant::<3, VEC_DOT>, iq3_xxs_tiled = iquant::<3, TILED>,
+            iq3_s = iquant::<4, VEC_DOT>, iq3_s_tiled = iquant::<4, TILED>,
+            iq1_s = iq1_s_impl::<VEC_DOT>, iq1_s_tiled = iq1_s_impl::<TILED>,
+            iq1_m = iq1_m_impl::<VEC_DOT>, iq1_m_tiled = iq1_m_impl::<TILED>
+        );
+    };
+}
+pub(crate) use iq_dot_kernels;
+
+/// The public kernels of `iq_dot_kernels`, each a kind's kernel in one float order.
+macro_rules! iq_entry_points {
+    ($features:literal: $($name:ident = $imp:ident::<$($c:tt),*>),*) => {$(
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
+            $imp::<$($c,)* T>(nb, w, x, out)
         }
     )*};
 }
+pub(crate) use iq_entry_points;
 
-iq_kernels!(0 iq2_xxs iq2_xxs_tiled, 1 iq2_xs iq2_xs_tiled, 2 iq2_s iq2_s_tiled, 3 iq3_xxs iq3_xxs_tiled, 4 iq3_s iq3_s_tiled);
-
-/// IQ1_S x Q8_K as ggml_vec_dot_iq1_s_q8_K (AVX2) or llama.cpp's tiled product
-/// (`scalar::iquants`): the grid (-1, 0, 1) decoded once for every token, signed products in
-/// 16-bit words, times the sub-block scale into eight lanes; the delta term an integer per
-/// block from the activation's sums.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq1_s_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-    let mut acc = [_mm256_setzero_ps(); T];
-    let (mut acc1, mut one) = ([0f32; T], [0f32; T]);
-    for i in 0..nb {
-        let bw = w.add(i * IQ1_S_BYTES);
-        let block = std::slice::from_raw_parts(bw, IQ1_S_BYTES);
-        let mut grid = [_mm256_setzero_si256(); 8];
-        let mut scale = [(0i32, 0i32); 8];
-        for (ib, g) in grid.iter_mut().enumerate() {
-            let qh = u16::from_le_bytes([block[34 + 2 * ib], block[35 + 2 * ib]]) as usize;
-            let e = |l: usize| IQ1S_GRID[block[2 + 4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)] as i64;
-            *g = _mm256_set_epi64x(e(3), e(2), e(1), e(0));
-            scale[ib] = iq1_s_scale_sign(block, ib);
-        }
-        let dw = f16_1(bw);
-        for t in 0..T {
-            let bx = x[t].add(i * 292);
-            let mut sumi = _mm256_setzero_si256();
-            let mut delta = 0i32;
-            for ib in 0..8 {
-                let q8 = loadu(bx.add(4 + 32 * ib));
-                let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(grid[ib], grid[ib]), _mm256_sign_epi8(q8, grid[ib]));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16(scale[ib].0 as i16)));
-                let bsum = std::ptr::read_unaligned(bx.add(260 + 4 * ib) as *const i16) as i32 + std::ptr::read_unaligned(bx.add(262 + 4 * ib) as *const i16) as i32;
-                delta += bsum * scale[ib].1 * scale[ib].0;
-            }
-            let dx = std::ptr::read_unaligned(bx as *const f32);
-            if MODE == TILED {
-                one[t] = ((8 * hsum_epi32(sumi) + delta) as f32 * (dw * 0.125)).mul_add(dx, one[t]);
-            } else {
-                let d = dx * dw;
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[t]);
-                acc1[t] = d.mul_add(delta as f32, acc1[t]);
-            }
-        }
-    }
-    for t in 0..T {
-        out[t] = if MODE == TILED { one[t] } else { hsum_ps(acc[t]) + 0.125 * acc1[t] };
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn iq1_s<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-    iq1_s_impl::<VEC_DOT, T>(nb, w, x, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn iq1_s_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-    iq1_s_impl::<TILED, T>(nb, w, x, out)
-}
-
-/// IQ1_M x Q8_K as ggml_vec_dot_iq1_m_q8_K (AVX2) or llama.cpp's tiled product
-/// (`scalar::iquants`): the grid and the delta signs decoded once for every token, each
-/// against the activation in 16-bit words times the group scales into eight lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq1_m_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-    let (mut acc, mut acc_delta) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
-    let mut one = [0f32; T];
-    for i in 0..nb {
-        let block = std::slice::from_raw_parts(w.add(i * IQ1_M_BYTES), IQ1_M_BYTES);
-        let (mut grid, mut delta, mut scales) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
-        let s16 = iq1_m_scales16(block);
-        for ib in 0..8 {
-            let octet = |k: usize| {
-                let qh = block[32 + k / 2] >> (4 * (k % 2));
-                let g = IQ1S_GRID[block[k] as usize | (((qh & 7) as usize) << 8)] as i64;
-                let sign = if qh & 8 != 0 { -1i64 } else { 0x0101_0101_0101_0101 };
-                (g, sign)
-            };
-            let o: [(i64, i64); 4] = std::array::from_fn(|l| octet(4 * ib + l));
-            grid[ib] = _mm256_set_epi64x(o[3].0, o[2].0, o[1].0, o[0].0);
-            delta[ib] = _mm256_set_epi64x(o[3].1, o[2].1, o[1].1, o[0].1);
-            scales[ib] = scale_halves(s16[2 * ib] as i16, s16[2 * ib + 1] as i16);
-        }
-        let dw = iq1_m_d(block);
-        for t in 0..T {
-            let bx = x[t].add(i * 292);
-            let (mut sumi, mut sumd) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-            for ib in 0..8 {
-                let q8 = loadu(bx.add(4 + 32 * ib));
-                let pg = _mm256_maddubs_epi16(_mm256_sign_epi8(grid[ib], grid[ib]), _mm256_sign_epi8(q8, grid[ib]));
-                let pd = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(q8, delta[ib]));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pg, scales[ib]));
-                sumd = _mm256_add_epi32(sumd, _mm256_madd_epi16(pd, scales[ib]));
-            }
-            let dx = std::ptr::read_unaligned(bx as *const f32);
-            if MODE == TILED {
-                one[t] = ((8 * hsum_epi32(sumi) + hsum_epi32(sumd)) as f32 * (dw * 0.125)).mul_add(dx, one[t]);
-            } else {
-                let d = _mm256_set1_ps(dx * dw);
-                acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[t]);
-                acc_delta[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumd), acc_delta[t]);
-            }
-        }
-    }
-    for t in 0..T {
-        out[t] = if MODE == TILED { one[t] } else { hsum_ps(acc[t]) + 0.125 * hsum_ps(acc_delta[t]) };
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn iq1_m<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-    iq1_m_impl::<VEC_DOT, T>(nb, w, x, out)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn iq1_m_tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-    iq1_m_impl::<TILED, T>(nb, w, x, out)
-}
+iq_dot_kernels!("avx2,fma,f16c");
 
 // ---------------------------------------------------------------- octets (many tokens)
 
@@ -438,10 +475,8 @@ unsafe fn octet_row_block<const KIND: u8>(b: *const u8) -> ([__m256i; 8], [i16; 
         OCTET_IQ1_S => {
             let block = std::slice::from_raw_parts(b, IQ1_S_BYTES);
             for (ib, chunk) in v.iter_mut().enumerate() {
-                let qh = u16::from_le_bytes([block[34 + 2 * ib], block[35 + 2 * ib]]) as usize;
-                let e = |l: usize| IQ1S_GRID[block[2 + 4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)] as i64;
                 let (ls, sign) = iq1_s_scale_sign(block, ib);
-                let grid = _mm256_set_epi64x(e(3), e(2), e(1), e(0));
+                let grid = iq1_s_grid(b, ib);
                 *chunk = _mm256_add_epi8(_mm256_sign_epi8(eight, grid), _mm256_set1_epi8(sign as i8));
                 scales[2 * ib] = ls as i16;
                 scales[2 * ib + 1] = ls as i16;
@@ -451,15 +486,7 @@ unsafe fn octet_row_block<const KIND: u8>(b: *const u8) -> ([__m256i; 8], [i16; 
         OCTET_IQ1_M => {
             let block = std::slice::from_raw_parts(b, IQ1_M_BYTES);
             for (ib, chunk) in v.iter_mut().enumerate() {
-                let octet = |l: usize| {
-                    let k = 4 * ib + l;
-                    let qh = block[32 + k / 2] >> (4 * (k % 2));
-                    let g = IQ1S_GRID[block[k] as usize | (((qh & 7) as usize) << 8)] as i64;
-                    (g, if qh & 8 != 0 { -1i64 } else { 0x0101_0101_0101_0101 })
-                };
-                let o: [(i64, i64); 4] = std::array::from_fn(octet);
-                let grid = _mm256_set_epi64x(o[3].0, o[2].0, o[1].0, o[0].0);
-                let delta = _mm256_set_epi64x(o[3].1, o[2].1, o[1].1, o[0].1);
+                let (grid, delta) = iq1_m_sub_block(b, ib);
                 *chunk = _mm256_add_epi8(_mm256_sign_epi8(eight, grid), delta);
             }
             scales = iq1_m_scales16(block).map(|s| s as i16);

@@ -19,6 +19,8 @@ pub mod ternary_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod iquants_avx2;
 #[cfg(target_arch = "x86_64")]
+pub mod iquants_avx512;
+#[cfg(target_arch = "x86_64")]
 pub mod q1q2_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod nvfp4_avx2;
@@ -82,12 +84,14 @@ macro_rules! quantizer {
     };
 }
 
-/// The wrappers of one level, and its table of kernels per type.
+/// The wrappers of one level, and its table of kernels per type (`iq`: the level's module of
+/// i-quant kernels).
 #[cfg(target_arch = "x86_64")]
 macro_rules! level {
-    ($modname:ident, $lvl:ident) => {
+    ($modname:ident, $lvl:ident, $iq:ident) => {
         pub mod $modname {
             use super::x86::$lvl as k;
+            use super::$iq as iq;
             use super::SimdKernels;
             use crate::GgmlType;
             block_dot!(q8_0, q8_0_x4, k::q8_0, 32, 34, 34);
@@ -124,20 +128,20 @@ macro_rules! level {
 
             block_dot!(tq1_0, tq1_0_x4, super::ternary_avx2::tq1_0, 256, 54, 292);
             block_dot!(tq2_0, tq2_0_x4, super::ternary_avx2::tq2_0, 256, 66, 292);
-            block_dot!(iq2_xxs, iq2_xxs_x4, super::iquants_avx2::iq2_xxs, 256, 66, 292);
-            block_dot!(iq2_xxs_tiled, iq2_xxs_tiled_x4, super::iquants_avx2::iq2_xxs_tiled, 256, 66, 292);
-            block_dot!(iq2_xs, iq2_xs_x4, super::iquants_avx2::iq2_xs, 256, 74, 292);
-            block_dot!(iq2_xs_tiled, iq2_xs_tiled_x4, super::iquants_avx2::iq2_xs_tiled, 256, 74, 292);
-            block_dot!(iq2_s, iq2_s_x4, super::iquants_avx2::iq2_s, 256, 82, 292);
-            block_dot!(iq2_s_tiled, iq2_s_tiled_x4, super::iquants_avx2::iq2_s_tiled, 256, 82, 292);
-            block_dot!(iq3_xxs, iq3_xxs_x4, super::iquants_avx2::iq3_xxs, 256, 98, 292);
-            block_dot!(iq3_xxs_tiled, iq3_xxs_tiled_x4, super::iquants_avx2::iq3_xxs_tiled, 256, 98, 292);
-            block_dot!(iq3_s, iq3_s_x4, super::iquants_avx2::iq3_s, 256, 110, 292);
-            block_dot!(iq3_s_tiled, iq3_s_tiled_x4, super::iquants_avx2::iq3_s_tiled, 256, 110, 292);
-            block_dot!(iq1_s, iq1_s_x4, super::iquants_avx2::iq1_s, 256, 50, 292);
-            block_dot!(iq1_s_tiled, iq1_s_tiled_x4, super::iquants_avx2::iq1_s_tiled, 256, 50, 292);
-            block_dot!(iq1_m, iq1_m_x4, super::iquants_avx2::iq1_m, 256, 56, 292);
-            block_dot!(iq1_m_tiled, iq1_m_tiled_x4, super::iquants_avx2::iq1_m_tiled, 256, 56, 292);
+            block_dot!(iq2_xxs, iq2_xxs_x4, iq::iq2_xxs, 256, 66, 292);
+            block_dot!(iq2_xxs_tiled, iq2_xxs_tiled_x4, iq::iq2_xxs_tiled, 256, 66, 292);
+            block_dot!(iq2_xs, iq2_xs_x4, iq::iq2_xs, 256, 74, 292);
+            block_dot!(iq2_xs_tiled, iq2_xs_tiled_x4, iq::iq2_xs_tiled, 256, 74, 292);
+            block_dot!(iq2_s, iq2_s_x4, iq::iq2_s, 256, 82, 292);
+            block_dot!(iq2_s_tiled, iq2_s_tiled_x4, iq::iq2_s_tiled, 256, 82, 292);
+            block_dot!(iq3_xxs, iq3_xxs_x4, iq::iq3_xxs, 256, 98, 292);
+            block_dot!(iq3_xxs_tiled, iq3_xxs_tiled_x4, iq::iq3_xxs_tiled, 256, 98, 292);
+            block_dot!(iq3_s, iq3_s_x4, iq::iq3_s, 256, 110, 292);
+            block_dot!(iq3_s_tiled, iq3_s_tiled_x4, iq::iq3_s_tiled, 256, 110, 292);
+            block_dot!(iq1_s, iq1_s_x4, iq::iq1_s, 256, 50, 292);
+            block_dot!(iq1_s_tiled, iq1_s_tiled_x4, iq::iq1_s_tiled, 256, 50, 292);
+            block_dot!(iq1_m, iq1_m_x4, iq::iq1_m, 256, 56, 292);
+            block_dot!(iq1_m_tiled, iq1_m_tiled_x4, iq::iq1_m_tiled, 256, 56, 292);
             block_dot!(q1_0, q1_0_x4, super::q1q2_avx2::q1_0, 128, 18, 136);
             block_dot!(q2_0, q2_0_x4, super::q1q2_avx2::q2_0, 64, 18, 68);
 
@@ -190,15 +194,13 @@ macro_rules! level {
 }
 
 #[cfg(target_arch = "x86_64")]
-level!(avx2, avx2);
+level!(avx2, avx2, iquants_avx2);
 #[cfg(target_arch = "x86_64")]
-level!(avx512, avx512);
+level!(avx512, avx512, iquants_avx512);
 
-/// Types whose SIMD kernels exist at the AVX2 level only.
-const AVX2_ONLY: &[GgmlType] = &[
-    GgmlType::MXFP4, GgmlType::NVFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
-    GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::Q1_0, GgmlType::Q2_0,
-];
+/// Types whose SIMD kernels exist at the AVX2 level only (an AVX-512 CPU runs those; issue 39
+/// asks for AVX-512 kernels of them too).
+pub const AVX2_ONLY: &[GgmlType] = &[GgmlType::MXFP4, GgmlType::NVFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::Q1_0, GgmlType::Q2_0];
 
 /// The kernel of `ty` in `table`, a list of AVX2 kernels, when `isa` is AVX2 or above and
 /// this CPU has it (the `*_dot_for` lookups); None on other architectures.
@@ -341,8 +343,7 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
         Isa::Scalar => SimdKernels::default(),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::kernels(ty),
-        // The types added in issue 27 and NVFP4 have AVX2 kernels only (no AVX-512 machine to test
-        // others on): an AVX-512 CPU runs those.
+        // The types of AVX2_ONLY: an AVX-512 CPU runs their AVX2 kernels.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if AVX2_ONLY.contains(&ty) => avx2::kernels(ty),
         #[cfg(target_arch = "x86_64")]
@@ -350,6 +351,16 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
         #[cfg(not(target_arch = "x86_64"))]
         _ => SimdKernels::default(),
     }
+}
+
+/// The level whose kernels `kernels_for(ty, isa)` holds: `isa` itself; AVX2 for the types of
+/// `AVX2_ONLY` at the AVX-512 level; Scalar when there is no SIMD row dot for `ty` at all
+/// (what the product of `ty` then falls back to). Panics as `kernels_for` does.
+pub fn kernel_isa(ty: GgmlType, isa: Isa) -> Isa {
+    if kernels_for(ty, isa).vec_dot.is_none() {
+        return Isa::Scalar;
+    }
+    if isa == Isa::Avx512 && AVX2_ONLY.contains(&ty) { Isa::Avx2 } else { isa }
 }
 
 /// Products of many tokens, for CPUs whose products have no packed kernels: Q8_0, Q4_0,
@@ -367,6 +378,8 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
 pub struct SumsGemm {
     kind: u8,
     wbytes: usize,
+    /// The i-quants' octets go through the AVX-512 VNNI kernel (`iquants_avx512`).
+    vnni: bool,
 }
 
 /// Quads of four tokens one `SumsGemm::run` covers at most.
@@ -432,7 +445,13 @@ impl SumsGemm {
             GgmlType::IQ1_M => (KIND_IQ + 6, 56),
             _ => return None,
         };
-        cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes })
+        cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes, vnni: isa >= Isa::Avx512 })
+    }
+
+    /// The level of the kernels `run_octet` uses: AVX-512 for the i-quants on a CPU with it,
+    /// AVX2 otherwise.
+    pub fn octet_isa(&self) -> Isa {
+        if self.vnni && self.kind >= KIND_IQ { Isa::Avx512 } else { Isa::Avx2 }
     }
 
     /// Whether the kind's levels are signed (Q8_0, IQ4_NL).
@@ -530,15 +549,63 @@ impl SumsGemm {
             }
             let biased = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| f.biased[first_quad + q][t * nb * 256..].as_ptr()) };
             use iquants_avx2::octet_sums_iq;
+            use iquants_avx512::octet_sums_iq as octet_sums_iq_vnni;
             use x86::avx2::{octet_sums, octet_sums_q4_k, octet_sums_q6_k, octet_sums_signed};
-            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's AVX2.
+            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's
+            // AVX2, and its AVX-512 VNNI where `vnni` is set.
             match self.kind {
+                k if k >= KIND_IQ && self.vnni && iquants_avx512::scale_per_32(k - KIND_IQ) => per_quads!(octet_sums_iq_vnni::<true>(nb, biased)),
+                k if k >= KIND_IQ && self.vnni => per_quads!(octet_sums_iq_vnni::<false>(nb, biased)),
                 k if k >= KIND_IQ && iquants_avx2::narrow_values(k - KIND_IQ) => per_quads!(octet_sums_iq::<true>(nb, biased)),
                 k if k >= KIND_IQ => per_quads!(octet_sums_iq::<false>(nb, biased)),
                 KIND_Q6_K => per_quads!(octet_sums_q6_k(nb)),
                 KIND_Q4_K => per_quads!(octet_sums_q4_k(nb)),
                 _ if self.signed() => per_quads!(octet_sums_signed(nb, d)),
                 _ => per_quads!(octet_sums(nb, d, c)),
+            }
+        }
+    }
+
+    /// Whether `run_octet_pair` serves this kind (the i-quants at the AVX-512 level).
+    pub fn has_octet_pairs(&self) -> bool {
+        self.vnni && self.kind >= KIND_IQ
+    }
+
+    /// `run_octet` on two octets side by side (`octets`: the two `decode_octet` made of
+    /// sixteen consecutive rows, one after the other): out[(4 q + t) * ldo + r] for rows r of
+    /// 0..16. Panics unless `has_octet_pairs`.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes of 16 floats at every (4 q + t) * ldo, q < quads.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn run_octet_pair(&self, n: usize, octets: &[u8], x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
+        assert!(self.has_octet_pairs(), "octet pairs of the i-quants at the AVX-512 level only");
+        let octet_bytes = self.octet_bytes(n);
+        assert!(octets.len() >= 2 * octet_bytes, "two octets of {n}-element rows");
+        self.check_acts(n, x, stride, first_quad, quads, OCTET_MAX_QUADS);
+        let nb = n / 256;
+        assert!((first_quad..first_quad + quads).all(|q| f.biased[q].len() >= 4 * nb * 256), "tile factors of another size");
+        #[cfg(target_arch = "x86_64")]
+        {
+            let rows = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride)) };
+            let biased = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| f.biased[first_quad + q][t * nb * 256..].as_ptr()) };
+            let o = octets.as_ptr();
+            macro_rules! call {
+                ($q:literal) => {
+                    if iquants_avx512::scale_per_32(self.kind - KIND_IQ) {
+                        iquants_avx512::octet_pair_sums_iq::<$q, true>(nb, o, octet_bytes, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
+                    } else {
+                        iquants_avx512::octet_pair_sums_iq::<$q, false>(nb, o, octet_bytes, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
+                    }
+                };
+            }
+            // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's
+            // AVX-512 VNNI (`vnni`).
+            match quads {
+                4 => call!(4),
+                3 => call!(3),
+                2 => call!(2),
+                _ => call!(1),
             }
         }
     }

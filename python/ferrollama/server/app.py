@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP API (Starlette) over a :class:`Scheduler`.
 
-Routes: POST /v1/chat/completions, /v1/responses (GET and DELETE /v1/responses/{id}), /v1/completions, /v1/embeddings, /tokenize, /detokenize;
-GET /v1/models, /health, /slots, /metrics. Errors have OpenAI's shape,
-``{"error": {"message", "type", "code"}}``: 400 for anything wrong with the request, 401 without
-the API key, 503 with Retry-After when the queue is full, 500 when the engine fails one request.
+Routes: POST /v1/chat/completions, /v1/responses, /v1/completions, /v1/embeddings, /tokenize,
+/detokenize; GET /v1/models, /health, /slots, /metrics; GET and DELETE /v1/responses/{id}.
+Errors have OpenAI's shape, ``{"error": {"message", "type", "code"}}``: 400 for anything wrong
+with the request, 401 without the API key, 503 with Retry-After when the queue is full, 500 when
+the engine fails one request.
 """
 from __future__ import annotations
 
@@ -60,8 +61,9 @@ def bad_request(message: str, code: str = "invalid_value") -> ApiError:
 
 def _validation_message(err: ValidationError) -> tuple[str, str]:
     errors = err.errors()
-    # an item of a type the server does not take says so, before what the other branches of a union wanted
-    first = next((e for e in errors if e["type"] == "union_tag_invalid"), errors[0])
+    # an item of a type the server does not take says so; else the deepest error: in a union
+    # (a string or a list of items), what the item that came lacks, not that it is no string
+    first = max(errors, key=lambda e: (e["type"] == "union_tag_invalid", len(e["loc"])))
     where = ".".join(str(p) for p in first["loc"] if "[" not in str(p))  # not pydantic's names of union branches
     if first["type"] == "union_tag_invalid":
         return (f"{where}: type {first['ctx']['tag']!r} is not supported by this server "

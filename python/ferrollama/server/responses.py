@@ -105,7 +105,8 @@ def chat_request(req: ResponsesRequest, history: list[Message]) -> tuple[ChatReq
     the conversation it continues (history and req's input; the instructions are not carried over,
     as OpenAI's are not)."""
     if req.background:
-        raise Unsupported("background: this server answers while the client waits; background responses are not available")
+        raise Unsupported("background: this server answers while the client waits; "
+                          "background responses are not available")
     conversation = history + input_messages(req.input)
     if not conversation:
         raise ValueError("input: empty")

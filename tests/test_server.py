@@ -314,6 +314,128 @@ def test_a_prediction_is_drafted_from_on_a_drafting_server():
         scheduler.close()
 
 
+# --- the Responses API (/v1/responses) over the chat endpoint's machinery -------------------------
+
+WEATHER_TOOL = [{"type": "function", **WEATHER[0]["function"]}]  # the Responses shape: name etc. at the top
+
+
+def test_responses_text_streamed_and_equal_to_chat(client):
+    ask = dict(model="qwen", instructions="Answer briefly.", input="Name a colour.", max_output_tokens=12, temperature=0)
+    r = client.responses.create(**ask, metadata={"run": "1"})
+    chat = client.chat.completions.create(model="qwen", max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."}])
+    assert r.output_text == chat.choices[0].message.content and r.metadata == {"run": "1"}
+    cut = chat.choices[0].finish_reason == "length"
+    assert (r.status, r.incomplete_details and r.incomplete_details.reason) == (
+        ("incomplete", "max_output_tokens") if cut else ("completed", None))
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert [o.type for o in r.output] == ["message"] and r.output[0].content[0].type == "output_text"
+    events = list(client.responses.create(**ask, stream=True))
+    kinds = [e.type for e in events]
+    n = kinds.count("response.output_text.delta")
+    assert n >= 1 and kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                                "response.content_part.added"] + ["response.output_text.delta"] * n + [
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.incomplete" if cut else "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+    last = events[-1].response
+    assert last.output_text == r.output_text and last.usage.output_tokens == r.usage.output_tokens
+
+
+def test_responses_tool_round_trip_with_previous_response_id(client):
+    question = "What is the weather in Paris?"
+    first = client.responses.create(model="qwen", input=question, tools=WEATHER_TOOL, max_output_tokens=48, temperature=0)
+    chat = client.chat.completions.create(model="qwen", messages=user(question), tools=WEATHER, max_tokens=48,
+                                          temperature=0).choices[0].message
+    (call,) = first.output
+    assert (call.type, call.name, json.loads(call.arguments), first.status) == (
+        "function_call", "get_weather", {"city": "Paris"}, "completed")
+    assert (call.name, call.arguments) == (chat.tool_calls[0].function.name, chat.tool_calls[0].function.arguments)
+    streamed = list(client.responses.create(model="qwen", input=question, tools=WEATHER_TOOL, max_output_tokens=48,
+                                            temperature=0, stream=True))
+    assert [e.type for e in streamed] == ["response.created", "response.in_progress", "response.output_item.added",
+                                          "response.function_call_arguments.delta",
+                                          "response.function_call_arguments.done", "response.output_item.done",
+                                          "response.completed"]
+    assert streamed[4].arguments == call.arguments and streamed[-1].response.output[0].name == "get_weather"
+    # the result of the call, after the stored conversation: the answer chat gives the same history
+    second = client.responses.create(model="qwen", previous_response_id=first.id, tools=WEATHER_TOOL, max_output_tokens=8,
+                                     temperature=0, input=[{"type": "function_call_output", "call_id": call.call_id,
+                                                            "output": "22 degrees and sunny"}])
+    history = user(question) + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "22 degrees and sunny"}]
+    answer = client.chat.completions.create(model="qwen", messages=history, tools=WEATHER, max_tokens=8, temperature=0)
+    assert second.usage.input_tokens == answer.usage.prompt_tokens
+    assert second.output_text == (answer.choices[0].message.content or "")
+    # the same conversation sent whole, as items (the call as the first response gave it back)
+    whole = client.responses.create(model="qwen", tools=WEATHER_TOOL, max_output_tokens=8, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": question}]}, call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "22 degrees and sunny"}])
+    assert whole.output_text == second.output_text and whole.usage.input_tokens == second.usage.input_tokens
+
+
+def test_responses_json_schema(client):
+    fmt = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
+    r = client.responses.create(model="qwen", input="Describe a person as JSON.", text={"format": fmt},
+                                max_output_tokens=64, temperature=0)
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), PERSON)
+    with client.responses.stream(model="qwen", input="Describe a person as JSON.", text={"format": fmt},
+                                 max_output_tokens=64, temperature=0) as stream:
+        assert stream.get_final_response().output_text == r.output_text
+
+
+def test_responses_stored_retrieved_and_deleted(client, http):
+    kept = client.responses.create(model="qwen", input="Hi", max_output_tokens=1, temperature=0)
+    assert client.responses.retrieve(kept.id).output_text == kept.output_text
+    assert client.responses.delete(kept.id) is None
+    unkept = client.responses.create(model="qwen", input="Hi", max_output_tokens=1, temperature=0, store=False)
+    for gone in (kept.id, unkept.id):
+        assert http.get(f"/v1/responses/{gone}").status_code == 404
+        r = http.post("/v1/responses", json={"input": "Hi", "previous_response_id": gone})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found"
+    with pytest.raises(openai.BadRequestError, match="resp_nope"):
+        client.responses.create(model="qwen", input="Hi", previous_response_id="resp_nope")
+
+
+def test_the_response_store_keeps_the_last_ones():
+    from ferrollama.server.responses import ResponseStore, UnknownResponse
+
+    store = ResponseStore(capacity=2)
+    for k in "abc":
+        store.put({"id": k}, [])
+        if k == "b":
+            store.get("a")  # used: b is now the oldest
+    assert len(store) == 2 and store.get("a") == ({"id": "a"}, []) and store.get("c")
+    with pytest.raises(UnknownResponse):
+        store.get("b")
+
+
+BAD_RESPONSES = [
+    ({"input": "hi", "tools": [{"type": "web_search"}]}, "unsupported_parameter"),
+    ({"input": "hi", "tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "unsupported_parameter"),
+    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "unsupported_parameter"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "invalid_value"),
+    ({"input": "hi", "background": True}, "unsupported_parameter"),
+    ({"input": "hi", "include": ["reasoning.encrypted_content"]}, "unsupported_parameter"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "missing_parameter"),
+    ({"input": "hi", "tool_choice": {"type": "function", "name": "nope"}, "tools": WEATHER_TOOL}, "invalid_value"),
+    ({"input": "hi", "tools": WEATHER}, "missing_parameter"),
+    ({"input": []}, "invalid_value"),
+]
+
+
+@pytest.mark.parametrize("body, code", BAD_RESPONSES, ids=[c for _, c in BAD_RESPONSES])
+def test_bad_responses_requests_are_400(http, body, code):
+    r = http.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == code and error["type"] == "invalid_request_error" and error["message"]
+
+
 # --- bad input: a 400 with OpenAI's error body, and the server keeps serving ------------------------
 
 BAD = [

@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP API (Starlette) over a :class:`Scheduler`.
 
-Routes: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /tokenize, /detokenize;
-GET /v1/models, /health, /slots, /metrics. Errors have OpenAI's shape,
-``{"error": {"message", "type", "code"}}``: 400 for anything wrong with the request, 401 without
-the API key, 503 with Retry-After when the queue is full, 500 when the engine fails one request.
+Routes: POST /v1/chat/completions, /v1/responses, /v1/completions, /v1/embeddings, /tokenize,
+/detokenize; GET /v1/models, /health, /slots, /metrics; GET and DELETE /v1/responses/{id}.
+Errors have OpenAI's shape, ``{"error": {"message", "type", "code"}}``: 400 for anything wrong
+with the request, 401 without the API key, 503 with Retry-After when the queue is full, 500 when
+the engine fails one request.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import math
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
 import numpy as np
@@ -32,9 +33,10 @@ from ..chat.templates import ChatTemplate, ChatTemplateError
 from ..generation.params import DEFAULT_SEED, SamplingParams
 from ..generation.sampler import Sampler
 from ..generation.scheduler import JobFailed, Output, QueueFull, Request, Scheduler, chat_logprobs, completion_logprobs
+from . import responses as R
 from .metrics import Metrics
 from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, Message,
-                      MessageToolCall, SamplingFields, TokenizeRequest)
+                      MessageToolCall, ResponsesRequest, SamplingFields, TokenizeRequest)
 
 __all__ = ["create_app", "ApiError"]
 
@@ -58,8 +60,14 @@ def bad_request(message: str, code: str = "invalid_value") -> ApiError:
 # --- request parsing ------------------------------------------------------------------------------
 
 def _validation_message(err: ValidationError) -> tuple[str, str]:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
+    errors = err.errors()
+    # an item of a type the server does not take says so; else the deepest error: in a union
+    # (a string or a list of items), what the item that came lacks, not that it is no string
+    first = max(errors, key=lambda e: (e["type"] == "union_tag_invalid", len(e["loc"])))
+    where = ".".join(str(p) for p in first["loc"] if "[" not in str(p))  # not pydantic's names of union branches
+    if first["type"] == "union_tag_invalid":
+        return (f"{where}: type {first['ctx']['tag']!r} is not supported by this server "
+                f"(it takes {first['ctx']['expected_tags']})"), "unsupported_parameter"
     if first["type"] == "json_invalid":
         return f"the body is not valid JSON: {first['msg']}", "invalid_json"
     if first["type"] == "extra_forbidden":
@@ -86,6 +94,8 @@ class Engine:
     scheduler: Scheduler
     model_name: str
     embedder: Any = None
+    #: the stored responses of /v1/responses (previous_response_id)
+    responses: R.ResponseStore = field(default_factory=R.ResponseStore)
     _template: ChatTemplate | None = None
     _eog: list[int] | None = None
 
@@ -238,15 +248,19 @@ def _job_failed(e: JobFailed) -> ApiError:
     return ApiError(500, str(e), "server_error", "engine_error")
 
 
-def sse(data: Any) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+def sse(data: Any, named: bool = False) -> str:
+    """One server-sent event; named: with an event line of its type (the Responses API's)."""
+    head = f"event: {data['type']}\n" if named and "type" in data else ""
+    return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def event_stream(chunks: AsyncIterator[dict]) -> StreamingResponse:
+def event_stream(chunks: AsyncIterator[dict], named: bool = False) -> StreamingResponse:
+    """The chunks as server-sent events, then [DONE] (the chat API's end; the Responses API's
+    clients end at response.completed and skip it)."""
     async def body() -> AsyncIterator[str]:
         try:
             async for chunk in chunks:
-                yield sse(chunk)
+                yield sse(chunk, named)
         except JobFailed as e:
             yield sse(_job_failed(e).body())
         yield "data: [DONE]\n\n"
@@ -378,9 +392,8 @@ def _chat_message(outs: list[Output], plan: ChatPlan) -> tuple[dict, str]:
     return T.with_function_call(message, plan.legacy), finish  # type: ignore[return-value]
 
 
-async def chat_completions(request: HttpRequest) -> Response:
-    engine: Engine = request.app.state.engine
-    req = await parse_body(request, ChatRequest)
+async def start_chat(engine: Engine, req: ChatRequest) -> tuple[ChatPlan, list]:
+    """The plan of a chat request and its jobs, submitted (one per choice)."""
     plan = plan_chat(engine, req)
     params = sampling_params(engine, req, plan.grammar)
     # beyond what the slot holds, the answer ends with "length" when the slot is full (as llama-server's)
@@ -391,7 +404,13 @@ async def chat_completions(request: HttpRequest) -> Response:
     special = plan.tool_format in ("hermes", "mistral", "gpt-oss")
     gen = Request(plan.tokens, params, max_tokens, _stops(req), top, req.cache_prompt, special,
                   _prediction_tokens(engine, req))
-    jobs = await submit(engine, [gen] * req.n, _choice_samplers(engine, params, req.n))
+    return plan, await submit(engine, [gen] * req.n, _choice_samplers(engine, params, req.n))
+
+
+async def chat_completions(request: HttpRequest) -> Response:
+    engine: Engine = request.app.state.engine
+    req = await parse_body(request, ChatRequest)
+    plan, jobs = await start_chat(engine, req)
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model or engine.model_name}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -438,6 +457,76 @@ async def _chat_chunks(engine: Engine, jobs: list, meta: dict, plan: ChatPlan, r
         yield chunk(i, {}, T.finish_reason(calls, out.finish_reason))
     if include_usage:
         yield {**base, "choices": [], "usage": _sum_usage(lasts, req.n)}
+
+
+# --- responses -------------------------------------------------------------------------------------
+
+def _history(engine: Engine, previous_id: str | None) -> list[Message]:
+    if previous_id is None:
+        return []
+    try:
+        return engine.responses.get(previous_id)[1]
+    except R.UnknownResponse:
+        raise bad_request(f"previous_response_id: no stored response {previous_id!r} (this server keeps the last "
+                          f"{engine.responses.capacity}, in memory)", "previous_response_not_found") from None
+
+
+async def _outputs(job) -> AsyncIterator[Output]:
+    async for _, out in merged([job]):
+        yield out
+
+
+async def _listed(outs: list[Output]) -> AsyncIterator[Output]:
+    for out in outs:
+        yield out
+
+
+async def responses(request: HttpRequest) -> Response:
+    engine: Engine = request.app.state.engine
+    req = await parse_body(request, ResponsesRequest)
+    history = _history(engine, req.previous_response_id)
+    try:
+        chat, conversation = R.chat_request(req, history)
+    except R.Unsupported as e:
+        raise bad_request(str(e), "unsupported_parameter") from None
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    plan, jobs = await start_chat(engine, chat)
+    body = R.response_skeleton(req, engine.model_name)
+
+    def events(outputs: AsyncIterator[Output]) -> AsyncIterator[dict]:
+        return R.events(outputs, body, plan.tool_format, plan.parallel, conversation, engine.responses.put)
+
+    if req.stream:
+        return event_stream(events(_outputs(jobs[0])), named=True)
+    try:
+        outs = await collect(request, jobs)
+    except JobFailed as e:
+        raise _job_failed(e) from None
+    async for _ in events(_listed(outs[0])):
+        pass
+    return JSONResponse(body)
+
+
+def _stored(request: HttpRequest) -> tuple[Engine, str]:
+    engine: Engine = request.app.state.engine
+    response_id = request.path_params["response_id"]
+    try:
+        engine.responses.get(response_id)
+    except R.UnknownResponse:
+        raise ApiError(404, f"no stored response {response_id!r}", code="not_found") from None
+    return engine, response_id
+
+
+async def get_response(request: HttpRequest) -> Response:
+    engine, response_id = _stored(request)
+    return JSONResponse(engine.responses.get(response_id)[0])
+
+
+async def delete_response(request: HttpRequest) -> Response:
+    engine, response_id = _stored(request)
+    engine.responses.delete(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
 # --- completions -----------------------------------------------------------------------------------
@@ -634,6 +723,10 @@ def create_app(scheduler: Scheduler, model_name: str | None = None, api_key: str
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),

@@ -7,9 +7,9 @@ listed as such (README "Server").
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 MAX_CHOICES = 16
 MAX_TOP_LOGPROBS = 20
@@ -179,3 +179,137 @@ class TokenizeRequest(Strict):
 
 class DetokenizeRequest(Strict):
     tokens: list[int]
+
+
+# --- the Responses API (POST /v1/responses) ---------------------------------------------------------
+
+def _type_tag(default: str | None):
+    """A discriminator on an item's "type" (default when it has none): an item of another type
+    fails with the tag named (union_tag_invalid, a 400 that says the server does not take it)."""
+    def tag(value: Any) -> Any:
+        if isinstance(value, dict):
+            return value.get("type", default)
+        return getattr(value, "type", default)
+    return tag
+
+
+class InputText(Strict):
+    """A text part of a message: input_text, or output_text as an earlier answer comes back."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: Optional[list[dict[str, Any]]] = None
+    logprobs: Optional[list[dict[str, Any]]] = None
+
+
+class InputMessage(Strict):
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[InputText]]
+    # what an output message carries when it is sent back as input
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
+class FunctionCallItem(Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
+class FunctionCallOutputItem(Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: Union[str, list[InputText]]
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
+InputItem = Annotated[Union[Annotated[InputMessage, Tag("message")], Annotated[FunctionCallItem, Tag("function_call")],
+                            Annotated[FunctionCallOutputItem, Tag("function_call_output")]],
+                      Discriminator(_type_tag("message"))]
+
+
+class FunctionTool(Strict):
+    """A function tool in the Responses shape: name, description and parameters at the top."""
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+ResponseTool = Annotated[Union[Annotated[FunctionTool, Tag("function")]], Discriminator(_type_tag(None))]
+
+
+class FunctionChoice(Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormatText(Strict):
+    type: Literal["text"]
+
+
+class TextFormatJsonObject(Strict):
+    type: Literal["json_object"]
+
+
+class TextFormatJsonSchema(Strict):
+    type: Literal["json_schema"]
+    name: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: Optional[str] = None
+    strict: Optional[bool] = None
+
+
+TextFormat = Annotated[Union[Annotated[TextFormatText, Tag("text")], Annotated[TextFormatJsonObject, Tag("json_object")],
+                             Annotated[TextFormatJsonSchema, Tag("json_schema")]], Discriminator(_type_tag(None))]
+
+
+class TextConfig(Strict):
+    format: Optional[TextFormat] = None
+    verbosity: Optional[Literal["low", "medium", "high"]] = None
+
+
+class ReasoningConfig(Strict):
+    #: given to the chat template as reasoning_effort does on the chat endpoint
+    effort: Optional[str] = None
+    #: reasoning summaries: not written here; null only
+    summary: None = None
+
+
+class ResponsesStreamOptions(Strict):
+    include_obfuscation: Optional[bool] = None
+
+
+class ResponsesRequest(Strict):
+    model: Optional[str] = None
+    input: Union[str, list[InputItem]]
+    instructions: Optional[str] = None
+    previous_response_id: Optional[str] = None
+    max_output_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: Optional[float] = Field(default=None, ge=0.0)
+    top_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    tools: Optional[list[ResponseTool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], FunctionChoice, None] = None
+    parallel_tool_calls: bool = True
+    text: Optional[TextConfig] = None
+    reasoning: Optional[ReasoningConfig] = None
+    stream: bool = False
+    stream_options: Optional[ResponsesStreamOptions] = None
+    #: whether the response is kept (in memory, the last ones) for previous_response_id and GET
+    store: bool = True
+    metadata: Optional[dict[str, str]] = None
+    #: refused when true: a local server answers while the client waits
+    background: Optional[bool] = None
+    # OpenAI's fields with no effect on the answer here (README "Server")
+    user: Optional[str] = None
+    service_tier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    prompt_cache_retention: Optional[str] = None
+    safety_identifier: Optional[str] = None

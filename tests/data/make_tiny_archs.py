@@ -281,18 +281,22 @@ def scenario(model_file: str) -> dict:
             "context": {"n_ctx": N_CTX, "n_batch": 64, "n_ubatch": 32, "n_seq_max": 4}, "steps": steps}
 
 
+def write_scenario(scn: dict) -> None:
+    """Writes a scenario, keeping the expected values recorded for the same steps."""
+    out = DATA / "scenarios" / f"{scn['name']}.json"
+    old = json.loads(out.read_text()) if out.exists() else {}
+    if old.get("steps") == scn["steps"]:
+        scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
+    out.write_text(json.dumps(scn))
+    print("wrote", out.name)
+
+
 def main() -> None:
     for s in specs():
         for qtype in TYPES:
             model_file = f"tiny-{s.name}-{qtype}.gguf"
             write_model(s, qtype, DATA / "models" / model_file)
-            scn = scenario(model_file)
-            out = DATA / "scenarios" / f"{scn['name']}.json"
-            old = json.loads(out.read_text()) if out.exists() else {}
-            if old.get("steps") == scn["steps"]:
-                scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
-            out.write_text(json.dumps(scn))
-            print("wrote", model_file, out.name)
+            write_scenario(scenario(model_file))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ the two shared-KV layers' attention 0.67/0.10.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_archs import N_CTX, N_VOCAB, TYPES, Weights, copy_vocab, scenario  # noqa: E402
+from make_tiny_archs import N_CTX, N_VOCAB, TYPES, Weights, copy_vocab, scenario, write_scenario  # noqa: E402
 from make_tiny_gemma4 import small_norm  # noqa: E402
 
 DATA = Path(__file__).resolve().parent
@@ -130,13 +129,7 @@ def main() -> None:
     for qtype in TYPES:
         model_file = f"tiny-gemma3n-{qtype}.gguf"
         write_model(qtype, DATA / "models" / model_file)
-        scn = scenario(model_file)
-        out = DATA / "scenarios" / f"{scn['name']}.json"
-        old = json.loads(out.read_text()) if out.exists() else {}
-        if old.get("steps") == scn["steps"]:
-            scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
-        out.write_text(json.dumps(scn))
-        print("wrote", model_file, out.name)
+        write_scenario(scenario(model_file))
 
 
 if __name__ == "__main__":

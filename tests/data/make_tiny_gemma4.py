@@ -24,7 +24,6 @@ attention scores stay within a few units), the router of std 2 (clear expert cho
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_archs import N_CTX, N_VOCAB, TYPES, Weights, copy_vocab, scenario  # noqa: E402
+from make_tiny_archs import N_CTX, N_VOCAB, TYPES, Weights, copy_vocab, scenario, write_scenario  # noqa: E402
 
 DATA = Path(__file__).resolve().parent
 N_EMBD, N_HEAD, N_HEAD_KV = 256, 4, 2
@@ -184,13 +183,7 @@ def main() -> None:
         for qtype in TYPES:
             model_file = f"tiny-{s.name}-{qtype}.gguf"
             write_model(s, qtype, DATA / "models" / model_file)
-            scn = scenario(model_file)
-            out = DATA / "scenarios" / f"{scn['name']}.json"
-            old = json.loads(out.read_text()) if out.exists() else {}
-            if old.get("steps") == scn["steps"]:
-                scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
-            out.write_text(json.dumps(scn))
-            print("wrote", model_file, out.name)
+            write_scenario(scenario(model_file))
 
 
 if __name__ == "__main__":

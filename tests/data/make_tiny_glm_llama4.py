@@ -26,7 +26,6 @@ positions below 8191 it is 1 and changes nothing).
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_archs import N_CTX, N_VOCAB, Weights, copy_vocab, llama3_rope_freqs, scenario  # noqa: E402
+from make_tiny_archs import N_CTX, N_VOCAB, Weights, copy_vocab, llama3_rope_freqs, scenario, write_scenario  # noqa: E402
 
 DATA = Path(__file__).resolve().parent
 TYPES = ("f32", "q8_0")
@@ -193,13 +192,7 @@ def main(names: list[str]) -> None:
             model_file = f"tiny-{name}-{qtype}.gguf"
             path = DATA / "models" / model_file
             write_model(name, qtype, path)
-            scn = MODELS[name][1](model_file)
-            out = DATA / "scenarios" / f"{scn['name']}.json"
-            old = json.loads(out.read_text()) if out.exists() else {}
-            if old.get("steps") == scn["steps"]:
-                scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
-            out.write_text(json.dumps(scn))
-            print("wrote", model_file, path.stat().st_size, out.name)
+            write_scenario(MODELS[name][1](model_file))
 
 
 if __name__ == "__main__":

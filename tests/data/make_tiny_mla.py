@@ -25,7 +25,6 @@ multiple of 32 long), routers, norms and biases F32.
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_archs import N_VOCAB, TYPES, Weights, copy_vocab, scenario  # noqa: E402
+from make_tiny_archs import N_VOCAB, TYPES, Weights, copy_vocab, scenario, write_scenario  # noqa: E402
 
 DATA = Path(__file__).resolve().parent
 ARCH = "deepseek2"
@@ -196,16 +195,6 @@ def shift_scenario(model_file: str) -> dict:
     ]
     return {"name": Path(model_file).stem.replace("tiny-", "mla-shift-"), "model": model_file,
             "context": {"n_ctx": N_CTX, "n_batch": 64, "n_ubatch": 32, "n_seq_max": 2}, "steps": steps}
-
-
-def write_scenario(scn: dict) -> None:
-    """Writes a scenario, keeping its records when its steps are unchanged."""
-    out = DATA / "scenarios" / f"{scn['name']}.json"
-    old = json.loads(out.read_text()) if out.exists() else {}
-    if old.get("steps") == scn["steps"]:
-        scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
-    out.write_text(json.dumps(scn))
-    print("wrote", out.name)
 
 
 def main() -> None:

@@ -34,7 +34,6 @@ the sliding layers by rope.freq_base_swa, which EXAONE 4's and Cohere 2's graphs
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -191,16 +190,6 @@ def kshift_scenario(model_file: str, name: str) -> dict:
             "steps": steps}
 
 
-def write_scenario(scn: dict) -> None:
-    """Writes a scenario, keeping the expected values recorded for the same steps."""
-    out = DATA / "scenarios" / f"{scn['name']}.json"
-    old = json.loads(out.read_text()) if out.exists() else {}
-    if old.get("steps") == scn["steps"]:
-        scn.update({k: v for k, v in old.items() if k.startswith("expected") or k == "recorded_with"})
-    out.write_text(json.dumps(scn))
-    print("wrote", out.name)
-
-
 def write_model(f: Family, qtype: str, path: Path) -> None:
     s, dims = f.spec, f.dims
     w = gguf.GGUFWriter(str(path), s.arch)
@@ -231,9 +220,9 @@ def main(names: list[str]) -> None:
             model_file = f"tiny-{f.spec.name}-{qtype}.gguf"
             write_model(f, qtype, DATA / "models" / model_file)
             print("wrote", model_file)
-            write_scenario(mk.scenario(model_file))
+            mk.write_scenario(mk.scenario(model_file))
         if f.spec.name in KSHIFT:
-            write_scenario(kshift_scenario(f"tiny-{f.spec.name}-f32.gguf", f"kshift-{f.spec.name}"))
+            mk.write_scenario(kshift_scenario(f"tiny-{f.spec.name}-f32.gguf", f"kshift-{f.spec.name}"))
 
 
 if __name__ == "__main__":

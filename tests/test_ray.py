@@ -150,9 +150,13 @@ def served(cluster):
     removes the app from the cluster (the process exits 0). Its replicas hold both CPUs: the
     tests using it come last."""
     port = free_port()
+    # Ctrl-C as a terminal sends it: the child starts with SIGINT's default action even if an
+    # earlier test of this process left it ignored (an ignored SIGINT is inherited across exec,
+    # and Python then installs no KeyboardInterrupt handler)
     proc = subprocess.Popen(ferrollama_cli("serve", "-m", model_path(QWEN), "--ray", "--replicas", 2, "--address",
                                            cluster, "--port", port, "-t", 1, "-c", 1024, "-np", 2, "-a", "qwen"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)

@@ -1,4 +1,5 @@
-//! The user's batch (llama_batch): tokens with positions, sequence ids and output flags.
+//! The user's batch (llama_batch): tokens (or embedding rows, as mtmd feeds an image) with
+//! positions, sequence ids and output flags.
 
 use crate::error::{EngineError, Result};
 
@@ -8,6 +9,10 @@ pub struct Batch {
     pub pos: Vec<i32>,
     pub seq_ids: Vec<Vec<i32>>,
     pub logits: Vec<bool>,
+    /// Input embeddings instead of tokens: one row of `n_embd` per entry (empty for a batch of
+    /// tokens, whose `tokens` then hold the ids; for a batch of embeddings they are all 0).
+    pub embd: Vec<f32>,
+    pub n_embd: usize,
     n_tokens_max: usize,
     n_seq_max: usize,
 }
@@ -37,7 +42,29 @@ impl Batch {
         Ok(b)
     }
 
+    /// A batch of embedding rows (`embd`: n rows of `n_embd`) at consecutive positions of one
+    /// sequence; `logits` as in `from_tokens`.
+    pub fn from_embeddings(embd: Vec<f32>, n_embd: usize, pos0: i32, seq_id: i32, logits: &str) -> Result<Batch> {
+        if n_embd == 0 || embd.is_empty() || embd.len() % n_embd != 0 {
+            return Err(EngineError::InvalidArgument(format!(
+                "embeddings must be whole rows of n_embd = {n_embd} values, got {}", embd.len())));
+        }
+        let mut b = Batch::from_tokens(&vec![0; embd.len() / n_embd], pos0, seq_id, logits)?;
+        b.embd = embd;
+        b.n_embd = n_embd;
+        Ok(b)
+    }
+
+    /// Whether the batch carries embeddings instead of token ids.
+    pub fn has_embeddings(&self) -> bool { !self.embd.is_empty() }
+
+    /// The embedding row of entry `i` (a batch of embeddings only).
+    pub fn embd_row(&self, i: usize) -> &[f32] { &self.embd[i * self.n_embd..(i + 1) * self.n_embd] }
+
     pub fn add(&mut self, token: u32, pos: i32, seq_ids: &[i32], logits: bool) -> Result<()> {
+        if self.has_embeddings() {
+            return Err(EngineError::InvalidArgument("a batch of embeddings takes no tokens".into()));
+        }
         if self.tokens.len() >= self.n_tokens_max {
             return Err(EngineError::InvalidArgument(format!("the batch is full ({} tokens)", self.n_tokens_max)));
         }
@@ -58,6 +85,7 @@ impl Batch {
         self.pos.clear();
         self.seq_ids.clear();
         self.logits.clear();
+        self.embd.clear();
     }
 
     pub fn len(&self) -> usize { self.tokens.len() }

@@ -107,6 +107,9 @@ pub struct Context {
     loras: Vec<(Arc<LoraAdapter>, f32)>,
     /// Their terms for each product (None without adapters of non-zero scale).
     lora_set: Option<LoraSet>,
+    /// Whether a token attends only to cells at its position or before (llama_set_causal_attn;
+    /// mtmd turns it off while Gemma 3's image embeddings are decoded).
+    causal_attn: bool,
     pub perf: Perf,
 }
 
@@ -213,10 +216,29 @@ impl Context {
             model, params, rope, caches, layer_cache, rs, store, ws, threads, threads_batch, logits_tmp: Vec::new(),
             logits: Vec::new(), output_ids: Vec::new(), n_outputs: 0, shift_scratch: Vec::new(),
             embd: Vec::new(), embd_seq: Default::default(), cvec: None, loras: Vec::new(), lora_set: None, perf: Perf::default(),
+            causal_attn: true,
         })
     }
 
     pub fn n_vocab(&self) -> usize { self.model.hparams.n_vocab }
+
+    pub fn causal_attn(&self) -> bool { self.causal_attn && !self.is_encoder() }
+
+    /// Causal attention on or off for the next decodes (llama_set_causal_attn). A decoder's
+    /// non-causal batch attends to every cell of its sequence, before or after it (sliding
+    /// windows still apply), and must fit in one micro-batch; an encoder always attends both
+    /// ways, and a recurrent layer has no other way than its order.
+    pub fn set_causal_attn(&mut self, causal: bool) -> Result<()> {
+        if self.is_encoder() && causal {
+            return Err(EngineError::Unsupported("an encoder attends both ways: it has no causal mode".into()));
+        }
+        if self.rs.is_some() && !causal {
+            return Err(EngineError::Unsupported(format!(
+                "non-causal attention for '{}': its recurrent layers read tokens in order", self.model.hparams.arch)));
+        }
+        self.causal_attn = causal;
+        Ok(())
+    }
     pub fn n_outputs(&self) -> usize { self.n_outputs }
 
     /// Logits of batch index `i` of the last decode (negative: counted from the last output).
@@ -433,7 +455,7 @@ impl Context {
         let w = model.weights.as_ref().expect("checked at context creation");
         let views = [KvView { slots: &slots, mask: &self.masks[0], n_kv }];
         let ub = UBatchView {
-            tokens: &batch.tokens, pos: &batch.pos, out_rows: &out_rows, caches: &views, layer_cache: &self.layer_cache,
+            tokens: &batch.tokens, embd: None, pos: &batch.pos, out_rows: &out_rows, caches: &views, layer_cache: &self.layer_cache,
             cvec: None, lora: self.lora_set.as_ref(), rope_factors: None, rope: &self.rope, rs: None,
         };
         let threads = match (&self.threads_batch, n > 1) {
@@ -498,8 +520,10 @@ impl Context {
             let out_rows: Vec<usize> = (0..plan.idx.len()).filter(|&i| want[plan.idx[i]]).collect();
             let dest_rows: Vec<usize> = out_rows.iter().map(|&i| self.output_ids[plan.idx[i]] as usize).collect();
             let tokens: Vec<u32> = plan.idx.iter().map(|&i| batch.tokens[i]).collect();
+            let embd: Option<Vec<f32>> = batch.has_embeddings()
+                .then(|| plan.idx.iter().flat_map(|&i| batch.embd_row(i)).copied().collect());
             let ub_slots: Vec<&[u32]> = slots.iter().map(|s| s[u].as_slice()).collect();
-            self.run_ubatch(&tokens, view, &ub_slots, &out_rows, &dest_rows, rs_ub)?;
+            self.run_ubatch(&tokens, embd.as_deref(), view, &ub_slots, &out_rows, &dest_rows, rs_ub)?;
         }
         if self.params.embeddings && self.params.pooling != Pooling::None {
             self.pool_embeddings(batch);
@@ -536,13 +560,14 @@ impl Context {
     /// Runs one micro-batch; the logits (and embeddings) of its `out_rows` go to the output
     /// rows `dest_rows` (in order and consecutive for a simple split; through a scratch
     /// otherwise).
-    fn run_ubatch(&mut self, tokens: &[u32], view: &KvUBatch, slots: &[&[u32]], out_rows: &[usize], dest_rows: &[usize],
+    #[allow(clippy::too_many_arguments)]
+    fn run_ubatch(&mut self, tokens: &[u32], embd: Option<&[f32]>, view: &KvUBatch, slots: &[&[u32]], out_rows: &[usize], dest_rows: &[usize],
                   rs: Option<RsUBatch>) -> Result<()> {
         let mut n_kvs = Vec::with_capacity(self.caches.len());
         for (cache, mask) in self.caches.iter().zip(self.masks.iter_mut()) {
             let n_kv = cache.cells.n_kv_window() as usize;
             mask.resize(tokens.len() * n_kv, 0.0);
-            cache.cells.fill_mask(view, n_kv as u32, true, mask).map_err(|e| EngineError::Decode(e.to_string()))?;
+            cache.cells.fill_mask(view, n_kv as u32, self.causal_attn, mask).map_err(|e| EngineError::Decode(e.to_string()))?;
             n_kvs.push(n_kv);
         }
         let model = self.model.clone();
@@ -552,7 +577,7 @@ impl Context {
             .map(|c| KvView { slots: slots[c], mask: &self.masks[c], n_kv: n_kvs[c] })
             .collect();
         let ub = UBatchView {
-            tokens, pos: view.pos, out_rows, caches: &views, layer_cache: &self.layer_cache, cvec: self.cvec.as_ref(),
+            tokens, embd, pos: view.pos, out_rows, caches: &views, layer_cache: &self.layer_cache, cvec: self.cvec.as_ref(),
             lora: self.lora_set.as_ref(), rope_factors: rope_factors(&model, &self.params), rope: &self.rope, rs,
         };
         let threads = match (&self.threads_batch, tokens.len() > 1) {
@@ -623,6 +648,22 @@ impl Context {
         }
     }
 
+    /// A batch of embeddings needs rows of the model's width and a model whose input is its
+    /// embeddings alone (not an encoder, no per-layer embeddings looked up by token id).
+    fn check_takes_embeddings(&self, batch: &Batch) -> Result<()> {
+        let hp = &self.model.hparams;
+        if batch.n_embd != hp.n_embd {
+            return Err(EngineError::InvalidArgument(format!(
+                "the batch's embeddings have {} values per token, the model's width is {}", batch.n_embd, hp.n_embd)));
+        }
+        let ple = self.model.weights.as_ref().is_some_and(|w| w.extras.ple.is_some());
+        if self.is_encoder() || ple {
+            return Err(EngineError::Unsupported(format!(
+                "a batch of embeddings for '{}' (its input is more than its token embeddings)", hp.arch)));
+        }
+        Ok(())
+    }
+
     /// llama_batch_allocr::init's checks: token ids, sequence ids, and positions that continue
     /// each sequence (Y = X + 1), never decrease and never skip.
     fn validate(&self, batch: &Batch) -> Result<()> {
@@ -632,6 +673,14 @@ impl Context {
         }
         if batch.len() > self.params.n_batch {
             return bad(format!("the batch has {} tokens, more than n_batch = {}", batch.len(), self.params.n_batch));
+        }
+        if batch.has_embeddings() {
+            self.check_takes_embeddings(batch)?;
+        }
+        if !self.causal_attn && !self.is_encoder() && batch.len() > self.params.n_ubatch {
+            return bad(format!(
+                "non-causal attention over a batch of {} tokens needs them in one micro-batch: n_ubatch is {}",
+                batch.len(), self.params.n_ubatch));
         }
         let n_vocab = self.n_vocab();
         let n_seq = self.params.n_seq_max;

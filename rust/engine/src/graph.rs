@@ -17,6 +17,9 @@ pub struct KvView<'a> {
 
 pub struct UBatchView<'a> {
     pub tokens: &'a [u32],
+    /// The input embeddings of a batch of embeddings (one row of n_embd per token; then the
+    /// tokens are placeholders).
+    pub embd: Option<&'a [f32]>,
     pub pos: &'a [i32],
     /// Indices (into this micro-batch) of the tokens whose logits are wanted, in order.
     pub out_rows: &'a [usize],

@@ -83,6 +83,10 @@ pub struct HParams {
     /// Granite's multipliers: of the embeddings, of each block's output before the residual
     /// add, and the divisor of the logits (1 where a model has none).
     pub embedding_scale: f32,
+    /// Whether `embedding_scale` also multiplies embeddings given as input (a batch of image
+    /// embeddings): llama.cpp's build_inp_embd scales them by the file's multiplier (Granite),
+    /// while the Gemma graphs scale token embeddings only.
+    pub embedding_scale_raw: bool,
     pub residual_scale: f32,
     pub logit_scale: f32,
     /// LayerNorm epsilon (attention.layer_norm_epsilon; BERT).
@@ -383,6 +387,7 @@ impl HParams {
             n_expert, n_expert_used, n_ff_exp, n_ff_shexp,
             n_layer_dense_lead: 0,
             embedding_scale: 1.0,
+            embedding_scale_raw: false,
             residual_scale: 1.0,
             logit_scale: 1.0,
             n_ctx_orig: rope.n_ctx_orig,
@@ -556,7 +561,7 @@ impl HParams {
             n_swa: 0, swa_layers: Vec::new(), swa_kind: SwaType::Standard, nope_layers: Vec::new(), attn_temp: None, swa_own_rope: true,
             layer_norm: false, logit_multiplier: 1.0, rope_freq_base_swa: 10000.0, rope_freq_scale_swa: 1.0, attn_scale: 1.0, final_logit_softcap: 0.0,
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0, n_layer_dense_lead: 0,
-            embedding_scale: 1.0, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
+            embedding_scale: 1.0, embedding_scale_raw: false, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
             norm_eps: 1e-5, pooling_type: 0, kv_layers: Vec::new(), ff_layers: Vec::new(), rs: None, imrope_sections: None,
             latent: None, n_expert_groups: 0, n_group_used: 0,

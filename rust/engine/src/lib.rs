@@ -20,6 +20,7 @@ pub mod ops;
 pub mod recurrent;
 pub mod split;
 pub mod state;
+pub mod vision;
 mod weights;
 
 pub use batch::Batch;

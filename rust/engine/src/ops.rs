@@ -297,6 +297,20 @@ pub fn gelu_inplace(x: &mut [f32]) {
     }
 }
 
+/// x = gelu_quick(x) = x * sigmoid(1.702 x) (ggml_vec_gelu_quick_f32 with
+/// GGML_GELU_QUICK_FP16: every value rounded to f16 and looked up in the f16 table; CLIP's
+/// encoders use it).
+pub fn gelu_quick_inplace(x: &mut [f32]) {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let gelu_quick = |v: f32| v * (1.0 / (1.0 + (-1.702f32 * v).exp()));
+        (0..=u16::MAX).map(|b| f16::from_f32(gelu_quick(f16::from_bits(b).to_f32())).to_f32()).collect()
+    });
+    for v in x.iter_mut() {
+        *v = table[f16::from_f32(*v).to_bits() as usize];
+    }
+}
+
 /// LayerNorm of each row of x in place (ggml_norm: mean, then the variance of the centred
 /// values, both summed in f64), then times w plus b.
 pub fn layer_norm_inplace(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {

@@ -43,6 +43,19 @@ impl PyBatch {
         Ok(PyBatch { inner: Batch::from_tokens(&tokens, pos_i32(pos0)?, seq_id, logits).map_err(to_py)? })
     }
 
+    /// A batch of embedding rows (a 2-D float32 array, one row of the model's n_embd per
+    /// token) at consecutive positions of one sequence, as mtmd feeds an image's embeddings.
+    #[staticmethod]
+    #[pyo3(signature = (embd, pos0=0, seq_id=0, logits="last"))]
+    fn from_embeddings(embd: numpy::PyReadonlyArray2<'_, f32>, pos0: i64, seq_id: i32, logits: &str) -> PyResult<Self> {
+        let n_embd = embd.as_array().shape()[1];
+        let rows = embd.as_array().iter().copied().collect();
+        Ok(PyBatch { inner: Batch::from_embeddings(rows, n_embd, pos_i32(pos0)?, seq_id, logits).map_err(to_py)? })
+    }
+
+    /// The width of a batch of embeddings (0 for a batch of tokens).
+    #[getter] fn n_embd(&self) -> usize { self.inner.n_embd }
+
     #[pyo3(signature = (token, pos, seq_ids=vec![0], logits=false))]
     fn add(&mut self, token: i64, pos: i64, seq_ids: Vec<i32>, logits: bool) -> PyResult<()> {
         self.inner.add(token_id(token)?, pos_i32(pos)?, &seq_ids, logits).map_err(to_py)
@@ -218,6 +231,11 @@ impl PyContext {
     }
 
     #[getter] fn n_ctx(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_ctx) }
+    /// Whether attention is causal (llama_get_causal_attn); set it False to decode a batch
+    /// whose tokens see each other both ways (llama_set_causal_attn, as mtmd does for Gemma 3's
+    /// images).
+    #[getter] fn causal_attn(&self) -> PyResult<bool> { Ok(self.lock()?.causal_attn()) }
+    #[setter] fn set_causal_attn(&self, causal: bool) -> PyResult<()> { self.lock()?.set_causal_attn(causal).map_err(to_py) }
     #[getter] fn n_batch(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_batch) }
     #[getter] fn n_ubatch(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_ubatch) }
     #[getter] fn n_seq_max(&self) -> PyResult<usize> { Ok(self.lock()?.params.n_seq_max) }
@@ -282,7 +300,7 @@ impl PyContext {
 
 /// Threads for compute: the physical cores (hyper-threads share one core's units, and llama.cpp
 /// defaults to the physical count too).
-fn default_threads() -> usize {
+pub(crate) fn default_threads() -> usize {
     let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     physical_cores().unwrap_or(logical).clamp(1, logical)
 }

@@ -5,6 +5,7 @@ mod context;
 mod errors;
 mod lora;
 mod model;
+mod projector;
 mod quantize;
 mod samplers;
 
@@ -19,6 +20,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PyContext>()?;
     m.add_class::<context::PyKv>()?;
     m.add_class::<lora::PyLoraAdapter>()?;
+    m.add_class::<projector::PyProjector>()?;
     m.add_class::<model::PyStreamDecoder>()?;
     samplers::register(m)?;
     m.add_function(wrap_pyfunction!(quantize::quantize, m)?)?;

@@ -105,7 +105,7 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
     let hp = &model.hparams;
     let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.norm_eps);
     let enc = w.encoder.as_ref().expect("an encoder's weights have its inputs");
-    embed(w, ws, ub, d, 1.0, threads);
+    embed(w, ws, ub, hp, 1.0, threads);
     add_inputs(enc, ws, ub, d);
     layer_norm_inplace(&mut ws.x[..n * d], &enc.norm.w, &enc.norm.b, eps);
     if enc.pos_embd.is_none() {

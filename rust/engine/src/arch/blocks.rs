@@ -31,9 +31,17 @@ pub fn lora_mm(w: &QMatrix, scale: Option<f32>, terms: &[Term], x: &[f32], n: us
 }
 
 /// ws.x = the embeddings of the micro-batch's tokens (with the adapters' terms of the token
-/// embedding), times `scale` (1: none).
-pub fn embed(w: &Weights, ws: &mut Workspace, ub: &UBatchView, d: usize, scale: f32, threads: &Threads) {
-    let n = ub.tokens.len();
+/// embedding), times `scale` (1: none); or the batch's own input embeddings, scaled only where
+/// the model scales those too (`HParams::embedding_scale_raw`).
+pub fn embed(w: &Weights, ws: &mut Workspace, ub: &UBatchView, hp: &HParams, scale: f32, threads: &Threads) {
+    let (n, d) = (ub.tokens.len(), hp.n_embd);
+    if let Some(rows) = ub.embd {
+        ws.x[..n * d].copy_from_slice(&rows[..n * d]);
+        if scale != 1.0 && hp.embedding_scale_raw {
+            scale_inplace(&mut ws.x[..n * d], scale);
+        }
+        return;
+    }
     for (t, &tok) in ub.tokens.iter().enumerate() {
         w.tok_embd.dequantize_row(tok as usize, &mut ws.x[t * d..(t + 1) * d]);
     }
@@ -451,7 +459,7 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
                        threads: &Threads, logits: &mut [f32], style: &DecoderStyle) {
     let hp = &model.hparams;
     let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, hp.embedding_scale, threads);
+    embed(w, ws, ub, hp, hp.embedding_scale, threads);
     fill_rope_caches(hp, ws, ub);
     for (il, lw) in w.layers.iter().enumerate() {
         if let Some(s) = ws.stats.as_deref_mut() {
@@ -491,7 +499,7 @@ pub fn pre_norm_blocks(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
                        mut mixer: impl FnMut(&LayerWeights, &mut Workspace, &mut KvStore, usize)) {
     let hp = &model.hparams;
     let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, 1.0, threads);
+    embed(w, ws, ub, hp, 1.0, threads);
     fill_rope_caches(hp, ws, ub);
     for (il, lw) in w.layers.iter().enumerate() {
         if let Some(s) = ws.stats.as_deref_mut() {
@@ -532,7 +540,7 @@ pub fn parallel_decoder_forward(model: &crate::model::Model, w: &Weights, ws: &m
                                 ub: &UBatchView, threads: &Threads, logits: &mut [f32], act: Activation) {
     let hp = &model.hparams;
     let (n, d) = (ub.tokens.len(), hp.n_embd);
-    embed(w, ws, ub, d, hp.embedding_scale, threads);
+    embed(w, ws, ub, hp, hp.embedding_scale, threads);
     fill_rope_caches(hp, ws, ub);
     for (il, lw) in w.layers.iter().enumerate() {
         if let Some(s) = ws.stats.as_deref_mut() {

@@ -199,7 +199,7 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
     let hp = &model.hparams;
     let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
     let (p, au) = (w.extras.ple.as_ref().expect("loaded with the model"), w.extras.altup.as_ref().expect("loaded with the model"));
-    embed(w, ws, ub, d, hp.embedding_scale, threads);
+    embed(w, ws, ub, hp, hp.embedding_scale, threads);
     fill_rope_caches(hp, ws, ub);
     ple::inputs(p, hp, ws, ub, threads);
     stack_streams(au, hp, ws, n, threads);

@@ -182,7 +182,7 @@ fn load_attention(ld: &Loader, hp: &HParams, il: usize) -> Result<AttnWeights> {
 fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub: &UBatchView, threads: &Threads, logits: &mut [f32]) {
     let hp = &model.hparams;
     let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, hp.embedding_scale, threads);
+    embed(w, ws, ub, hp, hp.embedding_scale, threads);
     fill_rope_caches(hp, ws, ub);
     if let Some(p) = &w.extras.ple {
         ple::inputs(p, hp, ws, ub, threads);

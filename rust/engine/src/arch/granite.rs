@@ -24,6 +24,7 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
     hp.logit_scale = or_one(hp.f32(file, "logit_scale")?);
     hp.residual_scale = or_one(hp.opt_f32(file, "residual_scale", 0.0)?);
     hp.embedding_scale = or_one(hp.opt_f32(file, "embedding_scale", 0.0)?);
+    hp.embedding_scale_raw = true;
     let attn_scale = hp.opt_f32(file, "attention.scale", 0.0)?;
     if attn_scale != 0.0 {
         hp.attn_scale = attn_scale;

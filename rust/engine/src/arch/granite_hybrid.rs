@@ -27,6 +27,7 @@ fn hparams(hp: &mut HParams, file: &GgufFile) -> Result<()> {
     hp.logit_scale = or_one(hp.opt_f32(file, "logit_scale", 0.0)?);
     hp.residual_scale = or_one(hp.opt_f32(file, "residual_scale", 0.0)?);
     hp.embedding_scale = or_one(hp.opt_f32(file, "embedding_scale", 0.0)?);
+    hp.embedding_scale_raw = true;
     let attn_scale = hp.opt_f32(file, "attention.scale", 0.0)?;
     if attn_scale != 0.0 {
         hp.attn_scale = attn_scale;
@@ -92,7 +93,7 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
     let hp = &model.hparams;
     let rs = hp.rs.as_ref().expect("set by hparams");
     let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, hp.embedding_scale, threads);
+    embed(w, ws, ub, hp, hp.embedding_scale, threads);
     fill_rope_caches(hp, ws, ub);
     for (il, lw) in w.layers.iter().enumerate() {
         if let Some(s) = ws.stats.as_deref_mut() {

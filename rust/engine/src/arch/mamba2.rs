@@ -45,7 +45,7 @@ fn forward(model: &Model, w: &Weights, ws: &mut Workspace, kv: &mut KvStore, ub:
     let hp = &model.hparams;
     let rs = hp.rs.as_ref().expect("set by hparams");
     let (n, d, eps) = (ub.tokens.len(), hp.n_embd, hp.rms_eps);
-    embed(w, ws, ub, d, 1.0, threads);
+    embed(w, ws, ub, hp, 1.0, threads);
     for (il, lw) in w.layers.iter().enumerate() {
         if let Some(s) = ws.stats.as_deref_mut() {
             s.begin_layer(il);

@@ -1,0 +1,118 @@
+//! The projector file (`mmproj`, GGUF architecture `clip`): a vision encoder and the
+//! projection of its output into a text model's embedding space, as llama.cpp's
+//! `tools/mtmd` runs it. The file is a model of its own, mapped like one; an image comes in
+//! preprocessed (resized and normalized in Python, as mtmd's preprocessing does) and leaves
+//! as rows of the text model's width, which a batch of embeddings feeds to a context.
+//!
+//! One file per projector type composes the shared ViT (`vit.rs`) with its head.
+
+pub mod gemma3;
+pub mod params;
+pub mod vit;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ferrollama_gguf::GgufFile;
+use ferrollama_tensor::{GgmlType, QMatrix, Threads, WeightBytes};
+
+use crate::error::{EngineError, Result};
+use crate::weights::Loader;
+
+pub use params::{ProjectorType, VisionParams};
+
+/// A loaded projector: its hyper-parameters and weights.
+pub struct Projector {
+    pub params: VisionParams,
+    vit: vit::VitWeights,
+    head: Head,
+    /// Kept for the error messages' file name and the mapping's lifetime.
+    file: Arc<GgufFile>,
+    _repack: crate::weights::RepackHandle,
+}
+
+/// The part after the ViT, per projector type.
+enum Head {
+    Gemma3(gemma3::Gemma3Head),
+}
+
+impl Projector {
+    pub fn load(path: impl AsRef<Path>, use_mmap: bool) -> Result<Projector> {
+        let file = Arc::new(GgufFile::open(path, use_mmap)?);
+        let arch = file.get_str("general.architecture").unwrap_or("");
+        if arch != "clip" {
+            return Err(file.error(format!(
+                "general.architecture is '{arch}': a projector (mmproj) file's is 'clip'")).into());
+        }
+        let params = VisionParams::from_gguf(&file)?;
+        let ld = Loader::new(file.clone());
+        let vit = vit::VitWeights::load(&ld, &params)?;
+        let head = match params.projector {
+            ProjectorType::Gemma3 => Head::Gemma3(gemma3::Gemma3Head::load(&ld, &params)?),
+        };
+        ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
+        let repack = ld.repacking().start();
+        Ok(Projector { params, vit, head, file, _repack: repack })
+    }
+
+    /// The number of embedding rows an image of nx × ny pixels (preprocessed) gives.
+    pub fn n_output_tokens(&self, nx: usize, ny: usize) -> usize {
+        match &self.head {
+            Head::Gemma3(_) => gemma3::n_tokens(&self.params, nx, ny),
+        }
+    }
+
+    /// An image's embeddings: `pixels` is the preprocessed image, ny rows of nx pixels of
+    /// three normalized channels (clip_image_f32's layout); the result has
+    /// `n_output_tokens(nx, ny)` rows of `params.n_embd_out`.
+    pub fn encode(&self, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Result<Vec<f32>> {
+        self.check_image(pixels, nx, ny)?;
+        let hidden = vit::forward(&self.vit, &self.params, pixels, nx, ny, threads);
+        Ok(match &self.head {
+            Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
+        })
+    }
+
+    fn check_image(&self, pixels: &[f32], nx: usize, ny: usize) -> Result<()> {
+        let p = &self.params;
+        if nx.checked_mul(ny).and_then(|n| n.checked_mul(3)) != Some(pixels.len()) {
+            return Err(EngineError::InvalidArgument(format!(
+                "an image of {nx}x{ny} pixels needs {} values (3 per pixel), got {}", nx * ny * 3, pixels.len())));
+        }
+        let fixed = matches!(p.projector, ProjectorType::Gemma3);
+        if fixed && (nx != p.image_size || ny != p.image_size) {
+            return Err(EngineError::InvalidArgument(format!(
+                "the {} projector takes {s}x{s} images (preprocess first), not {nx}x{ny}", p.projector.name(), s = p.image_size)));
+        }
+        if nx % p.patch_size != 0 || ny % p.patch_size != 0 {
+            return Err(EngineError::InvalidArgument(format!(
+                "an image of {nx}x{ny} pixels is not whole patches of {}", p.patch_size)));
+        }
+        Ok(())
+    }
+
+    /// The projector file's path.
+    pub fn path(&self) -> &Path { self.file.path() }
+}
+
+/// A matrix of `rows` × `cols` float `values` stored in the float type `ty` (F32, F16 or
+/// BF16: the types ggml converts and transposes), used in place (not repacked).
+pub(crate) fn float_matrix(ty: GgmlType, rows: usize, cols: usize, values: &[f32]) -> Result<QMatrix> {
+    let bytes: Vec<u8> = match ty {
+        GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+        GgmlType::BF16 => values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
+        other => return Err(EngineError::Unsupported(format!("a {other} matrix where the projector needs F32, F16 or BF16"))),
+    };
+    QMatrix::with_layout(ty, rows, cols, WeightBytes::Owned(Arc::new(bytes)), false)
+        .map_err(|e| EngineError::InvalidArgument(format!("a {rows}x{cols} {ty} matrix: {e:?}")))
+}
+
+/// A matrix's values as f32, row after row.
+pub(crate) fn dequantized(m: &QMatrix) -> Vec<f32> {
+    let mut values = vec![0.0f32; m.rows * m.cols];
+    for (r, row) in values.chunks_exact_mut(m.cols).enumerate() {
+        m.dequantize_row(r, row);
+    }
+    values
+}

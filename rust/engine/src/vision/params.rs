@@ -1,0 +1,203 @@
+//! A projector's hyper-parameters, read from its `clip.*` keys as clip.cpp's loader does.
+//! Every `clip.*` key of the file is either read or refused: a key the engine would ignore
+//! (window attention, feature layers, tiling...) would give wrong embeddings with no error.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+
+use ferrollama_gguf::GgufFile;
+
+use crate::error::{EngineError, Result};
+
+/// The projector types the engine runs (clip.cpp's `projector_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectorType {
+    /// Gemma 3: SigLIP, its output average-pooled n_merge × n_merge, RMS-normed and projected.
+    Gemma3,
+}
+
+impl ProjectorType {
+    fn parse(name: &str) -> Option<ProjectorType> {
+        match name {
+            "gemma3" => Some(ProjectorType::Gemma3),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ProjectorType::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// The FFN's activation (clip.use_gelu / clip.use_silu; neither: quick GELU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnAct {
+    Gelu,
+    Silu,
+    GeluQuick,
+}
+
+#[derive(Debug, Clone)]
+pub struct VisionParams {
+    pub projector: ProjectorType,
+    pub image_size: usize,
+    pub patch_size: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub eps: f32,
+    pub image_mean: [f32; 3],
+    pub image_std: [f32; 3],
+    /// The width of the output rows: the text model's n_embd.
+    pub n_embd_out: usize,
+    /// Patches merged per side (Gemma 3: the average pool's kernel).
+    pub n_merge: usize,
+    pub ffn_act: FfnAct,
+}
+
+impl VisionParams {
+    pub fn head_dim(&self) -> usize { self.n_embd / self.n_head }
+
+    pub fn from_gguf(file: &GgufFile) -> Result<VisionParams> {
+        let keys = Keys { file, read: RefCell::new(BTreeSet::new()) };
+        if keys.opt_bool("clip.has_audio_encoder")? == Some(true) {
+            return Err(EngineError::Unsupported("audio projectors are not supported yet (this file has an audio encoder)".into()));
+        }
+        if keys.opt_bool("clip.has_vision_encoder")? == Some(false) {
+            return Err(file.error("clip.has_vision_encoder is false: no vision encoder in this file").into());
+        }
+        let ty_name = keys.string("clip.projector_type")?;
+        let projector = ProjectorType::parse(&ty_name)
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3)")))?;
+        let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
+            (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
+            (true, false) => FfnAct::Gelu,
+            (false, true) => FfnAct::Silu,
+            (false, false) => FfnAct::GeluQuick,
+        };
+        let p = VisionParams {
+            projector,
+            image_size: keys.size("clip.vision.image_size", 1 << 14)?,
+            patch_size: keys.size("clip.vision.patch_size", 1 << 10)?,
+            n_embd: keys.size("clip.vision.embedding_length", 1 << 16)?,
+            n_ff: keys.size("clip.vision.feed_forward_length", 1 << 18)?,
+            n_layer: keys.size("clip.vision.block_count", 1 << 10)?,
+            n_head: keys.size("clip.vision.attention.head_count", 1 << 10)?,
+            eps: keys.f32("clip.vision.attention.layer_norm_epsilon")?,
+            image_mean: keys.rgb("clip.vision.image_mean")?,
+            image_std: keys.rgb("clip.vision.image_std")?,
+            n_embd_out: keys.size("clip.vision.projection_dim", 1 << 18)?,
+            n_merge: match projector {
+                // clip.cpp: 4 for every Gemma 3; a test model may say otherwise
+                ProjectorType::Gemma3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(4),
+            },
+            ffn_act,
+        };
+        p.check(&keys)?;
+        keys.check_all_read()?;
+        Ok(p)
+    }
+
+    fn check(&self, keys: &Keys) -> Result<()> {
+        let file = keys.file;
+        if self.n_embd % self.n_head != 0 {
+            return Err(file.error(format!("vision width {} is not a multiple of its {} heads", self.n_embd, self.n_head)).into());
+        }
+        // The keys a file may state when they agree with what the engine computes.
+        if let Some(kv) = keys.opt_size("clip.vision.attention.head_count_kv", 1 << 10)? {
+            if kv != self.n_head {
+                return Err(EngineError::Unsupported(format!("a vision encoder with {kv} K/V heads for {} query heads", self.n_head)));
+            }
+        }
+        if let Some(hd) = keys.opt_size("clip.vision.attention.head_dim", 1 << 12)? {
+            if hd != self.head_dim() {
+                return Err(EngineError::Unsupported(format!("a vision head size of {hd} (width {} / {} heads)", self.n_embd, self.n_head)));
+            }
+        }
+        if self.image_size % self.patch_size != 0 {
+            return Err(file.error(format!("image size {} is not whole patches of {}", self.image_size, self.patch_size)).into());
+        }
+        let side = self.image_size / self.patch_size;
+        if self.projector == ProjectorType::Gemma3 && (self.n_merge == 0 || side % self.n_merge != 0) {
+            return Err(file.error(format!("{side} patches per side do not pool by {}", self.n_merge)).into());
+        }
+        Ok(())
+    }
+}
+
+/// The file's `clip.*` keys, remembering which were read.
+struct Keys<'a> {
+    file: &'a GgufFile,
+    read: RefCell<BTreeSet<String>>,
+}
+
+impl Keys<'_> {
+    fn get(&self, key: &str) -> Option<&ferrollama_gguf::Value> {
+        self.read.borrow_mut().insert(key.to_string());
+        self.file.get(key)
+    }
+
+    fn missing(&self, key: &str) -> EngineError { self.file.error(format!("missing metadata key {key}")).into() }
+
+    fn bad(&self, key: &str, what: &str) -> EngineError { self.file.error(format!("metadata key {key}: {what}")).into() }
+
+    fn string(&self, key: &str) -> Result<String> {
+        let v = self.get(key).ok_or_else(|| self.missing(key))?;
+        v.as_str().map(str::to_string).ok_or_else(|| self.bad(key, "not a string"))
+    }
+
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        self.get(key).map(|v| v.as_bool().ok_or_else(|| self.bad(key, "not a bool"))).transpose()
+    }
+
+    /// A positive count no larger than `max` (a file's number sizes allocations).
+    fn opt_size(&self, key: &str, max: usize) -> Result<Option<usize>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        match v.as_u64() {
+            Some(n) if n >= 1 && n as usize <= max => Ok(Some(n as usize)),
+            _ => Err(self.bad(key, &format!("must be an integer in 1..={max}"))),
+        }
+    }
+
+    fn size(&self, key: &str, max: usize) -> Result<usize> {
+        self.opt_size(key, max)?.ok_or_else(|| self.missing(key))
+    }
+
+    fn f32(&self, key: &str) -> Result<f32> {
+        let v = self.get(key).ok_or_else(|| self.missing(key))?;
+        match v.as_f64() {
+            Some(x) if x.is_finite() && x > 0.0 => Ok(x as f32),
+            _ => Err(self.bad(key, "must be a positive number")),
+        }
+    }
+
+    fn rgb(&self, key: &str) -> Result<[f32; 3]> {
+        let v = self.get(key).ok_or_else(|| self.missing(key))?;
+        let xs = v.as_array().and_then(|a| a.to_f32_vec()).ok_or_else(|| self.bad(key, "not an array of numbers"))?;
+        match xs.as_slice() {
+            [r, g, b, ..] if xs.len() == 3 => Ok([*r, *g, *b]),
+            _ => Err(self.bad(key, &format!("needs 3 values (one per channel), has {}", xs.len()))),
+        }
+    }
+
+    /// Refuses `clip.*` keys the engine did not read: each one changes what clip.cpp computes
+    /// for some projector, and this engine would ignore it.
+    fn check_all_read(&self) -> Result<()> {
+        // Descriptive keys that change nothing.
+        for k in ["clip.has_text_encoder", "clip.has_llava_projector", "clip.has_minicpmv_projector", "clip.has_glm_projector",
+                  "clip.has_qwen2vl_merger"] {
+            self.get(k);
+        }
+        let read = self.read.borrow();
+        let unread: Vec<&str> = self.file.metadata.iter().map(|(k, _)| k.as_str()).filter(|k| k.starts_with("clip.") && !read.contains(*k)).collect();
+        match unread.as_slice() {
+            [] => Ok(()),
+            keys => Err(EngineError::Unsupported(format!(
+                "the projector's metadata key{} {} {} not supported by the engine's projectors",
+                if keys.len() > 1 { "s" } else { "" }, keys.join(", "), if keys.len() > 1 { "are" } else { "is" }))),
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The vision transformer of clip.cpp's `build_vit` with LayerNorms (SigLIP, CLIP): patches
+//! embedded by a convolution, learned position embeddings, pre-norm blocks of full
+//! (non-causal) attention and an FFN, a final LayerNorm.
+//!
+//! Numerics follow ggml's CPU backend where it rounds: the convolution runs on an f16 im2col
+//! of the pixels against the f16 kernel (ggml_conv_2d), products with f16 weights round
+//! their activations to f16 (ggml_mul_mat), GELU is looked up in ggml's f16 table, and
+//! attention is flash attention's tiled path, which keeps queries and scores in f32 and
+//! rounds K and V to f16 (clip.cpp turns flash attention on where the backend has it).
+
+use ferrollama_tensor::{matmul, GgmlType, MatmulScratch, QMatrix, SendPtr, Threads};
+use half::f16;
+
+use super::params::{FfnAct, VisionParams};
+use super::{dequantized, float_matrix};
+use crate::error::{EngineError, Result};
+use crate::ops::{add_bias, add_inplace, gelu_inplace, gelu_quick_inplace, layer_norm_rows};
+use crate::weights::Loader;
+
+pub struct VitLayer {
+    ln1: (Vec<f32>, Option<Vec<f32>>),
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    wo: QMatrix,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    bo: Option<Vec<f32>>,
+    ln2: (Vec<f32>, Option<Vec<f32>>),
+    up: QMatrix,
+    up_b: Option<Vec<f32>>,
+    down: QMatrix,
+    down_b: Option<Vec<f32>>,
+}
+
+pub struct VitWeights {
+    /// The convolution kernel as a matrix: n_embd rows of 3 × patch × patch (channel, row,
+    /// column: im2col's order), in the type ggml_conv_2d's product runs it: F16 (the pixels
+    /// rounded to F16 too), or F32 for a BF16 kernel (the pixels as they are).
+    patch: QMatrix,
+    patch_b: Option<Vec<f32>>,
+    /// One row of n_embd per patch of a full-size image.
+    pos: Vec<f32>,
+    layers: Vec<VitLayer>,
+    post_ln: Option<(Vec<f32>, Option<Vec<f32>>)>,
+}
+
+impl VitWeights {
+    pub fn load(ld: &Loader, p: &VisionParams) -> Result<VitWeights> {
+        if p.ffn_act == FfnAct::Silu {
+            return Err(EngineError::Unsupported("a vision encoder with a SiLU FFN (clip.use_silu)".into()));
+        }
+        let (d, ps) = (p.n_embd, p.patch_size);
+        let patch = patch_kernel(ld.row_blocks("v.patch_embd.weight", &[ps, ps, 3, d], 3 * ps * ps, &[d])?.pop().expect("one block"))?;
+        let side = p.image_size / ps;
+        let pos = ld.opt_vector_2d("v.position_embd.weight", d, side * side)?
+            .ok_or_else(|| ld.error("missing tensor 'v.position_embd.weight'"))?;
+        let layers = (0..p.n_layer).map(|il| load_layer(ld, p, il)).collect::<Result<_>>()?;
+        let post_ln = match ld.has("v.post_ln.weight") {
+            true => Some(norm(ld, "v.post_ln", d)?),
+            false => None,
+        };
+        for unsupported in ["v.pre_ln.weight", "v.class_embd"] {
+            if ld.has(unsupported) {
+                return Err(EngineError::Unsupported(format!("tensor '{unsupported}' in a {} projector", p.projector.name())));
+            }
+        }
+        Ok(VitWeights { patch, patch_b: ld.opt_vector("v.patch_embd.bias", d)?, pos, layers, post_ln })
+    }
+}
+
+/// ggml_conv_2d's operands: an im2col in F16 against the kernel converted to F16 (F32 for
+/// a BF16 kernel, whose im2col is F32).
+fn patch_kernel(stored: QMatrix) -> Result<QMatrix> {
+    let ty = match stored.ty {
+        GgmlType::F16 => return Ok(stored),
+        GgmlType::BF16 => GgmlType::F32,
+        _ => GgmlType::F16,
+    };
+    float_matrix(ty, stored.rows, stored.cols, &dequantized(&stored))
+}
+
+fn norm(ld: &Loader, prefix: &str, d: usize) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+    Ok((ld.vector(&format!("{prefix}.weight"), d)?, ld.opt_vector(&format!("{prefix}.bias"), d)?))
+}
+
+fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
+    let (d, ff) = (p.n_embd, p.n_ff);
+    let name = |part: &str, what: &str| format!("v.blk.{il}.{part}.{what}");
+    let mat = |part: &str, cols: usize, rows: usize| ld.matrix(&name(part, "weight"), cols, rows);
+    let bias = |part: &str, n: usize| ld.opt_vector(&name(part, "bias"), n);
+    if ld.has(&name("ffn_gate", "weight")) || ld.has(&name("attn_qkv", "weight")) {
+        return Err(EngineError::Unsupported(format!("a gated FFN or fused QKV in vision block {il}")));
+    }
+    Ok(VitLayer {
+        ln1: norm(ld, &format!("v.blk.{il}.ln1"), d)?,
+        wq: mat("attn_q", d, d)?,
+        wk: mat("attn_k", d, d)?,
+        wv: mat("attn_v", d, d)?,
+        wo: mat("attn_out", d, d)?,
+        bq: bias("attn_q", d)?,
+        bk: bias("attn_k", d)?,
+        bv: bias("attn_v", d)?,
+        bo: bias("attn_out", d)?,
+        ln2: norm(ld, &format!("v.blk.{il}.ln2"), d)?,
+        up: mat("ffn_up", d, ff)?,
+        up_b: bias("ffn_up", ff)?,
+        down: mat("ffn_down", ff, d)?,
+        down_b: bias("ffn_down", d)?,
+    })
+}
+
+/// The ViT's output for an image of nx × ny pixels (ny rows of nx RGB triples, normalized):
+/// one row of n_embd per patch, patches in row-major order.
+pub fn forward(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Vec<f32> {
+    let (d, ps) = (p.n_embd, p.patch_size);
+    let n = (nx / ps) * (ny / ps);
+    let mut mm = MatmulScratch::default();
+    let cols = im2col(pixels, nx, ny, ps, w.patch.ty == GgmlType::F16);
+    let mut x = vec![0.0; n * d];
+    matmul(&w.patch, &cols, n, &mut x, &mut mm, threads);
+    if let Some(b) = &w.patch_b {
+        add_bias(&mut x, b);
+    }
+    add_inplace(&mut x, &w.pos[..n * d]);
+    for l in &w.layers {
+        block(l, p, &mut x, n, &mut mm, threads);
+    }
+    if let Some((g, b)) = &w.post_ln {
+        layer_norm_rows(&mut x, g, b.as_deref(), p.eps);
+    }
+    x
+}
+
+/// ggml_im2col of a convolution with stride = kernel = `ps`: one row per patch (row-major),
+/// of 3 × ps × ps values (channel, kernel row, kernel column), rounded to f16 where
+/// ggml_conv_2d makes its im2col in F16.
+fn im2col(pixels: &[f32], nx: usize, ny: usize, ps: usize, to_f16: bool) -> Vec<f32> {
+    let (px, py) = (nx / ps, ny / ps);
+    let mut out = Vec::with_capacity(px * py * 3 * ps * ps);
+    for oy in 0..py {
+        for ox in 0..px {
+            for c in 0..3 {
+                for ky in 0..ps {
+                    let row = (oy * ps + ky) * nx + ox * ps;
+                    out.extend((0..ps).map(|kx| pixels[(row + kx) * 3 + c]).map(|v| if to_f16 { f16_round(v) } else { v }));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// x += attn(LN1(x)); x += ffn(LN2(x)).
+fn block(l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize, mm: &mut MatmulScratch, threads: &Threads) {
+    let d = p.n_embd;
+    let mut h = x.to_vec();
+    layer_norm_rows(&mut h, &l.ln1.0, l.ln1.1.as_deref(), p.eps);
+    let project = |w: &QMatrix, b: &Option<Vec<f32>>, input: &[f32], mm: &mut MatmulScratch| {
+        let mut out = vec![0.0; n * w.rows];
+        matmul(w, input, n, &mut out, mm, threads);
+        if let Some(b) = b {
+            add_bias(&mut out, b);
+        }
+        out
+    };
+    let q = project(&l.wq, &l.bq, &h, mm);
+    let k = project(&l.wk, &l.bk, &h, mm);
+    let v = project(&l.wv, &l.bv, &h, mm);
+    let attn = full_attention(&q, &k, &v, n, p.n_head, p.head_dim(), threads);
+    add_inplace(x, &project(&l.wo, &l.bo, &attn, mm));
+    h.copy_from_slice(x);
+    layer_norm_rows(&mut h, &l.ln2.0, l.ln2.1.as_deref(), p.eps);
+    let mut u = project(&l.up, &l.up_b, &h, mm);
+    match p.ffn_act {
+        FfnAct::Gelu => gelu_inplace(&mut u),
+        FfnAct::GeluQuick => gelu_quick_inplace(&mut u),
+        FfnAct::Silu => unreachable!("refused at load"),
+    }
+    add_inplace(x, &project(&l.down, &l.down_b, &u, mm));
+    debug_assert_eq!(x.len(), n * d);
+}
+
+/// Queries a pass of the scores holds at most (their scores take this × n floats).
+const QUERY_BLOCK: usize = 512;
+
+/// Every token attends to every token, per head: softmax(q·kᵀ / √hd) · v, with K and V
+/// rounded to f16 and everything else in f32 (ggml's tiled flash attention). Out: n rows of
+/// n_head × hd.
+pub fn full_attention(q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, threads: &Threads) -> Vec<f32> {
+    let d = n_head * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut out = vec![0.0; n * d];
+    let mut mm = MatmulScratch::default();
+    let mut qh = vec![0.0; QUERY_BLOCK.min(n) * hd];
+    let mut scores = vec![0.0; QUERY_BLOCK.min(n) * n];
+    let mut oh = vec![0.0; QUERY_BLOCK.min(n) * hd];
+    for h in 0..n_head {
+        let keys = f32_matrix(n, hd, |r, c| f16_round(k[r * d + h * hd + c]));
+        let values_t = f32_matrix(hd, n, |r, c| f16_round(v[c * d + h * hd + r]));
+        for q0 in (0..n).step_by(QUERY_BLOCK) {
+            let nq = QUERY_BLOCK.min(n - q0);
+            for t in 0..nq {
+                qh[t * hd..(t + 1) * hd].copy_from_slice(&q[(q0 + t) * d + h * hd..][..hd]);
+            }
+            matmul(&keys, &qh, nq, &mut scores, &mut mm, threads);
+            softmax_rows(&mut scores[..nq * n], n, scale, threads);
+            matmul(&values_t, &scores, nq, &mut oh, &mut mm, threads);
+            for t in 0..nq {
+                out[(q0 + t) * d + h * hd..][..hd].copy_from_slice(&oh[t * hd..(t + 1) * hd]);
+            }
+        }
+    }
+    out
+}
+
+fn f16_round(x: f32) -> f32 { f16::from_f32(x).to_f32() }
+
+/// An f32 matrix of `rows` × `cols` with the values `at(row, col)`.
+fn f32_matrix(rows: usize, cols: usize, at: impl Fn(usize, usize) -> f32) -> QMatrix {
+    let values: Vec<f32> = (0..rows * cols).map(|i| at(i / cols, i % cols)).collect();
+    float_matrix(GgmlType::F32, rows, cols, &values).expect("an f32 matrix of its own size")
+}
+
+/// Each row of `x` (rows of n) = softmax(row × scale), on the threads.
+fn softmax_rows(x: &mut [f32], n: usize, scale: f32, threads: &Threads) {
+    let rows = x.len() / n;
+    let ptr = SendPtr(x.as_mut_ptr());
+    threads.run(rows, |r| {
+        // SAFETY: each task writes its own row.
+        let row = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(r * n), n) };
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
+        let mut sum = 0.0f32;
+        for s in row.iter_mut() {
+            *s = (*s * scale - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        row.iter_mut().for_each(|s| *s *= inv);
+    });
+}

@@ -1,0 +1,67 @@
+//! `ferrollama._core.Projector`: a projector file (mmproj) and its image encoder. Decoding and
+//! preprocessing images is Python's (`ferrollama.media`); this takes the preprocessed pixels.
+
+use std::sync::Arc;
+
+use ferrollama_engine::vision::Projector;
+use ferrollama_tensor::Threads;
+use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray3};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors::{guard, to_py};
+
+#[pyclass(name = "Projector", module = "ferrollama._core", frozen)]
+pub struct PyProjector {
+    inner: Arc<Projector>,
+    threads: Threads,
+}
+
+#[pymethods]
+impl PyProjector {
+    #[new]
+    #[pyo3(signature = (path, n_threads=None, use_mmap=true))]
+    fn new(py: Python<'_>, path: std::path::PathBuf, n_threads: Option<usize>, use_mmap: bool) -> PyResult<Self> {
+        let n_threads = n_threads.unwrap_or_else(crate::context::default_threads);
+        if n_threads == 0 || n_threads > 1024 {
+            return Err(PyValueError::new_err(format!("n_threads must be in 1..=1024, not {n_threads}")));
+        }
+        guard(|| {
+            let proj = py.allow_threads(|| Projector::load(&path, use_mmap)).map_err(to_py)?;
+            Ok(PyProjector { inner: Arc::new(proj), threads: Threads::new(n_threads) })
+        })
+    }
+
+    /// The embeddings of a preprocessed image: `pixels` of shape (ny, nx, 3), float32,
+    /// normalized; returns (n_output_tokens, n_embd_out) float32.
+    fn encode_pixels<'py>(&self, py: Python<'py>, pixels: PyReadonlyArray3<'py, f32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let shape = pixels.as_array().shape().to_vec();
+        let (ny, nx) = (shape[0], shape[1]);
+        if shape[2] != 3 {
+            return Err(PyValueError::new_err(format!("pixels must have shape (ny, nx, 3), not {shape:?}")));
+        }
+        let values: Vec<f32> = pixels.as_array().iter().copied().collect();
+        let embd = guard(|| py.allow_threads(|| self.inner.encode(&values, nx, ny, &self.threads)).map_err(to_py))?;
+        let rows = embd.len() / self.inner.params.n_embd_out;
+        numpy::PyArray1::from_vec(py, embd).reshape([rows, self.inner.params.n_embd_out])
+    }
+
+    /// How many embedding rows an image preprocessed to nx × ny pixels gives.
+    fn n_output_tokens(&self, nx: usize, ny: usize) -> usize { self.inner.n_output_tokens(nx, ny) }
+
+    #[getter] fn projector_type(&self) -> &'static str { self.inner.params.projector.name() }
+    #[getter] fn image_size(&self) -> usize { self.inner.params.image_size }
+    #[getter] fn patch_size(&self) -> usize { self.inner.params.patch_size }
+    #[getter] fn image_mean(&self) -> [f32; 3] { self.inner.params.image_mean }
+    #[getter] fn image_std(&self) -> [f32; 3] { self.inner.params.image_std }
+    #[getter] fn n_merge(&self) -> usize { self.inner.params.n_merge }
+    /// The width of the encoder.
+    #[getter] fn n_embd(&self) -> usize { self.inner.params.n_embd }
+    /// The width of the output rows (the text model's n_embd).
+    #[getter] fn n_embd_out(&self) -> usize { self.inner.params.n_embd_out }
+    #[getter] fn n_threads(&self) -> usize { self.threads.n_threads() }
+    #[getter] fn path(&self) -> std::path::PathBuf { self.inner.path().to_path_buf() }
+    fn __repr__(&self) -> String {
+        format!("Projector({:?}, type={}, image_size={})", self.inner.path(), self.inner.params.projector.name(), self.inner.params.image_size)
+    }
+}

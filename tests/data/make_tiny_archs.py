@@ -17,6 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -141,14 +142,19 @@ class Weights:
         self.w.add_tensor(name, values.astype(np.float32))
 
 
-def copy_vocab(w: gguf.GGUFWriter) -> None:
+def copy_vocab(w: gguf.GGUFWriter, replace: dict[int, tuple[str, int]] | None = None) -> None:
+    """The tiny llama's vocabulary; ``replace`` maps token ids to the (text, token type) they
+    get instead (make_tiny_vision.py's image markers)."""
     r = gguf.GGUFReader(VOCAB_SOURCE)
     f = r.fields
+    tokens, types = f["tokenizer.ggml.tokens"].contents(), f["tokenizer.ggml.token_type"].contents()
+    for token_id, (text, token_type) in (replace or {}).items():
+        tokens[token_id], types[token_id] = text, token_type
     w.add_tokenizer_model(f["tokenizer.ggml.model"].contents())
     w.add_tokenizer_pre(f["tokenizer.ggml.pre"].contents())
-    w.add_token_list(f["tokenizer.ggml.tokens"].contents())
+    w.add_token_list(tokens)
     w.add_token_scores(f["tokenizer.ggml.scores"].contents())
-    w.add_token_types(f["tokenizer.ggml.token_type"].contents())
+    w.add_token_types(types)
     w.add_bos_token_id(f["tokenizer.ggml.bos_token_id"].contents())
     w.add_eos_token_id(f["tokenizer.ggml.eos_token_id"].contents())
     w.add_unk_token_id(f["tokenizer.ggml.unknown_token_id"].contents())
@@ -231,13 +237,15 @@ def add_layer(wt: Weights, s: Spec, il: int, dims: Dims) -> None:
         wt.matrix(p + "ffn_down.weight", N_EMBD, N_FF, std=0.05)
 
 
-def write_model(s: Spec, qtype: str, path: Path, dims: Dims = TINY) -> None:
+def write_model(s: Spec, qtype: str, path: Path, dims: Dims = TINY,
+                vocab: Callable[[gguf.GGUFWriter], None] = copy_vocab) -> None:
+    """Writes the model; ``vocab`` writes its tokenizer keys (the tiny llama's by default)."""
     w = gguf.GGUFWriter(str(path), s.arch)
     # No architecture in the name: llama.cpp sets token attributes by name ("phi3" needs tokens
     # this vocabulary lacks).
     w.add_name(f"tiny random model {qtype}")
     add_metadata(w, s, dims)
-    copy_vocab(w)
+    vocab(w)
     rng = np.random.default_rng(sum(map(ord, s.name)))
     wt = Weights(w, rng, qtype)
     wt.matrix("token_embd.weight", N_VOCAB, dims.n_embd, std=1.0)

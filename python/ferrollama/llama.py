@@ -25,11 +25,14 @@ from ._llama_hooks import LogitsProcessorList, MinTokensLogitsProcessor, Stoppin
 from ._llama_params import (GGML_TYPE_IDS, LlamaContextParams, LlamaModelParams, load_mode,
                             sort_extra_keywords)
 from .chat import tools as T
+from .chat.media import image_urls, with_media_markers
 from .chat.templates import ChatTemplate
 from .generation.logprobs import TokenLogprob, chat_logprobs_of_completion, completion_logprobs, token_logprob
 from .generation.params import DEFAULT_SEED, SamplingParams
 from .generation.sampler import Sampler
 from .generation.checkpoints import DEFAULT_CHECKPOINTS, Checkpoints
+from .generation.media import load_image_url
+from .generation.multimodal import Chunk, ImageChunk, eval_image, key_runs, prompt_keys, whole_image_prefix
 from .generation.speculative import SpeculativeStats, snapshots_for, speculative_tokens
 from .generation.text import StopScanner, Utf8Stream, decode_tokens
 from .generation.tokens import add_bos_of, common_prefix_len
@@ -294,7 +297,10 @@ class Llama:
         #: a recurrent model's saved states, from which a shorter cached prefix is resumed
         self._checkpoints = Checkpoints(self.ctx, ctx_checkpoints) if self.ctx is not None else None
         self._n_vocab = self.model.n_vocab
+        #: the cached prompt: token ids, and an image's positions as its negative key (`_media`)
         self._tokens: list[int] = []
+        #: the images of the cached and the next prompt, by key (generation.multimodal.image_key)
+        self._media: dict[int, ImageChunk] = {}
         self._scores_buf: np.ndarray | None = None
         #: the last prepared prompt's length and the logits it gave (see `_prepare`)
         self._prompt_logits: tuple[int, np.ndarray] | None = None
@@ -381,12 +387,13 @@ class Llama:
     def input_ids(self) -> np.ndarray:
         """The context's tokens, n_ctx long (the first n_tokens are valid), as llama-cpp-python keeps them."""
         out = np.zeros(self._n_ctx, dtype=np.intc)
-        out[:len(self._tokens)] = self._tokens
+        out[:len(self._tokens)] = self._input_ids
         return out
 
     @property
     def _input_ids(self) -> np.ndarray:
-        return np.asarray(self._tokens, dtype=np.intc)
+        # an image's positions hold no token: 0 there, as for the rest of the context
+        return np.maximum(np.asarray(self._tokens, dtype=np.intc), 0)
 
     @property
     def scores(self) -> np.ndarray:
@@ -506,15 +513,36 @@ class Llama:
     # --- evaluation ---
     def eval(self, tokens: Sequence[int]) -> None:
         """Decodes tokens after those already cached, in batches of n_batch; keeps the logits of
-        every token with logits_all=True, of the last one otherwise."""
+        every token with logits_all=True, of the last one otherwise. The positions of an image
+        (its negative key, see `_media_prompt`) decode its embeddings, whole."""
         ctx = self._require_ctx()
         ctx.kv.seq_rm(0, len(self._tokens), -1)
+        runs = key_runs(tokens)
+        if runs and tokens[-1] < 0:
+            raise ValueError("a prompt must end with text after its last image (the logits come from a token)")
+        for start, end in runs:
+            if tokens[start] < 0:
+                self._eval_image(tokens[start], end - start)
+            else:
+                self._eval_tokens(tokens[start:end], is_last=end == len(tokens))
+
+    def _eval_image(self, key: int, n: int) -> None:
+        chunk = self._media.get(key)
+        if chunk is None or n != chunk.n_pos:
+            raise ValueError("an image's positions decode only whole, from the image's own embeddings")
+        if len(self._tokens) + n > self._n_ctx:
+            raise ValueError(f"the context is full ({self._n_ctx} tokens)")
+        eval_image(self._require_ctx(), chunk, len(self._tokens), 0, self.n_batch)
+        self._tokens.extend([key] * n)
+
+    def _eval_tokens(self, tokens: Sequence[int], is_last: bool = True) -> None:
+        ctx = self._require_ctx()
         for i in range(0, len(tokens), self.n_batch):
             chunk = [int(t) for t in tokens[i:i + self.n_batch]]
             n_past = len(self._tokens)
             if n_past + len(chunk) > self._n_ctx:
                 raise ValueError(f"the context is full ({self._n_ctx} tokens)")
-            last = i + self.n_batch >= len(tokens)
+            last = is_last and i + self.n_batch >= len(tokens)
             want = "all" if self._logits_all else ("last" if last else "none")
             ctx.decode(Batch.from_tokens(chunk, pos0=n_past, seq_id=0, logits=want))
             self._tokens.extend(chunk)
@@ -536,7 +564,7 @@ class Llama:
             # alone would round differently from the batch that decoded it first (products over 8
             # tokens or more sum differently, as in llama.cpp), and could continue differently.
             return saved[1].copy()
-        keep = self._rewind(min(common, len(tokens) - 1))
+        keep = self._rewind(whole_image_prefix(tokens, min(common, len(tokens) - 1)))
         ckpt = self._checkpoints
         if ckpt is not None and ckpt.enabled and len(tokens) - keep > 1:
             # a recurrent model: keep the states before the prompt's last token (the same prompt
@@ -698,7 +726,8 @@ class Llama:
                         presence_penalty=presence_penalty, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                         mirostat_eta=mirostat_eta, logits_processor=logits_processor, grammar=grammar,
                         logit_bias=logit_bias)
-        prompt_text = prompt if isinstance(prompt, str) else self.detokenize(tokens).decode("utf-8", "replace")
+        prompt_text = prompt if isinstance(prompt, str) else self.detokenize([t for t in tokens if t >= 0]).decode(
+            "utf-8", "replace")
         job = _CompletionJob(tokens, prompt_text, max_tokens, stops, logprobs, echo, model or self.model_path,
                              frozenset(int(t) for t in stop_tokens), special, stopping_criteria, seed)
         chunks = self._completion_chunks(job, sampling)
@@ -877,6 +906,9 @@ class Llama:
                     logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias, logprobs=logprobs,
                     top_logprobs=top_logprobs)
         handler = self._chat_handler_for_call()
+        if not hasattr(handler, "projector") and image_urls(messages):
+            raise ValueError("image_url content needs the model's projector: "
+                             "Llama(..., chat_handler=MTMDChatHandler(clip_model_path='mmproj.gguf'))")
         if handler is not None:
             return handler(llama=self, **args)
         return self._template_chat(**args)
@@ -884,7 +916,9 @@ class Llama:
     def _template_chat(self, messages: list[dict], functions: list[dict] | None, function_call: Any,
                        tools: list[dict] | None, tool_choice: Any, stream: bool, stop: Any,
                        response_format: dict | None, grammar: Any, logprobs: bool | None, top_logprobs: int | None,
-                       **sampling: Any) -> dict | Iterator[dict]:
+                       media: Any = None, **sampling: Any) -> dict | Iterator[dict]:
+        """The chat through the template; ``media`` (a generation.multimodal.Projector) takes the
+        messages' image_url parts (MTMDChatHandler)."""
         legacy = functions is not None
         if legacy:
             if tools:
@@ -894,7 +928,10 @@ class Llama:
         template = self.chat_template
         plan = T.plan_tools(template.source, [dict(m) for m in messages], list(tools or []), tool_choice,
                             S.Grammar.json_schema_to_gbnf)
-        prompt = template.tokens(self.model, plan.messages, add_generation_prompt=True, **plan.template_kwargs)
+        if media is not None:
+            prompt = self._media_prompt(media, template, plan.messages, plan.template_kwargs)
+        else:
+            prompt = template.tokens(self.model, plan.messages, add_generation_prompt=True, **plan.template_kwargs)
         schema = _schema_of(response_format)
         if sum(x is not None for x in (grammar, plan.grammar, schema)) > 1:
             raise ValueError("give one of grammar, response_format and a forced tool_choice")
@@ -907,6 +944,20 @@ class Llama:
         if stream:
             return _chat_stream(completion, plan.format, legacy)  # type: ignore[arg-type]
         return _chat_response(completion, plan.format, legacy)  # type: ignore[arg-type]
+
+    def _media_prompt(self, media: Any, template: ChatTemplate, messages: list[dict], template_kwargs: dict) -> list[int]:
+        """The keys of a chat prompt with images (mtmd_tokenize of the template's text, each image
+        part a media marker); the images are kept for `eval`."""
+        images = [load_image_url(url, media.limits) for url in image_urls(messages)]
+        text = template.apply(with_media_markers(messages), add_generation_prompt=True, **template_kwargs)
+        return self._register_media(media.tokenize(text, images))
+
+    def _register_media(self, chunks: Sequence[Chunk]) -> list[int]:
+        """A prompt's keys (`eval`); its images are kept with those of the cached prompt."""
+        keys, images = prompt_keys(chunks)
+        cached = set(self._tokens)
+        self._media = {k: v for k, v in self._media.items() if k in cached} | images
+        return keys
 
     def create_chat_completion_openai_v1(self, *args: Any, **kwargs: Any):
         """create_chat_completion's result as the openai package's ChatCompletion (or chunks)."""
@@ -967,7 +1018,11 @@ class Llama:
         state = bytes(self._require_ctx().state_get())
         # the kept logits only exist with logits_all (no rows of zeros to copy otherwise)
         scores = self._scores.copy() if self._logits_all else np.zeros((0, self._n_vocab), dtype=np.float32)
-        return LlamaState(self.input_ids.copy(), scores, len(self._tokens), state, len(state), self._seed)
+        # an image's positions keep their key (the image is kept too), so a restored prompt is
+        # reused only with the same image
+        ids = np.zeros(self._n_ctx, dtype=np.intc)
+        ids[:len(self._tokens)] = self._tokens
+        return LlamaState(ids, scores, len(self._tokens), state, len(state), self._seed)
 
     def load_state(self, state: LlamaState) -> None:
         self._require_ctx().state_set(state.llama_state)

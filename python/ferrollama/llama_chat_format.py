@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from datetime import datetime
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tuple, Union
@@ -985,17 +986,66 @@ register_chat_completion_handler("functionary-v2")(functionary_v1_v2_chat_handle
 
 
 class _ImageChatHandler:
-    """llama-cpp-python's multimodal handlers (a CLIP/mmproj model plus image inputs): ferrollama
-    runs text models only, so constructing one raises ChatHandlerUnavailableError."""
+    """llama-cpp-python's llava-family handlers (their own chat formats over a CLIP projector):
+    ferrollama runs none of their projector types yet, so constructing one raises
+    ChatHandlerUnavailableError; MTMDChatHandler takes the projectors it runs."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         raise ChatHandlerUnavailableError(
-            f"{type(self).__name__} is not available in ferrollama: it needs a vision projector (mmproj/CLIP) "
-            "model and image inputs, and ferrollama runs text-only models")
+            f"{type(self).__name__} is not available in ferrollama: its llava-style projectors are not supported "
+            "yet; for a model whose projector is (gemma3), use MTMDChatHandler(clip_model_path=...)")
 
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> "_ImageChatHandler":
         return cls()
+
+
+class MTMDChatHandler:
+    """llama-cpp-python's handler for a model with its projector (mmproj): the model's own chat
+    template, each ``image_url`` part (a data: URI, a path or file:// URL, an http(s) URL) a media
+    marker in its text, the images encoded and decoded as libmtmd does
+    (ferrollama.generation.multimodal). ``use_gpu`` has no effect on a CPU. The projector loads at
+    the first chat, on the Llama's threads."""
+
+    def __init__(self, clip_model_path: str, verbose: bool = True, use_gpu: bool = True):
+        if not os.path.exists(clip_model_path):
+            raise ValueError(f"Clip model path does not exist: {clip_model_path}")
+        self.clip_model_path = clip_model_path
+        self.verbose = verbose
+        self.use_gpu = use_gpu
+        self._projector: Any = None
+
+    def projector(self, llama: Any) -> Any:
+        """The projector for this Llama's model (loaded once)."""
+        from .generation.multimodal import Projector
+
+        if self._projector is None or self._projector.model is not llama.model:
+            self._projector = Projector(llama.model, self.clip_model_path, n_threads=llama.n_threads)
+        return self._projector
+
+    def load_image(self, image_url: str) -> bytes:
+        """The bytes behind an image URL (llama-cpp-python's method)."""
+        from .generation.media import read_image_url_bytes
+
+        return read_image_url_bytes(image_url)
+
+    @staticmethod
+    def get_image_urls(messages: List[llama_types.ChatCompletionRequestMessage]) -> List[str]:
+        from .chat.media import image_urls
+
+        return image_urls(messages)  # type: ignore[arg-type]
+
+    def __call__(self, *, llama: Any, messages: List[llama_types.ChatCompletionRequestMessage], **kwargs: Any) -> Any:
+        return llama._template_chat(messages=messages, media=self.projector(llama), **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: Optional[str], **kwargs: Any) -> "MTMDChatHandler":
+        raise ValueError("MTMDChatHandler.from_pretrained downloads from the Hugging Face Hub, which ferrollama "
+                         "does not do: download the mmproj file and pass clip_model_path")
+
+
+class Gemma4ChatHandler(MTMDChatHandler):
+    pass
 
 
 class Llava15ChatHandler(_ImageChatHandler): pass
@@ -1006,8 +1056,6 @@ class NanoLlavaChatHandler(Llava15ChatHandler): pass
 class Llama3VisionAlphaChatHandler(Llava15ChatHandler): pass
 class MiniCPMv26ChatHandler(Llava15ChatHandler): pass
 class Qwen25VLChatHandler(Llava15ChatHandler): pass
-class MTMDChatHandler(_ImageChatHandler): pass
-class Gemma4ChatHandler(MTMDChatHandler): pass
 
 
 Llama3VisionAlpha = Llama3VisionAlphaChatHandler  # llama-cpp-python's alias

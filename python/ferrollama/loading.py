@@ -16,8 +16,8 @@ from typing import Any
 from ._core import Batch, Context, Error, LoraAdapter, Model
 from .models import default_model_path
 
-__all__ = ["CLIError", "float_value", "model_path", "load_model", "lora_files", "load_lora_adapters", "make_context",
-           "set_lora_adapters", "warmup"]
+__all__ = ["CLIError", "float_value", "model_path", "load_model", "lora_files", "load_lora_adapters", "load_projector",
+           "make_context", "set_lora_adapters", "warmup"]
 
 
 class CLIError(Exception):
@@ -85,6 +85,21 @@ def load_lora_adapters(args: argparse.Namespace, model: Model) -> list[tuple[Lor
         except (Error, ValueError) as e:
             raise CLIError(f"failed to load LoRA adapter '{path}': {e}") from None
     return adapters
+
+
+def load_projector(args: argparse.Namespace, model: Model) -> Any:
+    """The projector of --mmproj for the model (generation.multimodal.Projector), or None."""
+    path = getattr(args, "mmproj", None)
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        raise CLIError(f"--mmproj {path}: no such projector file")
+    from .generation.multimodal import Projector
+
+    try:
+        return Projector(model, path, n_threads=getattr(args, "threads", None), use_mmap=not getattr(args, "no_mmap", False))
+    except (Error, ValueError) as e:
+        raise CLIError(f"--mmproj {path}: {e}") from None
 
 
 def make_context(args: argparse.Namespace, model: Model, **overrides: Any) -> Context:

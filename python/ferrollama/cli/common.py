@@ -135,6 +135,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-v", "--verbose", action="store_true", help="print more, and tracebacks on errors")
 
 
+def add_mmproj_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mmproj", metavar="FNAME", default=None,
+                   help="the model's projector (a clip GGUF, mmproj-*.gguf): images in (Gemma 3's)")
+
+
 def add_context_args(p: argparse.ArgumentParser, n_ctx: int = 4096) -> None:
     g = p.add_argument_group("context")
     g.add_argument("-c", "--ctx-size", type=int_value, default=n_ctx, metavar="N",

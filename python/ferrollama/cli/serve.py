@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .common import CLIError, add_context_args, add_model_args, float_value, int_value, load_model, log, positive_int
+from .common import CLIError, add_context_args, add_mmproj_arg, add_model_args, float_value, int_value, load_model, log, positive_int
 from ..generation.checkpoints import DEFAULT_CHECKPOINTS
 
 __all__ = ["add_arguments", "build_app", "run", "run_on_ray"]
@@ -18,6 +18,7 @@ __all__ = ["add_arguments", "build_app", "run", "run_on_ray"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
+    add_mmproj_arg(p)
     add_context_args(p, n_ctx=8192)
     # a decode step holds every slot's next token and prompt chunks: smaller steps keep streams flowing
     p.set_defaults(batch_size=512)

@@ -31,6 +31,7 @@ from .checkpoints import DEFAULT_CHECKPOINTS, Checkpoints
 from .logprobs import TokenLogprob, token_logprob
 from .logprobs import chat_logprobs as _chat_logprobs
 from .logprobs import completion_logprobs as _completion_logprobs
+from .multimodal import eval_image, key_runs, whole_image_prefix
 from .params import SamplingParams
 from .sampler import Sampler
 from .speculative import predicted_draft, snapshots_for
@@ -69,6 +70,9 @@ class Request:
     #: tokens the answer is expected to repeat (OpenAI's predicted output): drafted from first,
     #: where the scheduler drafts
     prediction: Sequence[int] = ()
+    #: the images of a prompt with images (generation.multimodal.prompt_keys): ``tokens`` holds
+    #: each one's key at its positions
+    media: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -292,9 +296,27 @@ class Scheduler:
                              f"(prompt and answer)")
         if request.max_tokens is not None and request.max_tokens < 0:
             raise ValueError(f"max_tokens must be at least 0, not {request.max_tokens}")
-        bad = [t for t in request.tokens if not 0 <= t < self.model.n_vocab]
+        bad = [t for t in request.tokens if not 0 <= t < self.model.n_vocab and t not in request.media]
         if bad:
             raise ValueError(f"token {bad[0]} is outside the vocabulary (0..{self.model.n_vocab - 1})")
+        if request.media:
+            self._check_media(request)
+
+    def _check_media(self, request: Request) -> None:
+        """A prompt's images: whole (each key's run its image's length), followed by text, and
+        within one micro-batch where they are decoded non-causally."""
+        if self.model.is_recurrent:
+            raise ValueError(f"images with a recurrent model ({self.model.arch}) are not supported yet")
+        keys = request.tokens
+        if keys[-1] < 0:
+            raise ValueError("the prompt must end with text after its last image")
+        for start, end in key_runs(keys):
+            chunk = request.media.get(keys[start]) if keys[start] < 0 else None
+            if keys[start] < 0 and (chunk is None or chunk.n_pos != end - start):
+                raise ValueError("an image's positions must hold its key, once per position")
+            if chunk is not None and chunk.non_causal and chunk.n_tokens > self.ctx.n_ubatch:
+                raise ValueError(f"an image of {chunk.n_tokens} tokens is decoded in one micro-batch: "
+                                 f"--ubatch-size is {self.ctx.n_ubatch}")
 
     def submit(self, request: Request, sampler: Sampler | None = None) -> Job:
         """Queues a request; QueueFull when the queue is full, ValueError when it cannot be served."""
@@ -356,6 +378,7 @@ class Scheduler:
         self._drop_cancelled()
         self._admit()
         self._resolve_copies()
+        self._decode_image()
         rows = self._fill_batch()
         if not rows:
             return
@@ -399,7 +422,7 @@ class Scheduler:
         prompt = job.request.tokens
         use_cache = job.request.cache_prompt
         slot = max(free, key=lambda s: (common_prefix_len(s.tokens, prompt) if use_cache else 0, -s.last_used))
-        keep = min(common_prefix_len(slot.tokens, prompt), len(prompt) - 1) if use_cache else 0
+        keep = whole_image_prefix(prompt, min(common_prefix_len(slot.tokens, prompt), len(prompt) - 1)) if use_cache else 0
         slot.job, slot.sampler = job, job._sampler
         slot.scanner = StopScanner(list(job.request.stop))
         slot.n_prompt, slot.n_generated = len(prompt), 0
@@ -414,7 +437,8 @@ class Scheduler:
             slot.state = PROMPT
         slot.pending = prompt[len(slot.tokens):]
         for t in prompt:
-            slot.sampler.accept(t, accept_grammar=False)
+            if t >= 0:  # an image's positions are no tokens
+                slot.sampler.accept(t, accept_grammar=False)
 
     def _truncate(self, slot: Slot, keep: int) -> int:
         """Keeps at most the first `keep` tokens of the slot's cache (fewer where only a
@@ -430,7 +454,7 @@ class Scheduler:
             if other is slot or other.state == WAITING:
                 continue
             known = other.tokens + (other.pending if other.state == PROMPT else [])
-            n = min(common_prefix_len(known, prompt), len(prompt) - 1)
+            n = whole_image_prefix(prompt, min(common_prefix_len(known, prompt), len(prompt) - 1))
             if n > best_n:
                 best, best_n = other, n
         return best, best_n
@@ -458,6 +482,24 @@ class Scheduler:
             slot.state, slot.copy_from = PROMPT, None
 
     # the batch
+    def _decode_image(self) -> None:
+        """Decodes the image a slot's prompt continues with, in a decode of its own (a batch holds
+        tokens or embeddings, and an image may attend non-causally); one image per step, so that
+        generating slots wait for one image at most."""
+        for slot in self.slots:
+            if slot.state != PROMPT or not slot.pending or slot.pending[0] >= 0:
+                continue
+            chunk = slot.job.request.media[slot.pending[0]]  # type: ignore[union-attr]
+            try:
+                eval_image(self.ctx, chunk, len(slot.tokens), slot.seq_id, self.n_batch)
+            except DecodeError as e:
+                self._fail(slot, JobFailed(f"the engine failed to decode an image: {e}"))
+                return
+            slot.tokens.extend(slot.pending[:chunk.n_pos])
+            slot.pending = slot.pending[chunk.n_pos:]
+            self.stats.prompt_tokens_decoded += chunk.n_pos
+            return
+
     def _fill_batch(self) -> list[Slot]:
         """One token per generating slot, then prompt chunks in the room left; the slots with rows."""
         batch, rows = self._batch, []
@@ -476,9 +518,11 @@ class Scheduler:
             rows.append(slot)
         for slot in self.slots:
             room = self.n_batch - len(batch)
-            if slot.state != PROMPT or room <= 0:
+            if slot.state != PROMPT or room <= 0 or not slot.pending or slot.pending[0] < 0:
                 continue
             chunk = slot.pending[:room]
+            if min(chunk) < 0:  # text up to the next image
+                chunk = chunk[:next(i for i, t in enumerate(chunk) if t < 0)]
             if self.checkpoints.enabled and len(chunk) == len(slot.pending) > 1:
                 chunk = chunk[:-1]  # the prompt's last token next step, after a checkpoint
             slot.n_in_batch = len(chunk)
@@ -492,8 +536,8 @@ class Scheduler:
     def _draft(self, slot: Slot, room: int) -> list[int]:
         """Tokens drafted after the slot's next token, as many as the batch, the slot's context
         and its max_tokens leave room for."""
-        if self.drafter is None or room <= 0:
-            return []
+        if self.drafter is None or room <= 0 or slot.job.request.media:  # type: ignore[union-attr]
+            return []  # the drafters read tokens, and an image's positions hold none
         req = slot.job.request  # type: ignore[union-attr]
         left = (req.max_tokens - slot.n_generated - 1) if req.max_tokens is not None else room
         n_max = min(room, left, self.n_ctx_slot - len(slot.tokens) - 2)

@@ -30,13 +30,15 @@ from .._core import Error as EngineError
 from .._core import Model, samplers
 from ..chat import tools as T
 from ..chat.templates import ChatTemplate, ChatTemplateError
+from ..generation.media import MediaError, load_image_url
+from ..generation.multimodal import MEDIA_MARKER, prompt_keys
 from ..generation.params import DEFAULT_SEED, SamplingParams
 from ..generation.sampler import Sampler
 from ..generation.scheduler import JobFailed, Output, QueueFull, Request, Scheduler, chat_logprobs, completion_logprobs
 from . import responses as R
 from .metrics import Metrics
-from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, Message,
-                      MessageToolCall, ResponsesRequest, SamplingFields, TokenizeRequest)
+from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, ImageUrlPart, Message,
+                      MessageToolCall, ResponsesRequest, SamplingFields, TextPart, TokenizeRequest)
 
 __all__ = ["create_app", "ApiError"]
 
@@ -94,6 +96,8 @@ class Engine:
     scheduler: Scheduler
     model_name: str
     embedder: Any = None
+    #: the projector of --mmproj (generation.multimodal.Projector): images in chat messages
+    projector: Any = None
     #: the stored responses of /v1/responses (previous_response_id)
     responses: R.ResponseStore = field(default_factory=R.ResponseStore)
     _template: ChatTemplate | None = None
@@ -286,7 +290,15 @@ _TEMPLATE_ROLES = {"developer": "system", "function": "tool"}
 
 
 def _text(content: str | list | None) -> str:
-    return content if not isinstance(content, list) else "".join(p.text for p in content)
+    """A message's text; each image part is the media marker where the projector puts it."""
+    if not isinstance(content, list):
+        return content
+    return "".join(p.text if isinstance(p, TextPart) else MEDIA_MARKER for p in content)
+
+
+def _image_urls(req: ChatRequest) -> list[str]:
+    return [p.image_url.url for m in req.messages if isinstance(m.content, list)
+            for p in m.content if isinstance(p, ImageUrlPart)]
 
 
 def _message_dict(m: Message) -> dict:
@@ -323,6 +335,8 @@ class ChatPlan:
     #: whether the answer may hold several calls, and whether it names one in function_call (the older API)
     parallel: bool = True
     legacy: bool = False
+    #: the images of a prompt with images, by key (Request.media)
+    media: dict = field(default_factory=dict)
 
 
 def _refuse_what_is_not_text(req: ChatRequest) -> None:
@@ -368,12 +382,37 @@ def plan_chat(engine: Engine, req: ChatRequest) -> ChatPlan:
         if "tool_choice" in str(e):
             raise bad_request(str(e)) from None
         raise bad_request(f"tools: {e}", "invalid_tools") from None
+    kwargs = {**plan.template_kwargs, **_reasoning_kwargs(req.reasoning_effort)}
+    urls = _image_urls(req)
     try:
-        tokens = engine.template.tokens(engine.model, plan.messages, add_generation_prompt=True,
-                                        **plan.template_kwargs, **_reasoning_kwargs(req.reasoning_effort))
+        if urls:
+            tokens, media = _media_prompt(engine, engine.template.apply(plan.messages, add_generation_prompt=True, **kwargs),
+                                          urls)
+        else:
+            tokens, media = engine.template.tokens(engine.model, plan.messages, add_generation_prompt=True, **kwargs), {}
     except ChatTemplateError as e:
         raise bad_request(f"messages: {e}", "invalid_messages") from None
-    return ChatPlan(tokens, plan.format, plan.grammar, parallel, req.functions is not None)
+    return ChatPlan(tokens, plan.format, plan.grammar, parallel, req.functions is not None, media)
+
+
+def _media_prompt(engine: Engine, text: str, urls: list[str]) -> tuple[list[int], dict]:
+    """The keys and images of a prompt with images (data: URIs and http(s) URLs: a client's
+    paths are not read on the server)."""
+    if engine.projector is None:
+        raise bad_request("image_url: this server takes no images (start it with --mmproj FILE, the model's projector)",
+                          "unsupported_parameter")
+    images = []
+    for url in urls:
+        if not url.startswith(("data:", "http://", "https://")):
+            raise bad_request("image_url: give a data: URI or an http(s) URL (the server reads no paths)", "invalid_image")
+        try:
+            images.append(load_image_url(url, engine.projector.limits))
+        except MediaError as e:
+            raise bad_request(f"image_url: {e}", "invalid_image") from None
+    try:
+        return prompt_keys(engine.projector.tokenize(text, images))
+    except ValueError as e:
+        raise bad_request(f"messages: {e}", "invalid_messages") from None
 
 
 def _prediction_tokens(engine: Engine, req: ChatRequest) -> list[int]:
@@ -394,7 +433,8 @@ def _chat_message(outs: list[Output], plan: ChatPlan) -> tuple[dict, str]:
 
 async def start_chat(engine: Engine, req: ChatRequest) -> tuple[ChatPlan, list]:
     """The plan of a chat request and its jobs, submitted (one per choice)."""
-    plan = plan_chat(engine, req)
+    # images are fetched and encoded off the event loop
+    plan = await asyncio.to_thread(plan_chat, engine, req) if _image_urls(req) else plan_chat(engine, req)
     params = sampling_params(engine, req, plan.grammar)
     # beyond what the slot holds, the answer ends with "length" when the slot is full (as llama-server's)
     max_tokens = req.max_completion_tokens or req.max_tokens
@@ -403,7 +443,7 @@ async def start_chat(engine: Engine, req: ChatRequest) -> tuple[ChatPlan, list]:
         raise bad_request("top_logprobs needs logprobs: true")
     special = plan.tool_format in ("hermes", "mistral", "gpt-oss")
     gen = Request(plan.tokens, params, max_tokens, _stops(req), top, req.cache_prompt, special,
-                  _prediction_tokens(engine, req))
+                  _prediction_tokens(engine, req), plan.media)
     return plan, await submit(engine, [gen] * req.n, _choice_samplers(engine, params, req.n))
 
 
@@ -714,12 +754,13 @@ async def _on_unexpected(request: HttpRequest, exc: Exception) -> Response:
 
 
 def create_app(scheduler: Scheduler, model_name: str | None = None, api_key: str | None = None,
-               embedder: Any = None) -> Any:
+               embedder: Any = None, projector: Any = None) -> Any:
     """The ASGI application serving scheduler's model (wrapped in the API-key and metrics gate)."""
     from .embeddings import Embedder
 
     engine = Engine(scheduler, model_name or os.path.basename(scheduler.model.path),
-                    embedder or Embedder(scheduler.model, n_threads=scheduler.ctx.n_threads, loras=scheduler.loras))
+                    embedder or Embedder(scheduler.model, n_threads=scheduler.ctx.n_threads, loras=scheduler.loras),
+                    projector)
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),

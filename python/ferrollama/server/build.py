@@ -8,7 +8,7 @@ import argparse
 
 from ..generation.scheduler import Scheduler
 from ..generation.speculative import DraftModel, PromptLookupDecoding
-from ..loading import CLIError, load_model, warmup
+from ..loading import CLIError, load_model, load_projector, warmup
 
 __all__ = ["build_app"]
 
@@ -31,7 +31,7 @@ def build_app(args: argparse.Namespace):
                           loras=args.lora_adapters, ctx_checkpoints=args.ctx_checkpoints)
     if not args.no_warmup:
         warmup(scheduler.ctx, model)
-    return create_app(scheduler, model_name=args.alias, api_key=args.api_key)
+    return create_app(scheduler, model_name=args.alias, api_key=args.api_key, projector=load_projector(args, model))
 
 
 def _drafter(args: argparse.Namespace, model, n_ctx: int):  # noqa: ANN001

@@ -76,9 +76,23 @@ class TextPart(Strict):
     text: str
 
 
+class ImageUrl(Strict):
+    #: a data: URI, an http(s) URL the server fetches (bounded in size and time), or a path / file:// URL
+    url: str
+    #: OpenAI's resolution hint: no effect (the projector's own preprocessing decides the size)
+    detail: Optional[Literal["auto", "low", "high"]] = None
+
+
+class ImageUrlPart(Strict):
+    """An image in a message (needs the server's projector, --mmproj)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 class Message(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Union[str, list[TextPart], None] = None
+    content: Union[str, list[Annotated[Union[TextPart, ImageUrlPart], Field(discriminator="type")]], None] = None
     name: Optional[str] = None
     tool_calls: Optional[list[MessageToolCall]] = None
     tool_call_id: Optional[str] = None

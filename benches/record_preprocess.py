@@ -40,7 +40,7 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HALF = (0.5, 0.5, 0.5)
 BILINEAR, BICUBIC, LANCZOS = 0, 1, 2  # clip-model.h's resize_algo
-PAD_NONE, PAD_CEIL = 0, 1  # clip-model.h's pad_style
+PAD_NONE, PAD_CEIL, PAD_NEAREST = 0, 1, 2  # clip-model.h's pad_style
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +242,22 @@ FAMILIES = [
 ]
 
 
+# img_tool::resize alone, through the fixed-size preprocessor with mean 0 and std 1 (the entry
+# is then the resized image / 255): every algorithm and padding style, square targets up and down
+RESIZE_SWEEP = [
+    {"image_size": size, "image_resize_algo": algo, "image_resize_pad": pad, "image_pad_color": [1, 2, 250]}
+    for size in (59, 223)
+    for algo in (BILINEAR, BICUBIC, LANCZOS)
+    for pad in (PAD_NONE, PAD_CEIL, PAD_NEAREST)
+]
+
+
+def resize_family(hparams: dict) -> dict:
+    name = "resize-{image_size}-algo{image_resize_algo}-pad{image_resize_pad}".format(**hparams)
+    return {"name": name, "kind": "fixed", "params": {"image_mean": (0, 0, 0), "image_std": (1, 1, 1)},
+            "hparams": {"patch_size": 1, **hparams}}
+
+
 def harness_args(family: dict) -> list[str]:
     hparams = dict(family["hparams"])
     hparams["image_mean"] = family["params"]["image_mean"]
@@ -339,7 +355,7 @@ def main() -> None:
     args = parser.parse_args()
 
     paths = write_images()
-    goldens: dict = {"llama_cpp": "llama-cpp-python 0.3.36 libmtmd.so", "decode": {}, "families": []}
+    goldens: dict = {"llama_cpp": "llama-cpp-python 0.3.36 libmtmd.so", "decode": {}, "families": [], "resizes": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         binary = build_harness(work)
@@ -360,6 +376,10 @@ def main() -> None:
                     diff = compare(family, read_rgb(rgb_files[name]), raw)
                     print(f"{family['name']:28} {name:16} max|diff| {diff:.3g}", flush=True)
             goldens["families"].append({**{k: family[k] for k in ("name", "projector", "params", "kind", "hparams")}, "cases": cases})
+        for hparams in RESIZE_SWEEP:
+            family = resize_family(hparams)
+            cases = {name: record_case(binary, family, rgb_files[name], work)[0] for name in PREPROCESS_IMAGES}
+            goldens["resizes"].append({"hparams": hparams, "cases": {n: c["entries"][0] for n, c in cases.items()}})
     GOLDENS.parent.mkdir(parents=True, exist_ok=True)
     GOLDENS.write_text(json.dumps(goldens, indent=1) + "\n")
     print(f"wrote {GOLDENS}")

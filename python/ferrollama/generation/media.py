@@ -572,12 +572,22 @@ class PreprocessedImage:
     or the single image); ``overview`` is the llava-uhd style downscaled whole image (None when the
     family has none); ``grid_x`` / ``grid_y`` the tile grid (0 when untiled). Where the overview
     goes in the token stream (before or after the tiles) is the family's mtmd_context setting.
+    ``patch_size`` and ``n_merge`` are the ones the family ran with (its defaults filled in).
     """
 
     entries: list[np.ndarray]
     overview: np.ndarray | None = None
     grid_x: int = 0
     grid_y: int = 0
+    patch_size: int = 0
+    n_merge: int = 1
+
+    def merged_patch_grid(self, image: np.ndarray) -> tuple[int, int]:
+        """(x, y) patches of one entry or the overview after the projector's n_merge x n_merge
+        merge: e.g. Qwen-VL's token grid; families adding separator tokens (Pixtral's row
+        breaks) add those on top."""
+        side = self.patch_size * self.n_merge
+        return image.shape[1] // side, image.shape[0] // side
 
 
 def _check_params(rgb: np.ndarray, hp: _Hparams) -> None:
@@ -794,7 +804,9 @@ def _lfm2(rgb: np.ndarray, hp: _Hparams) -> PreprocessedImage:
 
 def _run(rgb: np.ndarray, hp: _Hparams, preprocessor: Callable[[np.ndarray, _Hparams], PreprocessedImage]) -> PreprocessedImage:
     _check_params(rgb, hp)
-    return preprocessor(rgb, hp)
+    result = preprocessor(rgb, hp)
+    result.patch_size, result.n_merge = hp.patch_size, hp.n_merge
+    return result
 
 
 def preprocess_gemma3(rgb: np.ndarray, params: VisionParams) -> PreprocessedImage:

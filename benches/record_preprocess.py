@@ -94,12 +94,19 @@ def write_images() -> dict[str, Path]:
     rgb16 = (pattern(25, 19, 10).astype(np.uint16) * 257 + np.arange(25, dtype=np.uint16)[None, :, None]).astype(np.uint16)
     paths["pre-rgb16.png"] = IMAGES / "pre-rgb16.png"
     write_png16_rgb(paths["pre-rgb16.png"], rgb16)
+    save("pre-line.png", Image.fromarray(pattern(300, 3, 12)))
+    save("pre-dot.png", Image.fromarray(pattern(1, 1, 13)))
+    # over Qwen-VL's 4096-token pixel limit, small on disk: a tiled patch deflates well
+    save("pre-huge.png", Image.fromarray(np.tile(pattern(52, 30, 14), (50, 50, 1))), optimize=True)
     save("pre-photo.jpg", Image.fromarray(pattern(64, 48, 11)), quality=90, subsampling=2)
     return paths
 
 
 # the images each family is preprocessed on (decoded by stb_image first)
-PREPROCESS_IMAGES = ["pre-square.png", "pre-wide.png", "pre-tall.png", "pre-alpha.png", "pre-gray.png", "pre-large.png"]
+PREPROCESS_IMAGES = [
+    "pre-square.png", "pre-wide.png", "pre-tall.png", "pre-alpha.png", "pre-gray.png", "pre-large.png",
+    "pre-line.png", "pre-dot.png", "pre-huge.png",
+]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -98,6 +98,7 @@ def write_images() -> dict[str, Path]:
     save("pre-dot.png", Image.fromarray(pattern(1, 1, 13)))
     # over Qwen-VL's 4096-token pixel limit, small on disk: a tiled patch deflates well
     save("pre-huge.png", Image.fromarray(np.tile(pattern(52, 30, 14), (50, 50, 1))), optimize=True)
+    save("pre-gif.gif", Image.fromarray(pattern(40, 30, 15)).quantize(64), transparency=5)
     save("pre-photo.jpg", Image.fromarray(pattern(64, 48, 11)), quality=90, subsampling=2)
     return paths
 

@@ -162,9 +162,19 @@ def _pil_to_rgb(image: Image.Image) -> np.ndarray:
     if image.mode in _WIDE_GREY_MODES:
         grey = np.clip(np.asarray(image).astype(np.int64) >> 8, 0, 255).astype(np.uint8)
         return np.ascontiguousarray(np.repeat(grey[:, :, None], 3, axis=2))
+    if image.format == "GIF":
+        return _gif_to_rgb(image)
     if image.mode != "RGB":
         image = image.convert("RGB")
     return np.array(image, dtype=np.uint8)
+
+
+def _gif_to_rgb(image: Image.Image) -> np.ndarray:
+    """stb_image draws a GIF's first frame on a zeroed RGBA canvas: transparent pixels (and any
+    the frame leaves undrawn) stay black, where Pillow would show their palette colour."""
+    rgba = np.array(image.convert("RGBA"), dtype=np.uint8)
+    rgba[rgba[:, :, 3] == 0] = 0
+    return np.ascontiguousarray(rgba[:, :, :3])
 
 
 def _array_to_rgb(array: np.ndarray, limits: MediaLimits) -> np.ndarray:

@@ -61,13 +61,41 @@ def png_chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
-def write_png16_rgb(path: Path, rgb16: np.ndarray) -> None:
-    """A 16-bit RGB PNG (Pillow cannot write one): IHDR bit depth 16, colour type 2."""
-    height, width = rgb16.shape[:2]
-    rows = b"".join(b"\x00" + rgb16[y].astype(">u2").tobytes() for y in range(height))
-    ihdr = struct.pack(">IIBBBBB", width, height, 16, 2, 0, 0, 0)
-    data = b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(rows, 9)) + png_chunk(b"IEND", b"")
-    path.write_bytes(data)
+def write_raw_png(path: Path, width: int, depth: int, colour_type: int, rows: list[bytes], extra: bytes = b"") -> None:
+    """A PNG Pillow cannot write (16-bit RGB(A), 2- and 4-bit grey, an RGB tRNS key) from
+    filtered-type-0 rows: IHDR, optional chunks, IDAT, IEND."""
+    ihdr = struct.pack(">IIBBBBB", width, len(rows), depth, colour_type, 0, 0, 0)
+    idat = zlib.compress(b"".join(b"\x00" + row for row in rows), 9)
+    chunks = png_chunk(b"IHDR", ihdr) + extra + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b"")
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunks)
+
+
+def packed_rows(values: np.ndarray, depth: int) -> list[bytes]:
+    """Rows of `depth`-bit samples packed big-endian, each padded to a whole byte."""
+    rows = []
+    for row in values:
+        bits = "".join(format(int(v), f"0{depth}b") for v in row)
+        bits += "0" * (-len(bits) % 8)
+        rows.append(int(bits, 2).to_bytes(len(bits) // 8, "big"))
+    return rows
+
+
+def write_raw_pngs(paths: dict[str, Path]) -> None:
+    def save(name: str, *args: object, **kwargs: object) -> None:
+        paths[name] = IMAGES / name
+        write_raw_png(paths[name], *args, **kwargs)
+
+    rgb16 = pattern(25, 19, 10).astype(np.uint16) * 257 + np.arange(25, dtype=np.uint16)[None, :, None]
+    save("pre-rgb16.png", 25, 16, 2, [row.astype(">u2").tobytes() for row in rgb16])
+    rgba16 = np.concatenate([rgb16, rgb16[:, :, :1] ^ 0x5A5A], axis=2)
+    save("pre-rgba16.png", 25, 16, 6, [row.astype(">u2").tobytes() for row in rgba16])
+    save("pre-gray-alpha16.png", 25, 16, 4, [row.astype(">u2").tobytes() for row in rgba16[:, :, 1:3]])
+    for depth in (2, 4):
+        grey = pattern(23, 7, depth)[:, :, 2] >> (8 - depth)
+        save(f"pre-gray{depth}.png", 23, depth, 0, packed_rows(grey, depth))
+    rgb = pattern(21, 9, 16)
+    key = png_chunk(b"tRNS", rgb[0, 0].astype(">u2").tobytes())  # one colour is transparent
+    save("pre-rgb-trns.png", 21, 8, 2, [row.tobytes() for row in rgb], extra=key)
 
 
 def write_images() -> dict[str, Path]:
@@ -91,9 +119,7 @@ def write_images() -> dict[str, Path]:
     save("pre-gray-alpha.png", Image.fromarray(grey_alpha))
     palette = Image.fromarray(pattern(40, 30, 9)).quantize(colors=16, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
     save("pre-palette.png", palette, transparency=3)
-    rgb16 = (pattern(25, 19, 10).astype(np.uint16) * 257 + np.arange(25, dtype=np.uint16)[None, :, None]).astype(np.uint16)
-    paths["pre-rgb16.png"] = IMAGES / "pre-rgb16.png"
-    write_png16_rgb(paths["pre-rgb16.png"], rgb16)
+    write_raw_pngs(paths)
     save("pre-line.png", Image.fromarray(pattern(300, 3, 12)))
     save("pre-dot.png", Image.fromarray(pattern(1, 1, 13)))
     # over Qwen-VL's 4096-token pixel limit, small on disk: a tiled patch deflates well

@@ -239,12 +239,20 @@ def test_functionary_says_why_it_is_unavailable(name):
 
 @pytest.mark.parametrize("cls", [lcf.Llava15ChatHandler, lcf.Llava16ChatHandler, lcf.MoondreamChatHandler,
                                  lcf.NanoLlavaChatHandler, lcf.Llama3VisionAlpha, lcf.MiniCPMv26ChatHandler,
-                                 lcf.Qwen25VLChatHandler, lcf.ObsidianChatHandler, lcf.MTMDChatHandler,
-                                 lcf.Gemma4ChatHandler])
-def test_image_handlers_say_why_they_are_unavailable(cls):
-    with pytest.raises(lcf.ChatHandlerUnavailableError, match="text-only"):
+                                 lcf.Qwen25VLChatHandler, lcf.ObsidianChatHandler])
+def test_llava_handlers_say_why_they_are_unavailable(cls):
+    with pytest.raises(lcf.ChatHandlerUnavailableError, match="llava-style projectors"):
         cls(clip_model_path="mmproj.gguf")
     with pytest.raises(lcf.ChatHandlerUnavailableError, match=cls.__name__):
+        cls.from_pretrained(repo_id="x", filename="y")
+
+
+@pytest.mark.parametrize("cls", [lcf.MTMDChatHandler, lcf.Gemma4ChatHandler])
+def test_mtmd_handlers_need_an_existing_projector_file(cls, tmp_path):
+    # as llama-cpp-python's: the path is checked at construction, the file loaded at the first chat
+    with pytest.raises(ValueError, match="does not exist"):
+        cls(clip_model_path=str(tmp_path / "mmproj.gguf"))
+    with pytest.raises(ValueError, match="Hugging Face"):
         cls.from_pretrained(repo_id="x", filename="y")
 
 

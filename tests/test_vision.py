@@ -5,6 +5,7 @@ the logits after decoding it (mtmd_helper_eval_chunks), plus the errors of bad i
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -332,3 +333,55 @@ def socket_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# --- the command line: ferrollama chat --mmproj --image (llama-mtmd-cli) ---------------------------
+
+
+def ferrollama_cli(*args: str, stdin: str | None = None):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "ferrollama.cli", *args], capture_output=True, text=True,
+                          input=stdin, timeout=120)
+
+
+def greedy_after(model: fl.Model, proj: Projector, text: str, images: list, n: int) -> str:
+    ctx = context(model, "f16", n_batch=2048, n_ubatch=512)
+    n_past = proj.eval(ctx, text, images)
+    out = []
+    for _ in range(n):
+        token = int(np.argmax(ctx.logits(-1)))
+        if model.is_eog(token):
+            break
+        out.append(model.token_to_piece(token, False).decode())
+        ctx.decode(fl.Batch.from_tokens([token], n_past, 0))
+        n_past += 1
+    return "".join(out)
+
+
+def test_cli_chat_with_an_image_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
+    from ferrollama.chat.templates import ChatTemplate
+
+    base = ["chat", "-m", str(DATA / "models" / SCN["model"]), "--mmproj", str(DATA / "models" / SCN["mmproj"]),
+            "-c", "256", "-n", "6", "--temp", "0", "-t", "2"]
+    r = ferrollama_cli(*base, "--image", str(image("wide")), "-p", "Tell me")
+    assert r.returncode == 0, r.stderr
+    # llama-mtmd-cli puts the marker before the text it does not place
+    text = ChatTemplate.from_model(model).apply([{"role": "user", "content": MEDIA_MARKER + "Tell me"}])
+    assert r.stdout.strip("\n") == greedy_after(model, proj, text, [image("wide")], 6).strip("\n")
+    n_prompt = sum(c.n_pos for c in proj.tokenize(text, [image("wide")]))
+    assert re.search(rf"prompt eval time = .*/\s+{n_prompt} tokens", r.stderr), r.stderr
+    # /image in a conversation, then the message it goes with
+    r = ferrollama_cli(*base, stdin=f"/image {image('square')}\nTell me\n")
+    assert r.returncode == 0 and "image loaded" in r.stderr, r.stderr
+
+
+def test_cli_image_errors() -> None:
+    base = ["chat", "-m", str(DATA / "models" / SCN["model"]), "-c", "256", "-n", "2"]
+    r = ferrollama_cli(*base, "--image", str(image("square")), "-p", "hi")
+    assert r.returncode != 0 and "--mmproj" in r.stderr
+    r = ferrollama_cli(*base, "--mmproj", str(DATA / "models" / SCN["mmproj"]), "--image", str(DATA / "nope.png"), "-p", "hi")
+    assert r.returncode != 0 and "nope.png" in r.stderr
+    r = ferrollama_cli(*base, "--mmproj", str(DATA / "models" / SCN["model"]))
+    assert r.returncode != 0 and "--mmproj" in r.stderr and "clip" in r.stderr

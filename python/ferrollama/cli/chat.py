@@ -5,6 +5,10 @@ with what the cache holds and decodes only the rest (``kv.seq_rm`` drops what di
 context fills, it shifts like llama-cli: the first --keep tokens stay, half of the rest is
 dropped. Ctrl-C stops the current answer and returns to the prompt; Ctrl-D (end of input)
 ends the conversation.
+
+With ``--mmproj`` (the model's projector) messages take images, as llama-mtmd-cli's: ``--image``
+for the first message (a media marker is put before it for each image it does not place), and
+``/image PATH`` in the conversation for the next one. A conversation with images does not shift.
 """
 from __future__ import annotations
 
@@ -17,15 +21,20 @@ from .._core import Batch
 from ..chat.templates import ChatTemplate
 from ..generation.sampler import Sampler
 from ..generation.text import StopScanner
+from ..generation.media import MediaError
+from ..generation.multimodal import (MEDIA_MARKER, ImageChunk, eval_image, image_key, key_runs, prompt_keys,
+                                    whole_image_prefix)
 from ..generation.tokens import add_bos_of, common_prefix_len
-from .common import (CLIError, add_context_args, add_model_args, add_sampling_args, int_value, load_model,
-                     make_context, n_predict_value, print_timings, process_escapes, read_text_file, sampling_params,
-                     warmup)
+from ..loading import load_projector
+from .common import (CLIError, add_context_args, add_mmproj_arg, add_model_args, add_sampling_args, int_value,
+                     load_model, make_context, n_predict_value, print_timings, process_escapes, read_text_file,
+                     sampling_params, warmup)
 from .generate import drop_middle, read_input
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
+    add_mmproj_arg(p)
     add_context_args(p)
     add_sampling_args(p)
     g = p.add_argument_group("chat")
@@ -41,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chat-template-file", default=None, metavar="FNAME", help="read the template from a file")
     g.add_argument("-mli", "--multiline-input", action="store_true", help="multi-line input: end it with '\\'")
     g.add_argument("--no-escape", dest="escape", action="store_false", default=True, help="do not process escapes")
+    g.add_argument("--image", action="append", default=[], metavar="FNAME",
+                   help="an image for the first message (-p), with --mmproj (repeat for several)")
 
 
 class Conversation:
@@ -56,6 +67,10 @@ class Conversation:
         if args.chat_template_file:
             override = read_text_file(args.chat_template_file, "chat template file")
         self.template = ChatTemplate.from_model(self.model, override)
+        self.projector = load_projector(args, self.model)
+        #: the conversation's images in order (encoded once), and those of the message being written
+        self.images: list[ImageChunk] = []
+        self.next_images: list[ImageChunk] = []
         self.stop_tokens = self.template.stop_tokens(self.model)
         self.params = sampling_params(args, self.model)
         self.sampler = Sampler(self.model, self.params)
@@ -69,6 +84,8 @@ class Conversation:
         self.n_keep = self._n_keep()
         self.generating = False
         self.interrupted = False
+        #: media markers of the /image commands since the last message
+        self.pending_text = ""
 
     def _escape(self, text: str) -> str:
         return process_escapes(text) if self.args.escape else text
@@ -86,6 +103,9 @@ class Conversation:
 
     # --- the cache ---
     def shift(self) -> None:
+        if self.images:
+            raise CLIError(f"the context ({self.ctx.n_ctx} tokens) is full, and a conversation with images does not "
+                           "shift; use a larger -c")
         n_discard = (self.n_past - self.n_keep) // 2
         if n_discard <= 0:
             raise CLIError(f"the context ({self.ctx.n_ctx} tokens) is too small for --keep {self.n_keep}")
@@ -95,7 +115,22 @@ class Conversation:
         self.dropped += n_discard
 
     def feed(self, tokens: list[int]) -> None:
-        """Decodes tokens after the cached ones, shifting the context when it is full."""
+        """Decodes tokens (and images: their keys) after the cached ones, shifting the context
+        when it is full."""
+        for start, end in key_runs(tokens):
+            if tokens[start] < 0:
+                self._feed_image(tokens[start:end])
+            else:
+                self._feed_tokens(tokens[start:end])
+
+    def _feed_image(self, keys: list[int]) -> None:
+        chunk = next(c for c in self.images if image_key(c) == keys[0])
+        if self.n_past + len(keys) > self.ctx.n_ctx:
+            self.shift()
+        eval_image(self.ctx, chunk, self.n_past, 0, self.ctx.n_batch)
+        self.full.extend(keys)
+
+    def _feed_tokens(self, tokens: list[int]) -> None:
         room = max(1, min(self.ctx.n_batch, (self.ctx.n_ctx - self.n_keep) // 2))
         i = 0
         while i < len(tokens):
@@ -108,7 +143,7 @@ class Conversation:
 
     def sync(self, tokens: list[int]) -> list[int]:
         """Makes the cache hold tokens; returns those that had to be decoded."""
-        p = min(common_prefix_len(self.full, tokens), len(tokens) - 1)
+        p = whole_image_prefix(tokens, min(common_prefix_len(self.full, tokens), len(tokens) - 1))
         if self.dropped and p < self.n_keep + self.dropped:
             self.ctx.kv.clear()
             self.full, self.dropped, p = [], 0, 0
@@ -130,23 +165,45 @@ class Conversation:
     def answer(self, user_text: str, out) -> str:
         """Answers a message; a message too long for the context is refused (CLIError) and the
         conversation stays as it was."""
-        prompt = self.template.tokens(self.model, self.messages + [{"role": "user", "content": user_text}],
-                                      add_generation_prompt=True)
+        prompt = self._prompt(self.messages + [{"role": "user", "content": user_text}])
         n_turn = len(prompt) - common_prefix_len(self.full, prompt)
         if n_turn > self.max_turn_tokens():
             raise CLIError(f"the message is too long ({n_turn} tokens with the template's, max "
                            f"{self.max_turn_tokens()} for a context of {self.ctx.n_ctx}); use a larger -c")
         self.messages.append({"role": "user", "content": user_text})
+        self.images += self.next_images
+        self.next_images = []
         self.generating, self.interrupted = True, False
         try:
             self.sampler.reset()
             for t in self.sync(prompt):
-                self.sampler.accept(t, accept_grammar=False)
+                if t >= 0:  # an image's positions are no tokens
+                    self.sampler.accept(t, accept_grammar=False)
             text = self._generate(out)
         finally:
             self.generating = False
         self.messages.append({"role": "assistant", "content": text})
         return text
+
+    def _prompt(self, messages: list[dict]) -> list[int]:
+        """The conversation's tokens, an image's positions as its key (generation.multimodal)."""
+        images = self.images + self.next_images
+        if not images:
+            return self.template.tokens(self.model, messages, add_generation_prompt=True)
+        text = self.template.apply(messages, add_generation_prompt=True)
+        try:
+            return prompt_keys(self.projector.tokenize(text, images))[0]
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+
+    def add_image(self, path: str) -> None:
+        """An image for the next message (its marker is the caller's to place)."""
+        if self.projector is None:
+            raise CLIError("images need the model's projector: --mmproj FILE")
+        try:
+            self.next_images.append(self.projector.image_chunk(path))
+        except (MediaError, OSError) as e:
+            raise CLIError(f"{path}: {e}") from None
 
     def _generate(self, out) -> str:
         """Streams the answer until an end-of-generation token or a turn marker of the template
@@ -187,9 +244,14 @@ class Conversation:
         first = self._escape(self.args.prompt) if self.args.prompt else None
         status = 0
         try:
+            for path in self.args.image:
+                self.add_image(path)
             if first is not None:
+                if self.args.image and MEDIA_MARKER not in first:
+                    first = MEDIA_MARKER * len(self.args.image) + first  # llama-mtmd-cli's placement
                 self.answer(first, out)
-            if not self.args.single_turn or first is None:
+            # -p with --image is one turn, as in llama-mtmd-cli
+            if not (self.args.single_turn or self.args.image) or first is None:
                 self._interact(out)
         except KeyboardInterrupt:
             out.write("\n")
@@ -211,7 +273,13 @@ class Conversation:
             if not text:
                 continue
             try:
-                self.answer(self._escape(text), out)
+                if text.startswith("/image "):
+                    self.add_image(text[len("/image "):].strip())
+                    self.pending_text += MEDIA_MARKER
+                    print(f"{text[len('/image '):].strip()} image loaded", file=sys.stderr, flush=True)
+                    continue
+                self.answer(self.pending_text + self._escape(text), out)
+                self.pending_text = ""
             except CLIError as e:
                 print(f"error: {e}", file=sys.stderr, flush=True)
 
@@ -219,5 +287,7 @@ class Conversation:
 def run(args: argparse.Namespace) -> int:
     if args.single_turn and args.prompt is None:
         raise CLIError("--single-turn needs the message in -p")
+    if args.image and args.mmproj is None:
+        raise CLIError("--image needs the model's projector: --mmproj FILE")
     return Conversation(args).run()
 

@@ -110,12 +110,12 @@ class Projector:
         digest = hashlib.sha256(np.ascontiguousarray(rgb).tobytes() + repr(rgb.shape).encode()).hexdigest()
         return ImageChunk(self._encode_rgb(rgb), digest, self.family.non_causal)
 
-    def tokenize(self, text: str, images: Sequence[ImageSource] = (), add_special: bool = True,
+    def tokenize(self, text: str, images: Sequence[Union[ImageSource, ImageChunk]] = (), add_special: bool = True,
                  parse_special: bool = True) -> list[Chunk]:
         """mtmd_tokenize: the text split at MEDIA_MARKER, each piece tokenized on its own (no
         BOS), each image wrapped in the family's markers; then BOS before the first chunk (a
         chunk of its own if the prompt starts with an image) and EOS after, where the model adds
-        them and ``add_special`` is set."""
+        them and ``add_special`` is set. An image already encoded (an ImageChunk) is taken as it is."""
         pieces = _split_markers(text)
         n_markers = sum(p == MEDIA_MARKER for p in pieces)
         if n_markers != len(images):
@@ -127,7 +127,8 @@ class Projector:
                 _add_text(chunks, self.model.tokenize(piece, add_special=False, parse_special=parse_special))
                 continue
             _add_text(chunks, self._marker_tokens(self.family.img_beg))
-            chunks.append(self.image_chunk(next(pending)))
+            image = next(pending)
+            chunks.append(image if isinstance(image, ImageChunk) else self.image_chunk(image))
             _add_text(chunks, self._marker_tokens(self.family.img_end))
         if add_special and self.model.add_bos and self.model.bos is not None:
             if chunks and isinstance(chunks[0], TextChunk):

@@ -274,6 +274,12 @@ def test_bad_sources_raise_media_error(source: object, message: str) -> None:
         media.load_image(source)
 
 
+def test_lazily_opened_truncated_pil_image_raises_media_error() -> None:
+    truncated = Image.open(io.BytesIO(SQUARE.read_bytes()[:300]))  # the header reads fine
+    with pytest.raises(MediaError, match="cannot decode image: image file is truncated"):
+        media.load_image(truncated)
+
+
 def test_media_error_is_a_value_error() -> None:
     assert issubclass(MediaError, ValueError)
 

@@ -387,13 +387,18 @@ def _resample_rows(pixels: np.ndarray, out_size: int, algo: ResizeAlgo) -> np.nd
     The sums are integers, so their order does not matter: whole rows are added tap by tap."""
     in_size = pixels.shape[0]
     first, weights = _resample_coefficients(in_size, out_size, algo)
+    weights = weights.astype(np.int32)
     acc = np.full((out_size, *pixels.shape[1:]), 1 << (_PRECISION_BITS - 1), dtype=np.int32)
+    term = np.empty_like(acc)
     for k in range(weights.shape[1]):
+        if not weights[:, k].any():
+            continue
         # taps past a window have weight 0: clamping their index keeps them in range, adding 0
-        rows = pixels[np.minimum(first + k, in_size - 1)].astype(np.int32)
-        rows *= weights[:, k].astype(np.int32)[:, None, None]
-        acc += rows
-    return np.clip(acc >> _PRECISION_BITS, 0, 255).astype(np.uint8)
+        rows = pixels[np.minimum(first + k, in_size - 1)]
+        np.multiply(rows, weights[:, k, None, None], out=term)
+        acc += term
+    acc >>= _PRECISION_BITS
+    return np.clip(acc, 0, 255).astype(np.uint8)
 
 
 def _resample_columns(pixels: np.ndarray, out_size: int, algo: ResizeAlgo) -> np.ndarray:
@@ -592,6 +597,8 @@ class PreprocessedImage:
     family has none); ``grid_x`` / ``grid_y`` the tile grid (0 when untiled). Where the overview
     goes in the token stream (before or after the tiles) is the family's mtmd_context setting.
     ``patch_size`` and ``n_merge`` are the ones the family ran with (its defaults filled in).
+    clip.cpp's encoder input ("inp_raw", ne = [nx, ny, 3]) is an entry made planar:
+    ``entry.transpose(2, 0, 1)``, as clip_image_batch_encode copies it.
     """
 
     entries: list[np.ndarray]

@@ -192,7 +192,7 @@ def square_rgb() -> np.ndarray:
     return media.load_image(SQUARE)
 
 
-def test_every_source_kind_gives_the_same_pixels(square_rgb: np.ndarray, tmp_path: Path) -> None:
+def test_every_source_kind_gives_the_same_pixels(square_rgb: np.ndarray) -> None:
     encoded = SQUARE.read_bytes()
     data_uri = "data:image/png;base64," + base64.b64encode(encoded).decode()
     sources = [
@@ -284,7 +284,7 @@ def test_media_error_is_a_value_error() -> None:
     assert issubclass(MediaError, ValueError)
 
 
-def test_byte_and_pixel_limits_are_configurable(tmp_path: Path) -> None:
+def test_byte_and_pixel_limits_are_configurable() -> None:
     encoded = SQUARE.read_bytes()
     with pytest.raises(MediaError, match=f"image is {len(encoded)} bytes, over the 100-byte limit"):
         media.load_image(encoded, MediaLimits(max_bytes=100))

@@ -171,7 +171,15 @@ static int preprocess(int argc, char ** argv) {
     return 0;
 }
 
+// the preprocessors' LOG_DBG lines (slice grids) would fill the recorder's terminal
+static void log_warnings_only(ggml_log_level level, const char * text, void *) {
+    if (level >= GGML_LOG_LEVEL_WARN && level != GGML_LOG_LEVEL_CONT) {
+        fputs(text, stderr);
+    }
+}
+
 int main(int argc, char ** argv) {
+    g_logger_state.log_callback = log_warnings_only;
     if (argc == 4 && std::string(argv[1]) == "decode") {
         return decode(argv[2], argv[3]);
     }

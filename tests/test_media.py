@@ -192,7 +192,7 @@ def square_rgb() -> np.ndarray:
     return media.load_image(SQUARE)
 
 
-def test_every_source_kind_gives_the_same_pixels(square_rgb: np.ndarray, tmp_path: Path) -> None:
+def test_every_source_kind_gives_the_same_pixels(square_rgb: np.ndarray) -> None:
     encoded = SQUARE.read_bytes()
     data_uri = "data:image/png;base64," + base64.b64encode(encoded).decode()
     sources = [
@@ -274,11 +274,17 @@ def test_bad_sources_raise_media_error(source: object, message: str) -> None:
         media.load_image(source)
 
 
+def test_lazily_opened_truncated_pil_image_raises_media_error() -> None:
+    truncated = Image.open(io.BytesIO(SQUARE.read_bytes()[:300]))  # the header reads fine
+    with pytest.raises(MediaError, match="cannot decode image: image file is truncated"):
+        media.load_image(truncated)
+
+
 def test_media_error_is_a_value_error() -> None:
     assert issubclass(MediaError, ValueError)
 
 
-def test_byte_and_pixel_limits_are_configurable(tmp_path: Path) -> None:
+def test_byte_and_pixel_limits_are_configurable() -> None:
     encoded = SQUARE.read_bytes()
     with pytest.raises(MediaError, match=f"image is {len(encoded)} bytes, over the 100-byte limit"):
         media.load_image(encoded, MediaLimits(max_bytes=100))

@@ -4,7 +4,10 @@ Loading (:func:`load_image`) turns what users pass (a path, bytes, a PIL image, 
 OpenAI ``image_url`` string) into mtmd's bitmap: an RGB uint8 array (H, W, 3), decoded the way
 ``mtmd_helper_bitmap_init_from_buf`` (tools/mtmd/mtmd-helper.cpp) decodes with stb_image and
 ``req_comp = 3``: alpha dropped (not composited), grey replicated, palettes expanded, 16-bit samples
-reduced to their high byte, EXIF orientation ignored.
+reduced to their high byte, GIF transparency black, EXIF orientation ignored. PNG, GIF, BMP, TGA and
+PNM pixels are stb_image's bit for bit (tests/test_media.py); JPEG goes through Pillow's libjpeg,
+whose IDCT, chroma upsampling and colour conversion are not stb's (a level or two apart, more at the
+right edge of 4:2:2 images). Formats stb_image lacks (WebP, TIFF, ...) are accepted.
 
 Preprocessing (:func:`preprocess_image`, or one ``preprocess_<family>`` per projector family) turns
 that bitmap and the projector's hyper-parameters into what clip.cpp feeds the encoder, with
@@ -67,7 +70,7 @@ class MediaLimits:
     """Bounds on what :func:`load_image` accepts.
 
     ``max_pixels`` is the decompression-bomb guard: it is checked on the size the image header
-    declares, before the pixels are decoded.
+    declares, before the pixels are decoded. ``timeout`` (seconds) bounds a whole http(s) fetch.
     """
 
     max_bytes: int = 20 * 2**20
@@ -99,7 +102,10 @@ def load_image(source: ImageSource, limits: MediaLimits = DEFAULT_LIMITS) -> np.
         return decode_image(bytes(source), limits)
     if isinstance(source, Image.Image):
         _check_pixels(source.width, source.height, limits)
-        return _pil_to_rgb(source)
+        try:
+            return _pil_to_rgb(source)  # an Image.open()ed image decodes only now
+        except (OSError, SyntaxError, ValueError, EOFError) as error:
+            raise MediaError(f"cannot decode image: {error}") from error
     if isinstance(source, np.ndarray):
         return _array_to_rgb(source, limits)
     raise MediaError(f"cannot load an image from a {type(source).__name__}")
@@ -128,6 +134,8 @@ def decode_image(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> np.ndarra
         raise MediaError(f"image is {len(data)} bytes, over the {limits.max_bytes}-byte limit")
     try:
         # Pillow's own bomb warning would fire on declared sizes we refuse just below anyway
+        # (catch_warnings is process-wide before Python 3.14: at worst, racing threads leave
+        # that one warning ignored)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as image:
@@ -249,7 +257,8 @@ _HTTP_CHUNK = 64 * 1024
 
 
 def _fetch_http(url: str, limits: MediaLimits) -> bytes:
-    """GET ``url`` within ``limits.timeout`` seconds in all (not per read) and ``max_bytes``."""
+    """GET ``url``: at most ``max_bytes``, and ``timeout`` seconds for the whole fetch, checked
+    between reads (each read waits at most ``timeout`` itself)."""
     deadline = time.monotonic() + limits.timeout
     opener = urllib.request.build_opener(_HttpOnlyRedirects)
     request = urllib.request.Request(url, headers={"User-Agent": "ferrollama"})
@@ -378,13 +387,18 @@ def _resample_rows(pixels: np.ndarray, out_size: int, algo: ResizeAlgo) -> np.nd
     The sums are integers, so their order does not matter: whole rows are added tap by tap."""
     in_size = pixels.shape[0]
     first, weights = _resample_coefficients(in_size, out_size, algo)
+    weights = weights.astype(np.int32)
     acc = np.full((out_size, *pixels.shape[1:]), 1 << (_PRECISION_BITS - 1), dtype=np.int32)
+    term = np.empty_like(acc)
     for k in range(weights.shape[1]):
+        if not weights[:, k].any():
+            continue
         # taps past a window have weight 0: clamping their index keeps them in range, adding 0
-        rows = pixels[np.minimum(first + k, in_size - 1)].astype(np.int32)
-        rows *= weights[:, k].astype(np.int32)[:, None, None]
-        acc += rows
-    return np.clip(acc >> _PRECISION_BITS, 0, 255).astype(np.uint8)
+        rows = pixels[np.minimum(first + k, in_size - 1)]
+        np.multiply(rows, weights[:, k, None, None], out=term)
+        acc += term
+    acc >>= _PRECISION_BITS
+    return np.clip(acc, 0, 255).astype(np.uint8)
 
 
 def _resample_columns(pixels: np.ndarray, out_size: int, algo: ResizeAlgo) -> np.ndarray:
@@ -583,6 +597,8 @@ class PreprocessedImage:
     family has none); ``grid_x`` / ``grid_y`` the tile grid (0 when untiled). Where the overview
     goes in the token stream (before or after the tiles) is the family's mtmd_context setting.
     ``patch_size`` and ``n_merge`` are the ones the family ran with (its defaults filled in).
+    clip.cpp's encoder input ("inp_raw", ne = [nx, ny, 3]) is an entry made planar:
+    ``entry.transpose(2, 0, 1)``, as clip_image_batch_encode copies it.
     """
 
     entries: list[np.ndarray]

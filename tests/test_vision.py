@@ -385,3 +385,13 @@ def test_cli_image_errors() -> None:
     assert r.returncode != 0 and "nope.png" in r.stderr
     r = ferrollama_cli(*base, "--mmproj", str(DATA / "models" / SCN["model"]))
     assert r.returncode != 0 and "--mmproj" in r.stderr and "clip" in r.stderr
+
+
+def test_mtmd_handler_loads_image_urls_as_llama_cpp_python(tmp_path: Path) -> None:
+    from ferrollama.llama_chat_format import MTMDChatHandler
+
+    handler = MTMDChatHandler(clip_model_path=str(DATA / "models" / SCN["mmproj"]))
+    raw = image("square").read_bytes()
+    assert handler.load_image(data_uri(image("square"))) == raw
+    assert handler.load_image(str(image("square"))) == raw
+    assert handler.get_image_urls(chat_message("data:x") + [{"role": "user", "content": "text"}]) == ["data:x"]

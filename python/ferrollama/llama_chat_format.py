@@ -1025,9 +1025,9 @@ class MTMDChatHandler:
 
     def load_image(self, image_url: str) -> bytes:
         """The bytes behind an image URL (llama-cpp-python's method)."""
-        from .generation.media import read_image_url_bytes
+        from .generation.media import image_url_bytes
 
-        return read_image_url_bytes(image_url)
+        return image_url_bytes(image_url)
 
     @staticmethod
     def get_image_urls(messages: List[llama_types.ChatCompletionRequestMessage]) -> List[str]:

@@ -66,6 +66,8 @@ class VisionDims:
     n_layer: int = 2
     n_ff: int = 128
     merge: int = 2  # pooling kernel per side: 8x8 patches -> 4x4 image tokens
+    #: the text model's width
+    n_embd_out: int = mk.N_EMBD
 
     @property
     def n_patches(self) -> int:
@@ -96,7 +98,7 @@ def add_clip_metadata(w: gguf.GGUFWriter, v: VisionDims) -> None:
     w.add_uint32("clip.vision.block_count", v.n_layer)
     w.add_uint32("clip.vision.attention.head_count", v.n_head)
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_uint32("clip.vision.projection_dim", mk.N_EMBD)
+    w.add_uint32("clip.vision.projection_dim", v.n_embd_out)
     w.add_uint32("clip.vision.projector.scale_factor", v.merge)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
@@ -128,7 +130,7 @@ def add_vision_weights(wt: mk.Weights, v: VisionDims) -> None:
     # with an RMS near 2, as real image embeddings are of the order of the text's scaled token
     # embeddings' (llama.cpp's own f16 roundings move them by ~1e-3 of their size: at an RMS of
     # 8 that alone was 0.009 between llama.cpp and an exact float64 implementation)
-    wt.matrix("mm.input_projection.weight", v.n_embd, mk.N_EMBD, std=0.25)
+    wt.matrix("mm.input_projection.weight", v.n_embd, v.n_embd_out, std=0.25)
     wt.norm("mm.soft_emb_norm.weight", v.n_embd)
 
 

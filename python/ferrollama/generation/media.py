@@ -116,15 +116,20 @@ def load_image_url(url: str, limits: MediaLimits = DEFAULT_LIMITS) -> np.ndarray
 
     Other schemes (ftp, ...) are refused.
     """
+    return decode_image(image_url_bytes(url, limits), limits)
+
+
+def image_url_bytes(url: str, limits: MediaLimits = DEFAULT_LIMITS) -> bytes:
+    """The encoded image behind an ``image_url`` (what :func:`load_image_url` decodes)."""
     scheme = _url_scheme(url)
     if scheme == "":
-        return decode_image(_read_file(url, limits), limits)
+        return _read_file(url, limits)
     if scheme == "data":
-        return decode_image(_data_uri_bytes(url, limits), limits)
+        return _data_uri_bytes(url, limits)
     if scheme == "file":
-        return decode_image(_read_file(_file_url_path(url), limits), limits)
+        return _read_file(_file_url_path(url), limits)
     if scheme in ("http", "https"):
-        return decode_image(_fetch_http(url, limits), limits)
+        return _fetch_http(url, limits)
     raise MediaError(f"unsupported image URL scheme {scheme!r} (data, file, http and https are)")
 
 

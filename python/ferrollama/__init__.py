@@ -29,6 +29,8 @@ from ._llama_hooks import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
+from .generation.media import MediaError
+from .generation.multimodal import MEDIA_MARKER, Projector
 from .generation.speculative import DraftModel, PromptLookupDecoding
 from .llama import Llama, LlamaState
 from .llama_cache import BaseLlamaCache, LlamaCache, LlamaDiskCache, LlamaRAMCache
@@ -75,6 +77,9 @@ class _NoOtherLlamaCppModule:
 
 __all__ = [
     "Batch",
+    "MEDIA_MARKER",
+    "MediaError",
+    "Projector",
     "BusyError",
     "Context",
     "DecodeError",

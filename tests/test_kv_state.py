@@ -206,3 +206,31 @@ def test_control_vector_shifts_the_output(tiny_model: fl.Model) -> None:
     assert not np.allclose(decode_run(ctx, [1, 2, 3]), base)
     with pytest.raises(ValueError):
         ctx.set_control_vector(np.zeros((1, 3), np.float32))
+
+
+def test_window_held_says_when_a_sliding_window_was_reused() -> None:
+    # Gemma 3's sliding layers (window 32) keep a smaller cache (256 cells here) that reuses
+    # cells the window hides: cut back into those, the sequence cannot go on (llama-server
+    # re-processes the prompt then)
+    from conftest import load_model
+    from ferrollama.generation.checkpoints import Checkpoints
+
+    model = load_model("tiny-gemma3-f32.gguf")
+    ctx = fl.Context(model, n_ctx=512, n_batch=512, n_ubatch=64, n_threads=1)
+    assert ctx.kv.sizes == [512, 256]
+    tokens = [1] + [int(t) for t in np.random.default_rng(5).integers(3, 400, 299)]
+    ctx.decode(fl.Batch.from_tokens(tokens, 0, 0, "last"))
+    assert ctx.kv.seq_pos_min(0) > 0              # the sliding cache lost the first positions
+    assert ctx.kv.window_held(0, 300) and ctx.kv.window_held(0, 250) and not ctx.kv.window_held(0, 40)
+    assert ctx.kv.window_held(0, 0)               # the start needs nothing before it
+    ctx.kv.seq_rm(0, 40, -1)
+    with pytest.raises(fl.DecodeError, match="sliding-window cache"):
+        ctx.decode(fl.Batch.from_tokens(tokens[40:41], 40, 0))
+    # Checkpoints.rewind (Llama's and the server's prefix reuse) starts over instead
+    ctx.kv.clear()
+    ctx.decode(fl.Batch.from_tokens(tokens, 0, 0, "last"))
+    assert Checkpoints(ctx, 0).rewind(0, 40) == 0 and ctx.kv.seq_pos_max(0) == -1
+    ctx.decode(fl.Batch.from_tokens(tokens, 0, 0, "last"))
+    assert Checkpoints(ctx, 0).rewind(0, 290) == 290
+    with pytest.raises(ValueError):
+        ctx.kv.window_held(5, 10)

@@ -294,6 +294,46 @@ def test_server_chat_with_an_image_decodes_it_in_the_slot(model: fl.Model, proj:
         assert r.usage.prompt_tokens_details.cached_tokens >= cached_at_least
 
 
+def test_server_responses_take_input_image_parts(vision_server) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=vision_server[0].url + "/v1", api_key="none", max_retries=0, timeout=60)
+    content = [{"type": "input_text", "text": "What is in this picture?"},
+               {"type": "input_image", "image_url": data_uri(image("square"))}]
+    r = client.responses.create(model="m", input=[{"role": "user", "content": content}], max_output_tokens=2,
+                                temperature=0)
+    chat = client.chat.completions.create(model="m", messages=chat_message(data_uri(image("square"))), max_tokens=2,
+                                          temperature=0)
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="m", input=[{"role": "user", "content": [
+            {"type": "input_image", "file_id": "file-1"}]}], max_output_tokens=2)
+
+
+def test_server_serves_image_and_text_requests_at_once(vision_server) -> None:
+    # two slots, four requests: images wait for a slot, are decoded beside other slots' tokens
+    import concurrent.futures
+
+    import httpx
+
+    def ask(content) -> dict:  # noqa: ANN001
+        body = {"model": "m", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": content}]}
+        r = httpx.post(vision_server[0].url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    contents = [chat_message(data_uri(image("square")))[0]["content"], "Say something.",
+                chat_message(data_uri(image("wide")))[0]["content"], chat_message(data_uri(image("square")))[0]["content"]]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, contents))
+    alone = [ask(c) for c in contents]
+    for together, single in zip(answers, alone):
+        assert together["usage"]["prompt_tokens"] == single["usage"]["prompt_tokens"]
+        assert together["choices"][0]["finish_reason"] == single["choices"][0]["finish_reason"] == "length"
+    assert answers[0]["usage"]["prompt_tokens"] == answers[3]["usage"]["prompt_tokens"] > answers[1]["usage"]["prompt_tokens"]
+
+
 def test_server_refuses_bad_images_and_stays_usable(vision_server, tmp_path: Path) -> None:
     import httpx
 

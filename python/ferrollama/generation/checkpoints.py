@@ -51,8 +51,11 @@ class Checkpoints:
         caller decodes the tokens from there on."""
         kv = self.ctx.kv
         if kv.seq_rm(seq_id, keep, -1):
-            self.forget_after(seq_id, keep)
-            return keep
+            if keep == 0 or kv.window_held(seq_id, keep):
+                self.forget_after(seq_id, keep)
+                return keep
+            # the sliding-window cache reused the cells just before `keep`: from the start
+            # (llama-server's "forcing full prompt re-processing due to lack of cache data")
         for n, blob in sorted(self._saved.get(seq_id, []), key=lambda c: -c[0]):
             if n <= keep:
                 self.ctx.seq_state_set(blob, seq_id, partial=True)

@@ -257,6 +257,8 @@ class Scheduler:
         for adapter, scale in self.loras:
             self.ctx.set_lora(adapter, scale)
         self.n_ctx_slot = n_ctx // n_seq
+        # read once: the worker thread holds the context while it decodes, and submit's checks run elsewhere
+        self.n_ubatch = self.ctx.n_ubatch
         self.n_batch = max(n_batch, n_seq)
         self.queue_size = queue_size
         self.slots = [Slot(i) for i in range(n_seq)]
@@ -314,9 +316,9 @@ class Scheduler:
             chunk = request.media.get(keys[start]) if keys[start] < 0 else None
             if keys[start] < 0 and (chunk is None or chunk.n_pos != end - start):
                 raise ValueError("an image's positions must hold its key, once per position")
-            if chunk is not None and chunk.non_causal and chunk.n_tokens > self.ctx.n_ubatch:
+            if chunk is not None and chunk.non_causal and chunk.n_tokens > self.n_ubatch:
                 raise ValueError(f"an image of {chunk.n_tokens} tokens is decoded in one micro-batch: "
-                                 f"--ubatch-size is {self.ctx.n_ubatch}")
+                                 f"--ubatch-size is {self.n_ubatch}")
 
     def submit(self, request: Request, sampler: Sampler | None = None) -> Job:
         """Queues a request; QueueFull when the queue is full, ValueError when it cannot be served."""

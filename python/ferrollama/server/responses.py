@@ -15,7 +15,8 @@ from typing import Any, AsyncIterator, Callable
 
 from ..chat import tools as T
 from ..generation.scheduler import Output
-from .schemas import (ChatRequest, FunctionCallItem, FunctionCallOutputItem, InputMessage, Message, MessageToolCall,
+from .schemas import (ChatRequest, FunctionCallItem, FunctionCallOutputItem, ImageUrl, ImageUrlPart, InputImage,
+                      InputMessage, Message, MessageToolCall, TextPart,
                       ResponsesRequest, ToolCallFunction)
 
 __all__ = ["STORED_RESPONSES", "ResponseStore", "Unsupported", "UnknownResponse", "chat_request", "events",
@@ -66,6 +67,14 @@ def _text(content: str | list) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
+def _chat_content(content: str | list) -> str | list:
+    """A message's content as the chat endpoint takes it: text, or text and image_url parts."""
+    if isinstance(content, str) or not any(isinstance(p, InputImage) for p in content):
+        return _text(content)
+    return [ImageUrlPart(type="image_url", image_url=ImageUrl(url=p.image_url, detail=p.detail))
+            if isinstance(p, InputImage) else TextPart(type="text", text=p.text) for p in content]
+
+
 def input_messages(items: str | list) -> list[Message]:
     """The chat messages of a request's input: a function_call joins the assistant message just
     before it (an answer's text and its calls are one assistant turn, as on the chat endpoint)."""
@@ -74,7 +83,7 @@ def input_messages(items: str | list) -> list[Message]:
     out: list[Message] = []
     for item in items:
         if isinstance(item, InputMessage):
-            out.append(Message(role=item.role, content=_text(item.content)))
+            out.append(Message(role=item.role, content=_chat_content(item.content)))
         elif isinstance(item, FunctionCallItem):
             call = MessageToolCall(id=item.call_id, function=ToolCallFunction(name=item.name, arguments=item.arguments))
             if not (out and out[-1].role == "assistant"):

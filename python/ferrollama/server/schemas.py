@@ -216,10 +216,19 @@ class InputText(Strict):
     logprobs: Optional[list[dict[str, Any]]] = None
 
 
+class InputImage(Strict):
+    """An image part of a message (needs the server's projector, --mmproj): a data: URI or an
+    http(s) URL. ``file_id`` is refused (this server keeps no files); ``detail`` has no effect."""
+
+    type: Literal["input_image"]
+    image_url: str
+    detail: Optional[Literal["auto", "low", "high"]] = None
+
+
 class InputMessage(Strict):
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[InputText]]
+    content: Union[str, list[Annotated[Union[InputText, InputImage], Field(discriminator="type")]]]
     # what an output message carries when it is sent back as input
     id: Optional[str] = None
     status: Optional[str] = None

@@ -953,6 +953,14 @@ impl Context {
     /// just before it; refuse to decode when the sliding cache has already dropped some of them
     /// while the full cache still has them (a rollback into the window), instead of computing
     /// attention over a silently shortened window.
+    /// Whether `seq` can go on at position `p0`: the sliding-window cache still holds the
+    /// positions a token there attends to (it reuses cells the window hides, so a sequence cut
+    /// back by seq_rm may have lost them: then decode it again from the start).
+    pub fn window_held(&self, seq: i32, p0: i32) -> Result<bool> {
+        self.check_seq(seq, false)?;
+        Ok(self.check_window_held(seq, p0).is_ok())
+    }
+
     fn check_window_held(&self, seq: i32, p0: i32) -> Result<()> {
         let [full, swa] = &self.caches[..] else { return Ok(()) };
         let need_from = self.model.hparams.swa_params().first_visible(p0);

@@ -348,6 +348,10 @@ impl PyKv {
     }
     fn seq_pos_min(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.seq_pos_min(seq_id).map_err(to_py) }
     fn seq_pos_max(&self, seq_id: i32) -> PyResult<i32> { self.ctx.get().lock()?.seq_pos_max(seq_id).map_err(to_py) }
+    /// Whether the sequence can be decoded on at position `pos`: False when the sliding-window
+    /// cache no longer holds the positions just before it (cells the window hid were reused
+    /// before a seq_rm cut the sequence back); then decode it again from the start.
+    fn window_held(&self, seq_id: i32, pos: i32) -> PyResult<bool> { self.ctx.get().lock()?.window_held(seq_id, pos).map_err(to_py) }
     fn clear(&self) -> PyResult<()> { self.ctx.get().lock()?.kv_clear(); Ok(()) }
     /// Whether cached positions can move (seq_add / seq_div): llama_memory_can_shift. False for
     /// keys rotated with several positions per token (M-RoPE), whose shift llama.cpp refuses.

@@ -418,7 +418,8 @@ BAD_RESPONSES = [
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "unsupported_parameter"),
     ({"input": "hi", "tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "unsupported_parameter"),
     ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "unsupported_parameter"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "invalid_value"),
+    # images need the projector (--mmproj): this server has none
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "unsupported_parameter"),
     ({"input": "hi", "background": True}, "unsupported_parameter"),
     ({"input": "hi", "include": ["reasoning.encrypted_content"]}, "unsupported_parameter"),
     ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "missing_parameter"),

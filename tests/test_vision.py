@@ -435,3 +435,17 @@ def test_mtmd_handler_loads_image_urls_as_llama_cpp_python(tmp_path: Path) -> No
     assert handler.load_image(data_uri(image("square"))) == raw
     assert handler.load_image(str(image("square"))) == raw
     assert handler.get_image_urls(chat_message("data:x") + [{"role": "user", "content": "text"}]) == ["data:x"]
+
+
+def test_llama_with_a_drafter_answers_image_chats_without_drafts(model: fl.Model) -> None:
+    from ferrollama.llama_chat_format import MTMDChatHandler
+
+    def answer(**kw) -> dict:  # noqa: ANN003
+        llm = fl.Llama(str(DATA / "models" / SCN["model"]), n_ctx=256, n_threads=2, verbose=False,
+                       chat_handler=MTMDChatHandler(clip_model_path=str(DATA / "models" / SCN["mmproj"])), **kw)
+        r = llm.create_chat_completion(messages=chat_message(data_uri(image("wide"))), max_tokens=6, temperature=0)
+        return r["choices"][0]["message"], llm.speculative_stats
+
+    plain, _ = answer()
+    drafted, stats = answer(draft_model=fl.PromptLookupDecoding(num_pred_tokens=4))
+    assert drafted == plain and stats.n_drafted == 0

@@ -645,7 +645,8 @@ class Llama:
                      logits: np.ndarray, stopping_criteria: StoppingCriteriaList | None = None) -> Iterator[int]:
         """Samples from logits (those after the last cached token), then decodes each sampled token
         (with a draft model, several at a time: ferrollama.generation.speculative)."""
-        if self.draft_model is not None:
+        # the drafters read tokens, and an image's positions hold none: no drafts after images
+        if self.draft_model is not None and min(self._tokens, default=0) >= 0:
             yield from self._speculative_loop(sampler, on_logits, logits, stopping_criteria)
             return
         while True:

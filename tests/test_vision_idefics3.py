@@ -14,7 +14,7 @@ import ferrollama as fl
 from ferrollama.generation.multimodal import (MEDIA_MARKER, EncodedImage, ImageChunk, Projector, TextChunk, key_runs,
                                               prompt_keys)
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, chunk_record, chat_message, data_uri, rewritten
+from test_vision import TOL_EMBD, chat_message, chunk_record, ferrollama_cli, greedy_after, rewritten
 
 DATA = Path(__file__).resolve().parent / "data"
 SCN = json.loads((DATA / "scenarios" / "vision-idefics3-f32.json").read_text())
@@ -163,3 +163,59 @@ def test_llama_chat_with_tiled_images_decodes_each_tile(model: fl.Model, proj: P
         got = r["choices"][0]["logprobs"]["content"][0]
         assert got["token"] == model.token_to_piece(top, True).decode() and abs(got["logprob"] - logprob) < 1e-4
         assert r["usage"]["prompt_tokens"] == n_past
+
+
+def test_server_chat_with_tiled_images_reuses_every_tile(model: fl.Model, proj: Projector) -> None:
+    import openai
+    from PIL import Image
+    from serving import start_server
+
+    from ferrollama.chat.templates import ChatTemplate
+
+    server, scheduler = start_server(model, n_seq=1, n_ctx=512, projector=proj)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        template = ChatTemplate.from_model(model)
+        wide = np.asarray(Image.open(image("wide")).convert("RGB"))
+        tall = np.ascontiguousarray(wide.transpose(1, 0, 2))
+        for rgb, cached_at_least in ((wide, 0), (tall, 1), (tall, TILES["wide"] * TILE_TOKENS)):
+            r = client.chat.completions.create(model="m", messages=chat_message(png_uri(rgb)), max_tokens=1,
+                                               temperature=0, logprobs=True, top_logprobs=1)
+            text = template.apply([{"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
+                                                                {"type": "text", "text": MEDIA_MARKER}]}])
+            ctx = context(model, "f16")
+            n_past = proj.eval(ctx, text, [rgb])
+            logits = ctx.logits(-1).astype(np.float64)
+            top = int(np.argmax(logits))
+            lp = r.choices[0].logprobs.content[0]
+            assert lp.token == model.token_to_piece(top, True).decode()
+            assert abs(lp.logprob - (logits[top] - logits.max() - np.log(np.exp(logits - logits.max()).sum()))) < 1e-2
+            assert r.usage.prompt_tokens == n_past
+            # the same tiled image again: the slot's cache is reused through all of its tiles
+            assert r.usage.prompt_tokens_details.cached_tokens >= cached_at_least
+    finally:
+        server.stop()
+        scheduler.close()
+
+
+def test_smolvlm_template_gets_string_contents_as_text_parts(model: fl.Model) -> None:
+    # SmolVLM's template writes only typed parts; llama.cpp's chat normalizer wraps a string
+    # content in one text part (common/chat.cpp), without which the text would vanish
+    from ferrollama.chat.templates import BUILTIN_TEMPLATES, ChatTemplate
+
+    template = ChatTemplate.from_model(model)
+    assert template.typed_content_only
+    messages = [{"role": "user", "content": "hello"}]
+    assert template.apply(messages) == "<|im_start|>User: hello<end_of_utterance>\nAssistant:"
+    assert template.apply([{"role": "user", "content": [{"type": "text", "text": "hello"}]}]) == template.apply(messages)
+    assert not any(ChatTemplate(source).typed_content_only for source in BUILTIN_TEMPLATES.values())
+
+
+def test_cli_chat_with_a_tiled_image_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
+    from ferrollama.chat.templates import ChatTemplate
+
+    r = ferrollama_cli("chat", "-m", str(DATA / "models" / SCN["model"]), "--mmproj", str(MMPROJ), "-c", "512", "-n", "6",
+                       "--temp", "0", "-t", "2", "--image", str(image("wide")), "-p", "Tell me")
+    assert r.returncode == 0, r.stderr
+    text = ChatTemplate.from_model(model).apply([{"role": "user", "content": MEDIA_MARKER + "Tell me"}])
+    assert r.stdout.strip("\n") == greedy_after(model, proj, text, [image("wide")], 6).strip("\n")

@@ -13,7 +13,8 @@ F32 KV cache and `expected_logits_last_kv_f16` with an F16 one. The projector ge
 mtmd_context_params_default() with use_gpu off and the same 2 threads: flash_attn_type stays AUTO,
 which mtmd's warmup (on by default) turns into flash attention on for a CPU (tools/mtmd/clip.cpp
 warmup), as when a user runs it. An image's embeddings come from mtmd_encode_chunk on the image
-chunk of its first prompt (mtmd_get_output_embd: n_tokens rows of n_embd).
+chunks of a prompt of the image alone (mtmd_get_output_embd: n_tokens rows of n_embd per chunk,
+the chunks one after the other: a tiled image's in the prompt's order).
 
 Scenario keys: `images` (name -> file under tests/data), `expected_embeddings` (name -> rows),
 `evals` ({prompt, images, n_past, seq_id, expected_chunks: [{type: "text", tokens} | {type:
@@ -138,14 +139,15 @@ def rounded(values: np.ndarray) -> list:
     return np.round(values.astype(np.float64), DIGITS).tolist()
 
 
-def eval_prompt(model: recorder.Model, mtmd: Mtmd, prompt: str, images: list[str], cache_type: int) -> dict:
+def eval_prompt(model: recorder.Model, mtmd: Mtmd, prompt: str, images: list[str], cache_type: int,
+                context: dict = CONTEXT) -> dict:
     """mtmd_helper_eval_chunks on a fresh context from n_past 0 in sequence 0: the chunks, the new
     n_past, whether mtmd decodes the images non-causally, the last token's logits."""
     chunks = mtmd.tokenize(prompt, images)
-    ctx = model.context(CONTEXT, cache_type)
+    ctx = model.context(context, cache_type)
     try:
         new_n_past = L.llama_pos(0)
-        rc = M.mtmd_helper_eval_chunks(mtmd.ctx, ctx, chunks, 0, 0, CONTEXT["n_batch"], True, ctypes.byref(new_n_past))
+        rc = M.mtmd_helper_eval_chunks(mtmd.ctx, ctx, chunks, 0, 0, context["n_batch"], True, ctypes.byref(new_n_past))
         if rc != 0:
             raise RuntimeError(f"mtmd_helper_eval_chunks returned {rc} on {prompt!r}")
         ptr = L.llama_get_logits_ith(ctx, -1)
@@ -158,38 +160,38 @@ def eval_prompt(model: recorder.Model, mtmd: Mtmd, prompt: str, images: list[str
         M.mtmd_input_chunks_free(chunks)
 
 
-def first_embeddings(mtmd: Mtmd) -> dict[str, np.ndarray]:
-    """Each image's embeddings, from the image chunk of the first prompt that shows it."""
+def image_embeddings(mtmd: Mtmd) -> dict[str, np.ndarray]:
+    """Each image's embeddings: the image alone in a prompt (its marker), every image chunk it
+    gives (one, or a tiled image's slices and overview) in the prompt's order, one after the other."""
     out = {}
-    for prompt, images in PROMPTS:
-        for name in images:
-            if name in out:
-                continue
-            chunks = mtmd.tokenize(prompt, images)
-            try:
-                out[name] = mtmd.embeddings(image_chunks(chunks)[images.index(name)])
-            finally:
-                M.mtmd_input_chunks_free(chunks)
+    for name in mtmd.bitmaps:
+        chunks = mtmd.tokenize(MARKER, [name])
+        try:
+            out[name] = np.concatenate([mtmd.embeddings(c) for c in image_chunks(chunks)])
+        finally:
+            M.mtmd_input_chunks_free(chunks)
     return out
 
 
-def record(text_model: Path = DATA / "models" / TEXT_MODEL, mmproj: Path = DATA / "models" / MMPROJ) -> dict:
+def record(text_model: Path = DATA / "models" / TEXT_MODEL, mmproj: Path = DATA / "models" / MMPROJ,
+           images: dict[str, str] = IMAGES, prompts: list = PROMPTS, context: dict = CONTEXT) -> dict:
     """The raw records (numpy arrays): {"embeddings": {image: array}, "evals": [{prompt, images,
     chunks, n_past, non_causal, logits, logits_kv_f16}]}."""
     with recorder.Model(text_model, extra_bufts=False) as model, \
-            Mtmd(mmproj, model.model, {k: DATA / f for k, f in IMAGES.items()}) as mtmd:
+            Mtmd(mmproj, model.model, {k: DATA / f for k, f in images.items()}) as mtmd:
         evals = []
-        for prompt, images in PROMPTS:
-            f32 = eval_prompt(model, mtmd, prompt, images, recorder.CACHE_TYPES["expected"])
-            f16 = eval_prompt(model, mtmd, prompt, images, recorder.CACHE_TYPES["expected_kv_f16"])
-            evals.append({"prompt": prompt, "images": images, **f32, "logits_kv_f16": f16["logits"]})
-        return {"embeddings": first_embeddings(mtmd), "evals": evals}
+        for prompt, names in prompts:
+            f32 = eval_prompt(model, mtmd, prompt, names, recorder.CACHE_TYPES["expected"], context)
+            f16 = eval_prompt(model, mtmd, prompt, names, recorder.CACHE_TYPES["expected_kv_f16"], context)
+            evals.append({"prompt": prompt, "images": names, **f32, "logits_kv_f16": f16["logits"]})
+        return {"embeddings": image_embeddings(mtmd), "evals": evals}
 
 
-def scenario(got: dict) -> dict:
+def scenario(got: dict, name: str = NAME, text_model: str = TEXT_MODEL, mmproj: str = MMPROJ,
+             images: dict[str, str] = IMAGES, context: dict = CONTEXT) -> dict:
     return {
-        "name": NAME, "model": TEXT_MODEL, "mmproj": MMPROJ, "context": CONTEXT, "n_threads": recorder.THREADS,
-        "images": IMAGES,
+        "name": name, "model": text_model, "mmproj": mmproj, "context": context, "n_threads": recorder.THREADS,
+        "images": images,
         "expected_embeddings": {k: rounded(v) for k, v in got["embeddings"].items()},
         "evals": [{"prompt": e["prompt"], "images": e["images"], "n_past": 0, "seq_id": 0,
                    "expected_chunks": e["chunks"], "expected_n_past": e["n_past"],

@@ -184,9 +184,9 @@ def test_pixels_of_the_wrong_size_are_refused(proj: Projector) -> None:
         proj.core.encode_pixels(np.zeros((64, 64, 4), np.float32))
 
 
-def rewritten(tmp_path: Path, changes: dict) -> Path:
-    """The tiny projector with metadata values added or replaced."""
-    src = gguf.GGUFReader(DATA / "models" / SCN["mmproj"])
+def rewritten(tmp_path: Path, changes: dict, mmproj: Path = DATA / "models" / SCN["mmproj"]) -> Path:
+    """A projector (the tiny one by default) with metadata values added, replaced or (None) removed."""
+    src = gguf.GGUFReader(mmproj)
     out = tmp_path / f"mmproj-{len(list(tmp_path.iterdir()))}.gguf"
     w = gguf.GGUFWriter(str(out), "clip")
     for key, f in src.fields.items():
@@ -199,6 +199,8 @@ def rewritten(tmp_path: Path, changes: dict) -> Path:
         else:
             w.add_key_value(key, value, vtype)
     for key, value in changes.items():
+        if value is None:
+            continue
         if isinstance(value, str):
             w.add_string(key, value)
         else:
@@ -209,7 +211,7 @@ def rewritten(tmp_path: Path, changes: dict) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    shutil.copystat(DATA / "models" / SCN["mmproj"], out)
+    shutil.copystat(mmproj, out)
     return out
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -82,13 +83,13 @@ def gemma_vocab(w: gguf.GGUFWriter) -> None:
     w.add_add_space_prefix(False)
 
 
-def add_clip_metadata(w: gguf.GGUFWriter, v: VisionDims) -> None:
-    """The keys llama.cpp's clip loader reads for a gemma3 projector (tools/mtmd/clip-impl.h),
-    as convert_hf_to_gguf.py writes them."""
+def add_clip_metadata(w: gguf.GGUFWriter, v: VisionDims, projector: str = "gemma3") -> None:
+    """The keys llama.cpp's clip loader reads for a SigLIP projector (tools/mtmd/clip-impl.h),
+    as convert_hf_to_gguf.py writes them for gemma3 (idefics3 writes the same ones, and more)."""
     w.add_type(gguf.GGUFType.MMPROJ)
-    w.add_name("tiny random gemma3 projector")
+    w.add_name(f"tiny random {projector} projector")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_string("clip.projector_type", "gemma3")
+    w.add_string("clip.projector_type", projector)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.use_gelu", True)  # without it clip.cpp takes GELU-quick
     w.add_uint32("clip.vision.image_size", v.image_size)
@@ -105,9 +106,19 @@ def add_clip_metadata(w: gguf.GGUFWriter, v: VisionDims) -> None:
 
 
 def add_vision_weights(wt: mk.Weights, v: VisionDims) -> None:
-    """SigLIP's tensors and Gemma 3's projection, scaled so that each block changes the residual
-    stream about as much as it holds (the image tokens depend on the blocks, not only on the
-    patches)."""
+    """SigLIP's tensors and Gemma 3's projection."""
+    add_vit_weights(wt, v)
+    # (n_embd_v, n_embd_text) as Gemma 3's mm_input_projection_weight; the image tokens come out
+    # with an RMS near 2, as real image embeddings are of the order of the text's scaled token
+    # embeddings' (llama.cpp's own f16 roundings move them by ~1e-3 of their size: at an RMS of
+    # 8 that alone was 0.009 between llama.cpp and an exact float64 implementation)
+    wt.matrix("mm.input_projection.weight", v.n_embd, v.n_embd_out, std=0.25)
+    wt.norm("mm.soft_emb_norm.weight", v.n_embd)
+
+
+def add_vit_weights(wt: mk.Weights, v: VisionDims) -> None:
+    """SigLIP's tensors, scaled so that each block changes the residual stream about as much as
+    it holds (the image tokens depend on the blocks, not only on the patches)."""
     rng = wt.rng
     wt.vector("v.patch_embd.weight", rng.standard_normal((v.n_embd, 3, v.patch_size, v.patch_size)) * 0.1)
     wt.bias("v.patch_embd.bias", v.n_embd)
@@ -126,20 +137,17 @@ def add_vision_weights(wt: mk.Weights, v: VisionDims) -> None:
         wt.bias(p + "ffn_down.bias", v.n_embd)
     wt.norm("v.post_ln.weight", v.n_embd)
     wt.bias("v.post_ln.bias", v.n_embd)
-    # (n_embd_v, n_embd_text) as Gemma 3's mm_input_projection_weight; the image tokens come out
-    # with an RMS near 2, as real image embeddings are of the order of the text's scaled token
-    # embeddings' (llama.cpp's own f16 roundings move them by ~1e-3 of their size: at an RMS of
-    # 8 that alone was 0.009 between llama.cpp and an exact float64 implementation)
-    wt.matrix("mm.input_projection.weight", v.n_embd, v.n_embd_out, std=0.25)
-    wt.norm("mm.soft_emb_norm.weight", v.n_embd)
 
 
-def write_mmproj(path: Path, v: VisionDims = VISION, zero_blocks: bool = False) -> None:
-    """The projector; ``zero_blocks`` zeroes the blocks' output projections (attn_out, ffn_down),
-    which makes every block the identity (a sensitivity check, not a test file)."""
+def write_mmproj(path: Path, v: VisionDims = VISION, zero_blocks: bool = False,
+                 metadata: Callable[[gguf.GGUFWriter, VisionDims], None] = add_clip_metadata,
+                 weights: Callable[[mk.Weights, VisionDims], None] = add_vision_weights) -> None:
+    """The projector (Gemma 3's unless ``metadata`` and ``weights`` write another's);
+    ``zero_blocks`` zeroes the blocks' output projections (attn_out, ffn_down), which makes every
+    block the identity (a sensitivity check, not a test file)."""
     w = gguf.GGUFWriter(str(path), "clip")
-    add_clip_metadata(w, v)
-    add_vision_weights(mk.Weights(w, np.random.default_rng(38), "f16"), v)
+    metadata(w, v)
+    weights(mk.Weights(w, np.random.default_rng(38), "f16"), v)
     if zero_blocks:
         for name, info in w.tensors[0].items():
             if ".attn_out." in name or ".ffn_down." in name:

@@ -128,6 +128,22 @@ class ChatTemplate:
             self._template = jinja_environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise ChatTemplateError(f"the chat template does not parse: {e.message} (line {e.lineno})") from None
+        self.typed_content_only = self._takes_only_typed_content()
+
+    def _takes_only_typed_content(self) -> bool:
+        """Whether the template writes a message's content only when it is a list of typed parts
+        (SmolVLM's iterates them): llama.cpp then gives it a string content as one text part
+        (common/jinja/caps.cpp, common/chat.cpp messages_inp_normalizer). Probed by rendering a
+        user message both ways."""
+        probe = "STRING_MARKER"
+
+        def writes(content: Any) -> bool:
+            try:
+                return probe in self._render_raw([{"role": "user", "content": content}], False)
+            except ChatTemplateError:
+                return False
+
+        return not writes(probe) and writes([{"type": "text", "text": probe}])
 
     @classmethod
     def from_model(cls, model, override: str | None = None) -> "ChatTemplate":
@@ -157,7 +173,15 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                tools: list[dict] | None = None, **extra: Any) -> str:
-        """The template's text for a conversation, exactly as the template writes it."""
+        """The template's text for a conversation, exactly as the template writes it (string
+        contents as one text part where it takes only typed parts)."""
+        if self.typed_content_only:
+            messages = [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str) else m
+                        for m in messages]
+        return self._render_raw(messages, add_generation_prompt, tools, **extra)
+
+    def _render_raw(self, messages: Sequence[dict], add_generation_prompt: bool,
+                    tools: list[dict] | None = None, **extra: Any) -> str:
         variables = dict(messages=list(messages), add_generation_prompt=add_generation_prompt,
                          bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         if tools is not None:

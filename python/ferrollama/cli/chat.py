@@ -22,7 +22,7 @@ from ..chat.templates import ChatTemplate
 from ..generation.sampler import Sampler
 from ..generation.text import StopScanner
 from ..generation.media import MediaError
-from ..generation.multimodal import (MEDIA_MARKER, ImageChunk, eval_image, image_key, key_runs, prompt_keys,
+from ..generation.multimodal import (MEDIA_MARKER, EncodedImage, eval_image, image_key, key_runs, prompt_keys,
                                     whole_image_prefix)
 from ..generation.tokens import add_bos_of, common_prefix_len
 from ..loading import load_projector
@@ -69,8 +69,8 @@ class Conversation:
         self.template = ChatTemplate.from_model(self.model, override)
         self.projector = load_projector(args, self.model)
         #: the conversation's images in order (encoded once), and those of the message being written
-        self.images: list[ImageChunk] = []
-        self.next_images: list[ImageChunk] = []
+        self.images: list[EncodedImage] = []
+        self.next_images: list[EncodedImage] = []
         self.stop_tokens = self.template.stop_tokens(self.model)
         self.params = sampling_params(args, self.model)
         self.sampler = Sampler(self.model, self.params)
@@ -124,7 +124,7 @@ class Conversation:
                 self._feed_tokens(tokens[start:end])
 
     def _feed_image(self, keys: list[int]) -> None:
-        chunk = next(c for c in self.images if image_key(c) == keys[0])
+        chunk = next(c for image in self.images for c in image.chunks if image_key(c) == keys[0])
         if self.n_past + len(keys) > self.ctx.n_ctx:
             self.shift()
         eval_image(self.ctx, chunk, self.n_past, 0, self.ctx.n_batch)
@@ -201,7 +201,7 @@ class Conversation:
         if self.projector is None:
             raise CLIError("images need the model's projector: --mmproj FILE")
         try:
-            self.next_images.append(self.projector.image_chunk(path))
+            self.next_images.append(self.projector.encode_image(path))
         except (MediaError, OSError) as e:
             raise CLIError(f"{path}: {e}") from None
 

@@ -14,26 +14,60 @@ import numpy as np
 
 from .._core import Batch, Context, Model
 from .._core import Projector as _CoreProjector
-from .media import DEFAULT_LIMITS, ImageSource, MediaLimits, VisionParams, load_image, preprocess_image
+from .media import DEFAULT_LIMITS, ImageSource, MediaLimits, PreprocessedImage, VisionParams, load_image, preprocess_image
 
 #: The text that stands for an image in a prompt (mtmd_default_marker).
 MEDIA_MARKER = "<__media__>"
 
 
 @dataclass(frozen=True)
+class TileTemplate:
+    """mtmd_context's tokens around the chunks of a tiled image (llava-uhd style: an overview
+    and a grid of slices, each a chunk of its own). Each entry of the tuples is the text of one
+    token, looked up in the vocabulary as mtmd's lookup_token does; ``slice_start_format`` is
+    text (special tokens parsed) formatted with the slice's 1-based row and column, used where
+    ``slice_start`` is empty. The defaults are mtmd's: no tokens, the overview last."""
+
+    overview_start: tuple[str, ...] = ()
+    overview_end: tuple[str, ...] = ()
+    slices_start: tuple[str, ...] = ()
+    slices_end: tuple[str, ...] = ()
+    slice_start: tuple[str, ...] = ()
+    slice_end: tuple[str, ...] = ()
+    slice_mid: tuple[str, ...] = ()
+    row_end: tuple[str, ...] = ()
+    #: the last row is followed by row_end too
+    row_end_trail: bool = False
+    overview_first: bool = False
+    slice_start_format: str = ""
+
+    def token_texts(self) -> set[str]:
+        return {t for part in (self.overview_start, self.overview_end, self.slices_start, self.slices_end,
+                               self.slice_start, self.slice_end, self.slice_mid, self.row_end) for t in part}
+
+
+@dataclass(frozen=True)
 class Family:
     """What a projector type adds around its images in the text model's input (mtmd_context's
-    img_beg / img_end) and how the text model attends over them."""
+    img_beg / img_end, and the tile template of a tiled image) and how the text model attends
+    over them."""
 
     img_beg: str = ""
     img_end: str = ""
     #: the image's tokens see each other both ways (mtmd_decode_use_non_causal)
     non_causal: bool = False
+    tiles: TileTemplate = TileTemplate()
 
 
 FAMILIES = {
     # <start_of_image> (the embeddings) <end_of_image>, decoded non-causally (mtmd.cpp)
     "gemma3": Family("<start_of_image>", "<end_of_image>", non_causal=True),
+    # <fake_token_around_image><row_1_col_1> (slice) ... "\n" between rows, then "\n\n"
+    # <fake_token_around_image><global-img> (overview) <fake_token_around_image> (mtmd.cpp, after
+    # transformers' Idefics3 processor)
+    "idefics3": Family(tiles=TileTemplate(
+        overview_start=("\n\n", "<fake_token_around_image>", "<global-img>"), overview_end=("<fake_token_around_image>",),
+        row_end=("\n",), slice_start_format="<fake_token_around_image><row_{row}_col_{col}>")),
 }
 
 
@@ -68,6 +102,23 @@ Chunk = Union[TextChunk, ImageChunk]
 
 
 @dataclass
+class EncodedImage:
+    """An image as a prompt shows it (mtmd's add_media): its image chunks (one, or a tiled
+    image's overview and slices, each with its own ``id``) and the tokens around them, in order."""
+
+    parts: list[Union[list[int], ImageChunk]]
+
+    @property
+    def chunks(self) -> list[ImageChunk]:
+        return [p for p in self.parts if isinstance(p, ImageChunk)]
+
+    @property
+    def embd(self) -> np.ndarray:
+        """Every chunk's embeddings, in the prompt's order."""
+        return np.concatenate([c.embd for c in self.chunks])
+
+
+@dataclass
 class Projector:
     """A projector file for a text model: ``encode`` gives an image's embeddings, ``tokenize``
     the chunks of a prompt with media markers, ``eval`` decodes a prompt with images.
@@ -90,7 +141,8 @@ class Projector:
         self.family = FAMILIES[self.core.projector_type]
         self.vision = VisionParams(image_size=self.core.image_size, patch_size=self.core.patch_size,
                                    image_mean=tuple(self.core.image_mean), image_std=tuple(self.core.image_std),
-                                   n_merge=self.core.n_merge)
+                                   n_merge=self.core.n_merge, image_longest_edge=self.core.image_longest_edge)
+        self._tile_tokens = _lookup_tokens(self.model, self.family.tiles.token_texts())
 
     @property
     def projector_type(self) -> str:
@@ -98,24 +150,57 @@ class Projector:
 
     def encode(self, image: ImageSource) -> np.ndarray:
         """The embeddings of an image (a path, bytes, a PIL image or an RGB array): a float32
-        array of (n_image_tokens, n_embd)."""
-        return self._encode_rgb(load_image(image, self.limits))
+        array of (n_image_tokens, n_embd); a tiled image's chunks one after the other, in the
+        order a prompt shows them."""
+        return self.encode_image(image).embd
 
-    def _encode_rgb(self, rgb: np.ndarray) -> np.ndarray:
-        pre = preprocess_image(self.projector_type, rgb, self.vision)
-        return np.concatenate([self.core.encode_pixels(entry) for entry in pre.entries])
-
-    def image_chunk(self, image: ImageSource) -> ImageChunk:
+    def encode_image(self, image: ImageSource) -> EncodedImage:
+        """An image's chunks and the family's tokens around them, for ``tokenize``."""
         rgb = load_image(image, self.limits)
         digest = hashlib.sha256(np.ascontiguousarray(rgb).tobytes() + repr(rgb.shape).encode()).hexdigest()
-        return ImageChunk(self._encode_rgb(rgb), digest, self.family.non_causal)
+        pre = preprocess_image(self.projector_type, rgb, self.vision)
+        chunk = lambda i, pixels: ImageChunk(pixels, f"{digest}:{i}", self.family.non_causal)  # noqa: E731
+        parts: list[Union[list[int], ImageChunk]] = [self._marker_tokens(self.family.img_beg)]
+        if pre.overview is not None or (pre.grid_x > 0 and pre.grid_y > 0):
+            chunks = [chunk(i, self.core.encode_pixels(p)) for i, p in enumerate(_overview_first(pre))]
+            parts += self._tiled_parts(chunks[0], chunks[1:], pre.grid_x, pre.grid_y)
+        else:
+            parts.append(chunk(0, np.concatenate([self.core.encode_pixels(entry) for entry in pre.entries])))
+        parts.append(self._marker_tokens(self.family.img_end))
+        return EncodedImage(parts)
 
-    def tokenize(self, text: str, images: Sequence[Union[ImageSource, ImageChunk]] = (), add_special: bool = True,
+    def _tiled_parts(self, overview: ImageChunk, slices: list[ImageChunk], n_col: int,
+                     n_row: int) -> list[Union[list[int], ImageChunk]]:
+        """mtmd's add_media for a tiled image: the overview before or after the slices, each
+        slice between its tokens, rows ended (the last one where the family says so)."""
+        tpl, ids = self.family.tiles, self._tile_tokens
+        tokens = lambda texts: [ids[t] for t in texts]  # noqa: E731
+        ov = [tokens(tpl.overview_start), overview, tokens(tpl.overview_end)]
+        parts: list[Union[list[int], ImageChunk]] = ov if tpl.overview_first else []
+        if slices:
+            if len(slices) != n_row * n_col:
+                raise ValueError(f"{len(slices)} slices for a grid of {n_col}x{n_row}")
+            parts.append(tokens(tpl.slices_start))
+            for y in range(n_row):
+                for x in range(n_col):
+                    if tpl.slice_start or not tpl.slice_start_format:
+                        parts.append(tokens(tpl.slice_start))
+                    else:
+                        parts.append(self._marker_tokens(tpl.slice_start_format.format(row=y + 1, col=x + 1)))
+                    parts += [slices[y * n_col + x], tokens(tpl.slice_end)]
+                    if x != n_col - 1:
+                        parts.append(tokens(tpl.slice_mid))
+                if y != n_row - 1 or tpl.row_end_trail:
+                    parts.append(tokens(tpl.row_end))
+            parts.append(tokens(tpl.slices_end))
+        return parts + ([] if tpl.overview_first else ov)
+
+    def tokenize(self, text: str, images: Sequence[Union[ImageSource, EncodedImage]] = (), add_special: bool = True,
                  parse_special: bool = True) -> list[Chunk]:
         """mtmd_tokenize: the text split at MEDIA_MARKER, each piece tokenized on its own (no
-        BOS), each image wrapped in the family's markers; then BOS before the first chunk (a
+        BOS), each image's chunks between the family's tokens; then BOS before the first chunk (a
         chunk of its own if the prompt starts with an image) and EOS after, where the model adds
-        them and ``add_special`` is set. An image already encoded (an ImageChunk) is taken as it is."""
+        them and ``add_special`` is set. An image already encoded (an EncodedImage) is taken as it is."""
         pieces = _split_markers(text)
         n_markers = sum(p == MEDIA_MARKER for p in pieces)
         if n_markers != len(images):
@@ -126,10 +211,12 @@ class Projector:
             if piece != MEDIA_MARKER:
                 _add_text(chunks, self.model.tokenize(piece, add_special=False, parse_special=parse_special))
                 continue
-            _add_text(chunks, self._marker_tokens(self.family.img_beg))
             image = next(pending)
-            chunks.append(image if isinstance(image, ImageChunk) else self.image_chunk(image))
-            _add_text(chunks, self._marker_tokens(self.family.img_end))
+            for part in (image if isinstance(image, EncodedImage) else self.encode_image(image)).parts:
+                if isinstance(part, ImageChunk):
+                    chunks.append(part)
+                else:
+                    _add_text(chunks, part)
         if add_special and self.model.add_bos and self.model.bos is not None:
             if chunks and isinstance(chunks[0], TextChunk):
                 chunks[0].tokens.insert(0, self.model.bos)
@@ -148,6 +235,31 @@ class Projector:
         (mtmd_helper_eval_chunks) and returns the position after it; ``ctx.logits(-1)`` is then
         the last text token's."""
         return eval_chunks(ctx, self.tokenize(text, images), n_past, seq_id, n_batch, logits_last)
+
+
+def _overview_first(pre: PreprocessedImage) -> list[np.ndarray]:
+    """A tiled image's encoder inputs, the overview first (mtmd's split_batch_to_chunk, which
+    requires one)."""
+    if pre.overview is None:
+        raise ValueError("a tiled image without an overview: mtmd has no layout for it")
+    return [pre.overview, *pre.entries]
+
+
+def _lookup_tokens(model: Model, texts: set[str]) -> dict[str, int]:
+    """mtmd's lookup_token for each text: the first token whose piece (special tokens as their
+    text) is that text. A text no token spells is refused (mtmd would put an invalid token)."""
+    found: dict[str, int] = {}
+    wanted = {t.encode(): t for t in texts}
+    for token in range(model.n_vocab if wanted else 0):
+        text = wanted.get(model.token_to_piece(token, True))
+        if text is not None and text not in found:
+            found[text] = token
+            if len(found) == len(wanted):
+                break
+    missing = sorted(set(texts) - set(found))
+    if missing:
+        raise ValueError(f"the text model has no token for {', '.join(map(repr, missing))}, which the projector's images need")
+    return found
 
 
 def _split_markers(text: str) -> list[str]:
@@ -172,10 +284,10 @@ def _add_text(chunks: list[Chunk], tokens: list[int]) -> None:
 
 
 def image_key(chunk: ImageChunk) -> int:
-    """A negative number that stands for each of an image's positions in a list of prompt tokens
-    (never a token id): the same image, the same key, so that a cached prefix with that image in
-    it is reused."""
-    return -1 - (int(chunk.id[:8], 16) >> 1)
+    """A negative number that stands for each of an image chunk's positions in a list of prompt
+    tokens (never a token id): the same image (and slice), the same key, so that a cached prefix
+    with that image in it is reused; the chunks of a tiled image have keys of their own."""
+    return -1 - (int(hashlib.sha256(chunk.id.encode()).hexdigest()[:8], 16) >> 1)
 
 
 def prompt_keys(chunks: Sequence[Chunk]) -> tuple[list[int], dict[int, ImageChunk]]:

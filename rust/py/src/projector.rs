@@ -55,6 +55,8 @@ impl PyProjector {
     #[getter] fn image_mean(&self) -> [f32; 3] { self.inner.params.image_mean }
     #[getter] fn image_std(&self) -> [f32; 3] { self.inner.params.image_std }
     #[getter] fn n_merge(&self) -> usize { self.inner.params.n_merge }
+    /// The preprocessing's longest edge (clip.vision.preproc_image_size); 0 when the file has none.
+    #[getter] fn image_longest_edge(&self) -> usize { self.inner.params.image_longest_edge }
     /// The width of the encoder.
     #[getter] fn n_embd(&self) -> usize { self.inner.params.n_embd }
     /// The width of the output rows (the text model's n_embd).

@@ -7,6 +7,7 @@
 //! One file per projector type composes the shared ViT (`vit.rs`) with its head.
 
 pub mod gemma3;
+pub mod idefics3;
 pub mod params;
 pub mod vit;
 
@@ -34,6 +35,7 @@ pub struct Projector {
 /// The part after the ViT, per projector type.
 enum Head {
     Gemma3(gemma3::Gemma3Head),
+    Idefics3(idefics3::Idefics3Head),
 }
 
 impl Projector {
@@ -49,6 +51,7 @@ impl Projector {
         let vit = vit::VitWeights::load(&ld, &params)?;
         let head = match params.projector {
             ProjectorType::Gemma3 => Head::Gemma3(gemma3::Gemma3Head::load(&ld, &params)?),
+            ProjectorType::Idefics3 => Head::Idefics3(idefics3::Idefics3Head::load(&ld, &params)?),
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
@@ -58,7 +61,8 @@ impl Projector {
     /// The number of embedding rows an image of nx × ny pixels (preprocessed) gives.
     pub fn n_output_tokens(&self, nx: usize, ny: usize) -> usize {
         match &self.head {
-            Head::Gemma3(_) => gemma3::n_tokens(&self.params, nx, ny),
+            // both make one row of each n_merge × n_merge block of patches
+            Head::Gemma3(_) | Head::Idefics3(_) => gemma3::n_tokens(&self.params, nx, ny),
         }
     }
 
@@ -70,6 +74,7 @@ impl Projector {
         let hidden = vit::forward(&self.vit, &self.params, pixels, nx, ny, threads);
         Ok(match &self.head {
             Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
+            Head::Idefics3(h) => idefics3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
         })
     }
 
@@ -79,7 +84,8 @@ impl Projector {
             return Err(EngineError::InvalidArgument(format!(
                 "an image of {nx}x{ny} pixels needs {} values (3 per pixel), got {}", nx * ny * 3, pixels.len())));
         }
-        let fixed = matches!(p.projector, ProjectorType::Gemma3);
+        // Idefics3 encodes each tile (and the overview) of image_size on its own
+        let fixed = matches!(p.projector, ProjectorType::Gemma3 | ProjectorType::Idefics3);
         if fixed && (nx != p.image_size || ny != p.image_size) {
             return Err(EngineError::InvalidArgument(format!(
                 "the {} projector takes {s}x{s} images (preprocess first), not {nx}x{ny}", p.projector.name(), s = p.image_size)));

@@ -14,12 +14,15 @@ use crate::error::{EngineError, Result};
 pub enum ProjectorType {
     /// Gemma 3: SigLIP, its output average-pooled n_merge × n_merge, RMS-normed and projected.
     Gemma3,
+    /// Idefics3 (SmolVLM): SigLIP per tile, pixel-shuffled n_merge × n_merge and projected.
+    Idefics3,
 }
 
 impl ProjectorType {
     fn parse(name: &str) -> Option<ProjectorType> {
         match name {
             "gemma3" => Some(ProjectorType::Gemma3),
+            "idefics3" => Some(ProjectorType::Idefics3),
             _ => None,
         }
     }
@@ -27,6 +30,7 @@ impl ProjectorType {
     pub fn name(self) -> &'static str {
         match self {
             ProjectorType::Gemma3 => "gemma3",
+            ProjectorType::Idefics3 => "idefics3",
         }
     }
 }
@@ -53,8 +57,10 @@ pub struct VisionParams {
     pub image_std: [f32; 3],
     /// The width of the output rows: the text model's n_embd.
     pub n_embd_out: usize,
-    /// Patches merged per side (Gemma 3: the average pool's kernel).
+    /// Patches merged per side (Gemma 3: the average pool's kernel; Idefics3: the pixel shuffle's).
     pub n_merge: usize,
+    /// The preprocessing's longest edge (clip.vision.preproc_image_size, Idefics3's); 0: none.
+    pub image_longest_edge: usize,
     pub ffn_act: FfnAct,
 }
 
@@ -71,7 +77,7 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
@@ -93,6 +99,12 @@ impl VisionParams {
             n_merge: match projector {
                 // clip.cpp: 4 for every Gemma 3; a test model may say otherwise
                 ProjectorType::Gemma3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(4),
+                // clip.cpp's default is 1, which its pixel shuffle asserts against (> 1)
+                ProjectorType::Idefics3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
+            },
+            image_longest_edge: match projector {
+                ProjectorType::Idefics3 => keys.opt_size("clip.vision.preproc_image_size", 1 << 16)?.unwrap_or(0),
+                ProjectorType::Gemma3 => 0,
             },
             ffn_act,
         };
@@ -123,6 +135,13 @@ impl VisionParams {
         let side = self.image_size / self.patch_size;
         if self.projector == ProjectorType::Gemma3 && (self.n_merge == 0 || side % self.n_merge != 0) {
             return Err(file.error(format!("{side} patches per side do not pool by {}", self.n_merge)).into());
+        }
+        // clip.cpp pads a tile's patches to whole blocks but counts its tokens without the
+        // padding: only whole blocks give as many rows as it announces
+        if self.projector == ProjectorType::Idefics3 && (self.n_merge < 2 || side % self.n_merge != 0) {
+            return Err(file.error(format!(
+                "clip.vision.projector.scale_factor {} does not shuffle {side} patches per side (idefics3 merges at least 2 per side, \
+                 in whole blocks)", self.n_merge)).into());
         }
         Ok(())
     }

@@ -34,6 +34,9 @@ class Family:
 FAMILIES = {
     # <start_of_image> (the embeddings) <end_of_image>, decoded non-causally (mtmd.cpp)
     "gemma3": Family("<start_of_image>", "<end_of_image>", non_causal=True),
+    # LLaVA 1.5 and the other llava-style MLP projectors: the embeddings alone, causal (mtmd.cpp
+    # sets no image markers for PROJECTOR_TYPE_MLP)
+    "mlp": Family(),
 }
 
 

@@ -7,6 +7,7 @@
 //! One file per projector type composes the shared ViT (`vit.rs`) with its head.
 
 pub mod gemma3;
+pub mod llava;
 pub mod params;
 pub mod vit;
 
@@ -34,6 +35,7 @@ pub struct Projector {
 /// The part after the ViT, per projector type.
 enum Head {
     Gemma3(gemma3::Gemma3Head),
+    Llava(llava::LlavaHead),
 }
 
 impl Projector {
@@ -44,11 +46,16 @@ impl Projector {
             return Err(file.error(format!(
                 "general.architecture is '{arch}': a projector (mmproj) file's is 'clip'")).into());
         }
-        let params = VisionParams::from_gguf(&file)?;
+        let mut params = VisionParams::from_gguf(&file)?;
         let ld = Loader::new(file.clone());
         let vit = vit::VitWeights::load(&ld, &params)?;
         let head = match params.projector {
             ProjectorType::Gemma3 => Head::Gemma3(gemma3::Gemma3Head::load(&ld, &params)?),
+            ProjectorType::Mlp => {
+                let h = llava::LlavaHead::load(&ld, &params)?;
+                params.n_embd_out = h.n_embd_out();
+                Head::Llava(h)
+            }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
@@ -59,6 +66,7 @@ impl Projector {
     pub fn n_output_tokens(&self, nx: usize, ny: usize) -> usize {
         match &self.head {
             Head::Gemma3(_) => gemma3::n_tokens(&self.params, nx, ny),
+            Head::Llava(_) => llava::n_tokens(&self.params, nx, ny),
         }
     }
 
@@ -70,6 +78,7 @@ impl Projector {
         let hidden = vit::forward(&self.vit, &self.params, pixels, nx, ny, threads);
         Ok(match &self.head {
             Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
+            Head::Llava(h) => llava::project(h, &self.params, hidden, self.n_output_tokens(nx, ny), threads),
         })
     }
 
@@ -79,7 +88,7 @@ impl Projector {
             return Err(EngineError::InvalidArgument(format!(
                 "an image of {nx}x{ny} pixels needs {} values (3 per pixel), got {}", nx * ny * 3, pixels.len())));
         }
-        let fixed = matches!(p.projector, ProjectorType::Gemma3);
+        let fixed = matches!(p.projector, ProjectorType::Gemma3 | ProjectorType::Mlp);
         if fixed && (nx != p.image_size || ny != p.image_size) {
             return Err(EngineError::InvalidArgument(format!(
                 "the {} projector takes {s}x{s} images (preprocess first), not {nx}x{ny}", p.projector.name(), s = p.image_size)));

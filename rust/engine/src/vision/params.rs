@@ -14,12 +14,16 @@ use crate::error::{EngineError, Result};
 pub enum ProjectorType {
     /// Gemma 3: SigLIP, its output average-pooled n_merge × n_merge, RMS-normed and projected.
     Gemma3,
+    /// LLaVA 1.5 (and BakLLaVA, Obsidian...): CLIP up to a feature layer, each patch through a
+    /// two-layer MLP (clip.cpp's PROJECTOR_TYPE_MLP, graph models/llava.cpp).
+    Mlp,
 }
 
 impl ProjectorType {
     fn parse(name: &str) -> Option<ProjectorType> {
         match name {
             "gemma3" => Some(ProjectorType::Gemma3),
+            "mlp" => Some(ProjectorType::Mlp),
             _ => None,
         }
     }
@@ -27,6 +31,7 @@ impl ProjectorType {
     pub fn name(self) -> &'static str {
         match self {
             ProjectorType::Gemma3 => "gemma3",
+            ProjectorType::Mlp => "mlp",
         }
     }
 }
@@ -56,6 +61,9 @@ pub struct VisionParams {
     /// Patches merged per side (Gemma 3: the average pool's kernel).
     pub n_merge: usize,
     pub ffn_act: FfnAct,
+    /// The blocks whose output the head takes: the first `n_layer_used` of n_layer (llava: all
+    /// but the last, or clip.vision.feature_layer).
+    pub n_layer_used: usize,
 }
 
 impl VisionParams {
@@ -71,31 +79,48 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, mlp)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
             (false, true) => FfnAct::Silu,
             (false, false) => FfnAct::GeluQuick,
         };
+        let n_layer = keys.size("clip.vision.block_count", 1 << 10)?;
         let p = VisionParams {
             projector,
             image_size: keys.size("clip.vision.image_size", 1 << 14)?,
             patch_size: keys.size("clip.vision.patch_size", 1 << 10)?,
             n_embd: keys.size("clip.vision.embedding_length", 1 << 16)?,
             n_ff: keys.size("clip.vision.feed_forward_length", 1 << 18)?,
-            n_layer: keys.size("clip.vision.block_count", 1 << 10)?,
+            n_layer,
             n_head: keys.size("clip.vision.attention.head_count", 1 << 10)?,
             eps: keys.f32("clip.vision.attention.layer_norm_epsilon")?,
             image_mean: keys.rgb("clip.vision.image_mean")?,
             image_std: keys.rgb("clip.vision.image_std")?,
-            n_embd_out: keys.size("clip.vision.projection_dim", 1 << 18)?,
+            n_embd_out: match projector {
+                ProjectorType::Gemma3 => keys.size("clip.vision.projection_dim", 1 << 18)?,
+                // CLIP's own projection width, not the MLP's output: mm.2.weight's rows
+                // (clip_n_mmproj_embd), set by the head at load
+                ProjectorType::Mlp => {
+                    keys.opt_size("clip.vision.projection_dim", 1 << 18)?;
+                    0
+                }
+            },
             n_merge: match projector {
                 // clip.cpp: 4 for every Gemma 3; a test model may say otherwise
                 ProjectorType::Gemma3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(4),
+                ProjectorType::Mlp => 1,
             },
             ffn_act,
+            n_layer_used: match projector {
+                ProjectorType::Gemma3 => n_layer,
+                ProjectorType::Mlp => llava_feature_layer(&keys, n_layer)?,
+            },
         };
+        if projector == ProjectorType::Mlp {
+            refuse_llava_tiling(&keys)?;
+        }
         p.check(&keys)?;
         keys.check_all_read()?;
         Ok(p)
@@ -125,6 +150,36 @@ impl VisionParams {
             return Err(file.error(format!("{side} patches per side do not pool by {}", self.n_merge)).into());
         }
         Ok(())
+    }
+}
+
+/// The blocks a llava graph runs (models/llava.cpp): all but the last by default (LLaVA takes
+/// CLIP's second-to-last layer), else up to the one clip.vision.feature_layer names (0: the
+/// embeddings before any block). Several feature layers (Granite's stacked outputs) are refused.
+fn llava_feature_layer(keys: &Keys, n_layer: usize) -> Result<usize> {
+    const KEY: &str = "clip.vision.feature_layer";
+    let Some(v) = keys.get(KEY) else { return Ok(n_layer - 1) };
+    let layers = v.as_array().and_then(|a| a.to_i64_vec()).ok_or_else(|| keys.bad(KEY, "not an array of integers"))?;
+    match layers.as_slice() {
+        [] => Ok(n_layer - 1),
+        [l] if (0..=n_layer as i64).contains(l) => Ok(*l as usize),
+        [l] => Err(keys.bad(KEY, &format!("layer {l} is not in 0..={n_layer}"))),
+        many => Err(EngineError::Unsupported(format!(
+            "{KEY} lists {} layers: stacked feature layers (Granite vision) are not supported", many.len()))),
+    }
+}
+
+/// LLaVA 1.6's tiling (anyres: the image cut to the best of image_grid_pinpoints' resolutions,
+/// tiles and an overview, image_newline rows) is not supported: a file with pinpoints is refused.
+fn refuse_llava_tiling(keys: &Keys) -> Result<()> {
+    if keys.get("clip.vision.image_grid_pinpoints").is_some() {
+        return Err(EngineError::Unsupported(
+            "clip.vision.image_grid_pinpoints: LLaVA 1.6's image tiling (anyres) is not supported yet".into()));
+    }
+    match keys.get("clip.vision.mm_patch_merge_type").map(|v| v.as_str()) {
+        None | Some(Some("flat")) => Ok(()),
+        Some(other) => Err(EngineError::Unsupported(format!(
+            "clip.vision.mm_patch_merge_type '{}': only 'flat' (LLaVA 1.5) is supported", other.unwrap_or("?")))),
     }
 }
 

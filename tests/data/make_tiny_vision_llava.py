@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Writes a tiny random LLaVA 1.5 projector for the tiny llama (tests/data/models/tiny-llama-f32.gguf):
+benches/record_vision_llava.py records llama.cpp's libmtmd on the pair and make_tiny_vision.py's
+two images into tests/data/scenarios/vision-llava-f32.json.
+
+- tests/data/models/tiny-mmproj-llava-f16.gguf: a `clip` file of projector type mlp (CLIP, as
+  llava's legacy converter writes it): make_tiny_vision.py's encoder (64x64 images in 8x8
+  patches, width 64, 4 heads, FFN 128, F16 matrices, F32 embeddings and vectors) with 3 blocks,
+  of which llama.cpp runs the first 2 (llava takes the second-to-last layer: no
+  clip.vision.feature_layer), GELU-quick (clip.use_gelu false), CLIP's class embedding (a 65th
+  position) and pre-LayerNorm, no post-LayerNorm, the FFN's tensors under the old swapped names
+  (fc1 as ffn_down: clip.cpp swaps them back), and the MLP mm.0 (64 -> 128), GELU, mm.2
+  (128 -> the text model's 256). clip.vision.projection_dim says 32, as a real file's says
+  CLIP's own projection width: the output width is mm.2's.
+
+  python tests/data/make_tiny_vision_llava.py      # deterministic
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_tiny_archs as mk  # noqa: E402
+import make_tiny_vision as tv  # noqa: E402
+
+MMPROJ = "tiny-mmproj-llava-f16.gguf"
+TEXT_MODEL = "tiny-llama-f32.gguf"
+VISION = replace(tv.VISION, n_layer=3)
+N_MLP = 128
+
+
+def add_llava_metadata(w: gguf.GGUFWriter) -> None:
+    """make_tiny_vision's keys with llava's in place of Gemma 3's."""
+    tv.add_clip_metadata(w, VISION)
+    keys = w.kv_data[0]
+    del keys["clip.vision.projector.scale_factor"]  # gemma3's pooling
+    for key in ("clip.projector_type", "clip.use_gelu", "clip.vision.projection_dim", "general.name"):
+        del keys[key]
+    w.add_name("tiny random llava projector")
+    w.add_string("clip.projector_type", "mlp")
+    w.add_bool("clip.use_gelu", False)
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_bool("clip.has_llava_projector", True)
+    w.add_uint32("clip.vision.projection_dim", 32)
+
+
+def add_llava_weights(wt: mk.Weights) -> None:
+    """make_tiny_vision's encoder without SigLIP's post-LN and Gemma 3's head, with CLIP's class
+    embedding, pre-LN and one more position, the FFN under its old names, and the MLP."""
+    tv.add_vision_weights(wt, VISION)
+    tensors = wt.w.tensors[0]
+    for name in ("v.post_ln.weight", "v.post_ln.bias", "mm.input_projection.weight", "mm.soft_emb_norm.weight",
+                 "v.position_embd.weight"):
+        del tensors[name]
+    for il in range(VISION.n_layer):
+        p = f"v.blk.{il}."
+        for kind in ("weight", "bias"):
+            up, down = tensors.pop(f"{p}ffn_up.{kind}"), tensors.pop(f"{p}ffn_down.{kind}")
+            tensors[f"{p}ffn_down.{kind}"], tensors[f"{p}ffn_up.{kind}"] = up, down
+    rng = wt.rng
+    wt.vector("v.position_embd.weight", rng.standard_normal((VISION.n_patches + 1, VISION.n_embd)) * 0.2)
+    wt.vector("v.class_embd", rng.standard_normal(VISION.n_embd) * 0.5)
+    wt.norm("v.pre_ln.weight", VISION.n_embd)
+    wt.bias("v.pre_ln.bias", VISION.n_embd)
+    wt.matrix("mm.0.weight", N_MLP, VISION.n_embd, std=0.2)
+    wt.bias("mm.0.bias", N_MLP)
+    # image tokens of RMS ~1.6, of the order of a real LLaVA's: llama.cpp's f16 roundings (the
+    # products' activations, GELU's tables, K/V) move its embeddings by ~1e-3 of their size,
+    # 0.008 at an RMS of 4, where this engine's mirror of them was measured
+    wt.matrix("mm.2.weight", VISION.n_embd_out, N_MLP, std=0.06)
+    wt.bias("mm.2.bias", VISION.n_embd_out)
+
+
+def write_mmproj(path: Path) -> None:
+    w = gguf.GGUFWriter(str(path), "clip")
+    add_llava_metadata(w)
+    add_llava_weights(mk.Weights(w, np.random.default_rng(1538), "f16"))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main() -> None:
+    write_mmproj(mk.DATA / "models" / MMPROJ)
+    print("wrote", MMPROJ)
+
+
+if __name__ == "__main__":
+    main()

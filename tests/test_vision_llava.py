@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ferrollama as fl
-from ferrollama.generation.multimodal import ImageChunk, Projector, TextChunk
+from ferrollama.generation.multimodal import ImageChunk, Projector, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
 from test_vision import TOL_EMBD, chat_message, chunk_record, data_uri
 
@@ -63,6 +63,18 @@ def test_prompt_with_images_matches_mtmd(model: fl.Model, proj: Projector, case:
     assert proj.eval(ctx, ev["prompt"], images, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
     want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
     assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+
+
+def test_llava_images_are_decoded_causally(model: fl.Model, proj: Projector) -> None:
+    # mtmd_decode_use_non_causal is false for mlp: the image decoded non-causally ends 0.16 away
+    ev = SCN["evals"][0]
+    chunks = proj.tokenize(ev["prompt"], [image(n) for n in ev["images"]])
+    for c in chunks:
+        if isinstance(c, ImageChunk):
+            c.non_causal = True
+    ctx = context(model)
+    eval_chunks(ctx, chunks)
+    assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > 2 * TOL_TINY_FLOAT_MAX
 
 
 def test_llava_images_have_no_markers(model: fl.Model, proj: Projector) -> None:

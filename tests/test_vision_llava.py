@@ -106,13 +106,21 @@ def test_what_the_mlp_projector_does_not_run_is_refused(model: fl.Model, tmp_pat
         Projector(model, rewritten(tmp_path, changes))
 
 
+def test_a_yi_style_projector_with_norms_is_refused_by_name(model: fl.Model, tmp_path: Path) -> None:
+    # clip.cpp turns an mlp file with mm.3 into mlp_norm (LayerNorms after mm.0 and mm.3)
+    extra = {"mm.3.weight": np.zeros((256, 128)), "mm.3.bias": np.zeros(256)}
+    with pytest.raises(fl.UnsupportedError, match=r"mm\.3\.weight.*mlp_norm"):
+        Projector(model, rewritten(tmp_path, {}, extra))
+
+
 def test_a_feature_layer_past_the_encoder_is_an_error(model: fl.Model, tmp_path: Path) -> None:
     with pytest.raises(fl.GGUFError, match="feature_layer"):
         Projector(model, rewritten(tmp_path, {"clip.vision.feature_layer": [4]}))
 
 
-def rewritten(tmp_path: Path, changes: dict) -> Path:
-    """The tiny llava projector with metadata values added or replaced (strings, int arrays)."""
+def rewritten(tmp_path: Path, changes: dict, tensors: dict | None = None) -> Path:
+    """The tiny llava projector with metadata values added or replaced (strings, int arrays) and
+    float32 tensors added."""
     src = gguf.GGUFReader(MMPROJ)
     out = tmp_path / f"mmproj-{len(list(tmp_path.iterdir()))}.gguf"
     w = gguf.GGUFWriter(str(out), "clip")
@@ -130,6 +138,8 @@ def rewritten(tmp_path: Path, changes: dict) -> Path:
             w.add_array(key, value)
     for t in src.tensors:
         w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(n) for n in t.shape])), raw_dtype=t.tensor_type)
+    for name, values in (tensors or {}).items():
+        w.add_tensor(name, values.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -96,14 +96,39 @@ def test_the_feature_layer_is_the_second_to_last(model: fl.Model, proj: Projecto
     assert np.abs(last.encode(image("square")) - want).max() > 100 * TOL_EMBD
 
 
-@pytest.mark.parametrize("changes,match", [
-    ({"clip.vision.image_grid_pinpoints": [64, 64, 64, 128]}, "image_grid_pinpoints"),
-    ({"clip.vision.mm_patch_merge_type": "spatial_unpad"}, "mm_patch_merge_type"),
-    ({"clip.vision.feature_layer": [1, 2]}, "stacked feature layers"),
-])
-def test_what_the_mlp_projector_does_not_run_is_refused(model: fl.Model, tmp_path: Path, changes: dict, match: str) -> None:
-    with pytest.raises(fl.UnsupportedError, match=match):
-        Projector(model, rewritten(tmp_path, changes))
+def test_stacked_feature_layers_are_refused(model: fl.Model, tmp_path: Path) -> None:
+    with pytest.raises(fl.UnsupportedError, match="stacked feature layers"):
+        Projector(model, rewritten(tmp_path, {"clip.vision.feature_layer": [1, 2]}))
+
+
+#: LLaVA 1.6 (image_grid_pinpoints): libmtmd encodes the overview and each anyres tile on its own,
+#: one image chunk each; the engine runs the encoder, the chunks are not there yet
+SCN16 = json.loads((DATA / "scenarios" / "vision-llava16-f32.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(SCN16["images"]))
+def test_llava16_first_chunk_embeddings_match_mtmd(name: str) -> None:
+    from ferrollama._core import Projector as CoreProjector
+    from ferrollama.generation.media import VisionParams, load_image, preprocess_image
+
+    core = CoreProjector(str(DATA / "models" / SCN16["mmproj"]), n_threads=2)
+    assert core.grid_pinpoints == [(64, 128), (128, 64), (128, 128)]
+    vision = VisionParams(image_size=core.image_size, patch_size=core.patch_size, image_mean=tuple(core.image_mean),
+                          image_std=tuple(core.image_std), n_merge=core.n_merge, grid_pinpoints=tuple(core.grid_pinpoints))
+    pre = preprocess_image("mlp", load_image(DATA / SCN16["images"][name]), vision)
+    # the image's chunks in the first prompt that shows it alone: the tiles, then the overview
+    # (mtmd's ov_img_first is false for llava); the square is the overview alone, the wide one 2 tiles
+    ev = next(e for e in SCN16["evals"] if e["images"] == [name])
+    assert [c["n_tokens"] for c in ev["expected_chunks"] if c["type"] == "image"] == [64] * (1 + len(pre.entries))
+    want = np.asarray(SCN16["expected_embeddings"][name], np.float32)
+    got = core.encode_pixels(pre.entries[0] if pre.entries else pre.overview)
+    assert got.shape == want.shape == (64, 256)
+    assert np.abs(got - want).max() <= TOL_EMBD
+
+
+def test_llava16_chunks_are_refused_by_name(model: fl.Model) -> None:
+    with pytest.raises(fl.UnsupportedError, match="image_grid_pinpoints"):
+        Projector(model, DATA / "models" / SCN16["mmproj"])
 
 
 def test_a_yi_style_projector_with_norms_is_refused_by_name(model: fl.Model, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from .._core import Batch, Context, Model
+from .._core import Batch, Context, Model, UnsupportedError
 from .._core import Projector as _CoreProjector
 from .media import DEFAULT_LIMITS, ImageSource, MediaLimits, VisionParams, load_image, preprocess_image
 
@@ -93,7 +93,11 @@ class Projector:
         self.family = FAMILIES[self.core.projector_type]
         self.vision = VisionParams(image_size=self.core.image_size, patch_size=self.core.patch_size,
                                    image_mean=tuple(self.core.image_mean), image_std=tuple(self.core.image_std),
-                                   n_merge=self.core.n_merge)
+                                   n_merge=self.core.n_merge, grid_pinpoints=tuple(self.core.grid_pinpoints))
+        if self.vision.grid_pinpoints:
+            # mtmd_tokenize gives the overview and each anyres tile a chunk of its own
+            raise UnsupportedError(f"{os.fspath(self.path)!r} has clip.vision.image_grid_pinpoints: LLaVA 1.6's "
+                                   "tiles (an image chunk each) are not supported yet")
 
     @property
     def projector_type(self) -> str:

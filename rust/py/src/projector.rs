@@ -55,6 +55,8 @@ impl PyProjector {
     #[getter] fn image_mean(&self) -> [f32; 3] { self.inner.params.image_mean }
     #[getter] fn image_std(&self) -> [f32; 3] { self.inner.params.image_std }
     #[getter] fn n_merge(&self) -> usize { self.inner.params.n_merge }
+    /// LLaVA 1.6's anyres resolutions, (width, height) pairs (empty: none).
+    #[getter] fn grid_pinpoints(&self) -> Vec<(usize, usize)> { self.inner.params.grid_pinpoints.iter().map(|&[w, h]| (w, h)).collect() }
     /// The width of the encoder.
     #[getter] fn n_embd(&self) -> usize { self.inner.params.n_embd }
     /// The width of the output rows (the text model's n_embd).

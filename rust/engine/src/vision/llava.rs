@@ -19,12 +19,16 @@ pub struct LlavaHead {
 
 impl LlavaHead {
     pub fn load(ld: &Loader, p: &VisionParams) -> Result<LlavaHead> {
-        for name in ["mm.1.weight", "mm.3.weight", "mm.4.weight", "v.image_newline"] {
+        for name in ["mm.1.weight", "mm.3.weight", "mm.4.weight"] {
             if ld.has(name) {
                 return Err(EngineError::Unsupported(format!(
-                    "tensor '{name}': a llava projector with a norm between its layers (mlp_norm, Yi-VL) or an image \
-                     newline (LLaVA 1.6) is not supported yet")));
+                    "tensor '{name}': a llava projector with a norm between its layers (mlp_norm, Yi-VL) is not supported yet")));
             }
+        }
+        // LLaVA 1.6's newline embedding (v. as clip.cpp names it, model. as the legacy converter
+        // does): libmtmd concatenates the overview's and tiles' rows without it
+        for unused in ["v.image_newline", "model.image_newline"] {
+            ld.skip(unused, false)?;
         }
         let hidden = ld.shape("mm.0.weight").and_then(|s| s.get(1).copied()).ok_or_else(|| ld.error("missing tensor 'mm.0.weight'"))?;
         let out = ld.shape("mm.2.weight").and_then(|s| s.get(1).copied()).ok_or_else(|| {

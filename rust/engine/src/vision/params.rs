@@ -64,6 +64,9 @@ pub struct VisionParams {
     /// The blocks whose output the head takes: the first `n_layer_used` of n_layer (llava: all
     /// but the last, or clip.vision.feature_layer).
     pub n_layer_used: usize,
+    /// LLaVA 1.6's anyres resolutions (width, height): the image is encoded as an overview and
+    /// tiles of the best one (preprocessing's business; empty for LLaVA 1.5).
+    pub grid_pinpoints: Vec<[usize; 2]>,
 }
 
 impl VisionParams {
@@ -117,10 +120,11 @@ impl VisionParams {
                 ProjectorType::Gemma3 => n_layer,
                 ProjectorType::Mlp => llava_feature_layer(&keys, n_layer)?,
             },
+            grid_pinpoints: match projector {
+                ProjectorType::Gemma3 => Vec::new(),
+                ProjectorType::Mlp => llava_pinpoints(&keys)?,
+            },
         };
-        if projector == ProjectorType::Mlp {
-            refuse_llava_tiling(&keys)?;
-        }
         p.check(&keys)?;
         keys.check_all_read()?;
         Ok(p)
@@ -169,18 +173,22 @@ fn llava_feature_layer(keys: &Keys, n_layer: usize) -> Result<usize> {
     }
 }
 
-/// LLaVA 1.6's tiling (anyres: the image cut to the best of image_grid_pinpoints' resolutions,
-/// tiles and an overview, image_newline rows) is not supported: a file with pinpoints is refused.
-fn refuse_llava_tiling(keys: &Keys) -> Result<()> {
-    if keys.get("clip.vision.image_grid_pinpoints").is_some() {
-        return Err(EngineError::Unsupported(
-            "clip.vision.image_grid_pinpoints: LLaVA 1.6's image tiling (anyres) is not supported yet".into()));
+/// LLaVA 1.6's image_grid_pinpoints, flattened (width, height) pairs. libmtmd encodes the
+/// overview and each tile on its own and concatenates them: mm_patch_merge_type ('spatial_unpad')
+/// and the legacy converter's crop/aspect/split keys change nothing it computes (clip.cpp reads
+/// the first for an API mtmd does not call, the others not at all), nor does image_newline.
+fn llava_pinpoints(keys: &Keys) -> Result<Vec<[usize; 2]>> {
+    const KEY: &str = "clip.vision.image_grid_pinpoints";
+    for descriptive in ["clip.vision.mm_patch_merge_type", "clip.vision.image_crop_resolution", "clip.vision.image_aspect_ratio",
+                        "clip.vision.image_split_resolution", "clip.vision.mm_projector_type"] {
+        keys.get(descriptive);
     }
-    match keys.get("clip.vision.mm_patch_merge_type").map(|v| v.as_str()) {
-        None | Some(Some("flat")) => Ok(()),
-        Some(other) => Err(EngineError::Unsupported(format!(
-            "clip.vision.mm_patch_merge_type '{}': only 'flat' (LLaVA 1.5) is supported", other.unwrap_or("?")))),
+    let Some(v) = keys.get(KEY) else { return Ok(Vec::new()) };
+    let xs = v.as_array().and_then(|a| a.to_i64_vec()).ok_or_else(|| keys.bad(KEY, "not an array of integers"))?;
+    if xs.len() % 2 != 0 || xs.iter().any(|&x| !(1..=1 << 14).contains(&x)) {
+        return Err(keys.bad(KEY, "needs (width, height) pairs of sizes in 1..=16384"));
     }
+    Ok(xs.chunks_exact(2).map(|wh| [wh[0] as usize, wh[1] as usize]).collect())
 }
 
 /// The file's `clip.*` keys, remembering which were read.

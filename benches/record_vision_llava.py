@@ -3,10 +3,11 @@
 (tests/data/make_tiny_vision_llava.py) into tests/data/scenarios/vision-llava-f32.json, with
 record_vision.py's prompts, images, settings and format (see there). Run it with the benchmark venv:
 
-  /path/to/bench-venv/bin/python benches/record_vision_llava.py [--llava16] [--sensitivity]
+  /path/to/bench-venv/bin/python benches/record_vision_llava.py [--llava16 | --yi] [--sensitivity]
 
 ``--llava16`` records the LLaVA 1.6 projector (image_grid_pinpoints: an overview and anyres tiles,
-each encoded on its own) into tests/data/scenarios/vision-llava16-f32.json instead.
+each encoded on its own) into tests/data/scenarios/vision-llava16-f32.json instead, ``--yi`` the
+Yi-VL one (mlp_norm) into vision-llava-yi-f32.json.
 
 ``--sensitivity`` records nothing: it prints how far the records are from what would be wrong
 (the other image; the encoder's last layer instead of llava's second-to-last, by writing
@@ -27,10 +28,11 @@ import record_vision as rv  # noqa: E402
 
 DATA = rv.DATA
 TEXT_MODEL = "tiny-llama-f32.gguf"
-#: --llava16 or not -> (scenario name, projector)
-VARIANTS = {False: ("vision-llava-f32", "tiny-mmproj-llava-f16.gguf"),
-            True: ("vision-llava16-f32", "tiny-mmproj-llava16-f16.gguf")}
-NAME, MMPROJ = VARIANTS["--llava16" in sys.argv[1:]]
+#: the option given -> (scenario name, projector)
+VARIANTS = {None: ("vision-llava-f32", "tiny-mmproj-llava-f16.gguf"),
+            "--llava16": ("vision-llava16-f32", "tiny-mmproj-llava16-f16.gguf"),
+            "--yi": ("vision-llava-yi-f32", "tiny-mmproj-yi-f16.gguf")}
+NAME, MMPROJ = VARIANTS[next((a for a in sys.argv[1:] if a in VARIANTS), None)]
 if NAME == "vision-llava16-f32":
     # the wide image takes 3 chunks of 64 (2 tiles and the overview): two images need more room
     rv.CONTEXT = {**rv.CONTEXT, "n_ctx": 512}

@@ -1,7 +1,8 @@
-"""The mlp projector (LLaVA 1.5) against llama.cpp's libmtmd, recorded by
-benches/record_vision_llava.py on the tiny llama and tests/data/make_tiny_vision_llava.py's
-projector: the image embeddings, the chunks of a prompt (no image markers, causal), the logits
-after decoding it, the feature layer, the files refused, and Llava15ChatHandler through Llama."""
+"""The mlp projector (LLaVA 1.5; Yi-VL's mlp_norm head; LLaVA 1.6's encoder) against llama.cpp's
+libmtmd, recorded by benches/record_vision_llava.py on the tiny llama and
+tests/data/make_tiny_vision_llava.py's projectors: the image embeddings, the chunks of a prompt
+(no image markers, causal), the logits after decoding it, the feature layer, the files refused,
+and Llava15ChatHandler through Llama."""
 from __future__ import annotations
 
 import json
@@ -20,6 +21,8 @@ from test_vision import TOL_EMBD, chat_message, chunk_record, data_uri
 DATA = Path(__file__).resolve().parent / "data"
 SCN = json.loads((DATA / "scenarios" / "vision-llava-f32.json").read_text())
 MMPROJ = DATA / "models" / SCN["mmproj"]
+#: the projector's head -> its records: LLaVA 1.5's mm.0, GELU, mm.2; Yi-VL's with LayerNorms
+HEADS = {"mlp": SCN, "mlp_norm": json.loads((DATA / "scenarios" / "vision-llava-yi-f32.json").read_text())}
 
 
 def image(name: str) -> Path:
@@ -32,8 +35,13 @@ def model() -> fl.Model:
 
 
 @pytest.fixture(scope="module")
-def proj(model: fl.Model) -> Projector:
-    return Projector(model, MMPROJ, n_threads=2)
+def projectors(model: fl.Model) -> dict[str, Projector]:
+    return {head: Projector(model, DATA / "models" / scn["mmproj"], n_threads=2) for head, scn in HEADS.items()}
+
+
+@pytest.fixture(scope="module")
+def proj(projectors: dict[str, Projector]) -> Projector:
+    return projectors["mlp"]
 
 
 def context(model: fl.Model, cache_type: str = "f32") -> fl.Context:
@@ -43,18 +51,22 @@ def context(model: fl.Model, cache_type: str = "f32") -> fl.Context:
 
 
 @pytest.mark.parametrize("name", sorted(SCN["images"]))
-def test_image_embeddings_match_mtmd(proj: Projector, name: str) -> None:
-    # one row per patch (8x8), the output width mm.2's (not clip.vision.projection_dim's 32)
-    want = np.asarray(SCN["expected_embeddings"][name], np.float32)
-    got = proj.encode(image(name))
+@pytest.mark.parametrize("head", HEADS)
+def test_image_embeddings_match_mtmd(projectors: dict[str, Projector], head: str, name: str) -> None:
+    # one row per patch (8x8), the output width the last layer's (not clip.vision.projection_dim's 32)
+    want = np.asarray(HEADS[head]["expected_embeddings"][name], np.float32)
+    got = projectors[head].encode(image(name))
     assert got.shape == want.shape == (64, 256)
     assert np.abs(got - want).max() <= TOL_EMBD
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("case", range(len(SCN["evals"])))
-def test_prompt_with_images_matches_mtmd(model: fl.Model, proj: Projector, case: int, cache_type: str) -> None:
-    ev = SCN["evals"][case]
+@pytest.mark.parametrize("head", HEADS)
+def test_prompt_with_images_matches_mtmd(model: fl.Model, projectors: dict[str, Projector], head: str, case: int,
+                                         cache_type: str) -> None:
+    proj = projectors[head]
+    ev = HEADS[head]["evals"][case]
     images = [image(n) for n in ev["images"]]
     chunks = proj.tokenize(ev["prompt"], images)
     assert [chunk_record(c) for c in chunks] == ev["expected_chunks"]
@@ -131,21 +143,13 @@ def test_llava16_chunks_are_refused_by_name(model: fl.Model) -> None:
         Projector(model, DATA / "models" / SCN16["mmproj"])
 
 
-def test_a_yi_style_projector_with_norms_is_refused_by_name(model: fl.Model, tmp_path: Path) -> None:
-    # clip.cpp turns an mlp file with mm.3 into mlp_norm (LayerNorms after mm.0 and mm.3)
-    extra = {"mm.3.weight": np.zeros((256, 128)), "mm.3.bias": np.zeros(256)}
-    with pytest.raises(fl.UnsupportedError, match=r"mm\.3\.weight.*mlp_norm"):
-        Projector(model, rewritten(tmp_path, {}, extra))
-
-
 def test_a_feature_layer_past_the_encoder_is_an_error(model: fl.Model, tmp_path: Path) -> None:
     with pytest.raises(fl.GGUFError, match="feature_layer"):
         Projector(model, rewritten(tmp_path, {"clip.vision.feature_layer": [4]}))
 
 
-def rewritten(tmp_path: Path, changes: dict, tensors: dict | None = None) -> Path:
-    """The tiny llava projector with metadata values added or replaced (strings, int arrays) and
-    float32 tensors added."""
+def rewritten(tmp_path: Path, changes: dict) -> Path:
+    """The tiny llava projector with metadata values added or replaced (strings, int arrays)."""
     src = gguf.GGUFReader(MMPROJ)
     out = tmp_path / f"mmproj-{len(list(tmp_path.iterdir()))}.gguf"
     w = gguf.GGUFWriter(str(out), "clip")
@@ -163,8 +167,6 @@ def rewritten(tmp_path: Path, changes: dict, tensors: dict | None = None) -> Pat
             w.add_array(key, value)
     for t in src.tensors:
         w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(n) for n in t.shape])), raw_dtype=t.tensor_type)
-    for name, values in (tensors or {}).items():
-        w.add_tensor(name, values.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -18,6 +18,9 @@ two images into tests/data/scenarios/vision-llava-f32.json.
   64x64 and an overview), mm_patch_merge_type spatial_unpad,
   image_crop_resolution, image_aspect_ratio, and model.image_newline (libmtmd uses none of the
   last four).
+- tests/data/models/tiny-mmproj-yi-f16.gguf (--yi: vision-llava-yi-f32.json): Yi-VL's head
+  (clip.cpp's mlp_norm, for a file with mm.3): mm.0, LayerNorm mm.1, GELU, mm.3, LayerNorm mm.4,
+  no mm.2.
 
   python tests/data/make_tiny_vision_llava.py      # deterministic
 """
@@ -36,6 +39,7 @@ import make_tiny_vision as tv  # noqa: E402
 
 MMPROJ = "tiny-mmproj-llava-f16.gguf"
 MMPROJ_16 = "tiny-mmproj-llava16-f16.gguf"
+MMPROJ_YI = "tiny-mmproj-yi-f16.gguf"
 TEXT_MODEL = "tiny-llama-f32.gguf"
 VISION = replace(tv.VISION, n_layer=3)
 PINPOINTS = [64, 128, 128, 64, 128, 128]
@@ -91,7 +95,19 @@ def add_llava_weights(wt: mk.Weights, v: tv.VisionDims) -> None:
     wt.bias("mm.2.bias", v.n_embd_out)
 
 
-def write_mmproj(path: Path, llava16: bool = False) -> None:
+def yi_head(wt: mk.Weights) -> None:
+    """mm.2 replaced by Yi-VL's normed layers."""
+    for name in ("mm.2.weight", "mm.2.bias"):
+        del wt.w.tensors[0][name]
+    wt.norm("mm.1.weight", N_MLP)
+    wt.bias("mm.1.bias", N_MLP)
+    wt.matrix("mm.3.weight", VISION.n_embd_out, N_MLP, std=0.1)
+    wt.bias("mm.3.bias", VISION.n_embd_out)
+    wt.norm("mm.4.weight", VISION.n_embd_out)
+    wt.bias("mm.4.bias", VISION.n_embd_out)
+
+
+def write_mmproj(path: Path, llava16: bool = False, yi: bool = False) -> None:
     w = gguf.GGUFWriter(str(path), "clip")
     add_llava_metadata(w, VISION)
     wt = mk.Weights(w, np.random.default_rng(1538), "f16")
@@ -99,6 +115,8 @@ def write_mmproj(path: Path, llava16: bool = False) -> None:
     if llava16:
         add_llava16_metadata(w)
         wt.bias("model.image_newline", VISION.n_embd_out)
+    if yi:
+        yi_head(wt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -108,7 +126,8 @@ def write_mmproj(path: Path, llava16: bool = False) -> None:
 def main() -> None:
     write_mmproj(mk.DATA / "models" / MMPROJ)
     write_mmproj(mk.DATA / "models" / MMPROJ_16, llava16=True)
-    print("wrote", MMPROJ, MMPROJ_16)
+    write_mmproj(mk.DATA / "models" / MMPROJ_YI, yi=True)
+    print("wrote", MMPROJ, MMPROJ_16, MMPROJ_YI)
 
 
 if __name__ == "__main__":

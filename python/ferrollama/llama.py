@@ -917,20 +917,23 @@ class Llama:
     def _template_chat(self, messages: list[dict], functions: list[dict] | None, function_call: Any,
                        tools: list[dict] | None, tool_choice: Any, stream: bool, stop: Any,
                        response_format: dict | None, grammar: Any, logprobs: bool | None, top_logprobs: int | None,
-                       media: Any = None, **sampling: Any) -> dict | Iterator[dict]:
+                       media: Any = None, template: ChatTemplate | None = None, media_text: str | None = None,
+                       **sampling: Any) -> dict | Iterator[dict]:
         """The chat through the template; ``media`` (a generation.multimodal.Projector) takes the
-        messages' image_url parts (MTMDChatHandler)."""
+        messages' image_url parts (MTMDChatHandler). A handler with its own chat format passes it
+        as ``template`` (the model's otherwise) and, with images, the prompt text it renders with
+        their media markers as ``media_text`` (Llava15ChatHandler)."""
         legacy = functions is not None
         if legacy:
             if tools:
                 raise ValueError("give tools or functions, not both")
             tools = [{"type": "function", "function": f} for f in functions]
             tool_choice = T.tool_choice_of_function_call(function_call)
-        template = self.chat_template
+        template = template or self.chat_template
         plan = T.plan_tools(template.source, [dict(m) for m in messages], list(tools or []), tool_choice,
                             S.Grammar.json_schema_to_gbnf)
         if media is not None:
-            prompt = self._media_prompt(media, template, plan.messages, plan.template_kwargs)
+            prompt = self._media_prompt(media, template, plan.messages, plan.template_kwargs, media_text)
         else:
             prompt = template.tokens(self.model, plan.messages, add_generation_prompt=True, **plan.template_kwargs)
         schema = _schema_of(response_format)
@@ -946,11 +949,13 @@ class Llama:
             return _chat_stream(completion, plan.format, legacy)  # type: ignore[arg-type]
         return _chat_response(completion, plan.format, legacy)  # type: ignore[arg-type]
 
-    def _media_prompt(self, media: Any, template: ChatTemplate, messages: list[dict], template_kwargs: dict) -> list[int]:
-        """The keys of a chat prompt with images (mtmd_tokenize of the template's text, each image
-        part a media marker); the images are kept for `eval`."""
+    def _media_prompt(self, media: Any, template: ChatTemplate, messages: list[dict], template_kwargs: dict,
+                      text: str | None = None) -> list[int]:
+        """The keys of a chat prompt with images (mtmd_tokenize of ``text``, by default the
+        template's text with each image part a media marker); the images are kept for `eval`."""
         images = [load_image_url(url, media.limits) for url in image_urls(messages)]
-        text = template.apply(with_media_markers(messages), add_generation_prompt=True, **template_kwargs)
+        if text is None:
+            text = template.apply(with_media_markers(messages), add_generation_prompt=True, **template_kwargs)
         return self._register_media(media.tokenize(text, images))
 
     def _register_media(self, chunks: Sequence[Chunk]) -> list[int]:

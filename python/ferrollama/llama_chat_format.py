@@ -5,9 +5,11 @@ A *chat formatter* turns messages into a prompt text and stop strings (``ChatFor
 ``llama.create_completion`` and converts the completion (or its stream of chunks) to the OpenAI
 chat shapes, applying ``response_format`` and a forced ``tool_choice`` as grammars. Every format
 llama-cpp-python 0.3.36 registers is registered here under the same name and renders the same
-text (tests/data/fixtures/chat_formats.json holds its outputs). ``functionary*`` and the
-image (llava/mtmd) handlers need a Hugging Face tokenizer or image input, which ferrollama does
-not have: they are present under their names and raise ``ChatHandlerUnavailableError`` saying so.
+text (tests/data/fixtures/chat_formats.json holds its outputs). The image handlers run the
+projectors the engine runs (MTMDChatHandler; Llava15ChatHandler and its 1.5-style subclasses over
+``mlp``). ``functionary*`` (a Hugging Face tokenizer) and the image handlers of projectors not
+supported yet (LLaVA 1.6, MiniCPM-V 2.6, Qwen2.5-VL) are present under their names and raise
+``ChatHandlerUnavailableError`` saying so.
 
 Where llama-cpp-python 0.3.36 errs, this module does not follow it: an unknown handler name and a
 template's raise_exception are ValueErrors (subclasses), not bare Exceptions; chatml-function-calling
@@ -31,7 +33,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from . import llama_grammar
 from . import llama_types
 from ._llama_hooks import StoppingCriteriaList
-from .chat.templates import ChatTemplateError, jinja_environment
+from .chat.templates import ChatTemplate, ChatTemplateError, jinja_environment
 
 __all__ = [
     "CHATML_CHAT_TEMPLATE", "CHATML_BOS_TOKEN", "CHATML_EOS_TOKEN", "MISTRAL_INSTRUCT_CHAT_TEMPLATE",
@@ -986,14 +988,15 @@ register_chat_completion_handler("functionary-v2")(functionary_v1_v2_chat_handle
 
 
 class _ImageChatHandler:
-    """llama-cpp-python's llava-family handlers (their own chat formats over a CLIP projector):
-    ferrollama runs none of their projector types yet, so constructing one raises
-    ChatHandlerUnavailableError; MTMDChatHandler takes the projectors it runs."""
+    """llama-cpp-python's image handlers whose projectors ferrollama does not run yet (LLaVA 1.6's
+    tiling, MiniCPM-V, Qwen2.5-VL): constructing one raises ChatHandlerUnavailableError;
+    MTMDChatHandler and Llava15ChatHandler take the projectors it runs."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         raise ChatHandlerUnavailableError(
-            f"{type(self).__name__} is not available in ferrollama: its llava-style projectors are not supported "
-            "yet; for a model whose projector is (gemma3), use MTMDChatHandler(clip_model_path=...)")
+            f"{type(self).__name__} is not available in ferrollama: its projectors are not supported "
+            "yet; for a model whose projector is (gemma3, mlp), use MTMDChatHandler or Llava15ChatHandler "
+            "(clip_model_path=...)")
 
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> "_ImageChatHandler":
@@ -1048,14 +1051,256 @@ class Gemma4ChatHandler(MTMDChatHandler):
     pass
 
 
-class Llava15ChatHandler(_ImageChatHandler): pass
-class Llava16ChatHandler(Llava15ChatHandler): pass
-class ObsidianChatHandler(Llava15ChatHandler): pass
-class MoondreamChatHandler(Llava15ChatHandler): pass
-class NanoLlavaChatHandler(Llava15ChatHandler): pass
-class Llama3VisionAlphaChatHandler(Llava15ChatHandler): pass
-class MiniCPMv26ChatHandler(Llava15ChatHandler): pass
-class Qwen25VLChatHandler(Llava15ChatHandler): pass
+class _HandlerFormat(ChatTemplate):
+    """A llava handler's CHAT_FORMAT, rendered as llama-cpp-python renders it (the same Jinja
+    settings, the model's BOS and EOS pieces); it stops generation nowhere of its own (the
+    handler passes only the caller's stop strings)."""
+
+    def markers(self) -> list[str]:
+        return []
+
+
+class Llava15ChatHandler(MTMDChatHandler):
+    """llama-cpp-python's handler for LLaVA 1.5 and, below, the llava-style models with their own
+    formats (over an ``mlp`` projector): not the model's template but ``CHAT_FORMAT``, with
+    ``DEFAULT_SYSTEM_MESSAGE`` first where the messages have no system message; a user message
+    renders its image parts' URLs first, then its text parts, and each URL becomes the media
+    marker. The projector is loaded and run as MTMDChatHandler's (the engine refuses, by name,
+    a projector type it does not run)."""
+
+    DEFAULT_SYSTEM_MESSAGE: Optional[str] = (
+        "A chat between a curious human and an artificial intelligence assistant. The assistant gives helpful, detailed, and polite answers to the human's questions."
+    )
+    CHAT_FORMAT = (
+        "{% for message in messages %}"
+        "{% if message.role == 'system' %}"
+        "{{ message.content }}"
+        "{% endif %}"
+        "{% if message.role == 'user' %}"
+        "{% if message.content is string %}"
+        "\nUSER: {{ message.content }}"
+        "{% endif %}"
+        "{% if message.content is iterable %}"
+        "\nUSER: "
+        "{% for content in message.content %}"
+        "{% if content.type == 'image_url' and content.image_url is string %}"
+        "{{ content.image_url }}"
+        "{% endif %}"
+        "{% if content.type == 'image_url' and content.image_url is mapping %}"
+        "{{ content.image_url.url }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% for content in message.content %}"
+        "{% if content.type == 'text' %}"
+        "{{ content.text }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% endif %}"
+        "{% endif %}"
+        "{% if message.role == 'assistant' and message.content is not none %}"
+        "\nASSISTANT: {{ message.content }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}"
+        "\nASSISTANT: "
+        "{% endif %}"
+    )
+
+    def __init__(self, clip_model_path: str, verbose: bool = True):
+        super().__init__(clip_model_path, verbose=verbose)
+
+    def __call__(self, *, llama: Any, messages: List[llama_types.ChatCompletionRequestMessage], **kwargs: Any) -> Any:
+        from .generation.multimodal import MEDIA_MARKER
+
+        if _get_system_message(messages) == "" and self.DEFAULT_SYSTEM_MESSAGE is not None:
+            messages = [{"role": "system", "content": self.DEFAULT_SYSTEM_MESSAGE}] + list(messages)  # type: ignore[assignment]
+        fmt = _HandlerFormat(self.CHAT_FORMAT, bos_token=llama.detokenize([llama.token_bos()]).decode("utf-8", "replace"),
+                             eos_token=llama.detokenize([llama.token_eos()]).decode("utf-8", "replace"))
+        text = fmt.render(messages, add_generation_prompt=True)
+        for url in self.get_image_urls(messages):
+            text = text.replace(url, MEDIA_MARKER)
+        return llama._template_chat(messages=messages, media=self.projector(llama), template=fmt, media_text=text,
+                                    **kwargs)
+
+
+class ObsidianChatHandler(Llava15ChatHandler):
+    CHAT_FORMAT = (
+        "{% for message in messages %}"
+        # System message
+        "{% if message.role == 'system' %}"
+        "<|im_start|>system\n"
+        "{{ message.content }}\n"
+        "###\n"
+        "{% endif %}"
+        # User message
+        "{% if message.role == 'user' %}"
+        "<|im_start|>user\n"
+        "{% if message.content is string %}"
+        "{{ message.content }}"
+        "{% endif %}"
+        "{% if message.content is iterable %}"
+        "{% for content in message.content %}"
+        "{% if content.type == 'image_url' and content.image_url is string %}"
+        "{{ content.image_url }}"
+        "{% endif %}"
+        "{% if content.type == 'image_url' and content.image_url is mapping %}"
+        "{{ content.image_url.url }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% for content in message.content %}"
+        "{% if content.type == 'text' %}"
+        "{{ content.text }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% endif %}"
+        "###\n"
+        "{% endif %}"
+        # Assistant message
+        "{% if message.role == 'assistant' %}"
+        "<|im_start|>assistant\n"
+        "{{ message.content }}"
+        "###\n"
+        "{% endif %}"
+        "{% endfor %}"
+        # Generation prompt
+        "{% if add_generation_prompt %}"
+        "<|im_start|>assistant\n"
+        "{% endif %}"
+    )
+
+class MoondreamChatHandler(Llava15ChatHandler):
+    CHAT_FORMAT = (
+        "{% for message in messages %}"
+        "{% if message.role == 'user' %}"
+        "{% if message.content is iterable %}"
+        # <image>
+        "{% for content in message.content %}"
+        "{% if content.type == 'image_url' %}"
+        "{% if content.image_url is string %}"
+        "{{ content.image_url }}\n\n"
+        "{% endif %}"
+        "{% if content.image_url is mapping %}"
+        "{{ content.image_url.url }}\n\n"
+        "{% endif %}"
+        "{% endif %}"
+        "{% endfor %}"
+        # Question:
+        "{% for content in message.content %}"
+        "{% if content.type == 'text' %}"
+        "Question: {{ content.text }}\n\n"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% endif %}"
+        # Question:
+        "{% if message.content is string %}"
+        "Question: {{ message.content }}\n\n"
+        "{% endif %}"
+        "{% endif %}"
+        # Answer:
+        "{% if message.role == 'assistant' %}"
+        "Answer:{{ message.content }}\n\n"
+        "{% endif %}"
+        "{% endfor %}"
+        # Generation prompt
+        "{% if add_generation_prompt %}"
+        "Answer:"
+        "{% endif %}"
+    )
+
+class NanoLlavaChatHandler(Llava15ChatHandler):
+    DEFAULT_SYSTEM_MESSAGE = "Answer the question"
+    CHAT_FORMAT = (
+        "{% for message in messages %}"
+        # System message
+        "{% if message.role == 'system' %}"
+        "<|im_start|>system\n"
+        "{{ message.content }}"
+        "<|im_end|>"
+        "{% endif %}"
+        # User message
+        "{% if message.role == 'user' %}"
+        "<|im_start|>user\n"
+        "{% if message.content is string %}"
+        "{{ message.content }}"
+        "{% endif %}"
+        "{% if message.content is iterable %}"
+        "{% for content in message.content %}"
+        "{% if content.type == 'image_url' and content.image_url is string %}"
+        "{{ content.image_url }}"
+        "{% endif %}"
+        "{% if content.type == 'image_url' and content.image_url is mapping %}"
+        "{{ content.image_url.url }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% for content in message.content %}"
+        "{% if content.type == 'text' %}"
+        "{{ content.text }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% endif %}"
+        "<|im_end|>"
+        "{% endif %}"
+        # Assistant message
+        "{% if message.role == 'assistant' %}"
+        "<|im_start|>assistant\n"
+        "{{ message.content }}"
+        "<|im_end|>"
+        "{% endif %}"
+        "{% endfor %}"
+        # Generation prompt
+        "{% if add_generation_prompt %}"
+        "<|im_start|>assistant\n"
+        "{% endif %}"
+    )
+
+class Llama3VisionAlphaChatHandler(Llava15ChatHandler):
+    DEFAULT_SYSTEM_MESSAGE = None
+    CHAT_FORMAT = (
+        "{% for message in messages %}"
+        "<|start_header_id|>"
+        "{% if message.role == 'user' %}"
+        "user<|end_header_id|>\n\n"
+        "{% if message.content is iterable %}"
+        # <image>
+        "{% for content in message.content %}"
+        "{% if content.type == 'image_url' %}"
+        "{% if content.image_url is string %}"
+        "{{ content.image_url }}"
+        "{% endif %}"
+        "{% if content.image_url is mapping %}"
+        "{{ content.image_url.url }}"
+        "{% endif %}"
+        "{% endif %}"
+        "{% endfor %}"
+        # Question:
+        "{% for content in message.content %}"
+        "{% if content.type == 'text' %}"
+        "{{ content.text }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% endif %}"
+        # Question:
+        "{% if message.content is string %}"
+        "{{ message.content }}"
+        "{% endif %}"
+        "{% endif %}"
+        # Answer:
+        "{% if message.role == 'assistant' %}"
+        "assistant<|end_header_id|>\n\n"
+        "{{ message.content }}"
+        "{% endif %}"
+        "<|eot_id|>"
+        "{% endfor %}"
+        # Generation prompt
+        "{% if add_generation_prompt %}"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        "{% endif %}"
+    )
+
+
+class Llava16ChatHandler(_ImageChatHandler, Llava15ChatHandler): pass
+class MiniCPMv26ChatHandler(_ImageChatHandler, Llava15ChatHandler): pass
+class Qwen25VLChatHandler(_ImageChatHandler, Llava15ChatHandler): pass
 
 
 Llama3VisionAlpha = Llama3VisionAlphaChatHandler  # llama-cpp-python's alias

@@ -12,7 +12,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from .._core import Batch, Context, Model
+from .._core import Batch, Context, Model, UnsupportedError
 from .._core import Projector as _CoreProjector
 from .media import DEFAULT_LIMITS, ImageSource, MediaLimits, PreprocessedImage, VisionParams, load_image, preprocess_image
 
@@ -68,6 +68,9 @@ FAMILIES = {
     "idefics3": Family(tiles=TileTemplate(
         overview_start=("\n\n", "<fake_token_around_image>", "<global-img>"), overview_end=("<fake_token_around_image>",),
         row_end=("\n",), slice_start_format="<fake_token_around_image><row_{row}_col_{col}>")),
+    # LLaVA 1.5 and the other llava-style MLP projectors: the embeddings alone, causal (mtmd.cpp
+    # sets no image markers for PROJECTOR_TYPE_MLP)
+    "mlp": Family(),
 }
 
 
@@ -141,7 +144,12 @@ class Projector:
         self.family = FAMILIES[self.core.projector_type]
         self.vision = VisionParams(image_size=self.core.image_size, patch_size=self.core.patch_size,
                                    image_mean=tuple(self.core.image_mean), image_std=tuple(self.core.image_std),
-                                   n_merge=self.core.n_merge, image_longest_edge=self.core.image_longest_edge)
+                                   n_merge=self.core.n_merge, image_longest_edge=self.core.image_longest_edge,
+                                   grid_pinpoints=tuple(self.core.grid_pinpoints))
+        if self.vision.grid_pinpoints:
+            # mtmd_tokenize gives the overview and each anyres tile a chunk of its own
+            raise UnsupportedError(f"{os.fspath(self.path)!r} has clip.vision.image_grid_pinpoints: LLaVA 1.6's "
+                                   "tiles (an image chunk each) are not supported yet")
         self._tile_tokens = _lookup_tokens(self.model, self.family.tiles.token_texts())
 
     @property

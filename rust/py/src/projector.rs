@@ -57,6 +57,8 @@ impl PyProjector {
     #[getter] fn n_merge(&self) -> usize { self.inner.params.n_merge }
     /// The preprocessing's longest edge (clip.vision.preproc_image_size); 0 when the file has none.
     #[getter] fn image_longest_edge(&self) -> usize { self.inner.params.image_longest_edge }
+    /// LLaVA 1.6's anyres resolutions, (width, height) pairs (empty: none).
+    #[getter] fn grid_pinpoints(&self) -> Vec<(usize, usize)> { self.inner.params.grid_pinpoints.iter().map(|&[w, h]| (w, h)).collect() }
     /// The width of the encoder.
     #[getter] fn n_embd(&self) -> usize { self.inner.params.n_embd }
     /// The width of the output rows (the text model's n_embd).

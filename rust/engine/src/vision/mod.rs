@@ -8,6 +8,7 @@
 
 pub mod gemma3;
 pub mod idefics3;
+pub mod llava;
 pub mod params;
 pub mod vit;
 
@@ -36,6 +37,7 @@ pub struct Projector {
 enum Head {
     Gemma3(gemma3::Gemma3Head),
     Idefics3(idefics3::Idefics3Head),
+    Llava(llava::LlavaHead),
 }
 
 impl Projector {
@@ -46,12 +48,17 @@ impl Projector {
             return Err(file.error(format!(
                 "general.architecture is '{arch}': a projector (mmproj) file's is 'clip'")).into());
         }
-        let params = VisionParams::from_gguf(&file)?;
+        let mut params = VisionParams::from_gguf(&file)?;
         let ld = Loader::new(file.clone());
         let vit = vit::VitWeights::load(&ld, &params)?;
         let head = match params.projector {
             ProjectorType::Gemma3 => Head::Gemma3(gemma3::Gemma3Head::load(&ld, &params)?),
             ProjectorType::Idefics3 => Head::Idefics3(idefics3::Idefics3Head::load(&ld, &params)?),
+            ProjectorType::Mlp => {
+                let h = llava::LlavaHead::load(&ld, &params)?;
+                params.n_embd_out = h.n_embd_out();
+                Head::Llava(h)
+            }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
@@ -63,6 +70,7 @@ impl Projector {
         match &self.head {
             // both make one row of each n_merge × n_merge block of patches
             Head::Gemma3(_) | Head::Idefics3(_) => gemma3::n_tokens(&self.params, nx, ny),
+            Head::Llava(_) => llava::n_tokens(&self.params, nx, ny),
         }
     }
 
@@ -75,6 +83,7 @@ impl Projector {
         Ok(match &self.head {
             Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
             Head::Idefics3(h) => idefics3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
+            Head::Llava(h) => llava::project(h, &self.params, hidden, self.n_output_tokens(nx, ny), threads),
         })
     }
 
@@ -85,7 +94,7 @@ impl Projector {
                 "an image of {nx}x{ny} pixels needs {} values (3 per pixel), got {}", nx * ny * 3, pixels.len())));
         }
         // Idefics3 encodes each tile (and the overview) of image_size on its own
-        let fixed = matches!(p.projector, ProjectorType::Gemma3 | ProjectorType::Idefics3);
+        let fixed = matches!(p.projector, ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Mlp);
         if fixed && (nx != p.image_size || ny != p.image_size) {
             return Err(EngineError::InvalidArgument(format!(
                 "the {} projector takes {s}x{s} images (preprocess first), not {nx}x{ny}", p.projector.name(), s = p.image_size)));

@@ -16,6 +16,9 @@ pub enum ProjectorType {
     Gemma3,
     /// Idefics3 (SmolVLM): SigLIP per tile, pixel-shuffled n_merge × n_merge and projected.
     Idefics3,
+    /// LLaVA 1.5 (and BakLLaVA, Obsidian...): CLIP up to a feature layer, each patch through a
+    /// two-layer MLP (clip.cpp's PROJECTOR_TYPE_MLP, graph models/llava.cpp).
+    Mlp,
 }
 
 impl ProjectorType {
@@ -23,6 +26,7 @@ impl ProjectorType {
         match name {
             "gemma3" => Some(ProjectorType::Gemma3),
             "idefics3" => Some(ProjectorType::Idefics3),
+            "mlp" => Some(ProjectorType::Mlp),
             _ => None,
         }
     }
@@ -31,6 +35,7 @@ impl ProjectorType {
         match self {
             ProjectorType::Gemma3 => "gemma3",
             ProjectorType::Idefics3 => "idefics3",
+            ProjectorType::Mlp => "mlp",
         }
     }
 }
@@ -62,6 +67,12 @@ pub struct VisionParams {
     /// The preprocessing's longest edge (clip.vision.preproc_image_size, Idefics3's); 0: none.
     pub image_longest_edge: usize,
     pub ffn_act: FfnAct,
+    /// The blocks whose output the head takes: the first `n_layer_used` of n_layer (llava: all
+    /// but the last, or clip.vision.feature_layer).
+    pub n_layer_used: usize,
+    /// LLaVA 1.6's anyres resolutions (width, height): the image is encoded as an overview and
+    /// tiles of the best one (preprocessing's business; empty for LLaVA 1.5).
+    pub grid_pinpoints: Vec<[usize; 2]>,
 }
 
 impl VisionParams {
@@ -77,36 +88,54 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, mlp)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
             (false, true) => FfnAct::Silu,
             (false, false) => FfnAct::GeluQuick,
         };
+        let n_layer = keys.size("clip.vision.block_count", 1 << 10)?;
         let p = VisionParams {
             projector,
             image_size: keys.size("clip.vision.image_size", 1 << 14)?,
             patch_size: keys.size("clip.vision.patch_size", 1 << 10)?,
             n_embd: keys.size("clip.vision.embedding_length", 1 << 16)?,
             n_ff: keys.size("clip.vision.feed_forward_length", 1 << 18)?,
-            n_layer: keys.size("clip.vision.block_count", 1 << 10)?,
+            n_layer,
             n_head: keys.size("clip.vision.attention.head_count", 1 << 10)?,
             eps: keys.f32("clip.vision.attention.layer_norm_epsilon")?,
             image_mean: keys.rgb("clip.vision.image_mean")?,
             image_std: keys.rgb("clip.vision.image_std")?,
-            n_embd_out: keys.size("clip.vision.projection_dim", 1 << 18)?,
+            n_embd_out: match projector {
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 => keys.size("clip.vision.projection_dim", 1 << 18)?,
+                // CLIP's own projection width, not the MLP's output: mm.2.weight's rows
+                // (clip_n_mmproj_embd), set by the head at load
+                ProjectorType::Mlp => {
+                    keys.opt_size("clip.vision.projection_dim", 1 << 18)?;
+                    0
+                }
+            },
             n_merge: match projector {
                 // clip.cpp: 4 for every Gemma 3; a test model may say otherwise
                 ProjectorType::Gemma3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(4),
                 // clip.cpp's default is 1, which its pixel shuffle asserts against (> 1)
                 ProjectorType::Idefics3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
+                ProjectorType::Mlp => 1,
             },
             image_longest_edge: match projector {
                 ProjectorType::Idefics3 => keys.opt_size("clip.vision.preproc_image_size", 1 << 16)?.unwrap_or(0),
-                ProjectorType::Gemma3 => 0,
+                ProjectorType::Gemma3 | ProjectorType::Mlp => 0,
             },
             ffn_act,
+            n_layer_used: match projector {
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 => n_layer,
+                ProjectorType::Mlp => llava_feature_layer(&keys, n_layer)?,
+            },
+            grid_pinpoints: match projector {
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 => Vec::new(),
+                ProjectorType::Mlp => llava_pinpoints(&keys)?,
+            },
         };
         p.check(&keys)?;
         keys.check_all_read()?;
@@ -145,6 +174,40 @@ impl VisionParams {
         }
         Ok(())
     }
+}
+
+/// The blocks a llava graph runs (models/llava.cpp): all but the last by default (LLaVA takes
+/// CLIP's second-to-last layer), else up to the one clip.vision.feature_layer names (0: the
+/// embeddings before any block). Several feature layers (Granite's stacked outputs) are refused.
+fn llava_feature_layer(keys: &Keys, n_layer: usize) -> Result<usize> {
+    const KEY: &str = "clip.vision.feature_layer";
+    let Some(v) = keys.get(KEY) else { return Ok(n_layer - 1) };
+    let layers = v.as_array().and_then(|a| a.to_i64_vec()).ok_or_else(|| keys.bad(KEY, "not an array of integers"))?;
+    match layers.as_slice() {
+        [] => Ok(n_layer - 1),
+        [l] if (0..=n_layer as i64).contains(l) => Ok(*l as usize),
+        [l] => Err(keys.bad(KEY, &format!("layer {l} is not in 0..={n_layer}"))),
+        many => Err(EngineError::Unsupported(format!(
+            "{KEY} lists {} layers: stacked feature layers (Granite vision) are not supported", many.len()))),
+    }
+}
+
+/// LLaVA 1.6's image_grid_pinpoints, flattened (width, height) pairs. libmtmd encodes the
+/// overview and each tile on its own and concatenates them: mm_patch_merge_type ('spatial_unpad')
+/// and the legacy converter's crop/aspect/split keys change nothing it computes (clip.cpp reads
+/// the first for an API mtmd does not call, the others not at all), nor does image_newline.
+fn llava_pinpoints(keys: &Keys) -> Result<Vec<[usize; 2]>> {
+    const KEY: &str = "clip.vision.image_grid_pinpoints";
+    for descriptive in ["clip.vision.mm_patch_merge_type", "clip.vision.image_crop_resolution", "clip.vision.image_aspect_ratio",
+                        "clip.vision.image_split_resolution", "clip.vision.mm_projector_type"] {
+        keys.get(descriptive);
+    }
+    let Some(v) = keys.get(KEY) else { return Ok(Vec::new()) };
+    let xs = v.as_array().and_then(|a| a.to_i64_vec()).ok_or_else(|| keys.bad(KEY, "not an array of integers"))?;
+    if xs.len() % 2 != 0 || xs.iter().any(|&x| !(1..=1 << 14).contains(&x)) {
+        return Err(keys.bad(KEY, "needs (width, height) pairs of sizes in 1..=16384"));
+    }
+    Ok(xs.chunks_exact(2).map(|wh| [wh[0] as usize, wh[1] as usize]).collect())
 }
 
 /// The file's `clip.*` keys, remembering which were read.

@@ -1,6 +1,8 @@
 //! The vision transformer of clip.cpp's `build_vit` with LayerNorms (SigLIP, CLIP): patches
 //! embedded by a convolution, learned position embeddings, pre-norm blocks of full
-//! (non-causal) attention and an FFN, a final LayerNorm.
+//! (non-causal) attention and an FFN, a final LayerNorm. CLIP as llava's graph runs it
+//! (models/llava.cpp) adds a class embedding after the patches, a LayerNorm before the blocks,
+//! and stops at a feature layer.
 //!
 //! Numerics follow ggml's CPU backend where it rounds: the convolution runs on an f16 im2col
 //! of the pixels against the f16 kernel (ggml_conv_2d), products with f16 weights round
@@ -11,7 +13,7 @@
 use ferrollama_tensor::{matmul, GgmlType, MatmulScratch, QMatrix, SendPtr, Threads};
 use half::f16;
 
-use super::params::{FfnAct, VisionParams};
+use super::params::{FfnAct, ProjectorType, VisionParams};
 use super::{dequantized, float_matrix};
 use crate::error::{EngineError, Result};
 use crate::ops::{add_bias, add_inplace, gelu_inplace, gelu_quick_inplace, layer_norm_rows};
@@ -40,8 +42,11 @@ pub struct VitWeights {
     /// rounded to F16 too), or F32 for a BF16 kernel (the pixels as they are).
     patch: QMatrix,
     patch_b: Option<Vec<f32>>,
-    /// One row of n_embd per patch of a full-size image.
+    /// One row of n_embd per patch of a full-size image (then one for the class embedding).
     pos: Vec<f32>,
+    /// CLIP's class embedding, a row after the patches (ggml_concat(patches, class_embd)).
+    class_embd: Option<Vec<f32>>,
+    pre_ln: Option<(Vec<f32>, Option<Vec<f32>>)>,
     layers: Vec<VitLayer>,
     post_ln: Option<(Vec<f32>, Option<Vec<f32>>)>,
 }
@@ -54,19 +59,26 @@ impl VitWeights {
         let (d, ps) = (p.n_embd, p.patch_size);
         let patch = patch_kernel(ld.row_blocks("v.patch_embd.weight", &[ps, ps, 3, d], 3 * ps * ps, &[d])?.pop().expect("one block"))?;
         let side = p.image_size / ps;
-        let pos = ld.opt_vector_2d("v.position_embd.weight", d, side * side)?
+        let class_embd = match p.projector {
+            ProjectorType::Mlp => ld.opt_vector("v.class_embd", d)?,
+            _ => None,
+        };
+        let n_pos = side * side + class_embd.is_some() as usize;
+        let pos = ld.opt_vector_2d("v.position_embd.weight", d, n_pos)?
             .ok_or_else(|| ld.error("missing tensor 'v.position_embd.weight'"))?;
+        let pre_ln = match ld.has("v.pre_ln.weight") {
+            true => Some(norm(ld, "v.pre_ln", d)?),
+            false => None,
+        };
         let layers = (0..p.n_layer).map(|il| load_layer(ld, p, il)).collect::<Result<_>>()?;
         let post_ln = match ld.has("v.post_ln.weight") {
             true => Some(norm(ld, "v.post_ln", d)?),
             false => None,
         };
-        for unsupported in ["v.pre_ln.weight", "v.class_embd"] {
-            if ld.has(unsupported) {
-                return Err(EngineError::Unsupported(format!("tensor '{unsupported}' in a {} projector", p.projector.name())));
-            }
+        if ld.has("v.class_embd") && class_embd.is_none() {
+            return Err(EngineError::Unsupported(format!("tensor 'v.class_embd' in a {} projector", p.projector.name())));
         }
-        Ok(VitWeights { patch, patch_b: ld.opt_vector("v.patch_embd.bias", d)?, pos, layers, post_ln })
+        Ok(VitWeights { patch, patch_b: ld.opt_vector("v.patch_embd.bias", d)?, pos, class_embd, pre_ln, layers, post_ln })
     }
 }
 
@@ -93,6 +105,10 @@ fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
     if ld.has(&name("ffn_gate", "weight")) || ld.has(&name("attn_qkv", "weight")) {
         return Err(EngineError::Unsupported(format!("a gated FFN or fused QKV in vision block {il}")));
     }
+    // Old conversions (llava's) named CLIP's fc1 ffn_down and fc2 ffn_up: clip.cpp swaps the
+    // two (and their biases) where ffn_down takes n_embd inputs, for these projector types.
+    let swapped = ld.shape(&name("ffn_down", "weight")).is_some_and(|s| s.first() == Some(&d));
+    let (up, down) = if swapped { ("ffn_down", "ffn_up") } else { ("ffn_up", "ffn_down") };
     Ok(VitLayer {
         ln1: norm(ld, &format!("v.blk.{il}.ln1"), d)?,
         wq: mat("attn_q", d, d)?,
@@ -104,27 +120,35 @@ fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
         bv: bias("attn_v", d)?,
         bo: bias("attn_out", d)?,
         ln2: norm(ld, &format!("v.blk.{il}.ln2"), d)?,
-        up: mat("ffn_up", d, ff)?,
-        up_b: bias("ffn_up", ff)?,
-        down: mat("ffn_down", ff, d)?,
-        down_b: bias("ffn_down", d)?,
+        up: mat(up, d, ff)?,
+        up_b: bias(up, ff)?,
+        down: mat(down, ff, d)?,
+        down_b: bias(down, d)?,
     })
 }
 
 /// The ViT's output for an image of nx × ny pixels (ny rows of nx RGB triples, normalized):
-/// one row of n_embd per patch, patches in row-major order.
+/// one row of n_embd per patch, patches in row-major order, then the class embedding's row
+/// where the encoder has one; the output of block `p.n_layer_used` (post-LN'd if the file has it).
 pub fn forward(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Vec<f32> {
     let (d, ps) = (p.n_embd, p.patch_size);
-    let n = (nx / ps) * (ny / ps);
+    let n_patches = (nx / ps) * (ny / ps);
     let mut mm = MatmulScratch::default();
     let cols = im2col(pixels, nx, ny, ps, w.patch.ty == GgmlType::F16);
-    let mut x = vec![0.0; n * d];
-    matmul(&w.patch, &cols, n, &mut x, &mut mm, threads);
+    let mut x = vec![0.0; n_patches * d];
+    matmul(&w.patch, &cols, n_patches, &mut x, &mut mm, threads);
     if let Some(b) = &w.patch_b {
         add_bias(&mut x, b);
     }
+    if let Some(cls) = &w.class_embd {
+        x.extend_from_slice(cls);
+    }
+    let n = x.len() / d;
     add_inplace(&mut x, &w.pos[..n * d]);
-    for l in &w.layers {
+    if let Some((g, b)) = &w.pre_ln {
+        layer_norm_rows(&mut x, g, b.as_deref(), p.eps);
+    }
+    for l in &w.layers[..p.n_layer_used] {
         block(l, p, &mut x, n, &mut mm, threads);
     }
     if let Some((g, b)) = &w.post_ln {

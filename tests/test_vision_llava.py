@@ -1,0 +1,202 @@
+"""The mlp projector (LLaVA 1.5; Yi-VL's mlp_norm head; LLaVA 1.6's encoder) against llama.cpp's
+libmtmd, recorded by benches/record_vision_llava.py on the tiny llama and
+tests/data/make_tiny_vision_llava.py's projectors: the image embeddings, the chunks of a prompt
+(no image markers, causal), the logits after decoding it, the feature layer, the files refused,
+and Llava15ChatHandler through Llama."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import ferrollama as fl
+from ferrollama.generation.multimodal import ImageChunk, Projector, eval_chunks
+from scenario_runner import TOL_TINY_FLOAT_MAX
+from test_vision import TOL_EMBD, chat_message, chunk_record, data_uri
+
+DATA = Path(__file__).resolve().parent / "data"
+SCN = json.loads((DATA / "scenarios" / "vision-llava-f32.json").read_text())
+MMPROJ = DATA / "models" / SCN["mmproj"]
+#: the projector's head -> its records: LLaVA 1.5's mm.0, GELU, mm.2; Yi-VL's with LayerNorms
+HEADS = {"mlp": SCN, "mlp_norm": json.loads((DATA / "scenarios" / "vision-llava-yi-f32.json").read_text())}
+
+
+def image(name: str) -> Path:
+    return DATA / SCN["images"][name]
+
+
+@pytest.fixture(scope="module")
+def model() -> fl.Model:
+    return fl.Model(str(DATA / "models" / SCN["model"]))
+
+
+@pytest.fixture(scope="module")
+def projectors(model: fl.Model) -> dict[str, Projector]:
+    return {head: Projector(model, DATA / "models" / scn["mmproj"], n_threads=2) for head, scn in HEADS.items()}
+
+
+@pytest.fixture(scope="module")
+def proj(projectors: dict[str, Projector]) -> Projector:
+    return projectors["mlp"]
+
+
+def context(model: fl.Model, cache_type: str = "f32") -> fl.Context:
+    c = SCN["context"]
+    return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
+                      n_threads=2, type_k=cache_type, type_v=cache_type)
+
+
+@pytest.mark.parametrize("name", sorted(SCN["images"]))
+@pytest.mark.parametrize("head", HEADS)
+def test_image_embeddings_match_mtmd(projectors: dict[str, Projector], head: str, name: str) -> None:
+    # one row per patch (8x8), the output width the last layer's (not clip.vision.projection_dim's 32)
+    want = np.asarray(HEADS[head]["expected_embeddings"][name], np.float32)
+    got = projectors[head].encode(image(name))
+    assert got.shape == want.shape == (64, 256)
+    assert np.abs(got - want).max() <= TOL_EMBD
+
+
+@pytest.mark.parametrize("cache_type", ["f32", "f16"])
+@pytest.mark.parametrize("case", range(len(SCN["evals"])))
+@pytest.mark.parametrize("head", HEADS)
+def test_prompt_with_images_matches_mtmd(model: fl.Model, projectors: dict[str, Projector], head: str, case: int,
+                                         cache_type: str) -> None:
+    proj = projectors[head]
+    ev = HEADS[head]["evals"][case]
+    images = [image(n) for n in ev["images"]]
+    chunks = proj.tokenize(ev["prompt"], images)
+    assert [chunk_record(c) for c in chunks] == ev["expected_chunks"]
+    assert not ev["expected_non_causal"] and not any(c.non_causal for c in chunks if isinstance(c, ImageChunk))
+    ctx = context(model, cache_type)
+    assert proj.eval(ctx, ev["prompt"], images, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
+    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
+    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+
+
+def test_llava_images_are_decoded_causally(model: fl.Model, proj: Projector) -> None:
+    # mtmd_decode_use_non_causal is false for mlp: the image decoded non-causally ends 0.16 away
+    ev = SCN["evals"][0]
+    chunks = proj.tokenize(ev["prompt"], [image(n) for n in ev["images"]])
+    for c in chunks:
+        if isinstance(c, ImageChunk):
+            c.non_causal = True
+    ctx = context(model)
+    eval_chunks(ctx, chunks)
+    assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > 2 * TOL_TINY_FLOAT_MAX
+
+
+def test_llava_images_have_no_markers(model: fl.Model, proj: Projector) -> None:
+    # mtmd sets no img_beg / img_end for PROJECTOR_TYPE_MLP: the text around the marker is all
+    ev = SCN["evals"][0]
+    before, after = ev["prompt"].split("<__media__>")
+    text_before, img, text_after = ev["expected_chunks"]
+    assert text_before["tokens"] == [model.bos] + model.tokenize(before, add_special=False, parse_special=True)
+    assert img["n_tokens"] == img["n_pos"] == 64
+    assert text_after["tokens"] == model.tokenize(after, add_special=False, parse_special=True)
+
+
+def test_the_feature_layer_is_the_second_to_last(model: fl.Model, proj: Projector, tmp_path: Path) -> None:
+    want = np.asarray(SCN["expected_embeddings"]["square"], np.float32)
+    n_layer = int(gguf.GGUFReader(MMPROJ).fields["clip.vision.block_count"].contents())
+    same = Projector(model, rewritten(tmp_path, {"clip.vision.feature_layer": [n_layer - 1]}), n_threads=2)
+    assert np.array_equal(same.encode(image("square")), proj.encode(image("square")))
+    last = Projector(model, rewritten(tmp_path, {"clip.vision.feature_layer": [n_layer]}), n_threads=2)
+    assert np.abs(last.encode(image("square")) - want).max() > 100 * TOL_EMBD
+
+
+def test_stacked_feature_layers_are_refused(model: fl.Model, tmp_path: Path) -> None:
+    with pytest.raises(fl.UnsupportedError, match="stacked feature layers"):
+        Projector(model, rewritten(tmp_path, {"clip.vision.feature_layer": [1, 2]}))
+
+
+#: LLaVA 1.6 (image_grid_pinpoints): libmtmd encodes the overview and each anyres tile on its own,
+#: one image chunk each; the engine runs the encoder, the chunks are not there yet
+SCN16 = json.loads((DATA / "scenarios" / "vision-llava16-f32.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(SCN16["images"]))
+def test_llava16_first_chunk_embeddings_match_mtmd(name: str) -> None:
+    from ferrollama._core import Projector as CoreProjector
+    from ferrollama.generation.media import VisionParams, load_image, preprocess_image
+
+    core = CoreProjector(str(DATA / "models" / SCN16["mmproj"]), n_threads=2)
+    assert core.grid_pinpoints == [(64, 128), (128, 64), (128, 128)]
+    vision = VisionParams(image_size=core.image_size, patch_size=core.patch_size, image_mean=tuple(core.image_mean),
+                          image_std=tuple(core.image_std), n_merge=core.n_merge, grid_pinpoints=tuple(core.grid_pinpoints))
+    pre = preprocess_image("mlp", load_image(DATA / SCN16["images"][name]), vision)
+    # the image's chunks in the first prompt that shows it alone: the tiles, then the overview
+    # (mtmd's ov_img_first is false for llava); the square is the overview alone, the wide one 2 tiles
+    ev = next(e for e in SCN16["evals"] if e["images"] == [name])
+    assert [c["n_tokens"] for c in ev["expected_chunks"] if c["type"] == "image"] == [64] * (1 + len(pre.entries))
+    want = np.asarray(SCN16["expected_embeddings"][name], np.float32)
+    got = core.encode_pixels(pre.entries[0] if pre.entries else pre.overview)
+    assert got.shape == want.shape == (64, 256)
+    assert np.abs(got - want).max() <= TOL_EMBD
+
+
+def test_llava16_chunks_are_refused_by_name(model: fl.Model) -> None:
+    with pytest.raises(fl.UnsupportedError, match="image_grid_pinpoints"):
+        Projector(model, DATA / "models" / SCN16["mmproj"])
+
+
+def test_a_feature_layer_past_the_encoder_is_an_error(model: fl.Model, tmp_path: Path) -> None:
+    with pytest.raises(fl.GGUFError, match="feature_layer"):
+        Projector(model, rewritten(tmp_path, {"clip.vision.feature_layer": [4]}))
+
+
+def rewritten(tmp_path: Path, changes: dict) -> Path:
+    """The tiny llava projector with metadata values added or replaced (strings, int arrays)."""
+    src = gguf.GGUFReader(MMPROJ)
+    out = tmp_path / f"mmproj-{len(list(tmp_path.iterdir()))}.gguf"
+    w = gguf.GGUFWriter(str(out), "clip")
+    for key, f in src.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in changes:
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, f.contents())
+        else:
+            w.add_key_value(key, f.contents(), f.types[0])
+    for key, value in changes.items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
+    for t in src.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(n) for n in t.shape])), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shutil.copystat(MMPROJ, out)
+    return out
+
+
+#: llama-cpp-python 0.3.36's Llava15ChatHandler's text for chat_message(url), rendered by it: its
+#: CHAT_FORMAT with the default system message, the image's URL first in the user turn, replaced by
+#: the marker (the format's newlines follow block tags, which trim_blocks removes)
+LLAVA15_TEXT = ("A chat between a curious human and an artificial intelligence assistant. The assistant gives helpful, "
+                "detailed, and polite answers to the human's questions.USER: <__media__>What is in this picture?"
+                "ASSISTANT: ")
+
+
+def test_llava15_chat_handler_decodes_its_format_with_the_images(model: fl.Model, proj: Projector) -> None:
+    from ferrollama.llama_chat_format import Llava15ChatHandler
+
+    handler = Llava15ChatHandler(clip_model_path=str(MMPROJ), verbose=False)
+    llm = fl.Llama(str(DATA / "models" / SCN["model"]), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
+                   chat_handler=handler, verbose=False)
+    for name, url in (("square", data_uri(image("square"))), ("wide", data_uri(image("wide")))):
+        r = llm.create_chat_completion(messages=chat_message(url), max_tokens=1, temperature=0, logprobs=True,
+                                       top_logprobs=1)
+        ctx = context(model, "f16")  # Llama's default KV cache
+        n_past = proj.eval(ctx, LLAVA15_TEXT, [image(name)])
+        logits = ctx.logits(-1).astype(np.float64)
+        top = int(np.argmax(logits))
+        logprob = logits[top] - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+        got = r["choices"][0]["logprobs"]["content"][0]
+        assert got["token"] == model.token_to_piece(top, True).decode() and abs(got["logprob"] - logprob) < 1e-4
+        assert r["usage"]["prompt_tokens"] == n_past

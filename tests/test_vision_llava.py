@@ -44,8 +44,8 @@ def proj(projectors: dict[str, Projector]) -> Projector:
     return projectors["mlp"]
 
 
-def context(model: fl.Model, cache_type: str = "f32") -> fl.Context:
-    c = SCN["context"]
+def context(model: fl.Model, cache_type: str = "f32", scn: dict | None = None) -> fl.Context:
+    c = (scn or SCN)["context"]
     return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
                       n_threads=2, type_k=cache_type, type_v=cache_type)
 
@@ -114,7 +114,7 @@ def test_stacked_feature_layers_are_refused(model: fl.Model, tmp_path: Path) -> 
 
 
 #: LLaVA 1.6 (image_grid_pinpoints): libmtmd encodes the overview and each anyres tile on its own,
-#: one image chunk each; the engine runs the encoder, the chunks are not there yet
+#: one image chunk each
 SCN16 = json.loads((DATA / "scenarios" / "vision-llava16-f32.json").read_text())
 
 
@@ -138,9 +138,43 @@ def test_llava16_first_chunk_embeddings_match_mtmd(name: str) -> None:
     assert np.abs(got - want).max() <= TOL_EMBD
 
 
-def test_llava16_chunks_are_refused_by_name(model: fl.Model) -> None:
-    with pytest.raises(fl.UnsupportedError, match="image_grid_pinpoints"):
-        Projector(model, DATA / "models" / SCN16["mmproj"])
+@pytest.mark.parametrize("cache_type", ["f32", "f16"])
+@pytest.mark.parametrize("case", range(len(SCN16["evals"])))
+def test_llava16_prompts_with_tiled_images_match_mtmd(model: fl.Model, case: int, cache_type: str) -> None:
+    # each anyres tile and then the overview its own chunk, with no tokens between (mtmd's
+    # llava-uhd layout with an empty template)
+    proj16 = Projector(model, DATA / "models" / SCN16["mmproj"], n_threads=2)
+    ev = SCN16["evals"][case]
+    images = [DATA / SCN16["images"][n] for n in ev["images"]]
+    assert [chunk_record(c) for c in proj16.tokenize(ev["prompt"], images)] == ev["expected_chunks"]
+    ctx = context(model, cache_type, SCN16)
+    assert proj16.eval(ctx, ev["prompt"], images) == ev["expected_n_past"]
+    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
+    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+
+
+#: llama-cpp-python 0.3.36's Llava16ChatHandler's text for chat_message(url), rendered by it
+LLAVA16_TEXT = ("A chat between a curious human and an artificial intelligence assistant. The assistant gives helpful, "
+                "detailed, and polite answers to the human's questions. <__media__>\nWhat is in this picture?Answer:")
+
+
+def test_llava16_chat_handler_decodes_its_format_with_the_tiles(model: fl.Model) -> None:
+    from ferrollama.llama_chat_format import Llava16ChatHandler
+
+    proj16 = Projector(model, DATA / "models" / SCN16["mmproj"], n_threads=2)
+    llm = fl.Llama(str(DATA / "models" / SCN16["model"]), n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2,
+                   chat_handler=Llava16ChatHandler(clip_model_path=str(DATA / "models" / SCN16["mmproj"])),
+                   verbose=False)
+    r = llm.create_chat_completion(messages=chat_message(data_uri(DATA / SCN16["images"]["wide"])), max_tokens=1,
+                                   temperature=0, logprobs=True, top_logprobs=1)
+    ctx = context(model, "f16", SCN16)
+    n_past = proj16.eval(ctx, LLAVA16_TEXT, [DATA / SCN16["images"]["wide"]])
+    logits = ctx.logits(-1).astype(np.float64)
+    top = int(np.argmax(logits))
+    logprob = logits[top] - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+    got = r["choices"][0]["logprobs"]["content"][0]
+    assert got["token"] == model.token_to_piece(top, True).decode() and abs(got["logprob"] - logprob) < 1e-4
+    assert r["usage"]["prompt_tokens"] == n_past
 
 
 def test_a_feature_layer_past_the_encoder_is_an_error(model: fl.Model, tmp_path: Path) -> None:

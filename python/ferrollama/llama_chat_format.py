@@ -988,15 +988,15 @@ register_chat_completion_handler("functionary-v2")(functionary_v1_v2_chat_handle
 
 
 class _ImageChatHandler:
-    """llama-cpp-python's image handlers whose projectors ferrollama does not run yet (LLaVA 1.6's
-    tiling, MiniCPM-V, Qwen2.5-VL): constructing one raises ChatHandlerUnavailableError;
-    MTMDChatHandler and Llava15ChatHandler take the projectors it runs."""
+    """llama-cpp-python's image handlers whose projectors ferrollama does not run yet (MiniCPM-V,
+    Qwen2.5-VL): constructing one raises ChatHandlerUnavailableError; MTMDChatHandler and the
+    llava handlers take the projectors it runs."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         raise ChatHandlerUnavailableError(
             f"{type(self).__name__} is not available in ferrollama: its projectors are not supported "
-            "yet; for a model whose projector is (gemma3, mlp), use MTMDChatHandler or Llava15ChatHandler "
-            "(clip_model_path=...)")
+            "yet; for a model whose projector is (gemma3, idefics3, mlp), use MTMDChatHandler or "
+            "Llava15ChatHandler/Llava16ChatHandler (clip_model_path=...)")
 
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> "_ImageChatHandler":
@@ -1298,7 +1298,51 @@ class Llama3VisionAlphaChatHandler(Llava15ChatHandler):
     )
 
 
-class Llava16ChatHandler(_ImageChatHandler, Llava15ChatHandler): pass
+class Llava16ChatHandler(Llava15ChatHandler):
+    DEFAULT_SYSTEM_MESSAGE = ("A chat between a curious human and an artificial intelligence assistant. The assistant "
+                              "gives helpful, detailed, and polite answers to the human's questions. ")
+    CHAT_FORMAT = (
+        "{% for message in messages %}"
+        "{% if message.role == 'system' %}"
+        "{{ message.content }}"
+        "{% endif %}"
+        "{% if message.role == 'user' %}"
+        "{% if message.content is iterable %}"
+        # <image>
+        "{% for content in message.content %}"
+        "{% if content.type == 'image_url' %}"
+        "{% if content.image_url is string %}"
+        "{{ content.image_url }}\n"
+        "{% endif %}"
+        "{% if content.image_url is mapping %}"
+        "{{ content.image_url.url }}\n"
+        "{% endif %}"
+        "{% endif %}"
+        "{% endfor %}"
+        # Question:
+        "{% for content in message.content %}"
+        "{% if content.type == 'text' %}"
+        "{{ content.text }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% endif %}"
+        # Question:
+        "{% if message.content is string %}"
+        "{{ message.content }}"
+        "{% endif %}"
+        "{% endif %}"
+        # Answer:
+        "{% if message.role == 'assistant' %}"
+        "{{ message.content }}"
+        "{% endif %}"
+        "{% endfor %}"
+        # Generation prompt
+        "{% if add_generation_prompt %}"
+        "Answer:"
+        "{% endif %}"
+    )
+
+
 class MiniCPMv26ChatHandler(_ImageChatHandler, Llava15ChatHandler): pass
 class Qwen25VLChatHandler(_ImageChatHandler, Llava15ChatHandler): pass
 

@@ -146,10 +146,6 @@ class Projector:
                                    image_mean=tuple(self.core.image_mean), image_std=tuple(self.core.image_std),
                                    n_merge=self.core.n_merge, image_longest_edge=self.core.image_longest_edge,
                                    grid_pinpoints=tuple(self.core.grid_pinpoints))
-        if self.vision.grid_pinpoints:
-            # mtmd_tokenize gives the overview and each anyres tile a chunk of its own
-            raise UnsupportedError(f"{os.fspath(self.path)!r} has clip.vision.image_grid_pinpoints: LLaVA 1.6's "
-                                   "tiles (an image chunk each) are not supported yet")
         self._tile_tokens = _lookup_tokens(self.model, self.family.tiles.token_texts())
 
     @property

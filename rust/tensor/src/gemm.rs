@@ -58,25 +58,21 @@ pub fn gemm_isa(isa: Isa, w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f3
     let token_tiles = (BLOCK_FLOATS / (k * rn)).clamp(1, BLOCK_TILES.1);
     let (block_rows, block_tokens) = (rm * BLOCK_TILES.0, rn * token_tiles);
     let row_blocks = rows.div_ceil(block_rows);
+    let wf = weights_f32(w, threads);
     let out_ptr = SendPtr(out.as_mut_ptr());
     threads.run(row_blocks * n_tokens.div_ceil(block_tokens), |task| {
         let r_block = (task % row_blocks) * block_rows..rows.min((task % row_blocks + 1) * block_rows);
         let t0 = (task / row_blocks) * block_tokens;
         let t_block = t0..n_tokens.min(t0 + block_tokens);
-        // The tile's weight rows in f32, padded with zero rows past the last.
-        let mut w_tile = vec![0f32; rm * k];
         for r0 in r_block.clone().step_by(rm) {
             let m = rm.min(r_block.end - r0);
-            for i in 0..m {
-                weight_row(w, r0 + i, &mut w_tile[i * k..(i + 1) * k]);
-            }
-            w_tile[m * k..].fill(0.0);
+            // A tile past the last row or token repeats it (its outputs are not stored).
+            let ws: [&[f32]; 4] = std::array::from_fn(|i| &wf[(r0 + i.min(m - 1)) * k..][..k]);
             for t in t_block.clone().step_by(rn) {
                 let nt = rn.min(t_block.end - t);
-                // A tile past the last token repeats it (its outputs are not stored).
                 let xs: [&[f32]; 6] = std::array::from_fn(|j| &x[(t + j.min(nt - 1)) * k..][..k]);
                 let mut c = [[0f32; 6]; 4];
-                tile(isa, &w_tile, &xs, k, &mut c);
+                tile(isa, &ws, &xs, k, &mut c);
                 for (i, ci) in c.iter().enumerate().take(m) {
                     for (j, &v) in ci.iter().enumerate().take(nt) {
                         // SAFETY: tasks cover disjoint (row, token) blocks of `out`.
@@ -86,6 +82,21 @@ pub fn gemm_isa(isa: Isa, w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f3
             }
         }
     });
+}
+
+/// `w` in f32 (exact), converted on the threads: each weight is read by many tiles.
+fn weights_f32(w: &QMatrix, threads: &Threads) -> Vec<f32> {
+    let k = w.cols;
+    let mut wf = vec![0f32; w.rows * k];
+    let wf_ptr = SendPtr(wf.as_mut_ptr());
+    threads.run(w.rows.div_ceil(64), |c| {
+        for r in c * 64..w.rows.min((c + 1) * 64) {
+            // SAFETY: each task writes its own rows.
+            let dst = unsafe { std::slice::from_raw_parts_mut(wf_ptr.get().add(r * k), k) };
+            weight_row(w, r, dst);
+        }
+    });
+    wf
 }
 
 /// x with every value rounded to f16 (to nearest, ties to even: F16C's conversion and
@@ -118,21 +129,21 @@ fn weight_row(w: &QMatrix, r: usize, dst: &mut [f32]) {
     }
 }
 
-/// c[i][j] = the dot product of weight row i of `w` (rows of k) and xs[j], for the ISA's
-/// tile of rows and tokens.
-fn tile(isa: Isa, w: &[f32], xs: &[&[f32]; 6], k: usize, c: &mut [[f32; 6]; 4]) {
+/// c[i][j] = the dot product of ws[i] and xs[j] (k each), for the ISA's tile of rows and
+/// tokens.
+fn tile(isa: Isa, ws: &[&[f32]; 4], xs: &[&[f32]; 6], k: usize, c: &mut [[f32; 6]; 4]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU supports `isa` (checked by gemm_isa); w holds 4 rows of k, xs k each.
-        Isa::Avx512 => unsafe { x86::tile_avx512(w.as_ptr(), &xs.map(|x| x.as_ptr()), k, c) },
+        // SAFETY: the CPU supports `isa` (checked by gemm_isa); every row holds k values.
+        Isa::Avx512 => unsafe { x86::tile_avx512(&ws.map(|w| w.as_ptr()), &xs.map(|x| x.as_ptr()), k, c) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, with 3 rows and 4 tokens.
-        Isa::Avx2 => unsafe { x86::tile_avx2(w.as_ptr(), &xs.map(|x| x.as_ptr()), k, c) },
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { x86::tile_avx2(&ws.map(|w| w.as_ptr()), &xs.map(|x| x.as_ptr()), k, c) },
         _ => {
             let (rm, rn) = TILE_AVX2;
             for i in 0..rm {
                 for j in 0..rn {
-                    c[i][j] = dot_spec(16, &w[i * k..(i + 1) * k], xs[j]);
+                    c[i][j] = dot_spec(16, ws[i], xs[j]);
                 }
             }
         }
@@ -182,16 +193,16 @@ mod x86 {
     const RM: usize = TILE_AVX512.0;
     const RN: usize = TILE_AVX512.1;
 
-    /// c[i][j] = Σ_k w[i * k ..][k] · x[j][k], sixteen lanes per output.
+    /// c[i][j] = Σ_k w[i][k] · x[j][k], sixteen lanes per output.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
-    pub unsafe fn tile_avx512(w: *const f32, x: &[*const f32; 6], k: usize, c: &mut [[f32; 6]; 4]) {
+    pub unsafe fn tile_avx512(w: &[*const f32; 4], x: &[*const f32; 6], k: usize, c: &mut [[f32; 6]; 4]) {
         let mut acc = [[_mm512_setzero_ps(); RN]; RM];
         for kk in (0..k).step_by(16) {
             // A last partial step loads zeros past the row's end.
             let mask: __mmask16 = if kk + 16 <= k { 0xffff } else { (1u16 << (k - kk)) - 1 };
             let mut wv = [_mm512_setzero_ps(); RM];
             for (i, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_maskz_loadu_ps(mask, w.add(i * k + kk));
+                *v = _mm512_maskz_loadu_ps(mask, w[i].add(kk));
             }
             for j in 0..RN {
                 let xv = _mm512_maskz_loadu_ps(mask, x[j].add(kk));
@@ -237,7 +248,7 @@ mod x86 {
 
     /// c[i][j] for the AVX2 tile, eight lanes per output.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn tile_avx2(w: *const f32, x: &[*const f32; 6], k: usize, c: &mut [[f32; 6]; 4]) {
+    pub unsafe fn tile_avx2(w: &[*const f32; 4], x: &[*const f32; 6], k: usize, c: &mut [[f32; 6]; 4]) {
         const RM2: usize = TILE_AVX2.0;
         const RN2: usize = TILE_AVX2.1;
         let mut acc = [[_mm256_setzero_ps(); RN2]; RM2];
@@ -247,7 +258,7 @@ mod x86 {
             let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((k - kk).min(8) as i32), lane);
             let mut wv = [_mm256_setzero_ps(); RM2];
             for (i, v) in wv.iter_mut().enumerate() {
-                *v = _mm256_maskload_ps(w.add(i * k + kk), mask);
+                *v = _mm256_maskload_ps(w[i].add(kk), mask);
             }
             for j in 0..RN2 {
                 let xv = _mm256_maskload_ps(x[j].add(kk), mask);

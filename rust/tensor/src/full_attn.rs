@@ -133,17 +133,16 @@ fn query_tile<'s>(isa: Isa, head: &HeadOperands, q: &[f32], q_stride: usize, nq:
 /// A row of scores → exp(score × scale - max) (zero past the n real keys); returns their
 /// sum (f64 over 16-lane chunk sums, as ggml_vec_soft_max_f32, then f32).
 fn softmax_weights(isa: Isa, row: &mut [f32], n: usize, scale: f32) -> f32 {
-    for x in row[..n].iter_mut() {
-        *x *= scale;
-    }
+    // Past the keys -inf, which the scale keeps.
     row[n..].fill(f32::NEG_INFINITY);
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 is available (checked by the caller); rows are whole vectors.
-        return unsafe { x86::exp_sum(row, max) } as f32;
+        return unsafe { x86::softmax_weights(row, scale) } as f32;
     }
     let _ = isa;
+    row.iter_mut().for_each(|x| *x *= scale);
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     let mut sum = 0f64;
     for chunk in row.chunks_exact_mut(16) {
         chunk.iter_mut().for_each(|x| *x = expf_reference(*x - max));
@@ -183,11 +182,18 @@ mod x86 {
 
     use super::RM;
 
-    /// ggml_vec_soft_max_f32 (AVX-512): row = ggml_v_expf(row - max), returns Σ of each 16
-    /// lanes' `_mm512_reduce_add_ps` in f64.
+    /// row × scale, then ggml_vec_soft_max_f32 (AVX-512): row = ggml_v_expf(row - max);
+    /// returns Σ of each 16 lanes' `_mm512_reduce_add_ps` in f64. (The max of the lanes' maxima
+    /// is the row's, whatever the order.)
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
-    pub unsafe fn exp_sum(row: &mut [f32], max: f32) -> f64 {
-        let m = _mm512_set1_ps(max);
+    pub unsafe fn softmax_weights(row: &mut [f32], scale: f32) -> f64 {
+        let (sv, mut mv) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
+        for chunk in row.chunks_exact_mut(16) {
+            let x = _mm512_mul_ps(_mm512_loadu_ps(chunk.as_ptr()), sv);
+            _mm512_storeu_ps(chunk.as_mut_ptr(), x);
+            mv = _mm512_max_ps(mv, x);
+        }
+        let m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
         let mut sum = 0f64;
         for chunk in row.chunks_exact_mut(16) {
             let e = crate::glu::expf16(_mm512_sub_ps(_mm512_loadu_ps(chunk.as_ptr()), m));

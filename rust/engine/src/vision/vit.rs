@@ -8,7 +8,7 @@
 //! attention is flash attention's tiled path, which keeps queries and scores in f32 and
 //! rounds K and V to f16 (clip.cpp turns flash attention on where the backend has it).
 
-use ferrollama_tensor::{full_attention, GgmlType, QMatrix, Threads};
+use ferrollama_tensor::{full_attention, GgmlType, QMatrix, SendPtr, Threads};
 use half::f16;
 
 use super::params::{FfnAct, VisionParams};
@@ -153,30 +153,46 @@ fn im2col(pixels: &[f32], nx: usize, ny: usize, ps: usize, to_f16: bool) -> Vec<
 /// x += attn(LN1(x)); x += ffn(LN2(x)).
 fn block(l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize, threads: &Threads) {
     let d = p.n_embd;
-    let mut h = x.to_vec();
-    layer_norm_rows(&mut h, &l.ln1.0, l.ln1.1.as_deref(), p.eps);
+    let norm = |x: &[f32], (g, b): &(Vec<f32>, Option<Vec<f32>>)| {
+        let mut h = x.to_vec();
+        on_rows(&mut h, d, threads, |_, rows| layer_norm_rows(rows, g, b.as_deref(), p.eps));
+        h
+    };
     let project = |w: &QMatrix, b: &Option<Vec<f32>>, input: &[f32]| {
         let mut out = product(w, input, n, threads);
         if let Some(b) = b {
-            add_bias(&mut out, b);
+            on_rows(&mut out, w.rows, threads, |_, rows| add_bias(rows, b));
         }
         out
     };
+    let residual = |x: &mut [f32], y: Vec<f32>| on_rows(x, d, threads, |at, rows| add_inplace(rows, &y[at..at + rows.len()]));
+    let h = norm(x, &l.ln1);
     let q = project(&l.wq, &l.bq, &h);
     let k = project(&l.wk, &l.bk, &h);
     let v = project(&l.wv, &l.bv, &h);
     let attn = full_attention(&q, &k, &v, n, p.n_head, p.head_dim(), threads);
-    add_inplace(x, &project(&l.wo, &l.bo, &attn));
-    h.copy_from_slice(x);
-    layer_norm_rows(&mut h, &l.ln2.0, l.ln2.1.as_deref(), p.eps);
+    residual(x, project(&l.wo, &l.bo, &attn));
+    let h = norm(x, &l.ln2);
     let mut u = project(&l.up, &l.up_b, &h);
     match p.ffn_act {
-        FfnAct::Gelu => gelu_inplace(&mut u),
-        FfnAct::GeluQuick => gelu_quick_inplace(&mut u),
+        FfnAct::Gelu => on_rows(&mut u, p.n_ff, threads, |_, rows| gelu_inplace(rows)),
+        FfnAct::GeluQuick => on_rows(&mut u, p.n_ff, threads, |_, rows| gelu_quick_inplace(rows)),
         FfnAct::Silu => unreachable!("refused at load"),
     }
-    add_inplace(x, &project(&l.down, &l.down_b, &u));
-    debug_assert_eq!(x.len(), n * d);
+    residual(x, project(&l.down, &l.down_b, &u));
+}
+
+/// f(offset, chunk) on chunks of whole rows (of `row` values) of x, on the threads: the
+/// element-wise passes over thousands of patches.
+fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    let chunk = 64 * row;
+    let len = x.len();
+    let ptr = SendPtr(x.as_mut_ptr());
+    threads.run(len.div_ceil(chunk), |c| {
+        let at = c * chunk;
+        // SAFETY: the chunks are disjoint parts of x.
+        f(at, unsafe { std::slice::from_raw_parts_mut(ptr.get().add(at), chunk.min(len - at)) });
+    });
 }
 
 fn f16_round(x: f32) -> f32 { f16::from_f32(x).to_f32() }

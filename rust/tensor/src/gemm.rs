@@ -7,7 +7,8 @@
 //! rounds the activations to f16, as ggml converts them to the weights' vec_dot_type.
 //!
 //! Outputs are computed in tiles of RM weight rows × RN tokens (RM × RN accumulators in
-//! registers), the tiles of a block of rows × tokens on one thread. A row length that is
+//! registers), the tiles of a block of rows × tokens on one thread, from an f32 copy of the
+//! weights made once per product (exact). A row length that is
 //! not a multiple of the lanes ends on a step whose missing terms are zeros (tinyBLAS
 //! refuses such rows; ggml then takes vec_dot, whose order this does not follow).
 //! `gemm_spec` is the specification, one term at a time; the kernels equal it bit for bit.
@@ -55,7 +56,7 @@ pub fn gemm_isa(isa: Isa, w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f3
         _ => TILE_AVX2,
     };
     // Long rows take fewer tokens per block, so that the block's activations stay in L2.
-    let token_tiles = (BLOCK_FLOATS / (k * rn)).clamp(1, BLOCK_TILES.1);
+    let token_tiles = (BLOCK_FLOATS / (k * rn).max(1)).clamp(1, BLOCK_TILES.1);
     let (block_rows, block_tokens) = (rm * BLOCK_TILES.0, rn * token_tiles);
     let row_blocks = rows.div_ceil(block_rows);
     let wf = weights_f32(w, threads);

@@ -315,7 +315,7 @@ pub fn attend_reference(h: &Heads, out: &mut [f32], _s: &mut AttnScratch) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     use super::{grow, v_row, AttnScratch, DotOrder, Heads, MAX_HEADS, MAX_TOKENS};
@@ -323,7 +323,7 @@ mod x86 {
 
     /// Lane-wise GCC `_mm512_reduce_add_ps` of one vector, as a scalar.
     #[inline(always)]
-    unsafe fn reduce16(x: __m512) -> f32 {
+    pub(crate) unsafe fn reduce16(x: __m512) -> f32 {
         let hi = _mm512_extractf32x8_ps::<1>(x);
         let lo = _mm512_castps512_ps256(x);
         let t = _mm256_add_ps(hi, lo);

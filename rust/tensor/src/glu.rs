@@ -125,7 +125,7 @@ unsafe fn silu_mul_avx2(x: &mut [f32], g: &[f32]) {
 /// 1 + b·(c1 + ...) scaled by 2^n with scalef (AVX2 adds n to the exponent and multiplies).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn expf16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+pub(crate) unsafe fn expf16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
     let r = _mm512_set1_ps(f32::from_bits(0x4b40_0000)); // 0x1.8p23
     let z = _mm512_fmadd_ps(x, _mm512_set1_ps(f32::from_bits(0x3fb8_aa3b)), r); // 0x1.715476p+0

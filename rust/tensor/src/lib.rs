@@ -10,6 +10,8 @@
 pub mod attn;
 pub mod attn_avx2;
 pub mod dispatch;
+pub mod full_attn;
+pub mod gemm;
 pub mod glu;
 pub mod matmul;
 pub mod packed;
@@ -21,6 +23,8 @@ pub mod traits;
 pub mod util;
 
 pub use ferrollama_gguf::GgmlType;
+pub use full_attn::full_attention;
+pub use gemm::gemm;
 pub use matmul::{matmul, MatmulScratch, PackJob, QMatrix, WeightBytes, TILED_TOKENS};
 pub use threads::{SendPtr, Threads};
 pub use dispatch::Isa;

@@ -3,10 +3,10 @@
 //! tokens from 64 × 64 patches), RMS-normed with `mm.soft_emb_norm`, then projected to the
 //! text model's width by `mm.input_projection`.
 
-use ferrollama_tensor::{matmul, MatmulScratch, QMatrix, Threads};
+use ferrollama_tensor::{QMatrix, Threads};
 
 use super::params::VisionParams;
-use super::{dequantized, float_matrix};
+use super::{dequantized, float_matrix, product};
 use crate::error::Result;
 use crate::ops::rms_norm_inplace;
 use crate::weights::Loader;
@@ -46,10 +46,7 @@ pub fn project(h: &Gemma3Head, p: &VisionParams, vit_out: Vec<f32>, side: usize,
     let d = p.n_embd;
     let mut pooled = avg_pool(&vit_out, side, p.n_merge, d);
     rms_norm_inplace(&mut pooled, &h.soft_emb_norm, p.eps);
-    let n = pooled.len() / d;
-    let mut out = vec![0.0; n * p.n_embd_out];
-    matmul(&h.proj, &pooled, n, &mut out, &mut MatmulScratch::default(), threads);
-    out
+    product(&h.proj, &pooled, pooled.len() / d, threads)
 }
 
 /// ggml_pool_2d (average, kernel = stride = k, no padding) over a side × side grid of rows of

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ferrollama_gguf::GgufFile;
-use ferrollama_tensor::{GgmlType, QMatrix, Threads, WeightBytes};
+use ferrollama_tensor::{gemm, matmul, GgmlType, MatmulScratch, QMatrix, Threads, WeightBytes};
 
 use crate::error::{EngineError, Result};
 use crate::weights::Loader;
@@ -121,6 +121,18 @@ pub(crate) fn float_matrix(ty: GgmlType, rows: usize, cols: usize, values: &[f32
     };
     QMatrix::with_layout(ty, rows, cols, WeightBytes::Owned(Arc::new(bytes)), false)
         .map_err(|e| EngineError::InvalidArgument(format!("a {rows}x{cols} {ty} matrix: {e:?}")))
+}
+
+/// w · x for n tokens (rows of w.cols), as ggml_mul_mat computes a batch this long:
+/// llamafile's tinyBLAS for F16 and F32 weights whose rows are whole 16-element steps
+/// (`gemm`, also the faster kernel), ggml's row dot products otherwise (`matmul`).
+pub(crate) fn product(w: &QMatrix, x: &[f32], n: usize, threads: &Threads) -> Vec<f32> {
+    let mut out = vec![0.0; n * w.rows];
+    match w.ty {
+        GgmlType::F16 | GgmlType::F32 if w.cols % 16 == 0 => gemm(w, x, n, &mut out, threads),
+        _ => matmul(w, x, n, &mut out, &mut MatmulScratch::default(), threads),
+    }
+    out
 }
 
 /// A matrix's values as f32, row after row.

@@ -10,11 +10,11 @@
 //! attention is flash attention's tiled path, which keeps queries and scores in f32 and
 //! rounds K and V to f16 (clip.cpp turns flash attention on where the backend has it).
 
-use ferrollama_tensor::{matmul, GgmlType, MatmulScratch, QMatrix, SendPtr, Threads};
+use ferrollama_tensor::{full_attention, GgmlType, QMatrix, SendPtr, Threads};
 use half::f16;
 
 use super::params::{FfnAct, ProjectorType, VisionParams};
-use super::{dequantized, float_matrix};
+use super::{dequantized, float_matrix, product};
 use crate::error::{EngineError, Result};
 use crate::ops::{add_bias, add_inplace, gelu_inplace, gelu_quick_inplace, layer_norm_rows};
 use crate::weights::Loader;
@@ -133,10 +133,8 @@ fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
 pub fn forward(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Vec<f32> {
     let (d, ps) = (p.n_embd, p.patch_size);
     let n_patches = (nx / ps) * (ny / ps);
-    let mut mm = MatmulScratch::default();
     let cols = im2col(pixels, nx, ny, ps, w.patch.ty == GgmlType::F16);
-    let mut x = vec![0.0; n_patches * d];
-    matmul(&w.patch, &cols, n_patches, &mut x, &mut mm, threads);
+    let mut x = product(&w.patch, &cols, n_patches, threads);
     if let Some(b) = &w.patch_b {
         add_bias(&mut x, b);
     }
@@ -149,7 +147,7 @@ pub fn forward(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize, ny: 
         layer_norm_rows(&mut x, g, b.as_deref(), p.eps);
     }
     for l in &w.layers[..p.n_layer_used] {
-        block(l, p, &mut x, n, &mut mm, threads);
+        block(l, p, &mut x, n, threads);
     }
     if let Some((g, b)) = &w.post_ln {
         layer_norm_rows(&mut x, g, b.as_deref(), p.eps);
@@ -177,90 +175,48 @@ fn im2col(pixels: &[f32], nx: usize, ny: usize, ps: usize, to_f16: bool) -> Vec<
 }
 
 /// x += attn(LN1(x)); x += ffn(LN2(x)).
-fn block(l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize, mm: &mut MatmulScratch, threads: &Threads) {
+fn block(l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize, threads: &Threads) {
     let d = p.n_embd;
-    let mut h = x.to_vec();
-    layer_norm_rows(&mut h, &l.ln1.0, l.ln1.1.as_deref(), p.eps);
-    let project = |w: &QMatrix, b: &Option<Vec<f32>>, input: &[f32], mm: &mut MatmulScratch| {
-        let mut out = vec![0.0; n * w.rows];
-        matmul(w, input, n, &mut out, mm, threads);
+    let norm = |x: &[f32], (g, b): &(Vec<f32>, Option<Vec<f32>>)| {
+        let mut h = x.to_vec();
+        on_rows(&mut h, d, threads, |_, rows| layer_norm_rows(rows, g, b.as_deref(), p.eps));
+        h
+    };
+    let project = |w: &QMatrix, b: &Option<Vec<f32>>, input: &[f32]| {
+        let mut out = product(w, input, n, threads);
         if let Some(b) = b {
-            add_bias(&mut out, b);
+            on_rows(&mut out, w.rows, threads, |_, rows| add_bias(rows, b));
         }
         out
     };
-    let q = project(&l.wq, &l.bq, &h, mm);
-    let k = project(&l.wk, &l.bk, &h, mm);
-    let v = project(&l.wv, &l.bv, &h, mm);
+    let residual = |x: &mut [f32], y: Vec<f32>| on_rows(x, d, threads, |at, rows| add_inplace(rows, &y[at..at + rows.len()]));
+    let h = norm(x, &l.ln1);
+    let q = project(&l.wq, &l.bq, &h);
+    let k = project(&l.wk, &l.bk, &h);
+    let v = project(&l.wv, &l.bv, &h);
     let attn = full_attention(&q, &k, &v, n, p.n_head, p.head_dim(), threads);
-    add_inplace(x, &project(&l.wo, &l.bo, &attn, mm));
-    h.copy_from_slice(x);
-    layer_norm_rows(&mut h, &l.ln2.0, l.ln2.1.as_deref(), p.eps);
-    let mut u = project(&l.up, &l.up_b, &h, mm);
+    residual(x, project(&l.wo, &l.bo, &attn));
+    let h = norm(x, &l.ln2);
+    let mut u = project(&l.up, &l.up_b, &h);
     match p.ffn_act {
-        FfnAct::Gelu => gelu_inplace(&mut u),
-        FfnAct::GeluQuick => gelu_quick_inplace(&mut u),
+        FfnAct::Gelu => on_rows(&mut u, p.n_ff, threads, |_, rows| gelu_inplace(rows)),
+        FfnAct::GeluQuick => on_rows(&mut u, p.n_ff, threads, |_, rows| gelu_quick_inplace(rows)),
         FfnAct::Silu => unreachable!("refused at load"),
     }
-    add_inplace(x, &project(&l.down, &l.down_b, &u, mm));
-    debug_assert_eq!(x.len(), n * d);
+    residual(x, project(&l.down, &l.down_b, &u));
 }
 
-/// Queries a pass of the scores holds at most (their scores take this × n floats).
-const QUERY_BLOCK: usize = 512;
-
-/// Every token attends to every token, per head: softmax(q·kᵀ / √hd) · v, with K and V
-/// rounded to f16 and everything else in f32 (ggml's tiled flash attention). Out: n rows of
-/// n_head × hd.
-pub fn full_attention(q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, threads: &Threads) -> Vec<f32> {
-    let d = n_head * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut out = vec![0.0; n * d];
-    let mut mm = MatmulScratch::default();
-    let mut qh = vec![0.0; QUERY_BLOCK.min(n) * hd];
-    let mut scores = vec![0.0; QUERY_BLOCK.min(n) * n];
-    let mut oh = vec![0.0; QUERY_BLOCK.min(n) * hd];
-    for h in 0..n_head {
-        let keys = f32_matrix(n, hd, |r, c| f16_round(k[r * d + h * hd + c]));
-        let values_t = f32_matrix(hd, n, |r, c| f16_round(v[c * d + h * hd + r]));
-        for q0 in (0..n).step_by(QUERY_BLOCK) {
-            let nq = QUERY_BLOCK.min(n - q0);
-            for t in 0..nq {
-                qh[t * hd..(t + 1) * hd].copy_from_slice(&q[(q0 + t) * d + h * hd..][..hd]);
-            }
-            matmul(&keys, &qh, nq, &mut scores, &mut mm, threads);
-            softmax_rows(&mut scores[..nq * n], n, scale, threads);
-            matmul(&values_t, &scores, nq, &mut oh, &mut mm, threads);
-            for t in 0..nq {
-                out[(q0 + t) * d + h * hd..][..hd].copy_from_slice(&oh[t * hd..(t + 1) * hd]);
-            }
-        }
-    }
-    out
+/// f(offset, chunk) on chunks of whole rows (of `row` values) of x, on the threads: the
+/// element-wise passes over thousands of patches.
+fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    let chunk = 64 * row;
+    let len = x.len();
+    let ptr = SendPtr(x.as_mut_ptr());
+    threads.run(len.div_ceil(chunk), |c| {
+        let at = c * chunk;
+        // SAFETY: the chunks are disjoint parts of x.
+        f(at, unsafe { std::slice::from_raw_parts_mut(ptr.get().add(at), chunk.min(len - at)) });
+    });
 }
 
 fn f16_round(x: f32) -> f32 { f16::from_f32(x).to_f32() }
-
-/// An f32 matrix of `rows` × `cols` with the values `at(row, col)`.
-fn f32_matrix(rows: usize, cols: usize, at: impl Fn(usize, usize) -> f32) -> QMatrix {
-    let values: Vec<f32> = (0..rows * cols).map(|i| at(i / cols, i % cols)).collect();
-    float_matrix(GgmlType::F32, rows, cols, &values).expect("an f32 matrix of its own size")
-}
-
-/// Each row of `x` (rows of n) = softmax(row × scale), on the threads.
-fn softmax_rows(x: &mut [f32], n: usize, scale: f32, threads: &Threads) {
-    let rows = x.len() / n;
-    let ptr = SendPtr(x.as_mut_ptr());
-    threads.run(rows, |r| {
-        // SAFETY: each task writes its own row.
-        let row = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(r * n), n) };
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
-        let mut sum = 0.0f32;
-        for s in row.iter_mut() {
-            *s = (*s * scale - max).exp();
-            sum += *s;
-        }
-        let inv = 1.0 / sum;
-        row.iter_mut().for_each(|s| *s *= inv);
-    });
-}

@@ -44,6 +44,14 @@ def context(model: fl.Model, cache_type: str = "f32", **kw) -> fl.Context:
                       n_threads=2, type_k=cache_type, type_v=cache_type)
 
 
+def assert_first_token(model: fl.Model, logits, token: str, logprob: float, tol: float) -> None:  # noqa: ANN001
+    """An answer's first token is the greedy one of `logits`, with its log-probability."""
+    logits = np.asarray(logits, np.float64)
+    top, peak = int(np.argmax(logits)), logits.max()
+    assert token == model.token_to_piece(top, True).decode()
+    assert abs(logprob - (logits[top] - peak - np.log(np.exp(logits - peak).sum()))) < tol
+
+
 def chunk_record(chunk) -> dict:
     if isinstance(chunk, TextChunk):
         return {"type": "text", "tokens": chunk.tokens}
@@ -241,11 +249,8 @@ def test_llama_chat_with_images_decodes_the_template_text_with_the_images(model:
         text = llm.chat_template.apply(with_media_markers(messages), add_generation_prompt=True)
         ctx = context(model)
         n_past = proj.eval(ctx, text, [image(name)])
-        logits = ctx.logits(-1).astype(np.float64)
-        top = int(np.argmax(logits))
-        logprob = logits[top] - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
         got = r["choices"][0]["logprobs"]["content"][0]
-        assert got["token"] == model.token_to_piece(top, True).decode() and abs(got["logprob"] - logprob) < 1e-4
+        assert_first_token(model, ctx.logits(-1), got["token"], got["logprob"], 1e-4)
         assert r["usage"]["prompt_tokens"] == n_past
 
 
@@ -286,11 +291,7 @@ def test_server_chat_with_an_image_decodes_it_in_the_slot(model: fl.Model, proj:
         text = template.apply([{"role": "user", "content": f"What is in this picture?{MEDIA_MARKER}"}])
         ctx = context(model, "f16")
         n_past = proj.eval(ctx, text, [image(name)])
-        logits = ctx.logits(-1).astype(np.float64)
-        top = int(np.argmax(logits))
-        token, logprob = first_token(r)
-        assert token == model.token_to_piece(top, True).decode()
-        assert abs(logprob - (logits[top] - logits.max() - np.log(np.exp(logits - logits.max()).sum()))) < 1e-2
+        assert_first_token(model, ctx.logits(-1), *first_token(r), 1e-2)
         assert r.usage.prompt_tokens == n_past
         # the same image again: its slot's cache is reused through the image
         assert r.usage.prompt_tokens_details.cached_tokens >= cached_at_least

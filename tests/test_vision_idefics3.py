@@ -14,7 +14,7 @@ import ferrollama as fl
 from ferrollama.generation.multimodal import (MEDIA_MARKER, EncodedImage, ImageChunk, Projector, TextChunk, key_runs,
                                               prompt_keys)
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, chat_message, chunk_record, ferrollama_cli, greedy_after, rewritten
+from test_vision import TOL_EMBD, assert_first_token, chat_message, chunk_record, ferrollama_cli, greedy_after, rewritten
 
 DATA = Path(__file__).resolve().parent / "data"
 SCN = json.loads((DATA / "scenarios" / "vision-idefics3-f32.json").read_text())
@@ -157,11 +157,8 @@ def test_llama_chat_with_tiled_images_decodes_each_tile(model: fl.Model, proj: P
         text = llm.chat_template.apply(with_media_markers(messages), add_generation_prompt=True)
         ctx = context(model)
         n_past = proj.eval(ctx, text, [rgb])
-        logits = ctx.logits(-1).astype(np.float64)
-        top = int(np.argmax(logits))
-        logprob = logits[top] - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
         got = r["choices"][0]["logprobs"]["content"][0]
-        assert got["token"] == model.token_to_piece(top, True).decode() and abs(got["logprob"] - logprob) < 1e-4
+        assert_first_token(model, ctx.logits(-1), got["token"], got["logprob"], 1e-4)
         assert r["usage"]["prompt_tokens"] == n_past
 
 
@@ -185,11 +182,8 @@ def test_server_chat_with_tiled_images_reuses_every_tile(model: fl.Model, proj: 
                                                                 {"type": "text", "text": MEDIA_MARKER}]}])
             ctx = context(model, "f16")
             n_past = proj.eval(ctx, text, [rgb])
-            logits = ctx.logits(-1).astype(np.float64)
-            top = int(np.argmax(logits))
             lp = r.choices[0].logprobs.content[0]
-            assert lp.token == model.token_to_piece(top, True).decode()
-            assert abs(lp.logprob - (logits[top] - logits.max() - np.log(np.exp(logits - logits.max()).sum()))) < 1e-2
+            assert_first_token(model, ctx.logits(-1), lp.token, lp.logprob, 1e-2)
             assert r.usage.prompt_tokens == n_past
             # the same tiled image again: the slot's cache is reused through all of its tiles
             assert r.usage.prompt_tokens_details.cached_tokens >= cached_at_least

@@ -16,7 +16,7 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import ImageChunk, Projector, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, chat_message, chunk_record, data_uri
+from test_vision import TOL_EMBD, assert_first_token, chat_message, chunk_record, data_uri
 
 DATA = Path(__file__).resolve().parent / "data"
 SCN = json.loads((DATA / "scenarios" / "vision-llava-f32.json").read_text())
@@ -169,11 +169,8 @@ def test_llava16_chat_handler_decodes_its_format_with_the_tiles(model: fl.Model)
                                    temperature=0, logprobs=True, top_logprobs=1)
     ctx = context(model, "f16", SCN16)
     n_past = proj16.eval(ctx, LLAVA16_TEXT, [DATA / SCN16["images"]["wide"]])
-    logits = ctx.logits(-1).astype(np.float64)
-    top = int(np.argmax(logits))
-    logprob = logits[top] - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
     got = r["choices"][0]["logprobs"]["content"][0]
-    assert got["token"] == model.token_to_piece(top, True).decode() and abs(got["logprob"] - logprob) < 1e-4
+    assert_first_token(model, ctx.logits(-1), got["token"], got["logprob"], 1e-4)
     assert r["usage"]["prompt_tokens"] == n_past
 
 
@@ -228,9 +225,6 @@ def test_llava15_chat_handler_decodes_its_format_with_the_images(model: fl.Model
                                        top_logprobs=1)
         ctx = context(model, "f16")  # Llama's default KV cache
         n_past = proj.eval(ctx, LLAVA15_TEXT, [image(name)])
-        logits = ctx.logits(-1).astype(np.float64)
-        top = int(np.argmax(logits))
-        logprob = logits[top] - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
         got = r["choices"][0]["logprobs"]["content"][0]
-        assert got["token"] == model.token_to_piece(top, True).decode() and abs(got["logprob"] - logprob) < 1e-4
+        assert_first_token(model, ctx.logits(-1), got["token"], got["logprob"], 1e-4)
         assert r["usage"]["prompt_tokens"] == n_past

@@ -21,7 +21,7 @@ $(VENV)/.deps: pyproject.toml
 	test -d $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check 'maturin>=1.7,<2' 'pytest>=7' 'hypothesis>=6' 'gguf>=0.10' \
-		'jsonschema>=4' 'numpy>=1.23' 'tqdm>=4.60' 'jinja2>=3.1' 'typing_extensions>=4.6' $(DEFAULT_MODEL_PACKAGES) \
+		'jsonschema>=4' 'numpy>=1.23' 'tqdm>=4.60' 'jinja2>=3.1' 'typing_extensions>=4.6' 'pillow>=9.1' $(DEFAULT_MODEL_PACKAGES) \
 		'starlette>=0.37' 'uvicorn>=0.29' 'pydantic>=2.6' 'prometheus-client>=0.20' 'openai>=1.30' 'httpx>=0.27' \
 		'ray[data,serve]>=2.60' 'import-linter>=2.17'
 	touch $@

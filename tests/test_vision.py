@@ -193,7 +193,8 @@ def test_pixels_of_the_wrong_size_are_refused(proj: Projector) -> None:
 
 
 def rewritten(tmp_path: Path, changes: dict, mmproj: Path = DATA / "models" / SCN["mmproj"]) -> Path:
-    """A projector (the tiny one by default) with metadata values added, replaced or (None) removed."""
+    """A projector (the tiny one by default) with metadata values (strings, integers, integer lists)
+    added, replaced or (None) removed."""
     src = gguf.GGUFReader(mmproj)
     out = tmp_path / f"mmproj-{len(list(tmp_path.iterdir()))}.gguf"
     w = gguf.GGUFWriter(str(out), "clip")
@@ -211,6 +212,8 @@ def rewritten(tmp_path: Path, changes: dict, mmproj: Path = DATA / "models" / SC
             continue
         if isinstance(value, str):
             w.add_string(key, value)
+        elif isinstance(value, list):
+            w.add_array(key, value)
         else:
             w.add_uint32(key, value)
     for t in src.tensors:

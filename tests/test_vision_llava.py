@@ -6,7 +6,6 @@ and Llava15ChatHandler through Llama."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import gguf
@@ -17,6 +16,7 @@ import ferrollama as fl
 from ferrollama.generation.multimodal import ImageChunk, Projector, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
 from test_vision import TOL_EMBD, assert_first_token, chat_message, chunk_record, data_uri
+from test_vision import rewritten as rewritten_projector
 
 DATA = Path(__file__).resolve().parent / "data"
 SCN = json.loads((DATA / "scenarios" / "vision-llava-f32.json").read_text())
@@ -180,30 +180,8 @@ def test_a_feature_layer_past_the_encoder_is_an_error(model: fl.Model, tmp_path:
 
 
 def rewritten(tmp_path: Path, changes: dict) -> Path:
-    """The tiny llava projector with metadata values added or replaced (strings, int arrays)."""
-    src = gguf.GGUFReader(MMPROJ)
-    out = tmp_path / f"mmproj-{len(list(tmp_path.iterdir()))}.gguf"
-    w = gguf.GGUFWriter(str(out), "clip")
-    for key, f in src.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in changes:
-            continue
-        if f.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_array(key, f.contents())
-        else:
-            w.add_key_value(key, f.contents(), f.types[0])
-    for key, value in changes.items():
-        if isinstance(value, str):
-            w.add_string(key, value)
-        else:
-            w.add_array(key, value)
-    for t in src.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(n) for n in t.shape])), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    shutil.copystat(MMPROJ, out)
-    return out
+    """The tiny llava projector with metadata values added or replaced."""
+    return rewritten_projector(tmp_path, changes, MMPROJ)
 
 
 #: llama-cpp-python 0.3.36's Llava15ChatHandler's text for chat_message(url), rendered by it: its

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -459,7 +460,9 @@ MODELS = {
 }
 
 
-def write_model(name: str, qtype: str, path: Path) -> None:
+def write_model(name: str, qtype: str, path: Path, vocab: Callable[[gguf.GGUFWriter], None] = copy_vocab) -> None:
+    """The model ``name`` in ``qtype``; ``vocab`` writes its vocabulary (make_tiny_vision_lfm2.py's
+    adds LFM2-VL's image tokens)."""
     arch, build = MODELS[name]
     w = gguf.GGUFWriter(str(path), arch)
     # No architecture in the name: llama.cpp sets token attributes by name.
@@ -467,7 +470,7 @@ def write_model(name: str, qtype: str, path: Path) -> None:
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "f32" else gguf.LlamaFileType.MOSTLY_Q8_0)
     rng = np.random.default_rng(sum(map(ord, name)) + 35)
     build(w, Weights(w, rng, qtype))
-    copy_vocab(w)
+    vocab(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -35,7 +35,7 @@ pub fn project(h: &Idefics3Head, p: &VisionParams, vit_out: Vec<f32>, side: usiz
 /// multiples of `s`, checked at load) of rows of d values: one row per s × s block, blocks
 /// row-major; a block's row holds its patches row after row (patch (dx, dy) of the block at
 /// offset (dy × s + dx) × d).
-fn pixel_shuffle(x: &[f32], width: usize, height: usize, s: usize, d: usize) -> Vec<f32> {
+pub(super) fn pixel_shuffle(x: &[f32], width: usize, height: usize, s: usize, d: usize) -> Vec<f32> {
     let (bw, bh) = (width / s, height / s);
     let mut out = Vec::with_capacity(x.len());
     for by in 0..bh {

@@ -8,6 +8,7 @@
 
 pub mod gemma3;
 pub mod idefics3;
+pub mod lfm2;
 pub mod llava;
 pub mod params;
 pub mod vit;
@@ -38,6 +39,7 @@ enum Head {
     Gemma3(gemma3::Gemma3Head),
     Idefics3(idefics3::Idefics3Head),
     Llava(llava::LlavaHead),
+    Lfm2(lfm2::Lfm2Head),
 }
 
 impl Projector {
@@ -59,6 +61,11 @@ impl Projector {
                 params.n_embd_out = h.n_embd_out();
                 Head::Llava(h)
             }
+            ProjectorType::Lfm2 => {
+                let h = lfm2::Lfm2Head::load(&ld, &params)?;
+                params.n_embd_out = h.n_embd_out();
+                Head::Lfm2(h)
+            }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
@@ -71,6 +78,7 @@ impl Projector {
             // both make one row of each n_merge × n_merge block of patches
             Head::Gemma3(_) | Head::Idefics3(_) => gemma3::n_tokens(&self.params, nx, ny),
             Head::Llava(_) => llava::n_tokens(&self.params, nx, ny),
+            Head::Lfm2(_) => lfm2::n_tokens(&self.params, nx, ny),
         }
     }
 
@@ -79,11 +87,19 @@ impl Projector {
     /// `n_output_tokens(nx, ny)` rows of `params.n_embd_out`.
     pub fn encode(&self, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Result<Vec<f32>> {
         self.check_image(pixels, nx, ny)?;
-        let hidden = vit::forward(&self.vit, &self.params, pixels, nx, ny, threads);
+        let (px, py) = (nx / self.params.patch_size, ny / self.params.patch_size);
+        let hidden = match &self.head {
+            Head::Lfm2(_) => {
+                let pos = lfm2::positions(self.vit.positions(), self.params.n_embd, px, py);
+                vit::forward_at(&self.vit, &self.params, pixels, nx, ny, &pos, threads)
+            }
+            _ => vit::forward(&self.vit, &self.params, pixels, nx, ny, threads),
+        };
         Ok(match &self.head {
-            Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
-            Head::Idefics3(h) => idefics3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
+            Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, px, threads),
+            Head::Idefics3(h) => idefics3::project(h, &self.params, hidden, px, threads),
             Head::Llava(h) => llava::project(h, &self.params, hidden, self.n_output_tokens(nx, ny), threads),
+            Head::Lfm2(h) => lfm2::project(h, &self.params, hidden, px, py, threads),
         })
     }
 
@@ -93,7 +109,8 @@ impl Projector {
             return Err(EngineError::InvalidArgument(format!(
                 "an image of {nx}x{ny} pixels needs {} values (3 per pixel), got {}", nx * ny * 3, pixels.len())));
         }
-        // Idefics3 encodes each tile (and the overview) of image_size on its own
+        // Idefics3 encodes each tile (and the overview) of image_size on its own; LFM2 any
+        // size (its positions resized)
         let fixed = matches!(p.projector, ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Mlp);
         if fixed && (nx != p.image_size || ny != p.image_size) {
             return Err(EngineError::InvalidArgument(format!(

@@ -19,6 +19,9 @@ pub enum ProjectorType {
     /// LLaVA 1.5 (and BakLLaVA, Obsidian...): CLIP up to a feature layer, each patch through a
     /// two-layer MLP (clip.cpp's PROJECTOR_TYPE_MLP, graph models/llava.cpp).
     Mlp,
+    /// LFM2-VL: SigLIP2 NaFlex at the image's own size (position embeddings resized to its
+    /// patch grid), pixel-unshuffled n_merge × n_merge, LayerNorm'd and through a two-layer MLP.
+    Lfm2,
 }
 
 impl ProjectorType {
@@ -27,6 +30,7 @@ impl ProjectorType {
             "gemma3" => Some(ProjectorType::Gemma3),
             "idefics3" => Some(ProjectorType::Idefics3),
             "mlp" => Some(ProjectorType::Mlp),
+            "lfm2" => Some(ProjectorType::Lfm2),
             _ => None,
         }
     }
@@ -36,6 +40,7 @@ impl ProjectorType {
             ProjectorType::Gemma3 => "gemma3",
             ProjectorType::Idefics3 => "idefics3",
             ProjectorType::Mlp => "mlp",
+            ProjectorType::Lfm2 => "lfm2",
         }
     }
 }
@@ -62,7 +67,7 @@ pub struct VisionParams {
     pub image_std: [f32; 3],
     /// The width of the output rows: the text model's n_embd.
     pub n_embd_out: usize,
-    /// Patches merged per side (Gemma 3: the average pool's kernel; Idefics3: the pixel shuffle's).
+    /// Patches merged per side (Gemma 3: the average pool's kernel; Idefics3, LFM2: the pixel shuffle's).
     pub n_merge: usize,
     /// The preprocessing's longest edge (clip.vision.preproc_image_size, Idefics3's); 0: none.
     pub image_longest_edge: usize,
@@ -88,7 +93,7 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, mlp)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
@@ -111,7 +116,7 @@ impl VisionParams {
                 ProjectorType::Gemma3 | ProjectorType::Idefics3 => keys.size("clip.vision.projection_dim", 1 << 18)?,
                 // CLIP's own projection width, not the MLP's output: mm.2.weight's rows
                 // (clip_n_mmproj_embd), set by the head at load
-                ProjectorType::Mlp => {
+                ProjectorType::Mlp | ProjectorType::Lfm2 => {
                     keys.opt_size("clip.vision.projection_dim", 1 << 18)?;
                     0
                 }
@@ -120,20 +125,20 @@ impl VisionParams {
                 // clip.cpp: 4 for every Gemma 3; a test model may say otherwise
                 ProjectorType::Gemma3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(4),
                 // clip.cpp's default is 1, which its pixel shuffle asserts against (> 1)
-                ProjectorType::Idefics3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
+                ProjectorType::Idefics3 | ProjectorType::Lfm2 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
                 ProjectorType::Mlp => 1,
             },
             image_longest_edge: match projector {
                 ProjectorType::Idefics3 => keys.opt_size("clip.vision.preproc_image_size", 1 << 16)?.unwrap_or(0),
-                ProjectorType::Gemma3 | ProjectorType::Mlp => 0,
+                ProjectorType::Gemma3 | ProjectorType::Mlp | ProjectorType::Lfm2 => 0,
             },
             ffn_act,
             n_layer_used: match projector {
-                ProjectorType::Gemma3 | ProjectorType::Idefics3 => n_layer,
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Lfm2 => n_layer,
                 ProjectorType::Mlp => llava_feature_layer(&keys, n_layer)?,
             },
             grid_pinpoints: match projector {
-                ProjectorType::Gemma3 | ProjectorType::Idefics3 => Vec::new(),
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Lfm2 => Vec::new(),
                 ProjectorType::Mlp => llava_pinpoints(&keys)?,
             },
         };
@@ -171,6 +176,11 @@ impl VisionParams {
             return Err(file.error(format!(
                 "clip.vision.projector.scale_factor {} does not shuffle {side} patches per side (idefics3 merges at least 2 per side, \
                  in whole blocks)", self.n_merge)).into());
+        }
+        // clip.cpp's pixel unshuffle asserts a factor above 1 (its default is 1)
+        if self.projector == ProjectorType::Lfm2 && self.n_merge < 2 {
+            return Err(file.error(format!(
+                "clip.vision.projector.scale_factor {} does not unshuffle (lfm2 merges at least 2 patches per side)", self.n_merge)).into());
         }
         Ok(())
     }

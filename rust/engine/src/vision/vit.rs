@@ -52,6 +52,9 @@ pub struct VitWeights {
 }
 
 impl VitWeights {
+    /// The learned position embeddings: a row of n_embd per patch of an image_size image.
+    pub fn positions(&self) -> &[f32] { &self.pos }
+
     pub fn load(ld: &Loader, p: &VisionParams) -> Result<VitWeights> {
         if p.ffn_act == FfnAct::Silu {
             return Err(EngineError::Unsupported("a vision encoder with a SiLU FFN (clip.use_silu)".into()));
@@ -131,6 +134,12 @@ fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
 /// one row of n_embd per patch, patches in row-major order, then the class embedding's row
 /// where the encoder has one; the output of block `p.n_layer_used` (post-LN'd if the file has it).
 pub fn forward(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Vec<f32> {
+    forward_at(w, p, pixels, nx, ny, &w.pos, threads)
+}
+
+/// `forward` with position embeddings of the caller's (LFM2's, resized to the image's patch
+/// grid): one row of n_embd per patch, then the class embedding's.
+pub fn forward_at(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize, ny: usize, pos: &[f32], threads: &Threads) -> Vec<f32> {
     let (d, ps) = (p.n_embd, p.patch_size);
     let n_patches = (nx / ps) * (ny / ps);
     let cols = im2col(pixels, nx, ny, ps, w.patch.ty == GgmlType::F16);
@@ -142,7 +151,7 @@ pub fn forward(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize, ny: 
         x.extend_from_slice(cls);
     }
     let n = x.len() / d;
-    add_inplace(&mut x, &w.pos[..n * d]);
+    add_inplace(&mut x, &pos[..n * d]);
     if let Some((g, b)) = &w.pre_ln {
         layer_norm_rows(&mut x, g, b.as_deref(), p.eps);
     }

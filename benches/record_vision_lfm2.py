@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Records llama.cpp's libmtmd on the tiny LFM2-VL pair (tests/data/make_tiny_vision_lfm2.py) into
+tests/data/scenarios/vision-lfm2-f32.json, as benches/record_vision.py records the Gemma 3 pair
+(the same settings and scenario keys): square-64.png resized to the projector's learned 16x16
+patch grid, wide-100x37.png to a grid its position embeddings are resized to, pre-large.png tiled
+(3x2 tiles of 512x512 and a thumbnail, each its own chunk, LFM2's tokens between them); the logits
+after mtmd_helper_eval_chunks on the recurrent text model with F32 and F16 KV caches.
+`expected_embeddings` holds each image's chunks' embeddings one after the other in the prompt's
+order (tiles row by row, then the thumbnail). Run it with the benchmark venv:
+
+  /path/to/bench-venv/bin/python benches/record_vision_lfm2.py
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record_vision as rv  # noqa: E402
+
+NAME = "vision-lfm2-f32"
+TEXT_MODEL, MMPROJ = "tiny-lfm2vl-f32.gguf", "tiny-mmproj-lfm2-f16.gguf"
+IMAGES = {**rv.IMAGES, "large": "images/pre-large.png"}
+#: the tiled image takes 1776 positions (and its prompt 1810); the batch as the other pairs'
+CONTEXT = {**rv.CONTEXT, "n_ctx": 2048}
+MARKER = rv.MARKER
+#: text on both sides of an image, an image first (BOS a chunk of its own), two images in one
+#: prompt, a tiled image
+PROMPTS = [
+    (f"You are looking at a small picture of colours and shapes.\n{MARKER}\nWhat do you see in it?", ["square"]),
+    (f"{MARKER}Describe this wide picture.", ["wide"]),
+    (f"Compare the first image {MARKER} with the second {MARKER} and tell which one is brighter.", ["square", "wide"]),
+    (f"A large picture: {MARKER}\nWhat is in it?", ["large"]),
+]
+
+
+def main() -> None:
+    models = rv.DATA / "models"
+    got = rv.record(models / TEXT_MODEL, models / MMPROJ, IMAGES, PROMPTS, CONTEXT)
+    scn = rv.scenario(got, NAME, TEXT_MODEL, MMPROJ, IMAGES, CONTEXT)
+    out = rv.DATA / "scenarios" / f"{NAME}.json"
+    out.write_text(json.dumps(scn))
+    print("recorded", out.name, {k: len(v) for k, v in scn["expected_embeddings"].items()}, "image tokens,",
+          len(scn["evals"]), "evals")
+
+
+if __name__ == "__main__":
+    main()

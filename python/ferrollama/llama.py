@@ -381,7 +381,7 @@ class Llama:
         self._rewind(n)
         self._prompt_logits = None
         if len(self._tokens) < n:  # a recurrent state resumed from an earlier checkpoint
-            self.eval(tokens[len(self._tokens):])
+            self._eval_keys(tokens[len(self._tokens):])
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -515,12 +515,15 @@ class Llama:
         """Decodes tokens after those already cached, in batches of n_batch; keeps the logits of
         every token with logits_all=True, of the last one otherwise. The positions of an image
         (its negative key, see `_media_prompt`) decode its embeddings, whole."""
-        ctx = self._require_ctx()
-        ctx.kv.seq_rm(0, len(self._tokens), -1)
-        runs = key_runs(tokens)
-        if runs and tokens[-1] < 0:
+        if len(tokens) and tokens[-1] < 0:
             raise ValueError("a prompt must end with text after its last image (the logits come from a token)")
-        for start, end in runs:
+        self._eval_keys(tokens)
+
+    def _eval_keys(self, tokens: Sequence[int]) -> None:
+        """`eval` of any part of a prompt: it may end with an image (the part before a prompt's
+        last token, where a recurrent model's checkpoint is taken)."""
+        self._require_ctx().kv.seq_rm(0, len(self._tokens), -1)
+        for start, end in key_runs(tokens):
             if tokens[start] < 0:
                 self._eval_image(tokens[start], end - start)
             else:
@@ -569,7 +572,7 @@ class Llama:
         if ckpt is not None and ckpt.enabled and len(tokens) - keep > 1:
             # a recurrent model: keep the states before the prompt's last token (the same prompt
             # again) and after it (a longer prompt that starts with it)
-            self.eval(tokens[keep:-1])
+            self._eval_keys(tokens[keep:-1])
             ckpt.save(0, len(self._tokens))
             self.eval(tokens[-1:])
         else:

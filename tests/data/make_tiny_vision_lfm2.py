@@ -75,7 +75,7 @@ def add_lfm2_weights(wt: mk.Weights, v: mv.VisionDims) -> None:
     wt.bias("mm.input_norm.bias", merged)
     wt.matrix("mm.1.weight", HIDDEN, merged, std=0.12)
     wt.bias("mm.1.bias", HIDDEN)
-    wt.matrix("mm.2.weight", v.n_embd_out, HIDDEN, std=0.25)
+    wt.matrix("mm.2.weight", v.n_embd_out, HIDDEN, std=0.14)
     wt.bias("mm.2.bias", v.n_embd_out)
 
 

@@ -68,6 +68,10 @@ FAMILIES = {
     "idefics3": Family(tiles=TileTemplate(
         overview_start=("\n\n", "<fake_token_around_image>", "<global-img>"), overview_end=("<fake_token_around_image>",),
         row_end=("\n",), slice_start_format="<fake_token_around_image><row_{row}_col_{col}>")),
+    # LFM2-VL: <|image_start|> (image) <|image_end|>, causal; a tiled image's tiles each after
+    # <|img_row_R_col_C|>, then <|img_thumbnail|> (the overview) before <|image_end|> (mtmd.cpp)
+    "lfm2": Family("<|image_start|>", "<|image_end|>", tiles=TileTemplate(
+        overview_start=("<|img_thumbnail|>",), slice_start_format="<|img_row_{row}_col_{col}|>")),
     # LLaVA 1.5 and the other llava-style MLP projectors: the embeddings alone, causal (mtmd.cpp
     # sets no image markers for PROJECTOR_TYPE_MLP)
     "mlp": Family(),

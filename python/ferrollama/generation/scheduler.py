@@ -307,8 +307,6 @@ class Scheduler:
     def _check_media(self, request: Request) -> None:
         """A prompt's images: whole (each key's run its image's length), followed by text, and
         within one micro-batch where they are decoded non-causally."""
-        if self.model.is_recurrent:
-            raise ValueError(f"images with a recurrent model ({self.model.arch}) are not supported yet")
         keys = request.tokens
         if keys[-1] < 0:
             raise ValueError("the prompt must end with text after its last image")
@@ -500,6 +498,8 @@ class Scheduler:
             slot.tokens.extend(slot.pending[:chunk.n_pos])
             slot.pending = slot.pending[chunk.n_pos:]
             self.stats.prompt_tokens_decoded += chunk.n_pos
+            if len(slot.pending) == 1:  # the state before the prompt's last token, as after text
+                self.checkpoints.save(slot.seq_id, len(slot.tokens))
             return
 
     def _fill_batch(self) -> list[Slot]:

@@ -61,17 +61,25 @@ def main() -> None:
     text_model = rv.DATA / "models" / tl.TEXT_MODEL
     ours = Projector(fl.Model(str(text_model)), mmproj, n_threads=rv.recorder.THREADS)
     pixels = preprocess_image("mlp", load_image(rv.DATA / rv.IMAGES[IMAGE]), ours.vision).entries[0]
+    compare_encodes(text_model, mmproj, ours, pixels, rv.DATA / rv.IMAGES[IMAGE], args.reps, "one 336x336 image")
+
+
+def compare_encodes(text_model: Path, mmproj: Path, ours, pixels: np.ndarray, image: Path, reps: int,  # noqa: ANN001
+                    what: str, chunk_index: int = 0) -> None:
+    """Encodes the image chunk `chunk_index` of the image file with libmtmd and `ours` (a
+    Projector; `pixels` its preprocessed input for that chunk) alternately, `reps` times each
+    after a warm-up, and prints the times and their ratio."""
     ms = {"llama.cpp": benchlib.Samples(), "ferrollama": benchlib.Samples()}
     with rv.recorder.Model(text_model, extra_bufts=False) as model, \
-            rv.Mtmd(mmproj, model.model, {IMAGE: rv.DATA / rv.IMAGES[IMAGE]}) as mtmd:
-        chunks = mtmd.tokenize(f"{rv.MARKER}", [IMAGE])
+            rv.Mtmd(mmproj, model.model, {"image": image}) as mtmd:
+        chunks = mtmd.tokenize(f"{rv.MARKER}", ["image"])
         try:
-            chunk = rv.image_chunks(chunks)[0]
+            chunk = rv.image_chunks(chunks)[chunk_index]
             want = mtmd.embeddings(chunk)  # warm-up of both
             got = ours.core.encode_pixels(pixels)
             print(f"max |ferrollama - llama.cpp| = {np.abs(got - want).max():.3g} (embeddings RMS "
                   f"{np.sqrt((want.astype(np.float64) ** 2).mean()):.3g})")
-            for _ in range(args.reps):
+            for _ in range(reps):
                 t0 = time.perf_counter()
                 M.mtmd_encode_chunk(mtmd.ctx, chunk)
                 t1 = time.perf_counter()
@@ -83,7 +91,7 @@ def main() -> None:
             M.mtmd_input_chunks_free(chunks)
     ratio, sd = benchlib.paired_ratio(ms["ferrollama"], ms["llama.cpp"])
     info = benchlib.machine_info()
-    print(f"CPU: {info.get('cpu')}, {rv.recorder.THREADS} threads, {args.reps} alternating reps, one 336x336 image")
+    print(f"CPU: {info.get('cpu')}, {rv.recorder.THREADS} threads, {reps} alternating reps, {what}")
     print(benchlib.markdown_table(["engine", "encode ms (median ± sd)"], [[k, v.cell()] for k, v in ms.items()]))
     print(f"ferrollama / llama.cpp time: {ratio:.2f} ± {sd:.2f}")
 

@@ -400,10 +400,10 @@ def greedy_after(model: fl.Model, proj: Projector, text: str, images: list, n: i
         token = int(np.argmax(ctx.logits(-1)))
         if model.is_eog(token):
             break
-        out.append(model.token_to_piece(token, False).decode())
+        out.append(model.token_to_piece(token, False))
         ctx.decode(fl.Batch.from_tokens([token], n_past, 0))
         n_past += 1
-    return "".join(out)
+    return b"".join(out).decode(errors="replace")  # a character may take several byte tokens
 
 
 def test_cli_chat_with_an_image_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:

@@ -15,7 +15,8 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import ImageChunk, Projector
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, assert_first_token, chat_message, chunk_record, data_uri, rewritten
+from test_vision import (TOL_EMBD, assert_first_token, chat_message, chunk_record, data_uri, ferrollama_cli, greedy_after,
+                         rewritten)
 
 DATA = Path(__file__).resolve().parent / "data"
 SCN = json.loads((DATA / "scenarios" / "vision-lfm2-f32.json").read_text())
@@ -213,3 +214,14 @@ def test_llama_takes_a_prompt_whose_image_is_followed_by_one_token(model: fl.Mod
     assert runs[0][0] == int(np.argmax(ctx.logits(-1)))
     assert runs[1] == runs[0]
     assert llm._checkpoints.count(0) >= 1
+
+
+def test_cli_chat_with_an_image_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
+    from ferrollama.chat.templates import ChatTemplate
+    from ferrollama.generation.multimodal import MEDIA_MARKER
+
+    r = ferrollama_cli("chat", "-m", str(DATA / "models" / SCN["model"]), "--mmproj", str(MMPROJ), "-c", "256", "-n", "6",
+                       "--temp", "0", "-t", "2", "--image", str(image("wide")), "-p", "Tell me")
+    assert r.returncode == 0, r.stderr
+    text = ChatTemplate.from_model(model).apply([{"role": "user", "content": MEDIA_MARKER + "Tell me"}])
+    assert r.stdout.strip("\n") == greedy_after(model, proj, text, [image("wide")], 6).strip("\n")

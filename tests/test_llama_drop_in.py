@@ -52,7 +52,7 @@ INSTALLED = textwrap.dedent("""
            "isinstance": [isinstance(llm, llama_cpp.Llama), isinstance(llm, llama_cpp.llama.Llama)],
            "formatter": Jinja2ChatFormatter is ferrollama.llama_chat_format.Jinja2ChatFormatter,
            "n_ctx": wrapped.context_params.n_ctx, "missing": []}
-    for name in ("llama_cpp.llama_cpp", "llama_cpp.server"):
+    for name in ("llama_cpp.mtmd_cpp", "llama_cpp.server"):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -67,7 +67,7 @@ def test_install_as_llama_cpp_makes_llama_cpp_ferrollama(models: dict) -> None:
     assert json.loads(run.stdout) == {
         "before": False, "root": True, "modules": {m: True for m in ferrollama.LLAMA_CPP_MODULES},
         "isinstance": [True, True], "formatter": True, "n_ctx": 128,
-        "missing": ["llama_cpp.llama_cpp", "llama_cpp.server"]}
-    assert ferrollama.LLAMA_CPP_MODULES == ("llama", "llama_cache", "llama_chat_format", "llama_grammar",
+        "missing": ["llama_cpp.mtmd_cpp", "llama_cpp.server"]}
+    assert ferrollama.LLAMA_CPP_MODULES == ("llama", "llama_cache", "llama_chat_format", "llama_cpp", "llama_grammar",
                                             "llama_speculative", "llama_tokenizer", "llama_types")
     assert "llama_cpp" not in sys.modules

@@ -39,19 +39,21 @@ from .llama_tokenizer import BaseLlamaTokenizer, LlamaHFTokenizer, LlamaTokenize
 from . import llama_chat_format, llama_speculative, llama_types
 from .llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 from .llama_types import *  # noqa: F401,F403 - llama_cpp exposes its types at the top level too
+from . import llama_cpp
+from .llama_cpp import *  # noqa: F401,F403 - and its C API (llama_cpp/__init__.py: from .llama_cpp import *)
 from .models import default_model_path
 
 #: llama-cpp-python's modules that ferrollama has, by their name under llama_cpp
-LLAMA_CPP_MODULES = ("llama", "llama_cache", "llama_chat_format", "llama_grammar", "llama_speculative",
+LLAMA_CPP_MODULES = ("llama", "llama_cache", "llama_chat_format", "llama_cpp", "llama_grammar", "llama_speculative",
                      "llama_tokenizer", "llama_types")
 
 
 def install_as_llama_cpp() -> None:
     """Makes ``import llama_cpp`` (and ``llama_cpp.llama``, ``llama_cpp.llama_chat_format``, ...: the
     modules in LLAMA_CPP_MODULES) give ferrollama's, as pymysql.install_as_MySQLdb() does, for
-    libraries that import llama_cpp themselves (LangChain, llama-index, outlines ...). Importing
-    another llama_cpp module (its C API, llama_cpp.llama_cpp) then fails with ModuleNotFoundError
-    rather than loading a second copy of one of ferrollama's."""
+    libraries that import llama_cpp themselves (LangChain, llama-index, outlines, guidance ...).
+    Importing another llama_cpp module (llama_cpp.server, llama_cpp.mtmd_cpp) then fails with
+    ModuleNotFoundError rather than loading a second copy of one of ferrollama's."""
     import importlib
     import sys
 
@@ -99,6 +101,7 @@ __all__ = [
     "LlamaRAMCache",
     "LlamaTokenizer",
     "llama_chat_format",
+    "llama_cpp",
     "llama_speculative",
     "LlamaDraftModel",
     "LlamaPromptLookupDecoding",
@@ -120,3 +123,4 @@ __all__ = [
     "install_as_llama_cpp",
     "samplers",
 ]
+__all__ += llama_cpp.__all__  # the C API's names, at the top level as in llama_cpp

@@ -242,12 +242,15 @@ class Llama:
                  spm_infill: bool = False, verbose: bool = True,
                  # ferrollama's own
                  chat_template: str | None = None, pooling: str | None = None,
-                 ctx_checkpoints: int = DEFAULT_CHECKPOINTS, **extra: Any):
+                 ctx_checkpoints: int = DEFAULT_CHECKPOINTS, tool_calls_in_content: bool = True, **extra: Any):
         self._init_args = {k: v for k, v in locals().items() if k not in ("self", "extra", "__class__")}
         # llama-cpp-python takes any keyword through **kwargs: a Context's are passed to it
         context_params = sort_extra_keywords(extra, frozenset(self._init_args) | {"embeddings"})
         self._init_args.update(context_params)
         self.verbose = verbose
+        # the tool calls of a chat answer stay in its content too (where llama-cpp-python leaves
+        # them, and its readers such as autogen's client take them), beside tool_calls
+        self.tool_calls_in_content = tool_calls_in_content
         self.numa, self.tensor_split = numa, tensor_split
         t0 = time.perf_counter()
         self.model_path = model_file(model_path)
@@ -950,7 +953,7 @@ class Llama:
             temperature=sampling.pop("temperature"), **sampling)
         if stream:
             return _chat_stream(completion, plan.format, legacy)  # type: ignore[arg-type]
-        return _chat_response(completion, plan.format, legacy)  # type: ignore[arg-type]
+        return _chat_response(completion, plan.format, legacy, self.tool_calls_in_content)  # type: ignore[arg-type]
 
     def _media_prompt(self, media: Any, template: ChatTemplate, messages: list[dict], template_kwargs: dict,
                       text: str | None = None) -> list[int]:
@@ -1177,9 +1180,10 @@ def _merge_choices(chunks: list[dict]) -> dict:
     return {**merged[0], "choices": choices, "usage": usage}
 
 
-def _chat_response(completion: dict, fmt: str | None = None, legacy: bool = False) -> dict:
+def _chat_response(completion: dict, fmt: str | None = None, legacy: bool = False,
+                   calls_in_content: bool = False) -> dict:
     choice = completion["choices"][0]
-    message, finish = T.assistant_message(choice["text"], fmt, True, choice["finish_reason"])
+    message, finish = T.assistant_message(choice["text"], fmt, True, choice["finish_reason"], calls_in_content)
     return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
             "model": completion["model"],
             "choices": [{"index": 0, "message": T.with_function_call(message, legacy),

@@ -391,13 +391,17 @@ class ToolGate:
         return unsent, parsed.tool_calls, parsed.reasoning
 
 
-def assistant_message(text: str, fmt: str | None, parallel: bool, finish: str | None) -> tuple[dict, str | None]:
+def assistant_message(text: str, fmt: str | None, parallel: bool, finish: str | None,
+                      calls_in_content: bool = False) -> tuple[dict, str | None]:
     """The assistant message of a whole answer (content, tool_calls, reasoning_content) and its
-    finish reason (see finish_reason)."""
+    finish reason (see finish_reason). With ``calls_in_content`` the content is the answer's whole
+    text, its tool calls as the model wrote them included (where llama-cpp-python leaves them)."""
     gate = ToolGate(fmt)
     content = gate.push(text)
     rest, calls, reasoning = gate.finish()
     calls = calls if parallel else calls[:1]
+    if calls and calls_in_content:
+        content, rest = text, ""
     message: dict[str, Any] = {"role": "assistant", "content": (content + rest) or (None if calls else "")}
     if reasoning:
         message["reasoning_content"] = reasoning

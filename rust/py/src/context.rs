@@ -70,7 +70,7 @@ impl PyBatch {
     fn __repr__(&self) -> String { format!("Batch(n_tokens={}, n_tokens_max={})", self.inner.len(), self.inner.n_tokens_max()) }
 }
 
-#[pyclass(name = "Context", module = "ferrollama", frozen)]
+#[pyclass(name = "Context", module = "ferrollama", frozen, weakref)]
 pub struct PyContext {
     inner: Mutex<Context>,
     #[pyo3(get)]

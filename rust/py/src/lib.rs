@@ -1,6 +1,7 @@
 //! The Python extension `ferrollama._core`: conversion, exceptions, GIL release and numpy
 //! views over the engine. No logic the engine does not have.
 
+mod c_api;
 mod context;
 mod errors;
 mod lora;

@@ -38,7 +38,7 @@ impl PyTensorInfo {
     }
 }
 
-#[pyclass(name = "Model", module = "ferrollama", frozen)]
+#[pyclass(name = "Model", module = "ferrollama", frozen, weakref)]
 pub struct PyModel {
     pub inner: Arc<Model>,
     pieces: OnceLock<Arc<TokenPieces>>,
@@ -211,6 +211,9 @@ impl PyModel {
     #[getter] fn add_bos(&self) -> bool { self.inner.vocab.add_bos() }
     #[getter] fn add_eos(&self) -> bool { self.inner.vocab.add_eos() }
     #[getter] fn eog_tokens(&self) -> Vec<u32> { self.inner.vocab.eog_tokens().to_vec() }
+    /// The address of the vocabulary, what llama.cpp's `llama_model_get_vocab` gives: the first
+    /// argument of the C function `ferrollama_llama_tokenize`, valid while this model lives.
+    #[getter] fn vocab_ptr(&self) -> usize { Arc::as_ptr(&self.inner.vocab) as usize }
     /// The tokenizer model (tokenizer.ggml.model) and pre-tokenizer (tokenizer.ggml.pre).
     #[getter] fn vocab_type(&self) -> String { self.inner.vocab.model_kind().to_string() }
     #[getter] fn vocab_pre(&self) -> String { self.inner.vocab.pre().to_string() }

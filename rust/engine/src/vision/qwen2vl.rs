@@ -356,10 +356,11 @@ impl RopeTable {
                 let cs = &self.cs[(at / row + t) * half..][..half];
                 for head in r.chunks_exact_mut(2 * half) {
                     let (a, b) = head.split_at_mut(half);
+                    // fused as GCC compiles ggml's rotate_pairs (-ffp-contract=fast on an FMA CPU)
                     for ((x0, x1), &[c, s]) in a.iter_mut().zip(b.iter_mut()).zip(cs) {
                         let (v0, v1) = (*x0, *x1);
-                        *x0 = v0 * c - v1 * s;
-                        *x1 = v0 * s + v1 * c;
+                        *x0 = v0.mul_add(c, -(v1 * s));
+                        *x1 = v0.mul_add(s, v1 * c);
                     }
                 }
             }

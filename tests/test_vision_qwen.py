@@ -81,7 +81,7 @@ def test_window_attention_is_qwen25s(projectors: dict[str, CoreProjector], tmp_p
     # n_wa_pattern 1: every block attends to the whole image
     want = np.asarray(SCNS["qwen2.5vl"]["expected_embeddings"]["wide"], np.float32)
     full = CoreProjector(str(rewritten(tmp_path, {"clip.vision.n_wa_pattern": 1}, mmproj("qwen2.5vl"))), n_threads=2)
-    assert np.abs(encode(full, image("wide")) - want).max() > 20 * TOL_EMBD
+    assert np.abs(encode(full, image("wide")) - want).max() > 100 * TOL_EMBD
 
 
 def test_deepstack_rows_follow_the_mergers(projectors: dict[str, CoreProjector]) -> None:

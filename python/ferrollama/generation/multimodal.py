@@ -71,6 +71,10 @@ FAMILIES = {
     # LLaVA 1.5 and the other llava-style MLP projectors: the embeddings alone, causal (mtmd.cpp
     # sets no image markers for PROJECTOR_TYPE_MLP)
     "mlp": Family(),
+    # Qwen2-VL, Qwen2.5-VL, Qwen3-VL: <|vision_start|> (the embeddings) <|vision_end|>, causal
+    "qwen2vl_merger": Family("<|vision_start|>", "<|vision_end|>"),
+    "qwen2.5vl_merger": Family("<|vision_start|>", "<|vision_end|>"),
+    "qwen3vl_merger": Family("<|vision_start|>", "<|vision_end|>"),
 }
 
 
@@ -121,6 +125,13 @@ class EncodedImage:
         return np.concatenate([c.embd for c in self.chunks])
 
 
+def vision_params(core: _CoreProjector) -> VisionParams:
+    """A loaded projector's preprocessing hyper-parameters."""
+    return VisionParams(image_size=core.image_size, patch_size=core.patch_size, image_mean=tuple(core.image_mean),
+                        image_std=tuple(core.image_std), n_merge=core.n_merge, image_longest_edge=core.image_longest_edge,
+                        grid_pinpoints=tuple(core.grid_pinpoints))
+
+
 @dataclass
 class Projector:
     """A projector file for a text model: ``encode`` gives an image's embeddings, ``tokenize``
@@ -142,10 +153,7 @@ class Projector:
             raise ValueError(f"the projector {os.fspath(self.path)!r} gives rows of {self.core.n_embd_out} values, "
                              f"the text model's width is {self.model.n_embd}: they are not a pair")
         self.family = FAMILIES[self.core.projector_type]
-        self.vision = VisionParams(image_size=self.core.image_size, patch_size=self.core.patch_size,
-                                   image_mean=tuple(self.core.image_mean), image_std=tuple(self.core.image_std),
-                                   n_merge=self.core.n_merge, image_longest_edge=self.core.image_longest_edge,
-                                   grid_pinpoints=tuple(self.core.grid_pinpoints))
+        self.vision = vision_params(self.core)
         self._tile_tokens = _lookup_tokens(self.model, self.family.tiles.token_texts())
 
     @property

@@ -10,6 +10,8 @@ pub mod gemma3;
 pub mod idefics3;
 pub mod llava;
 pub mod params;
+pub mod qwen2vl;
+pub mod qwen3vl;
 pub mod vit;
 
 use std::path::Path;
@@ -26,7 +28,8 @@ pub use params::{ProjectorType, VisionParams};
 /// A loaded projector: its hyper-parameters and weights.
 pub struct Projector {
     pub params: VisionParams,
-    vit: vit::VitWeights,
+    /// The shared ViT (the Qwen VL encoders are their own, in their head).
+    vit: Option<vit::VitWeights>,
     head: Head,
     /// Kept for the error messages' file name and the mapping's lifetime.
     file: Arc<GgufFile>,
@@ -38,6 +41,8 @@ enum Head {
     Gemma3(gemma3::Gemma3Head),
     Idefics3(idefics3::Idefics3Head),
     Llava(llava::LlavaHead),
+    /// The whole Qwen VL encoder (qwen2vl, qwen2.5vl, qwen3vl).
+    QwenVl(qwen2vl::QwenVlWeights),
 }
 
 impl Projector {
@@ -50,7 +55,10 @@ impl Projector {
         }
         let mut params = VisionParams::from_gguf(&file)?;
         let ld = Loader::new(file.clone());
-        let vit = vit::VitWeights::load(&ld, &params)?;
+        let vit = match params.projector.is_qwen_vl() {
+            true => None,
+            false => Some(vit::VitWeights::load(&ld, &params)?),
+        };
         let head = match params.projector {
             ProjectorType::Gemma3 => Head::Gemma3(gemma3::Gemma3Head::load(&ld, &params)?),
             ProjectorType::Idefics3 => Head::Idefics3(idefics3::Idefics3Head::load(&ld, &params)?),
@@ -58,6 +66,11 @@ impl Projector {
                 let h = llava::LlavaHead::load(&ld, &params)?;
                 params.n_embd_out = h.n_embd_out();
                 Head::Llava(h)
+            }
+            ProjectorType::Qwen2Vl | ProjectorType::Qwen25Vl | ProjectorType::Qwen3Vl => {
+                let w = qwen2vl::QwenVlWeights::load(&ld, &params)?;
+                params.n_embd_out = w.n_embd_out();
+                Head::QwenVl(w)
             }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
@@ -71,6 +84,7 @@ impl Projector {
             // both make one row of each n_merge × n_merge block of patches
             Head::Gemma3(_) | Head::Idefics3(_) => gemma3::n_tokens(&self.params, nx, ny),
             Head::Llava(_) => llava::n_tokens(&self.params, nx, ny),
+            Head::QwenVl(_) => qwen2vl::n_tokens(&self.params, nx, ny),
         }
     }
 
@@ -79,11 +93,17 @@ impl Projector {
     /// `n_output_tokens(nx, ny)` rows of `params.n_embd_out`.
     pub fn encode(&self, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Result<Vec<f32>> {
         self.check_image(pixels, nx, ny)?;
-        let hidden = vit::forward(&self.vit, &self.params, pixels, nx, ny, threads);
-        Ok(match &self.head {
+        let (head, vit) = match (&self.head, &self.vit) {
+            (Head::QwenVl(w), _) => return Ok(qwen2vl::encode(w, &self.params, pixels, nx, ny, threads)),
+            (head, Some(vit)) => (head, vit),
+            (_, None) => unreachable!("every head but Qwen VL's loads the ViT"),
+        };
+        let hidden = vit::forward(vit, &self.params, pixels, nx, ny, threads);
+        Ok(match head {
             Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
             Head::Idefics3(h) => idefics3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
             Head::Llava(h) => llava::project(h, &self.params, hidden, self.n_output_tokens(nx, ny), threads),
+            Head::QwenVl(_) => unreachable!("encoded above"),
         })
     }
 
@@ -92,6 +112,9 @@ impl Projector {
         if nx.checked_mul(ny).and_then(|n| n.checked_mul(3)) != Some(pixels.len()) {
             return Err(EngineError::InvalidArgument(format!(
                 "an image of {nx}x{ny} pixels needs {} values (3 per pixel), got {}", nx * ny * 3, pixels.len())));
+        }
+        if p.projector.is_qwen_vl() {
+            return self.check_qwen_image(nx, ny);
         }
         // Idefics3 encodes each tile (and the overview) of image_size on its own
         let fixed = matches!(p.projector, ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Mlp);

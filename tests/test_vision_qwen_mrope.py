@@ -82,3 +82,30 @@ def test_1d_positions_are_not_mtmds(pairs: dict[str, Projector]) -> None:
     ctx = context(proj.model, ty)
     eval_chunks(ctx, chunks)
     assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > 4 * TOL_TINY_FLOAT_MAX
+
+
+def test_qwen25vl_chat_handler_matches_llama_cpp_python() -> None:
+    """llama-cpp-python's Qwen25VLChatHandler on the tiny pair (benches/record_qwenvl.py --chat):
+    the same text (its format, the default system message, the image's URL as the marker), the
+    same prompt positions and greedy first token; its log-probability within the tiny models'
+    logit tolerance on both of its terms."""
+    from ferrollama.llama_chat_format import Qwen25VLChatHandler
+    from test_vision import assert_first_token, data_uri
+
+    rec = json.loads((DATA / "scenarios" / "chat-qwen25vl.json").read_text())
+    mmproj, img = DATA / "models" / rec["mmproj"], DATA / rec["image"]
+    c = rec["context"]
+    llm = fl.Llama(str(DATA / "models" / rec["model"]), n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"],
+                   n_threads=c["n_threads"], chat_handler=Qwen25VLChatHandler(clip_model_path=str(mmproj)), verbose=False)
+    messages = [{"role": "user", "content": [{"type": "text", "text": rec["question"]},
+                                             {"type": "image_url", "image_url": {"url": data_uri(img)}}]}]
+    r = llm.create_chat_completion(messages=messages, max_tokens=1, temperature=0, logprobs=True, top_logprobs=1)
+    got = r["choices"][0]["logprobs"]["content"][0]
+    assert got["token"] == rec["expected_token"]
+    assert abs(got["logprob"] - rec["expected_logprob"]) <= 2 * TOL_TINY_FLOAT_MAX
+    assert r["usage"]["prompt_tokens"] == rec["expected_prompt_tokens"]
+    # the handler decoded llama-cpp-python's text with the image
+    proj = Projector(llm.model, mmproj, n_threads=2)
+    ctx = fl.Context(llm.model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_threads=2)
+    assert proj.eval(ctx, rec["expected_text"], [img]) == rec["expected_prompt_tokens"]
+    assert_first_token(llm.model, ctx.logits(-1), got["token"], got["logprob"], 1e-4)

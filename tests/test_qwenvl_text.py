@@ -1,5 +1,5 @@
 """The text models of Qwen2-VL / Qwen2.5-VL (qwen2vl), Qwen3-VL (qwen3vl) and Qwen3-VL-MoE
-(qwen3vlmoe) with M-RoPE positions: llama.cpp's records of embedding rows at mtmd's 2-D positions
+(qwen3vlmoe), and Qwen3.5's (qwen35, qwen35moe), with M-RoPE positions: llama.cpp's records of embedding rows at mtmd's 2-D positions
 (tests/data/scenarios/mrope-*.json, benches/record_qwenvl.py; the text-only scenarios arch-qwen*vl*
 run in test_conformance.py), and the rules of llama.cpp's batches for such models."""
 from __future__ import annotations
@@ -17,7 +17,9 @@ QWEN3VL = "tiny-qwen3vl-f32.gguf"
 
 
 def test_every_model_has_its_scenario():
-    assert [n.split("-", 1)[1] for n in NAMES] == [f"{a}-{t}" for a in ("qwen2vl", "qwen3vl", "qwen3vlmoe") for t in ("f32", "q8_0")]
+    # and Qwen3.5's (interleaved M-RoPE, images through the qwen3vl projector)
+    vl = [f"{a}-{t}" for a in ("qwen2vl", "qwen3vl", "qwen3vlmoe") for t in ("f32", "q8_0")]
+    assert sorted(n.split("-", 1)[1] for n in NAMES) == sorted(vl + ["qwen35-f32", "qwen35moe-f32"])
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])

@@ -91,6 +91,11 @@ def mrope_scenario(model_file: str) -> dict:
             "context": {"n_ctx": mk.N_CTX, "n_batch": 64, "n_ubatch": 8, "n_seq_max": 2}, "steps": steps}
 
 
+#: Qwen3.5's tiny models (make_tiny_hybrid.py writes them): interleaved M-RoPE too, whose images
+#: come through the qwen3vl projector; the same scenario of embeddings at 2-D positions
+QWEN35_MODELS = ("tiny-qwen35-f32.gguf", "tiny-qwen35moe-f32.gguf")
+
+
 def main() -> None:
     for spec, dims in MODELS:
         for qtype in mk.TYPES:
@@ -98,6 +103,8 @@ def main() -> None:
             mk.write_model(spec, qtype, DATA / "models" / model_file, dims=dims, vocab=qwen_vocab)
             mk.write_scenario(mk.scenario(model_file))
             mk.write_scenario(mrope_scenario(model_file))
+    for model_file in QWEN35_MODELS:
+        mk.write_scenario(mrope_scenario(model_file))
 
 
 if __name__ == "__main__":

@@ -109,3 +109,73 @@ def test_qwen25vl_chat_handler_matches_llama_cpp_python() -> None:
     ctx = fl.Context(llm.model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_threads=2)
     assert proj.eval(ctx, rec["expected_text"], [img]) == rec["expected_prompt_tokens"]
     assert_first_token(llm.model, ctx.logits(-1), got["token"], got["logprob"], 1e-4)
+
+
+def conversation(url: str, follow_up: bool) -> list[dict]:
+    """A user turn with an image; with ``follow_up`` an answer and a second question after it (a
+    prompt whose cached prefix runs through the image)."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
+                                             {"type": "image_url", "image_url": {"url": url}}]}]
+    if follow_up:
+        messages += [{"role": "assistant", "content": "Shapes."}, {"role": "user", "content": "Which colours?"}]
+    return messages
+
+
+def test_llama_reuses_a_cached_image_of_fewer_positions_than_tokens(pairs: dict[str, Projector]) -> None:
+    """The Llama's prompt cache keys an image by its positions (max(nx, ny), not its tokens): a
+    follow-up question reuses the image's cells and decodes as the whole prompt would."""
+    from ferrollama.chat.media import with_media_markers
+    from ferrollama.llama_chat_format import Qwen25VLChatHandler, _HandlerFormat
+    from test_vision import assert_first_token, data_uri
+
+    proj = pairs["qwen3vl"]
+    img = image("qwen3vl", "wide")
+    handler = Qwen25VLChatHandler(clip_model_path=str(proj.path))
+    llm = fl.Llama(str(DATA / "models" / SCNS["qwen3vl"]["model"]), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
+                   chat_handler=handler, verbose=False)
+    fmt = _HandlerFormat(handler.CHAT_FORMAT, bos_token="", eos_token="")
+    for follow_up in (False, True):
+        messages = conversation(data_uri(img), follow_up)
+        r = llm.create_chat_completion(messages=messages, max_tokens=1, temperature=0, logprobs=True, top_logprobs=1)
+        system = [{"role": "system", "content": handler.DEFAULT_SYSTEM_MESSAGE}]
+        text = fmt.render(with_media_markers(system + messages), add_generation_prompt=True)
+        ctx = context(proj.model, "qwen3vl", "f16")
+        n_past = proj.eval(ctx, text, [img])
+        got = r["choices"][0]["logprobs"]["content"][0]
+        assert_first_token(proj.model, ctx.logits(-1), got["token"], got["logprob"], 1e-3)
+        assert r["usage"]["prompt_tokens"] == n_past
+
+
+def test_server_reuses_a_cached_image_of_fewer_positions_than_tokens(pairs: dict[str, Projector]) -> None:
+    """The server's slots key an image by its positions too: the follow-up reuses the first
+    request's prefix through the image, and answers as the whole prompt decoded at once."""
+    import openai
+    from ferrollama.chat.templates import ChatTemplate
+    from ferrollama.generation.multimodal import MEDIA_MARKER
+    from serving import start_server
+    from test_vision import assert_first_token, data_uri
+
+    proj = pairs["qwen2.5vl"]
+    img = image("qwen2.5vl", "wide")
+    server, scheduler = start_server(proj.model, n_seq=1, n_ctx=512, projector=proj)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        template = ChatTemplate.from_model(proj.model)
+        cached, n_pasts = [], []
+        for follow_up in (False, True):
+            messages = conversation(data_uri(img), follow_up)
+            r = client.chat.completions.create(model="m", messages=messages, max_tokens=1, temperature=0, logprobs=True,
+                                               top_logprobs=1)
+            marked = [{**messages[0], "content": f"What is in this picture?{MEDIA_MARKER}"}] + messages[1:]
+            ctx = context(proj.model, "qwen2.5vl", "f16")
+            n_past = proj.eval(ctx, template.apply(marked), [img])
+            lp = r.choices[0].logprobs.content[0]
+            assert_first_token(proj.model, ctx.logits(-1), lp.token, lp.logprob, 1e-2)
+            assert r.usage.prompt_tokens == n_past
+            cached.append(r.usage.prompt_tokens_details.cached_tokens)
+            n_pasts.append(n_past)
+        # the first request's prompt, its image (11 positions for 66 tokens) included
+        assert cached[0] == 0 and cached[1] >= n_pasts[0] - 1
+    finally:
+        server.stop()
+        scheduler.close()

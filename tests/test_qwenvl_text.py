@@ -116,3 +116,30 @@ def test_embeddings_without_positions_are_text_positions(arch):
     by_rows.decode(fl.Batch.from_embeddings(rows, 2, 0, "all"))
     for i in range(len(tokens)):
         np.testing.assert_array_equal(by_rows.logits(i), by_tokens.logits(i))
+
+
+def write_variant(tmp_path, arch: str, **metadata) -> str:  # noqa: ANN001
+    """make_tiny_qwenvl.py's model of `arch` with metadata replaced (None: removed)."""
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "data"))
+    import make_tiny_qwenvl as mq
+
+    spec, dims = next((s, d) for s, d in mq.MODELS if s.name == arch)
+    meta = {k: v for k, v in {**spec.metadata, **metadata}.items() if v is not None}
+    path = tmp_path / f"{arch}.gguf"
+    mq.mk.write_model(replace(spec, metadata=meta), "f32", path, dims=dims, vocab=mq.qwen_vocab)
+    return str(path)
+
+
+@pytest.mark.parametrize("arch, metadata, match", [
+    ("qwen2vl", {"rope.dimension_sections": None}, "missing metadata key qwen2vl.rope.dimension_sections"),
+    ("qwen2vl", {"rope.dimension_sections": [0, 0, 0, 8]}, "sections"),
+    ("qwen3vl", {"rope.dimension_sections": [64, 32, 32, 1]}, r"sections \[64, 32, 32, 1\] for heads of 128"),
+    ("qwen3vl", {"n_deepstack_layers": 3}, "n_deepstack_layers 3 of 3 blocks"),
+])
+def test_files_the_graphs_cannot_run_are_refused(tmp_path, arch, metadata, match):
+    with pytest.raises(fl.GGUFError, match=match):
+        fl.Model(write_variant(tmp_path, arch, **metadata))

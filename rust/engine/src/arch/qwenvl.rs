@@ -37,10 +37,12 @@ fn hparams_qwen2vl(hp: &mut HParams, file: &GgufFile) -> Result<()> {
 fn hparams_qwen3vl(hp: &mut HParams, file: &GgufFile) -> Result<()> {
     hp.mrope = Some(read_mrope(hp, file, true)?);
     hp.n_deepstack = Meta { file, arch: &hp.arch }.opt_usize("n_deepstack_layers")?.unwrap_or(0);
-    // the DeepStack rows are added to whole micro-batches: llama.cpp's view of n_tokens rows
-    // meets the last layer's selected outputs only when no DeepStack layer is the last
+    // llama.cpp adds each DeepStack part to a whole micro-batch's rows after its layer: after
+    // the last layer, whose rows are only the outputs, its graph cannot (Qwen3-VL's are early)
     if hp.n_deepstack >= hp.n_layer {
-        return Err(file.error(format!("{}: n_deepstack_layers {} of {} blocks", hp.arch, hp.n_deepstack, hp.n_layer)).into());
+        return Err(file.error(format!(
+            "{}: n_deepstack_layers {} of {} blocks (DeepStack parts are added after the early blocks, not the last)",
+            hp.arch, hp.n_deepstack, hp.n_layer)).into());
     }
     whole_heads_rotate(hp, file)
 }

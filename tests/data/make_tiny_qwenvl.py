@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes the tiny random text models of Qwen2-VL / Qwen2.5-VL (`qwen2vl`), Qwen3-VL (`qwen3vl`)
-and Qwen3-VL-MoE (`qwen3vlmoe`), and their ordinary scenarios (tests/data/models/tiny-NAME-TYPE.gguf,
-tests/data/scenarios/arch-NAME-TYPE.json without expected values: benches/record_archs.py adds
-llama.cpp's; benches/record_qwenvl.py records the embeddings-with-M-RoPE-positions scenarios).
+and Qwen3-VL-MoE (`qwen3vlmoe`), their ordinary scenarios and their scenarios of image-like
+embeddings at M-RoPE positions (tests/data/models/tiny-NAME-TYPE.gguf,
+tests/data/scenarios/arch-NAME-TYPE.json and mrope-NAME-TYPE.json, without expected values:
+`benches/record_archs.py arch-NAME-TYPE` and `benches/record_qwenvl.py` add llama.cpp's).
 Built on make_tiny_archs.py (its vocabulary, weight scales and scenario):
 
 - qwen2vl: Qwen2's layer (Q/K/V biases, heads of 64), M-RoPE (`rope.dimension_sections`
@@ -26,9 +27,11 @@ import sys
 from pathlib import Path
 
 import gguf
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_tiny_archs as mk  # noqa: E402
+from scenario_rows import image_positions  # noqa: E402
 
 DATA = mk.DATA
 
@@ -59,12 +62,49 @@ def n_deepstack(spec: mk.Spec) -> int:
     return spec.metadata.get("n_deepstack_layers", 0)
 
 
+def mrope_scenario(model_file: str) -> dict:
+    """Text, then an image (4 x 3 tokens at position 8, one batch over two micro-batches of 8),
+    text after it from 8 + max(4, 3); a second image (2 x 5 at 18) whose second half is decoded
+    first, the sequence saved, the cache cleared, the sequence restored under id 1 and the
+    image's first half decoded there (its tokens must not see the restored later ones: their 2-D
+    positions come back with the state), then text after it from 18 + 5."""
+    rng = np.random.default_rng(38)
+    tok = lambda n: [int(t) for t in rng.integers(3, mk.N_VOCAB, n)]  # noqa: E731
+    vision_start, vision_end = (t for t in IMAGE_MARKERS)
+    text = lambda tokens, p0, seq, logits: {"op": "decode", "tokens": tokens, "pos": list(range(p0, p0 + len(tokens))),  # noqa: E731
+                                            "seq_ids": [[seq]] * len(tokens), "logits": logits}
+    image = lambda seed, pos, seq, logits: {"op": "decode", "embd": {"seed": seed, "n": len(pos)}, "pos": pos,  # noqa: E731
+                                            "seq_ids": [[seq]] * len(pos), "logits": logits}
+    image_b = image_positions(18, 2, 5)
+    steps = [
+        text([1] + tok(6) + [vision_start], 0, 0, [7]),
+        {**image(1, image_positions(8, 4, 3), 0, [0, 3, 7, 11]), "check_pos": [0]},
+        text([vision_end] + tok(4) + [vision_start], 12, 0, [0, 5]),
+        image(2, image_b[5:], 0, [0, 4]),
+        {"op": "seq_state_save", "seq_id": 0, "slot": "b"},
+        {"op": "clear"},
+        {"op": "seq_state_load", "seq_id": 1, "slot": "b"},
+        image(3, image_b[:5], 1, [0, 2, 4]),
+        {**text([vision_end] + tok(3), 23, 1, [0, 3]), "check_pos": [0, 1]},
+    ]
+    return {"name": Path(model_file).stem.replace("tiny-", "mrope-"), "model": model_file,
+            "context": {"n_ctx": mk.N_CTX, "n_batch": 64, "n_ubatch": 8, "n_seq_max": 2}, "steps": steps}
+
+
+#: Qwen3.5's tiny models (make_tiny_hybrid.py writes them): interleaved M-RoPE too, whose images
+#: come through the qwen3vl projector; the same scenario of embeddings at 2-D positions
+QWEN35_MODELS = ("tiny-qwen35-f32.gguf", "tiny-qwen35moe-f32.gguf")
+
+
 def main() -> None:
     for spec, dims in MODELS:
         for qtype in mk.TYPES:
             model_file = f"tiny-{spec.name}-{qtype}.gguf"
             mk.write_model(spec, qtype, DATA / "models" / model_file, dims=dims, vocab=qwen_vocab)
             mk.write_scenario(mk.scenario(model_file))
+            mk.write_scenario(mrope_scenario(model_file))
+    for model_file in QWEN35_MODELS:
+        mk.write_scenario(mrope_scenario(model_file))
 
 
 if __name__ == "__main__":

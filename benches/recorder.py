@@ -30,7 +30,10 @@ types), ``no_perf``. Context keys: ``n_ctx``, ``n_batch``, ``n_ubatch``; ``n_seq
 1), ``kv_unified`` (default true: one cell array for all sequences), ``swa_full`` (default
 false), ``rope`` (llama_context_params fields: ``rope_scaling_type`` by name, ``rope_freq_base``,
 ``rope_freq_scale``, ``yarn_*``). Steps (the ``op`` key): ``decode`` (``tokens``, ``pos``,
-``seq_ids``, ``logits``: the batch indices whose logits are recorded), ``seq_rm``, ``seq_cp``,
+``seq_ids``, ``logits``: the batch indices whose logits are recorded; a batch of embeddings has
+``embd`` instead of ``tokens``, the rows tests/data/scenario_rows.py's ``embedding_rows``
+makes of it, and for a model with M-RoPE ``pos`` holds four positions per row, given to
+llama.cpp section by section as its batches of embeddings carry them), ``seq_rm``, ``seq_cp``,
 ``seq_keep``, ``seq_add``, ``seq_div``, ``clear``, and the state's: ``state_save`` /
 ``state_load`` (the context's whole state, llama_state_get_data / set_data, kept under ``slot``),
 ``seq_state_save`` / ``seq_state_load`` (one sequence's, ``seq_id`` and ``slot``); any step may
@@ -57,6 +60,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -154,6 +158,7 @@ class Model:
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.n_embd, self.n_embd_inp = L.llama_model_n_embd(self.model), L.llama_model_n_embd_inp(self.model)
         self.adapters, self.scales = [], []
         for adapter_path, scale in loras:
             adapter = L.llama_adapter_lora_init(self.model, os.fspath(adapter_path).encode())
@@ -250,13 +255,20 @@ class Model:
         return got
 
     def decode(self, ctx, step: dict, n_seq_max: int, si: int, digits: int) -> list[dict]:  # noqa: ANN001
-        n = len(step["tokens"])
-        batch = L.llama_batch_init(n, 0, n_seq_max)
+        n = len(step["seq_ids"])
+        rows = self.embedding_rows(step["embd"]) if "embd" in step else None
+        batch = L.llama_batch_init(n, 0 if rows is None else self.n_embd_inp, n_seq_max)
+        # the address (a field read from ctypes shares the structure's memory)
+        own_pos = ctypes.cast(batch.pos, ctypes.c_void_p).value
         want = set(step["logits"])
         try:
-            for i, (t, p, seqs) in enumerate(zip(step["tokens"], step["pos"], step["seq_ids"])):
-                batch.token[i] = t
-                batch.pos[i] = p
+            if rows is None:
+                for i, (t, p) in enumerate(zip(step["tokens"], step["pos"])):
+                    batch.token[i], batch.pos[i] = t, p
+            else:
+                ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
+                batch.pos = self.embedding_positions(step["pos"])
+            for i, seqs in enumerate(step["seq_ids"]):
                 batch.n_seq_id[i] = len(seqs)
                 for j, s in enumerate(seqs):
                     batch.seq_id[i][j] = s
@@ -272,7 +284,23 @@ class Model:
                 out.append({"step": si, "batch_index": i, "logits": [round(float(x), digits) for x in logits]})
             return out
         finally:
+            batch.pos = ctypes.cast(own_pos, ctypes.POINTER(ctypes.c_int32))
             L.llama_batch_free(batch)
+
+    def embedding_rows(self, spec: dict) -> np.ndarray:
+        if str(DATA) not in sys.path:
+            sys.path.insert(0, str(DATA))
+        from scenario_rows import embedding_rows
+        return np.ascontiguousarray(embedding_rows(spec, self.n_embd, self.n_embd_inp))
+
+    def embedding_positions(self, pos: list) -> "ctypes.Array":
+        """A batch of embeddings' positions as llama.cpp reads them (llama_batch_compat): one per
+        row, or for M-RoPE, four per row given section by section (all the rows' first
+        positions, then their second ...)."""
+        columns = [pos] if isinstance(pos[0], int) else list(zip(*pos))
+        flat = [p for column in columns for p in column]
+        self._pos = (ctypes.c_int32 * len(flat))(*flat)  # kept alive until the next batch
+        return ctypes.cast(self._pos, ctypes.POINTER(ctypes.c_int32))
 
 
 #: the class's former name (benches/record_hybrid.py subclasses it)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import numpy as np
 import ferrollama as fl
 
 DATA = Path(__file__).parent / "data"
+sys.path.insert(0, str(DATA))
+from scenario_rows import embedding_rows  # noqa: E402
 SCENARIOS = DATA / "scenarios"
 TINY_MODELS = DATA / "models"
 FLOAT_TYPES = ("f32", "f16", "bf16")
@@ -52,12 +55,15 @@ def run(scn: dict, model: fl.Model, cache_type: str, setup=None) -> list[dict]:
     for si, st in enumerate(scn["steps"]):
         op = st["op"]
         if op == "decode":
-            n = len(st["tokens"])
-            seqs = st.get("seq_ids") or [[0]] * n
-            want = set(st["logits"])
-            batch = fl.Batch(n_tokens_max=n, n_seq_max=n_seq)
-            for i, (t, p, s) in enumerate(zip(st["tokens"], st["pos"], seqs)):
-                batch.add(t, p, s, i in want)
+            if "embd" in st:
+                batch = embeddings_batch(st, model)
+            else:
+                n = len(st["tokens"])
+                seqs = st.get("seq_ids") or [[0]] * n
+                want = set(st["logits"])
+                batch = fl.Batch(n_tokens_max=n, n_seq_max=n_seq)
+                for i, (t, p, s) in enumerate(zip(st["tokens"], st["pos"], seqs)):
+                    batch.add(t, p, s, i in want)
             try:
                 ctx.decode(batch)
             except fl.DecodeError:
@@ -90,6 +96,22 @@ def run(scn: dict, model: fl.Model, cache_type: str, setup=None) -> list[dict]:
         for s in st.get("check_pos", []):
             got.append({"step": si, "seq_id": s, "pos_min": kv.seq_pos_min(s), "pos_max": kv.seq_pos_max(s)})
     return got
+
+
+def embeddings_batch(st: dict, model: fl.Model) -> fl.Batch:
+    """A step's batch of embedding rows (scenario_rows.embedding_rows) of one sequence, at its
+    M-RoPE positions (four per row) or consecutive ones; logits of every row (the step reads
+    those it records: each row's are the same whichever others are computed)."""
+    seqs = {tuple(s) for s in st["seq_ids"]}
+    if len(seqs) != 1 or len(next(iter(seqs))) != 1:
+        raise ValueError(f"a batch of embeddings of one sequence, not {sorted(seqs)}")
+    rows = embedding_rows(st["embd"], model.n_embd, model.n_embd_inp)
+    seq_id = st["seq_ids"][0][0]
+    if isinstance(st["pos"][0], list):
+        return fl.Batch.from_embeddings(rows, seq_id=seq_id, logits="all", positions=np.array(st["pos"]))
+    if st["pos"] != list(range(st["pos"][0], st["pos"][0] + len(rows))):
+        raise ValueError("a batch of embeddings at consecutive positions, or four per row (M-RoPE)")
+    return fl.Batch.from_embeddings(rows, st["pos"][0], seq_id, "all")
 
 
 def _key(e: dict) -> tuple:

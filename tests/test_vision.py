@@ -139,7 +139,7 @@ def test_a_prompt_starting_with_an_image_gets_bos_before_its_marker(model: fl.Mo
 
 def test_embeddings_batch_errors(model: fl.Model) -> None:
     ctx = context(model)
-    with pytest.raises(ValueError, match="model's width is 256"):
+    with pytest.raises(ValueError, match="model's input width is 256"):
         ctx.decode(fl.Batch.from_embeddings(np.zeros((2, 128), np.float32)))
     with pytest.raises(ValueError, match="whole rows"):
         fl.Batch.from_embeddings(np.zeros((0, 256), np.float32))

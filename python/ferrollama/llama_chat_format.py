@@ -7,9 +7,9 @@ chat shapes, applying ``response_format`` and a forced ``tool_choice`` as gramma
 llama-cpp-python 0.3.36 registers is registered here under the same name and renders the same
 text (tests/data/fixtures/chat_formats.json holds its outputs). The image handlers run the
 projectors the engine runs (MTMDChatHandler; Llava15ChatHandler and its 1.5-style subclasses over
-``mlp``). ``functionary*`` (a Hugging Face tokenizer) and the image handlers of projectors not
-supported yet (LLaVA 1.6, MiniCPM-V 2.6, Qwen2.5-VL) are present under their names and raise
-``ChatHandlerUnavailableError`` saying so.
+``mlp``; Qwen25VLChatHandler over the Qwen VL mergers). ``functionary*`` (a Hugging Face tokenizer)
+and the image handlers of projectors not supported yet (MiniCPM-V 2.6) are present under their
+names and raise ``ChatHandlerUnavailableError`` saying so.
 
 Where llama-cpp-python 0.3.36 errs, this module does not follow it: an unknown handler name and a
 template's raise_exception are ValueErrors (subclasses), not bare Exceptions; chatml-function-calling
@@ -988,14 +988,14 @@ register_chat_completion_handler("functionary-v2")(functionary_v1_v2_chat_handle
 
 
 class _ImageChatHandler:
-    """llama-cpp-python's image handlers whose projectors ferrollama does not run yet (MiniCPM-V,
-    Qwen2.5-VL): constructing one raises ChatHandlerUnavailableError; MTMDChatHandler and the
-    llava handlers take the projectors it runs."""
+    """llama-cpp-python's image handlers whose projectors ferrollama does not run yet (MiniCPM-V):
+    constructing one raises ChatHandlerUnavailableError; MTMDChatHandler, the llava handlers and
+    Qwen25VLChatHandler take the projectors it runs."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         raise ChatHandlerUnavailableError(
             f"{type(self).__name__} is not available in ferrollama: its projectors are not supported "
-            "yet; for a model whose projector is (gemma3, idefics3, mlp), use MTMDChatHandler or "
+            "yet; for a model whose projector is (gemma3, idefics3, mlp, qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger), use MTMDChatHandler or "
             "Llava15ChatHandler/Llava16ChatHandler (clip_model_path=...)")
 
     @classmethod
@@ -1344,7 +1344,44 @@ class Llava16ChatHandler(Llava15ChatHandler):
 
 
 class MiniCPMv26ChatHandler(_ImageChatHandler, Llava15ChatHandler): pass
-class Qwen25VLChatHandler(_ImageChatHandler, Llava15ChatHandler): pass
+
+
+class Qwen25VLChatHandler(Llava15ChatHandler):
+    """llama-cpp-python's handler for Qwen2.5-VL (over a qwen2.5vl_merger projector; the other
+    Qwen VL mergers run the same way): ChatML with "You are a helpful assistant." as the default
+    system message, a message's image and text parts in their order, each image's URL the media
+    marker; the image's tokens take their 2-D M-RoPE positions (generation.multimodal). Its
+    state is the Llama's prompt cache, as every handler's here (llama-cpp-python clears it first
+    and decodes the whole prompt again: the same text, the same positions)."""
+
+    DEFAULT_SYSTEM_MESSAGE = "You are a helpful assistant."
+
+    CHAT_FORMAT = (
+        "{% for message in messages %}"
+        "{% if loop.first and message['role'] != 'system' %}"
+        "<|im_start|>system\n"
+        "{{ self.DEFAULT_SYSTEM_MESSAGE }}<|im_end|>\n"
+        "{% endif %}"
+        "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}"
+        "{{ message['content'] }}<|im_end|>\n"
+        "{% else %}"
+        "{% for content in message['content'] %}"
+        "{% if content['type'] == 'image_url' %}"
+        "{% if content.image_url is string %}"
+        "{{ content.image_url }}"
+        "{% else %}"
+        "{{ content.image_url.url }}"
+        "{% endif %}"
+        "{% elif content['type'] == 'text' %}"
+        "{{ content['text'] }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "<|im_end|>\n"
+        "{% endif %}"
+        "{% endfor %}"
+        "<|im_start|>assistant\n"
+    )
 
 
 Llama3VisionAlpha = Llama3VisionAlphaChatHandler  # llama-cpp-python's alias

@@ -180,6 +180,8 @@ def add_metadata(w: gguf.GGUFWriter, s: Spec, dims: Dims) -> None:
     for k, v in s.metadata.items():
         if isinstance(v, str):
             w.add_string(f"{a}.{k}", v)
+        elif isinstance(v, list):
+            w.add_array(f"{a}.{k}", v)
         elif isinstance(v, int):
             w.add_uint32(f"{a}.{k}", v)
         else:

@@ -57,6 +57,10 @@ class Family:
     #: the image's tokens see each other both ways (mtmd_decode_use_non_causal)
     non_causal: bool = False
     tiles: TileTemplate = TileTemplate()
+    #: the image's tokens form a grid of (width / patch_size / 2) x (height / patch_size / 2)
+    #: (clip_n_output_tokens_x / _y of the Qwen VL mergers: 2x2 patches per token), which a text
+    #: model with M-RoPE positions in 2-D; for the others mtmd takes them as one row
+    grid: bool = False
 
 
 FAMILIES = {
@@ -75,6 +79,11 @@ FAMILIES = {
     # LLaVA 1.5 and the other llava-style MLP projectors: the embeddings alone, causal (mtmd.cpp
     # sets no image markers for PROJECTOR_TYPE_MLP)
     "mlp": Family(),
+    # Qwen2-VL, Qwen2.5-VL, Qwen3-VL: <|vision_start|> (the embeddings) <|vision_end|>, causal,
+    # a grid of tokens (at 2-D M-RoPE positions in their text models)
+    "qwen2vl_merger": Family("<|vision_start|>", "<|vision_end|>", grid=True),
+    "qwen2.5vl_merger": Family("<|vision_start|>", "<|vision_end|>", grid=True),
+    "qwen3vl_merger": Family("<|vision_start|>", "<|vision_end|>", grid=True),
 }
 
 
@@ -89,12 +98,25 @@ class TextChunk:
 
 @dataclass
 class ImageChunk:
-    """An image's embeddings (n_tokens rows of the text model's width) and the positions they
-    take; ``id`` identifies the image (a hash of its pixels), for prompt caches."""
+    """An image's embeddings (n_tokens rows of the text model's input width) and the positions
+    they take; ``id`` identifies the image (a hash of its pixels), for prompt caches.
+
+    For a text model with M-RoPE (``mrope``), the tokens are a grid of ``nx`` x ``ny`` (one row
+    of n_tokens where the projector has no grid) at 2-D positions, and take max(nx, ny)
+    positions of the sequence (mtmd_image_tokens_get_n_pos); else one position each."""
 
     embd: np.ndarray
     id: str
     non_causal: bool = False
+    mrope: bool = False
+    nx: int = 0
+    ny: int = 1
+
+    def __post_init__(self) -> None:
+        if self.nx == 0:
+            self.nx = self.n_tokens
+        if self.nx * self.ny != self.n_tokens:
+            raise ValueError(f"a grid of {self.nx} x {self.ny} image tokens for {self.n_tokens} embedding rows")
 
     @property
     def n_tokens(self) -> int:
@@ -102,7 +124,13 @@ class ImageChunk:
 
     @property
     def n_pos(self) -> int:
-        return self.n_tokens
+        return max(self.nx, self.ny) if self.mrope else self.n_tokens
+
+    def positions(self, n_past: int) -> np.ndarray:
+        """The tokens' M-RoPE positions after n_past (mtmd_image_tokens_get_decoder_pos): time
+        n_past, height n_past + row, width n_past + column, extra 0, in raster order."""
+        i = np.arange(self.n_tokens)
+        return np.stack([np.full_like(i, n_past), n_past + i // self.nx, n_past + i % self.nx, np.zeros_like(i)], axis=1)
 
 
 Chunk = Union[TextChunk, ImageChunk]
@@ -125,6 +153,13 @@ class EncodedImage:
         return np.concatenate([c.embd for c in self.chunks])
 
 
+def vision_params(core: _CoreProjector) -> VisionParams:
+    """A loaded projector's preprocessing hyper-parameters."""
+    return VisionParams(image_size=core.image_size, patch_size=core.patch_size, image_mean=tuple(core.image_mean),
+                        image_std=tuple(core.image_std), n_merge=core.n_merge, image_longest_edge=core.image_longest_edge,
+                        grid_pinpoints=tuple(core.grid_pinpoints))
+
+
 @dataclass
 class Projector:
     """A projector file for a text model: ``encode`` gives an image's embeddings, ``tokenize``
@@ -142,14 +177,11 @@ class Projector:
 
     def __post_init__(self) -> None:
         self.core = _CoreProjector(os.fspath(self.path), n_threads=self.n_threads, use_mmap=self.use_mmap)
-        if self.core.n_embd_out != self.model.n_embd:
+        if self.core.n_embd_out != self.model.n_embd_inp:
             raise ValueError(f"the projector {os.fspath(self.path)!r} gives rows of {self.core.n_embd_out} values, "
-                             f"the text model's width is {self.model.n_embd}: they are not a pair")
+                             f"the text model's input width is {self.model.n_embd_inp}: they are not a pair")
         self.family = FAMILIES[self.core.projector_type]
-        self.vision = VisionParams(image_size=self.core.image_size, patch_size=self.core.patch_size,
-                                   image_mean=tuple(self.core.image_mean), image_std=tuple(self.core.image_std),
-                                   n_merge=self.core.n_merge, image_longest_edge=self.core.image_longest_edge,
-                                   grid_pinpoints=tuple(self.core.grid_pinpoints))
+        self.vision = vision_params(self.core)
         self._tile_tokens = _lookup_tokens(self.model, self.family.tiles.token_texts())
 
     @property
@@ -167,15 +199,24 @@ class Projector:
         rgb = load_image(image, self.limits)
         digest = hashlib.sha256(np.ascontiguousarray(rgb).tobytes() + repr(rgb.shape).encode()).hexdigest()
         pre = preprocess_image(self.projector_type, rgb, self.vision)
-        chunk = lambda i, pixels: ImageChunk(pixels, f"{digest}:{i}", self.family.non_causal)  # noqa: E731
         parts: list[Union[list[int], ImageChunk]] = [self._marker_tokens(self.family.img_beg)]
         if pre.overview is not None or (pre.grid_x > 0 and pre.grid_y > 0):
-            chunks = [chunk(i, self.core.encode_pixels(p)) for i, p in enumerate(_overview_first(pre))]
+            chunks = [self._chunk(f"{digest}:{i}", [p]) for i, p in enumerate(_overview_first(pre))]
             parts += self._tiled_parts(chunks[0], chunks[1:], pre.grid_x, pre.grid_y)
         else:
-            parts.append(chunk(0, np.concatenate([self.core.encode_pixels(entry) for entry in pre.entries])))
+            parts.append(self._chunk(f"{digest}:0", pre.entries))
         parts.append(self._marker_tokens(self.family.img_end))
         return EncodedImage(parts)
+
+    def _chunk(self, chunk_id: str, entries: Sequence[np.ndarray]) -> ImageChunk:
+        """The image chunk of encoder inputs (float32 (height, width, 3) images), its grid the
+        first one's where the family has one (mtmd: clip_n_output_tokens_x / _y of entry 0)."""
+        embd = np.concatenate([self.core.encode_pixels(entry) for entry in entries])
+        nx, ny = 0, 1
+        if self.family.grid and self.model.uses_mrope:
+            height, width = entries[0].shape[:2]
+            nx, ny = width // self.core.patch_size // 2, height // self.core.patch_size // 2
+        return ImageChunk(embd, chunk_id, self.family.non_causal, self.model.uses_mrope, nx, ny)
 
     def _tiled_parts(self, overview: ImageChunk, slices: list[ImageChunk], n_col: int,
                      n_row: int) -> list[Union[list[int], ImageChunk]]:
@@ -363,15 +404,21 @@ def _eval_text(ctx: Context, tokens: list[int], n_past: int, seq_id: int, n_batc
 
 
 def eval_image(ctx: Context, chunk: ImageChunk, n_past: int, seq_id: int, n_batch: int) -> int:
-    """mtmd_helper_decode_image_chunk: the embeddings at positions n_past.., no logits; causal
-    attention off meanwhile where the family says so (restored whatever happens)."""
+    """mtmd_helper_decode_image_chunk: the embeddings at positions n_past.. (at their M-RoPE
+    positions after n_past for a text model with M-RoPE), no logits; causal attention off
+    meanwhile where the family says so (restored whatever happens). Returns n_past advanced by
+    the image's positions."""
     was_causal = ctx.causal_attn
     if chunk.non_causal:
         ctx.causal_attn = False
+    positions = chunk.positions(n_past) if chunk.mrope else None
     try:
         for start in range(0, chunk.n_tokens, n_batch):
             rows = np.ascontiguousarray(chunk.embd[start:start + n_batch], dtype=np.float32)
-            ctx.decode(Batch.from_embeddings(rows, n_past + start, seq_id, "none"))
+            if positions is None:
+                ctx.decode(Batch.from_embeddings(rows, n_past + start, seq_id, "none"))
+            else:
+                ctx.decode(Batch.from_embeddings(rows, seq_id=seq_id, logits="none", positions=positions[start:start + n_batch]))
     finally:
         ctx.causal_attn = was_causal
     return n_past + chunk.n_pos

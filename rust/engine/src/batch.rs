@@ -13,6 +13,10 @@ pub struct Batch {
     /// tokens, whose `tokens` then hold the ids; for a batch of embeddings they are all 0).
     pub embd: Vec<f32>,
     pub n_embd: usize,
+    /// Each entry's four M-RoPE positions (time, height, width, extra), for a batch of
+    /// embeddings given them (mtmd's 2-D positions of an image's tokens; a model with M-RoPE
+    /// only); `pos` holds the time positions. Empty: a text token's (pos, pos, pos, 0).
+    pub pos_mrope: Vec<[i32; 4]>,
     n_tokens_max: usize,
     n_seq_max: usize,
 }
@@ -55,6 +59,24 @@ impl Batch {
         Ok(b)
     }
 
+    /// A batch of embedding rows (`embd`: n rows of `n_embd`) of one sequence at the M-RoPE
+    /// positions `positions` (one (time, height, width, extra) per row, as llama.cpp's batch
+    /// of embeddings for such a model carries them); `logits` as in `from_tokens`. Positions
+    /// need not be consecutive: all of an image's tokens share their time position.
+    pub fn from_embeddings_mrope(embd: Vec<f32>, n_embd: usize, positions: &[[i32; 4]], seq_id: i32, logits: &str) -> Result<Batch> {
+        let mut b = Batch::from_embeddings(embd, n_embd, 0, seq_id, logits)?;
+        if positions.len() != b.len() {
+            return Err(EngineError::InvalidArgument(format!(
+                "{} M-RoPE positions for {} embedding rows: one (time, height, width, extra) per row", positions.len(), b.len())));
+        }
+        if let Some(p) = positions.iter().find(|p| p.iter().any(|&v| v < 0)) {
+            return Err(EngineError::InvalidArgument(format!("M-RoPE positions {p:?} are negative")));
+        }
+        b.pos = positions.iter().map(|p| p[0]).collect();
+        b.pos_mrope = positions.to_vec();
+        Ok(b)
+    }
+
     /// Whether the batch carries embeddings instead of token ids.
     pub fn has_embeddings(&self) -> bool { !self.embd.is_empty() }
 
@@ -86,6 +108,7 @@ impl Batch {
         self.seq_ids.clear();
         self.logits.clear();
         self.embd.clear();
+        self.pos_mrope.clear();
     }
 
     pub fn len(&self) -> usize { self.tokens.len() }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrollama_kv::{padded_ctx_size, swa_cache_size, KvCells, KvError, RsCells, RsSeqGroup, UBatchView as KvUBatch};
+use ferrollama_kv::{padded_ctx_size, swa_cache_size, CellExt, KvCells, KvError, RsCells, RsSeqGroup, UBatchView as KvUBatch};
 use ferrollama_tensor::{GgmlType, Threads};
 
 use crate::batch::Batch;
@@ -455,7 +455,7 @@ impl Context {
         let w = model.weights.as_ref().expect("checked at context creation");
         let views = [KvView { slots: &slots, mask: &self.masks[0], n_kv }];
         let ub = UBatchView {
-            tokens: &batch.tokens, embd: None, pos: &batch.pos, out_rows: &out_rows, caches: &views, layer_cache: &self.layer_cache,
+            tokens: &batch.tokens, embd: None, pos: &batch.pos, pos_mrope: None, out_rows: &out_rows, caches: &views, layer_cache: &self.layer_cache,
             cvec: None, lora: self.lora_set.as_ref(), rope_factors: None, rope: &self.rope, rs: None,
         };
         let threads = match (&self.threads_batch, n > 1) {
@@ -490,7 +490,13 @@ impl Context {
         let plans = self.plan_ubatches(batch)?;
         let pos_of: Vec<Vec<i32>> = plans.iter().map(|p| p.idx.iter().map(|&i| batch.pos[i]).collect()).collect();
         let seqs_of: Vec<Vec<Vec<i32>>> = plans.iter().map(|p| p.idx.iter().map(|&i| batch.seq_ids[i].clone()).collect()).collect();
-        let views: Vec<KvUBatch> = pos_of.iter().zip(&seqs_of).map(|(p, s)| KvUBatch::new(p, s)).collect();
+        let mrope_of: Vec<Vec<[i32; 4]>> = plans.iter()
+            .map(|p| p.idx.iter().filter_map(|&i| batch.pos_mrope.get(i).copied()).collect())
+            .collect();
+        let ext_of: Vec<Vec<CellExt>> = self.cell_exts(batch, &plans);
+        let views: Vec<KvUBatch> = pos_of.iter().zip(&seqs_of).zip(&ext_of)
+            .map(|((p, s), e)| if e.is_empty() { KvUBatch::new(p, s) } else { KvUBatch::new(p, s).with_ext(e) })
+            .collect();
         let groups: Vec<Vec<RsSeqGroup>> = plans.iter().zip(&pos_of).zip(&seqs_of)
             .map(|((p, pos), seqs)| rs_groups(p, pos, seqs))
             .collect();
@@ -523,7 +529,8 @@ impl Context {
             let embd: Option<Vec<f32>> = batch.has_embeddings()
                 .then(|| plan.idx.iter().flat_map(|&i| batch.embd_row(i)).copied().collect());
             let ub_slots: Vec<&[u32]> = slots.iter().map(|s| s[u].as_slice()).collect();
-            self.run_ubatch(&tokens, embd.as_deref(), view, &ub_slots, &out_rows, &dest_rows, rs_ub)?;
+            let pos_mrope = (!batch.pos_mrope.is_empty()).then_some(mrope_of[u].as_slice());
+            self.run_ubatch(&tokens, embd.as_deref(), pos_mrope, view, &ub_slots, &out_rows, &dest_rows, rs_ub)?;
         }
         if self.params.embeddings && self.params.pooling != Pooling::None {
             self.pool_embeddings(batch);
@@ -561,8 +568,8 @@ impl Context {
     /// rows `dest_rows` (in order and consecutive for a simple split; through a scratch
     /// otherwise).
     #[allow(clippy::too_many_arguments)]
-    fn run_ubatch(&mut self, tokens: &[u32], embd: Option<&[f32]>, view: &KvUBatch, slots: &[&[u32]], out_rows: &[usize], dest_rows: &[usize],
-                  rs: Option<RsUBatch>) -> Result<()> {
+    fn run_ubatch(&mut self, tokens: &[u32], embd: Option<&[f32]>, pos_mrope: Option<&[[i32; 4]]>, view: &KvUBatch, slots: &[&[u32]],
+                  out_rows: &[usize], dest_rows: &[usize], rs: Option<RsUBatch>) -> Result<()> {
         let mut n_kvs = Vec::with_capacity(self.caches.len());
         for (cache, mask) in self.caches.iter().zip(self.masks.iter_mut()) {
             let n_kv = cache.cells.n_kv_window() as usize;
@@ -577,7 +584,7 @@ impl Context {
             .map(|c| KvView { slots: slots[c], mask: &self.masks[c], n_kv: n_kvs[c] })
             .collect();
         let ub = UBatchView {
-            tokens, embd, pos: view.pos, out_rows, caches: &views, layer_cache: &self.layer_cache, cvec: self.cvec.as_ref(),
+            tokens, embd, pos: view.pos, pos_mrope, out_rows, caches: &views, layer_cache: &self.layer_cache, cvec: self.cvec.as_ref(),
             lora: self.lora_set.as_ref(), rope_factors: rope_factors(&model, &self.params), rope: &self.rope, rs,
         };
         let threads = match (&self.threads_batch, tokens.len() > 1) {
@@ -648,13 +655,30 @@ impl Context {
         }
     }
 
-    /// A batch of embeddings needs rows of the model's width and a model whose input is its
-    /// embeddings alone (not an encoder, no per-layer embeddings looked up by token id).
+    /// The 2-D position each token of each micro-batch gives its cell, for a model with
+    /// M-RoPE (llama.cpp's ext x and y: the width and height positions, which are a text
+    /// token's position); empty lists for the other models.
+    fn cell_exts(&self, batch: &Batch, plans: &[UBatchPlan]) -> Vec<Vec<CellExt>> {
+        let ext = |i: usize| match batch.pos_mrope.get(i) {
+            Some(p) => CellExt { x: p[2], y: p[1] },
+            None => CellExt { x: batch.pos[i], y: batch.pos[i] },
+        };
+        let mrope = self.model.hparams.mrope.is_some();
+        plans.iter().map(|p| if mrope { p.idx.iter().map(|&i| ext(i)).collect() } else { Vec::new() }).collect()
+    }
+
+    /// A batch of embeddings needs rows of the model's input width (its n_embd, more with
+    /// DeepStack rows) and a model whose input is its embeddings alone (not an encoder, no
+    /// per-layer embeddings looked up by token id); M-RoPE positions need a model with M-RoPE.
     fn check_takes_embeddings(&self, batch: &Batch) -> Result<()> {
         let hp = &self.model.hparams;
-        if batch.n_embd != hp.n_embd {
+        if batch.n_embd != hp.n_embd_inp() {
             return Err(EngineError::InvalidArgument(format!(
-                "the batch's embeddings have {} values per token, the model's width is {}", batch.n_embd, hp.n_embd)));
+                "the batch's embeddings have {} values per token, the model's input width is {}", batch.n_embd, hp.n_embd_inp())));
+        }
+        if !batch.pos_mrope.is_empty() && hp.mrope.is_none() {
+            return Err(EngineError::InvalidArgument(format!(
+                "the batch gives M-RoPE positions (time, height, width, extra) but '{}' rotates with one position per token", hp.arch)));
         }
         let ple = self.model.weights.as_ref().is_some_and(|w| w.extras.ple.is_some());
         if self.is_encoder() || ple {
@@ -728,6 +752,10 @@ impl Context {
             let (Some(&min), Some(&max)) = (set.first(), set.last()) else { continue };
             let cached_max = self.seq_pos_max(s as i32)?;
             self.check_window_held(s as i32, min)?;
+            if self.model.hparams.mrope.is_some() {
+                check_mrope_positions(s, cached_max, min, batch.has_embeddings())?;
+                continue;
+            }
             if cached_max >= 0 && min != cached_max + 1 {
                 return Err(EngineError::Decode(format!(
                     "sequence {s}: the cache ends at position {cached_max} but the batch starts at {min}; positions must continue (Y = X + 1)"
@@ -739,6 +767,20 @@ impl Context {
         }
         Ok(())
     }
+}
+
+/// llama_batch_allocr::init's rule for a model with M-RoPE, whose positions may jump forward
+/// (an image takes fewer positions than tokens): a sequence's text starts after the last
+/// position it holds, its embeddings at it or after (an image's tokens share one position).
+fn check_mrope_positions(seq: usize, cached_max: i32, min: i32, embeddings: bool) -> Result<()> {
+    let ok = cached_max < 0 || if embeddings { cached_max <= min } else { cached_max < min };
+    if ok {
+        return Ok(());
+    }
+    let rule = if embeddings { "at or after it" } else { "after it" };
+    Err(EngineError::Decode(format!(
+        "sequence {seq}: the cache ends at position {cached_max} but the batch starts at {min}; with M-RoPE a batch of {} starts {rule}",
+        if embeddings { "embeddings" } else { "tokens" })))
 }
 
 /// The outputs of the last decode, as a state blob carries them.
@@ -828,6 +870,8 @@ fn build_caches(model: &Model, p: &ContextParams) -> Result<(Vec<Cache>, Vec<usi
     let hp = &model.hparams;
     let (n_ctx, n_seq) = (p.n_ctx as u32, p.n_seq_max as u32);
     let full = KvCells::new(n_ctx, n_seq).map_err(kv_arg)?;
+    // M-RoPE: the cells keep each token's 2-D position (llama.cpp's n_pos_per_embd > 1)
+    let full = if hp.mrope.is_some() { full.with_2d_positions() } else { full };
     let attending: Vec<usize> = (0..hp.n_layer).filter(|&il| hp.stores_kv(il)).collect();
     if attending.is_empty() {
         // a state-space model keeps no K/V at all
@@ -896,11 +940,12 @@ impl Context {
     /// llama_memory_can_shift: whether the positions of cached keys can move (seq_add,
     /// seq_div), which context shifts and Self-Extend need.
     pub fn can_shift(&self) -> bool {
-        self.caches.is_empty() || self.model.hparams.imrope_sections.is_none()
+        self.caches.is_empty() || self.model.hparams.mrope.is_none()
     }
-    /// llama_kv_cache::get_can_shift: keys rotated with several positions per token (Qwen3.5's
-    /// interleaved M-RoPE) cannot be re-rotated to a new position; llama.cpp aborts on the next
-    /// decode after moving them, the engine refuses the move itself (nothing changes).
+    /// llama_kv_cache::get_can_shift: keys rotated with several positions per token (M-RoPE:
+    /// Qwen2-VL, Qwen3-VL, Qwen3.5) cannot be re-rotated to a new position; llama.cpp asserts
+    /// (seq_add, seq_div) or aborts on the next decode after moving them, the engine refuses
+    /// the move itself (nothing changes).
     fn check_can_shift(&self) -> Result<()> {
         if self.can_shift() {
             return Ok(());

@@ -17,10 +17,13 @@ pub struct KvView<'a> {
 
 pub struct UBatchView<'a> {
     pub tokens: &'a [u32],
-    /// The input embeddings of a batch of embeddings (one row of n_embd per token; then the
-    /// tokens are placeholders).
+    /// The input embeddings of a batch of embeddings (one row of the model's input width,
+    /// HParams::n_embd_inp, per token; then the tokens are placeholders).
     pub embd: Option<&'a [f32]>,
     pub pos: &'a [i32],
+    /// Each token's four M-RoPE positions (time, height, width, extra) where the batch gave
+    /// them (an image's embeddings); None: a text token's (pos, pos, pos, 0).
+    pub pos_mrope: Option<&'a [[i32; 4]]>,
     /// Indices (into this micro-batch) of the tokens whose logits are wanted, in order.
     pub out_rows: &'a [usize],
     /// Each cache of the context (one, or a full and a sliding-window one).
@@ -63,6 +66,15 @@ impl ControlVector {
 }
 
 impl<'a> UBatchView<'a> {
+    /// Token t's four M-RoPE positions (llama.cpp gives a text token its position on the
+    /// first three axes and 0 on the extra one).
+    pub fn mrope_pos(&self, t: usize) -> [i32; 4] {
+        match self.pos_mrope {
+            Some(p) => p[t],
+            None => [self.pos[t], self.pos[t], self.pos[t], 0],
+        }
+    }
+
     /// Layer `il`'s LoRA terms (none without adapters).
     pub fn lora_layer(&self, il: usize) -> crate::lora::LayerLora<'a> {
         self.lora.map(|l| l.layer(il)).unwrap_or_default()

@@ -113,10 +113,14 @@ pub struct HParams {
     pub ff_layers: Vec<bool>,
     /// The recurrent layers' sizes (hybrid and state-space models; None for the others).
     pub rs: Option<RsParams>,
-    /// The sections of interleaved M-RoPE (`rope.dimension_sections`: Qwen3.5), which text
-    /// tokens see as NEOX RoPE with the pairs outside the sections unrotated; None for the
-    /// plain RoPE of the other models.
-    pub imrope_sections: Option<[usize; 4]>,
+    /// Multi-axis RoPE (`rope.dimension_sections`: Qwen2-VL's consecutive sections, Qwen3-VL's
+    /// and Qwen3.5's interleaved ones): four positions per token (llama.cpp's n_pos_per_embd
+    /// 4); None for the plain RoPE of the other models.
+    pub mrope: Option<crate::ops::Mrope>,
+    /// DeepStack layers (Qwen3-VL's `n_deepstack_layers`): an input embedding row holds the
+    /// main embedding then one more per such layer, added to the output of layers 0, 1 ...
+    /// (token embeddings add nothing); 0 for the other models.
+    pub n_deepstack: usize,
     /// Multi-head latent attention's sizes (DeepSeek-V2/V3); None for the other models.
     pub latent: Option<LatentParams>,
     /// Expert groups (DeepSeek-V3's routing: the experts of the `n_group_used` groups with the
@@ -378,7 +382,8 @@ impl HParams {
             kv_layers: heads_kv.iter().map(|&h| h > 0).collect(),
             ff_layers: match &ffs { Some(v) => v.iter().map(|&f| f > 0).collect(), None => vec![false; n_layer] },
             rs: None,
-            imrope_sections: None,
+            mrope: None,
+            n_deepstack: 0,
             latent: None,
             n_expert_groups,
             n_group_used,
@@ -563,13 +568,16 @@ impl HParams {
             attn_logit_softcap: 0.0, n_expert: 0, n_expert_used: 0, n_ff_exp: 0, n_ff_shexp: 0, n_layer_dense_lead: 0,
             embedding_scale: 1.0, embedding_scale_raw: false, residual_scale: 1.0, logit_scale: 1.0, n_ctx_orig: 0,
             moe_gating: MoeGating::Softmax { norm: true }, expert_weights_scale: 0.0,
-            norm_eps: 1e-5, pooling_type: 0, kv_layers: Vec::new(), ff_layers: Vec::new(), rs: None, imrope_sections: None,
+            norm_eps: 1e-5, pooling_type: 0, kv_layers: Vec::new(), ff_layers: Vec::new(), rs: None, mrope: None, n_deepstack: 0,
             latent: None, n_expert_groups: 0, n_group_used: 0,
         }
     }
 
     /// Query heads per KV head.
     pub fn gqa(&self) -> usize { self.n_head / self.n_head_kv }
+    /// The width of an input embedding row (llama_model_n_embd_inp): n_embd, and n_embd more
+    /// per DeepStack layer.
+    pub fn n_embd_inp(&self) -> usize { self.n_embd * (1 + self.n_deepstack) }
     pub fn n_embd_k_gqa(&self) -> usize { self.head_dim_k * self.n_head_kv }
     pub fn n_embd_v_gqa(&self) -> usize { self.head_dim_v * self.n_head_kv }
 }

@@ -153,27 +153,22 @@ impl RopeParams {
         }
     }
 
-    /// Interleaved M-RoPE (ggml's GGML_ROPE_TYPE_IMROPE, Qwen3-VL and Qwen3.5) for text
-    /// tokens, on a cache `fill_cache` filled: llama.cpp gives a text token the same time,
-    /// height and width positions and an extra position of 0, so the pairs the interleaved
-    /// sections assign to time, height or width rotate as in NEOX mode, and the others (those
-    /// past the sections, sector by sector) by the angle of position 0 (cos = the magnitude
-    /// scale, sin = 0), as ggml_mrope_cache_init computes them.
-    pub fn imrope_text(&self, sections: [usize; 4], cache: &mut [f32]) {
-        let sect_dims: usize = sections.iter().sum();
+    /// cos and sin of each rotated pair of a token of M-RoPE (ggml_rope_multi's cache,
+    /// ggml_mrope_cache_init): `pos` holds its time, height, width and extra positions, and
+    /// each pair turns by the angle of the axis `mrope` gives it, all four angles accumulated
+    /// by the same repeated multiplications as `fill_cache`'s. (A text token's positions are
+    /// (p, p, p, 0): the pairs of the first three axes turn as in `fill_cache`, those of the
+    /// extra axis by the angle of position 0.)
+    pub fn fill_cache_mrope(&self, pos: [i32; 4], mrope: &Mrope, factors: Option<&[f32]>, cache: &mut [f32]) {
+        let theta_scale = self.freq_base.powf(-2.0 / self.n_dims as f32);
         let corr = self.corr_dims();
+        let mut theta = pos.map(|p| p as f32);
         for i in 0..self.n_dims / 2 {
-            let sector = i % sect_dims.max(1);
-            let positional = match sector % 3 {
-                0 => sector < 3 * sections[0],
-                1 => sector < 3 * sections[1],
-                _ => sector < 3 * sections[2],
-            };
-            if !positional {
-                let (c, s) = self.yarn(0.0, corr, 2 * i);
-                cache[2 * i] = c;
-                cache[2 * i + 1] = s;
-            }
+            let factor = factors.map_or(1.0, |f| f[i]);
+            let (c, s) = self.yarn(theta[mrope.axis_of(i)] / factor, corr, 2 * i);
+            cache[2 * i] = c;
+            cache[2 * i + 1] = s;
+            theta.iter_mut().for_each(|t| *t *= theta_scale);
         }
     }
 
@@ -189,6 +184,41 @@ impl RopeParams {
             mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
         }
         (theta.cos() * mscale, theta.sin() * mscale)
+    }
+}
+
+/// Multi-axis RoPE (ggml's rope modes MROPE, Qwen2-VL, and IMROPE, Qwen3-VL and Qwen3.5):
+/// each token has four positions (time, height, width, extra) and `rope.dimension_sections`
+/// say which rotated pairs turn with which, the NEOX way (pairs (i, i + n_dims/2)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mrope {
+    /// Pairs per axis (time, height, width, extra); pair i is in sector i mod their sum.
+    pub sections: [usize; 4],
+    /// The sections interleave (IMROPE: t, h, w, t, h, w ...) instead of following each other.
+    pub interleaved: bool,
+}
+
+impl Mrope {
+    /// The axis (0 time, 1 height, 2 width, 3 extra) whose position turns rotated pair `i`.
+    pub fn axis_of(&self, i: usize) -> usize {
+        let s = self.sections;
+        let sector = i % s.iter().sum::<usize>().max(1);
+        if self.interleaved {
+            match sector % 3 {
+                1 if sector < 3 * s[1] => 1,
+                2 if sector < 3 * s[2] => 2,
+                0 if sector < 3 * s[0] => 0,
+                _ => 3,
+            }
+        } else if sector < s[0] {
+            0
+        } else if sector < s[0] + s[1] {
+            1
+        } else if sector < s[0] + s[1] + s[2] {
+            2
+        } else {
+            3
+        }
     }
 }
 
@@ -392,22 +422,54 @@ mod tests {
                      beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 4096 }
     }
 
-    /// Text positions under interleaved M-RoPE: the pairs of the time, height and width
-    /// sections rotate as NEOX RoPE does; a pair outside them (sector 1 of [1, 0, 1, 0], whose
-    /// height section is empty) keeps the angle of position 0.
+    const IMROPE: fn([usize; 4]) -> Mrope = |sections| Mrope { sections, interleaved: true };
+
+    /// Text positions (p, p, p, 0) under interleaved M-RoPE: the pairs of the time, height and
+    /// width sections rotate as NEOX RoPE does; a pair outside them (sector 1 of [1, 0, 1, 0],
+    /// whose height section is empty) keeps the angle of position 0.
     #[test]
-    fn imrope_text_keeps_the_sections_rotation() {
+    fn mrope_of_text_positions_is_neox_rope_in_the_sections() {
         let p = rope16();
         let mut neox = vec![0.0; 16];
         p.fill_cache(7.0, None, &mut neox);
-        let mut full = neox.clone();
-        p.imrope_text([3, 3, 2, 0], &mut full);
+        let mut full = vec![0.0; 16];
+        p.fill_cache_mrope([7, 7, 7, 0], &IMROPE([3, 3, 2, 0]), None, &mut full);
         assert_eq!(full, neox);
-        let mut gaps = neox.clone();
-        p.imrope_text([1, 0, 1, 0], &mut gaps);
+        let mut gaps = vec![0.0; 16];
+        p.fill_cache_mrope([7, 7, 7, 0], &IMROPE([1, 0, 1, 0]), None, &mut gaps);
         for i in 0..8 {
             let want = if i % 2 == 1 { [1.0, 0.0] } else { [neox[2 * i], neox[2 * i + 1]] };
             assert_eq!([gaps[2 * i], gaps[2 * i + 1]], want, "pair {i}");
+        }
+    }
+
+    /// The axis of each pair as ggml_mrope_cache_init picks it: Qwen2-VL's consecutive
+    /// sections, Qwen3-VL's interleaved ones (t h w t h w ..., the extra axis for the sectors
+    /// past a section's share: 61 and 62 of [24, 20, 20, 0]), sectors wrapping past their sum.
+    #[test]
+    fn mrope_axes_follow_the_sections() {
+        let mrope = Mrope { sections: [2, 3, 3, 1], interleaved: false };
+        let axes: Vec<usize> = (0..12).map(|i| mrope.axis_of(i)).collect();
+        assert_eq!(axes, [0, 0, 1, 1, 1, 2, 2, 2, 3, 0, 0, 1]);
+        let qwen3vl = IMROPE([24, 20, 20, 0]);
+        let axes: Vec<usize> = [0, 1, 2, 3, 58, 59, 60, 61, 62, 63].iter().map(|&i| qwen3vl.axis_of(i)).collect();
+        assert_eq!(axes, [0, 1, 2, 0, 1, 2, 0, 3, 3, 0]);
+    }
+
+    /// Each pair of an image token turns by its axis' position as `fill_cache` would turn it
+    /// at that position (the same chain of products), bit for bit.
+    #[test]
+    fn mrope_pairs_turn_with_their_axis_position() {
+        let p = rope16();
+        let pos = [5, 9, 12, 3];
+        for mrope in [Mrope { sections: [2, 3, 2, 1], interleaved: false }, IMROPE([3, 2, 2, 1])] {
+            let mut got = vec![0.0; 16];
+            p.fill_cache_mrope(pos, &mrope, None, &mut got);
+            for i in 0..8 {
+                let mut one_axis = vec![0.0; 16];
+                p.fill_cache(pos[mrope.axis_of(i)] as f32, None, &mut one_axis);
+                assert_eq!(got[2 * i..2 * i + 2], one_axis[2 * i..2 * i + 2], "{mrope:?} pair {i}");
+            }
         }
     }
 

@@ -6,12 +6,31 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{KvError, Pos, SeqId, SeqSet, SwaParams, MAX_SEQ};
 
+/// A cell's 2-D position (llama.cpp's `llama_kv_cell_ext`): the width (`x`) and height (`y`)
+/// positions M-RoPE gives an image token; a text token's are its position. The causal mask
+/// orders the cells of one position by them (an image's tokens all share one position).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CellExt {
+    /// Width position.
+    pub x: Pos,
+    /// Height position.
+    pub y: Pos,
+}
+
+impl CellExt {
+    /// Whether this 2-D position comes after (`x`, `y`) in raster order (row by row).
+    pub fn is_2d_gt(&self, x: Pos, y: Pos) -> bool {
+        self.y > y || (self.y == y && self.x > x)
+    }
+}
+
 /// The full state of one cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct CellState {
     pub pos: Pos,
     pub shift: Pos,
     pub seqs: SeqSet,
+    pub ext: CellExt,
 }
 
 impl CellState {
@@ -19,6 +38,7 @@ impl CellState {
         pos: -1,
         shift: 0,
         seqs: SeqSet::EMPTY,
+        ext: CellExt { x: 0, y: 0 },
     };
 }
 
@@ -32,6 +52,10 @@ pub struct KvCells {
     pub(crate) shift: Vec<Pos>,
     /// Sequences holding each cell.
     pub(crate) seqs: Vec<SeqSet>,
+    /// 2-D position of each cell (kept in a cache of 2-D positions only; default otherwise).
+    pub(crate) ext: Vec<CellExt>,
+    /// Whether the cells keep 2-D positions (a model with M-RoPE): the state carries them.
+    pub(crate) pos_2d: bool,
     /// Indices of the non-empty cells (ordered: the last one gives the attention window).
     pub(crate) used: BTreeSet<u32>,
     /// Per sequence: multiset of the positions it holds (position -> number of cells).
@@ -66,6 +90,8 @@ impl KvCells {
             pos: vec![-1; n],
             shift: vec![0; n],
             seqs: vec![SeqSet::EMPTY; n],
+            ext: vec![CellExt::default(); n],
+            pos_2d: false,
             used: BTreeSet::new(),
             seq_pos: vec![BTreeMap::new(); n_seq_max as usize],
             head: 0,
@@ -74,6 +100,24 @@ impl KvCells {
             swa,
             journal: None,
         })
+    }
+
+    /// The same cache keeping each cell's 2-D position (`CellExt`), as llama.cpp's cache of a
+    /// model with several positions per token (M-RoPE) does: micro-batches then carry them
+    /// (`UBatchView::with_ext`) and saved states hold them.
+    pub fn with_2d_positions(mut self) -> KvCells {
+        self.pos_2d = true;
+        self
+    }
+
+    /// Whether the cells keep 2-D positions.
+    pub fn has_2d_positions(&self) -> bool {
+        self.pos_2d
+    }
+
+    /// 2-D position of cell `idx` (the default when out of range).
+    pub fn ext_of(&self, idx: u32) -> CellExt {
+        self.ext.get(idx as usize).copied().unwrap_or_default()
     }
 
     /// Number of cells.
@@ -153,6 +197,7 @@ impl KvCells {
             pos: self.pos[idx],
             shift: self.shift[idx],
             seqs: self.seqs[idx],
+            ext: self.ext[idx],
         }
     }
 
@@ -166,6 +211,7 @@ impl KvCells {
         self.pos[idx] = new.pos;
         self.shift[idx] = new.shift;
         self.seqs[idx] = new.seqs;
+        self.ext[idx] = new.ext;
         self.index(idx);
     }
 

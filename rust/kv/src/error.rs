@@ -41,6 +41,14 @@ pub enum KvError {
         /// Number of sequence-id lists.
         n_seq: usize,
     },
+    /// The micro-batch's 2-D positions are not one per token.
+    #[error("micro-batch has {n_pos} positions but {n_ext} 2-D positions")]
+    ExtShape {
+        /// Number of positions.
+        n_pos: usize,
+        /// Number of 2-D positions.
+        n_ext: usize,
+    },
     /// A token of the micro-batch belongs to no sequence.
     #[error("token {token} of the micro-batch has no sequence id")]
     TokenWithoutSeq {

@@ -44,7 +44,7 @@ mod state;
 mod swa;
 mod ubatch;
 
-pub use cells::KvCells;
+pub use cells::{CellExt, KvCells};
 pub use defrag::{DefragMove, DEFRAG_MIN_N_KV};
 pub use error::KvError;
 pub use mask::N_KV_MIN_PAD;

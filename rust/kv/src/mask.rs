@@ -1,7 +1,7 @@
 //! The attention window and the KQ mask of a micro-batch.
 
 use crate::swa::pad_to;
-use crate::{KvCells, KvError, SeqId, SwaParams, SwaType, UBatchView};
+use crate::{CellExt, KvCells, KvError, SeqId, SwaParams, SwaType, UBatchView};
 
 /// llama.cpp pads the attention window to at least this many cells.
 pub const N_KV_MIN_PAD: u32 = 256;
@@ -23,7 +23,9 @@ impl KvCells {
     /// Fills `out` (row-major `[n_tokens][n_kv]`) with 0 where a token may attend to a cell and
     /// `-inf` elsewhere, using this cache's sliding window. Token `i` (first sequence id `s`,
     /// position `p`) sees cell `j < n_kv` when the cell is non-empty, holds `s`, and (if
-    /// `causal`) has a position `<= p`, and the window does not hide it.
+    /// `causal`) has a position `<= p`, and the window does not hide it. With 2-D positions
+    /// (a micro-batch `with_ext`, M-RoPE), a causal token also does not see the cells of its
+    /// own position that come after it in raster order (`CellExt::is_2d_gt`).
     pub fn fill_mask<S: AsRef<[SeqId]>>(
         &self,
         ubatch: &UBatchView<'_, S>,
@@ -75,8 +77,21 @@ impl KvCells {
                 seen_seq = Some(seq);
             }
             fill_row(row, &seen_pos, i64::from(ubatch.pos[i]), causal, swa);
+            if let (true, Some(ext)) = (causal, ubatch.ext) {
+                self.hide_later_2d(row, &seen_pos, i64::from(ubatch.pos[i]), ext[i]);
+            }
         }
         Ok(())
+    }
+
+    /// llama.cpp's M-RoPE causal rule: of the cells at the token's own position (all of an
+    /// image's tokens share one), those after the token in raster order are hidden.
+    fn hide_later_2d(&self, row: &mut [f32], seen_pos: &[i64], p1: i64, at: CellExt) {
+        for ((value, &q), e) in row.iter_mut().zip(seen_pos).zip(&self.ext) {
+            if q == p1 && e.is_2d_gt(at.x, at.y) {
+                *value = f32::NEG_INFINITY;
+            }
+        }
     }
 
     /// `out[j]` = position of cell j if `seq` holds it, else `HIDDEN`.

@@ -142,7 +142,7 @@ impl KvCells {
             CellState {
                 pos: new_pos as Pos,
                 shift: new_shift as Pos,
-                seqs: st.seqs,
+                ..st
             },
         );
         false
@@ -174,7 +174,7 @@ impl KvCells {
                     CellState {
                         pos: new_pos,
                         shift: shift as Pos,
-                        seqs: st.seqs,
+                        ..st
                     },
                 );
                 self.has_shift = true;

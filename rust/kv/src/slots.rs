@@ -187,6 +187,7 @@ impl KvCells {
                     pos: ubatch.pos[i],
                     shift: 0,
                     seqs,
+                    ext: ubatch.ext.map_or_else(Default::default, |e| e[i]),
                 },
             );
         }

@@ -1,11 +1,12 @@
 //! Serialization of the cell metadata, in the layout of llama.cpp's `state_write_meta`
 //! (little-endian): `u32 n_stream (= 1)`, `u32 cell_count`, then per cell `i32 pos`,
-//! `u32 n_seq_id`, `n_seq_id x i32 seq_id`. The engine appends the K/V rows of the listed
+//! `u32 n_seq_id`, in a cache of 2-D positions (M-RoPE) `i32 x, i32 y` (the part of
+//! llama.cpp's `llama_kv_cell_ext` these models use), `n_seq_id x i32 seq_id`. The engine appends the K/V rows of the listed
 //! cells (in the same order) after these bytes, as llama.cpp's `state_write_data` does.
 //! Shifts are not stored: apply pending shifts (`take_shifts`) before saving.
 
 use crate::cells::CellState;
-use crate::{KvCells, KvError, Pos, SeqId, SeqSet, UBatchView};
+use crate::{CellExt, KvCells, KvError, Pos, SeqId, SeqSet, UBatchView};
 
 /// Serialized metadata and the cells it describes, in the order their K/V rows follow.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +30,7 @@ pub struct StateRead {
 struct SavedCell {
     pos: Pos,
     seqs: Vec<SeqId>,
+    ext: CellExt,
 }
 
 impl KvCells {
@@ -53,6 +55,10 @@ impl KvCells {
             };
             bytes.extend_from_slice(&self.pos[i].to_le_bytes());
             bytes.extend_from_slice(&(ids.len() as u32).to_le_bytes());
+            if self.pos_2d {
+                bytes.extend_from_slice(&self.ext[i].x.to_le_bytes());
+                bytes.extend_from_slice(&self.ext[i].y.to_le_bytes());
+            }
             for id in ids {
                 bytes.extend_from_slice(&id.to_le_bytes());
             }
@@ -127,6 +133,11 @@ impl KvCells {
                 "cell {k}: {n_seq_id} sequence ids"
             )));
         }
+        let ext = if self.pos_2d {
+            CellExt { x: rd.i32()?, y: rd.i32()? }
+        } else {
+            CellExt::default()
+        };
         let mut seqs = Vec::with_capacity(n_seq_id as usize);
         let mut set = SeqSet::EMPTY;
         for _ in 0..n_seq_id {
@@ -144,7 +155,7 @@ impl KvCells {
             }
             seqs.push(s);
         }
-        Ok(SavedCell { pos, seqs })
+        Ok(SavedCell { pos, seqs, ext })
     }
 
     fn restore_all(&mut self, saved: &[SavedCell]) -> Vec<u32> {
@@ -157,6 +168,7 @@ impl KvCells {
                     pos: cell.pos,
                     shift: 0,
                     seqs,
+                    ext: cell.ext,
                 },
             );
         }
@@ -175,7 +187,8 @@ impl KvCells {
         }
         let pos: Vec<Pos> = saved.iter().map(|c| c.pos).collect();
         let ids = vec![[dest]; saved.len()];
-        let ubatch = UBatchView::new(&pos, &ids);
+        let ext: Vec<CellExt> = saved.iter().map(|c| c.ext).collect();
+        let ubatch = UBatchView::new(&pos, &ids).with_ext(&ext);
         // try under a journal so that a failed search leaves the sequence in place
         let head_old = self.head;
         self.begin_journal();

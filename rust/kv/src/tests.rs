@@ -1141,3 +1141,85 @@ fn fast_mask_matches_the_definition() {
         }
     }
 }
+
+// ---------------------------------------------------------------- 2-D positions (M-RoPE)
+
+/// Text positions 0..3 (2-D position = the position, as llama.cpp's M-RoPE text ubatch gives),
+/// then a 3x2 image (3 wide, 2 high) at position 3 with x = 3 + column, y = 3 + row, as mtmd
+/// places an image after 3 tokens, then text at 6 (n_pos of the image: max(3, 2)).
+fn image_cache() -> (KvCells, Vec<CellExt>) {
+    let mut kv = KvCells::new(16, 2).unwrap().with_2d_positions();
+    let text = |p: Pos| CellExt { x: p, y: p };
+    let image: Vec<CellExt> = (0..6).map(|i| CellExt { x: 3 + i % 3, y: 3 + i / 3 }).collect();
+    for (pos, ext) in [(range(0, 3), (0..3).map(text).collect::<Vec<_>>()), (vec![3; 6], image.clone()), (vec![6], vec![text(6)])] {
+        let seqs = one_seq(pos.len(), 0);
+        let ub = UBatchView::new(&pos, &seqs).with_ext(&ext);
+        let slots = kv.prepare(&[ub]).unwrap().remove(0);
+        kv.apply_ubatch(&slots, &ub).unwrap();
+    }
+    (kv, image)
+}
+
+fn mask_rows_2d(kv: &KvCells, pos: &[Pos], ext: &[CellExt], causal: bool) -> Vec<Vec<usize>> {
+    let seqs = one_seq(pos.len(), 0);
+    let ub = UBatchView::new(pos, &seqs).with_ext(ext);
+    let n_kv = kv.size() as usize;
+    let mut out = vec![1.0; pos.len() * n_kv];
+    kv.fill_mask(&ub, n_kv as u32, causal, &mut out).unwrap();
+    out.chunks(n_kv).map(visible).collect()
+}
+
+#[test]
+fn image_tokens_of_one_position_see_each_other_in_raster_order() {
+    let (kv, image) = image_cache();
+    assert_eq!(kv.ext_of(4), CellExt { x: 4, y: 3 });
+    assert_eq!(kv.ext_of(9), CellExt { x: 6, y: 6 });
+    let rows = mask_rows_2d(&kv, &[3; 6], &image, true);
+    // cells 3..9 hold the image in raster order: each token sees the text and the image up to itself
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(*row, (0..4 + i).collect::<Vec<_>>(), "image token {i}");
+    }
+    // non-causal: the whole image (and the text after it, which the sequence holds too)
+    assert_eq!(mask_rows_2d(&kv, &[3], &image[..1], false)[0], (0..10).collect::<Vec<_>>());
+    // the text after the image sees everything before it
+    assert_eq!(mask_rows_2d(&kv, &[7], &[CellExt { x: 7, y: 7 }], true)[0], (0..10).collect::<Vec<_>>());
+    // without 2-D positions the micro-batch is masked by position alone
+    assert_eq!(visible(&mask_row(&kv, 3, &[0], true, None)), (0..9).collect::<Vec<_>>());
+}
+
+#[test]
+fn two_d_positions_survive_sequence_operations_defrag_and_state() {
+    let (mut kv, image) = image_cache();
+    let exts = |kv: &KvCells, cells: &[u32]| cells.iter().map(|&c| kv.ext_of(c)).collect::<Vec<_>>();
+    kv.seq_cp(0, 1, -1, -1).unwrap();
+    kv.seq_rm(0, 0, 2).unwrap();
+    kv.seq_rm(1, 0, 2).unwrap();
+    let plan = kv.defrag_plan(u32::MAX);
+    kv.apply_defrag(&plan).unwrap();
+    let image_cells: Vec<u32> = (0..kv.size()).filter(|&c| kv.pos_of(c) == 3).collect();
+    let raster = |e: &[CellExt]| e.iter().map(|e| (e.y, e.x)).collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(raster(&exts(&kv, &image_cells)), raster(&image));
+    // the whole state and one sequence's carry them
+    let meta = kv.state_write(None).unwrap();
+    let mut whole = KvCells::new(16, 2).unwrap().with_2d_positions();
+    let read = whole.state_read(&meta.bytes, None).unwrap();
+    assert_eq!(exts(&whole, &read.cells), exts(&kv, &meta.cells));
+    let seq = kv.state_write(Some(1)).unwrap();
+    let mut other = KvCells::new(16, 2).unwrap().with_2d_positions();
+    decode(&mut other, &[0, 1], &one_seq(2, 1));
+    let read = other.state_read(&seq.bytes, Some(0)).unwrap();
+    assert_eq!(read.consumed, seq.bytes.len());
+    assert_eq!(exts(&other, &read.cells), exts(&kv, &seq.cells));
+    // per cell: position, id count, x and y, the two ids
+    assert_eq!(meta.cells.len(), 8);
+    assert_eq!(meta.bytes.len(), 8 + 8 * (4 + 4 + 8 + 2 * 4));
+}
+
+#[test]
+fn two_d_positions_must_be_one_per_token() {
+    let kv = KvCells::new(4, 1).unwrap().with_2d_positions();
+    let seqs = one_seq(2, 0);
+    let ext = [CellExt::default()];
+    let ub = UBatchView::new(&[0, 1], &seqs).with_ext(&ext);
+    assert_eq!(kv.find_slot(&ub).unwrap_err(), KvError::ExtShape { n_pos: 2, n_ext: 1 });
+}

@@ -1,6 +1,6 @@
 //! The view of one micro-batch that the cache needs: each token's position and sequence ids.
 
-use crate::{KvError, Pos, SeqId};
+use crate::{CellExt, KvError, Pos, SeqId};
 
 /// One micro-batch as the cache sees it: per token, its position and its sequence ids in the
 /// order the caller gave them. The first id of each token decides which cells it attends to
@@ -13,6 +13,10 @@ pub struct UBatchView<'a, S: AsRef<[SeqId]> = Vec<SeqId>> {
     pub pos: &'a [Pos],
     /// Sequence ids of each token.
     pub seq_ids: &'a [S],
+    /// The 2-D position of each token, for a model with M-RoPE (llama.cpp's ubatch of
+    /// n_pos >= 3: the cells keep them and the causal mask orders one position's cells by
+    /// them); `None` for the others.
+    pub ext: Option<&'a [CellExt]>,
 }
 
 // two shared slices: copyable whatever S is (a derive would require S: Copy)
@@ -27,7 +31,12 @@ impl<S: AsRef<[SeqId]>> Copy for UBatchView<'_, S> {}
 impl<'a, S: AsRef<[SeqId]>> UBatchView<'a, S> {
     /// A view over parallel arrays of positions and sequence-id lists.
     pub fn new(pos: &'a [Pos], seq_ids: &'a [S]) -> Self {
-        UBatchView { pos, seq_ids }
+        UBatchView { pos, seq_ids, ext: None }
+    }
+
+    /// The same micro-batch with each token's 2-D position.
+    pub fn with_ext(self, ext: &'a [CellExt]) -> Self {
+        UBatchView { ext: Some(ext), ..self }
     }
 
     /// Number of tokens.
@@ -55,6 +64,12 @@ impl<'a, S: AsRef<[SeqId]>> UBatchView<'a, S> {
         }
         if self.pos.is_empty() {
             return Err(KvError::EmptyUBatch);
+        }
+        if let Some(ext) = self.ext.filter(|e| e.len() != self.pos.len()) {
+            return Err(KvError::ExtShape {
+                n_pos: self.pos.len(),
+                n_ext: ext.len(),
+            });
         }
         for (token, (&pos, ids)) in self.pos.iter().zip(self.seq_ids).enumerate() {
             if pos < 0 {

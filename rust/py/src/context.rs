@@ -22,6 +22,25 @@ fn pos_i32(p: i64) -> PyResult<i32> {
     i32::try_from(p).map_err(|_| PyValueError::new_err(format!("position {p} is out of range")))
 }
 
+/// An (n, 4) array of M-RoPE positions (any integer array or nested sequence).
+fn mrope_positions(py: Python<'_>, positions: &Bound<'_, PyAny>) -> PyResult<Vec<[i32; 4]>> {
+    let arr = py.import("numpy")?.call_method1("asarray", (positions,))?;
+    let kind: String = arr.getattr("dtype")?.getattr("kind")?.extract()?;
+    let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
+    if !matches!(kind.as_str(), "i" | "u") || shape.len() != 2 || shape[1] != 4 {
+        return Err(PyValueError::new_err(format!(
+            "positions must be an integer array of shape (n_tokens, 4) (time, height, width, extra), not of shape {shape:?} and kind {kind:?}")));
+    }
+    let values: Vec<Vec<i64>> = arr.call_method0("tolist")?.extract()?;
+    values.iter().map(|row| {
+        let mut p = [0i32; 4];
+        for (out, &v) in p.iter_mut().zip(row) {
+            *out = pos_i32(v)?;
+        }
+        Ok(p)
+    }).collect()
+}
+
 #[pyclass(name = "Batch", module = "ferrollama")]
 pub struct PyBatch {
     pub inner: Batch,
@@ -43,18 +62,29 @@ impl PyBatch {
         Ok(PyBatch { inner: Batch::from_tokens(&tokens, pos_i32(pos0)?, seq_id, logits).map_err(to_py)? })
     }
 
-    /// A batch of embedding rows (a 2-D float32 array, one row of the model's n_embd per
-    /// token) at consecutive positions of one sequence, as mtmd feeds an image's embeddings.
+    /// A batch of embedding rows (a 2-D float32 array, one row of the model's input width
+    /// Model.n_embd_inp per token) at consecutive positions of one sequence, as mtmd feeds an
+    /// image's embeddings; or, with `positions` (an (n_tokens, 4) integer array of time,
+    /// height, width and extra positions: a model with M-RoPE only), at those positions
+    /// (`pos0` is then unused).
     #[staticmethod]
-    #[pyo3(signature = (embd, pos0=0, seq_id=0, logits="last"))]
-    fn from_embeddings(embd: numpy::PyReadonlyArray2<'_, f32>, pos0: i64, seq_id: i32, logits: &str) -> PyResult<Self> {
+    #[pyo3(signature = (embd, pos0=0, seq_id=0, logits="last", positions=None))]
+    fn from_embeddings(py: Python<'_>, embd: numpy::PyReadonlyArray2<'_, f32>, pos0: i64, seq_id: i32, logits: &str,
+                       positions: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let n_embd = embd.as_array().shape()[1];
         let rows = embd.as_array().iter().copied().collect();
-        Ok(PyBatch { inner: Batch::from_embeddings(rows, n_embd, pos_i32(pos0)?, seq_id, logits).map_err(to_py)? })
+        let inner = match positions {
+            None => Batch::from_embeddings(rows, n_embd, pos_i32(pos0)?, seq_id, logits),
+            Some(p) => Batch::from_embeddings_mrope(rows, n_embd, &mrope_positions(py, p)?, seq_id, logits),
+        };
+        Ok(PyBatch { inner: inner.map_err(to_py)? })
     }
 
     /// The width of a batch of embeddings (0 for a batch of tokens).
     #[getter] fn n_embd(&self) -> usize { self.inner.n_embd }
+    /// Each entry's M-RoPE positions (time, height, width, extra) where the batch was given
+    /// them, else an empty list.
+    #[getter] fn positions(&self) -> Vec<[i32; 4]> { self.inner.pos_mrope.clone() }
 
     #[pyo3(signature = (token, pos, seq_ids=vec![0], logits=false))]
     fn add(&mut self, token: i64, pos: i64, seq_ids: Vec<i32>, logits: bool) -> PyResult<()> {

@@ -118,6 +118,12 @@ impl PyModel {
     #[getter] fn n_vocab(&self) -> usize { self.inner.hparams.n_vocab }
     #[getter] fn n_ctx_train(&self) -> usize { self.inner.hparams.n_ctx_train }
     #[getter] fn n_embd(&self) -> usize { self.inner.hparams.n_embd }
+    /// The width of an input embedding row (llama_model_n_embd_inp): n_embd, and n_embd more
+    /// per DeepStack layer (Qwen3-VL).
+    #[getter] fn n_embd_inp(&self) -> usize { self.inner.hparams.n_embd_inp() }
+    /// Whether the model rotates with M-RoPE (llama.cpp's rope types MROPE and IMROPE: Qwen2-VL,
+    /// Qwen3-VL, Qwen3.5): each token has four positions, an image's tokens 2-D ones.
+    #[getter] fn uses_mrope(&self) -> bool { self.inner.hparams.mrope.is_some() }
     #[getter] fn n_layer(&self) -> usize { self.inner.hparams.n_layer }
     #[getter] fn n_head(&self) -> usize { self.inner.hparams.n_head }
     #[getter] fn n_head_kv(&self) -> usize { self.inner.hparams.n_head_kv }

@@ -36,7 +36,10 @@ pub fn lora_mm(w: &QMatrix, scale: Option<f32>, terms: &[Term], x: &[f32], n: us
 pub fn embed(w: &Weights, ws: &mut Workspace, ub: &UBatchView, hp: &HParams, scale: f32, threads: &Threads) {
     let (n, d) = (ub.tokens.len(), hp.n_embd);
     if let Some(rows) = ub.embd {
-        ws.x[..n * d].copy_from_slice(&rows[..n * d]);
+        // each row's main embedding (its DeepStack parts follow it: add_deepstack)
+        for (x, row) in ws.x[..n * d].chunks_exact_mut(d).zip(rows.chunks_exact(hp.n_embd_inp())) {
+            x.copy_from_slice(&row[..d]);
+        }
         if scale != 1.0 && hp.embedding_scale_raw {
             scale_inplace(&mut ws.x[..n * d], scale);
         }
@@ -61,13 +64,26 @@ pub fn fill_rope_caches(hp: &HParams, ws: &mut Workspace, ub: &UBatchView) {
     let (swa_rope, swa_factors) = (hp.layer_rope(ub.rope, swa_il), hp.layer_rope_factors(swa_il, ub.rope_factors));
     let n_rot_swa = swa_rope.n_dims;
     for (t, &p) in ub.pos.iter().enumerate() {
-        ub.rope.fill_cache(p as f32, ub.rope_factors, &mut ws.rope_cache[t * n_rot..(t + 1) * n_rot]);
-        if let Some(sections) = hp.imrope_sections {
-            ub.rope.imrope_text(sections, &mut ws.rope_cache[t * n_rot..(t + 1) * n_rot]);
+        let cache = &mut ws.rope_cache[t * n_rot..(t + 1) * n_rot];
+        match &hp.mrope {
+            Some(m) => ub.rope.fill_cache_mrope(ub.mrope_pos(t), m, ub.rope_factors, cache),
+            None => ub.rope.fill_cache(p as f32, ub.rope_factors, cache),
         }
         if !ws.rope_cache_swa.is_empty() {
             swa_rope.fill_cache(p as f32, swa_factors, &mut ws.rope_cache_swa[t * n_rot_swa..(t + 1) * n_rot_swa]);
         }
+    }
+}
+
+/// Qwen3-VL's DeepStack: after layer il (of the first n_deepstack), each input embedding's
+/// part il + 1 (an image's features of an earlier vision layer) is added to the token's
+/// residual stream. Token embeddings add nothing (llama.cpp pads them with zeros).
+pub fn add_deepstack(hp: &HParams, ws: &mut Workspace, ub: &UBatchView, il: usize) {
+    let Some(rows) = ub.embd.filter(|_| il < hp.n_deepstack) else { return };
+    let d = hp.n_embd;
+    let n = ub.tokens.len();
+    for (x, row) in ws.x[..n * d].chunks_exact_mut(d).zip(rows.chunks_exact(hp.n_embd_inp())) {
+        add_inplace(x, &row[(il + 1) * d..(il + 2) * d]);
     }
 }
 
@@ -485,6 +501,7 @@ pub fn decoder_forward(model: &crate::model::Model, w: &Weights, ws: &mut Worksp
         if let Some(cv) = ub.cvec {
             cv.apply(il, &mut ws.x[..n * d]);
         }
+        add_deepstack(hp, ws, ub, il);
     }
     output(hp, w, ws, ub, threads, logits);
     scale_logits(hp, &mut logits[..ub.out_rows.len() * hp.n_vocab]);

@@ -30,6 +30,7 @@ pub(crate) mod ple;
 pub mod qwen3;
 pub mod qwen2moe;
 pub mod qwen35;
+pub mod qwenvl;
 pub mod seed_oss;
 pub mod smollm3;
 pub mod starcoder2;
@@ -87,6 +88,9 @@ pub const ARCHS: &[ArchInfo] = &[
     qwen35::QWEN35,
     qwen35::QWEN35MOE,
     qwen35::QWEN3NEXT,
+    qwenvl::QWEN2VL,
+    qwenvl::QWEN3VL,
+    qwenvl::QWEN3VLMOE,
     glm4_moe::GLM4MOE,
     llama4::LLAMA4,
     deepseek2::DEEPSEEK2,

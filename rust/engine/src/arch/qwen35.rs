@@ -6,8 +6,9 @@
 //! (every `full_attention_interval`-th, or as `attention.recurrent_layers` says) — added to
 //! the residual stream, then `post_attention_norm` and the FFN, added again.
 //!
-//! Qwen3.5 rotates with interleaved M-RoPE (`rope.dimension_sections`), Qwen3-Next with NEOX
-//! RoPE; both rotate only the first `rope.dimension_count` values of each head.
+//! Qwen3.5 rotates with interleaved M-RoPE (`rope.dimension_sections`, read as qwenvl.rs reads
+//! Qwen3-VL's: its images, through the qwen3vl projector, take 2-D positions), Qwen3-Next with
+//! NEOX RoPE; both rotate only the first `rope.dimension_count` values of each head.
 //!
 //! Files converted with their multi-token-prediction head carry `nextn_predict_layers` extra
 //! blocks after the trunk (counted in `block_count`): llama.cpp loads them with TENSOR_SKIP for
@@ -46,7 +47,7 @@ const EXPERT_PARTS: ExpertParts = ExpertParts {
 
 fn hparams_qwen35(hp: &mut HParams, file: &GgufFile) -> Result<()> {
     layer_kinds(hp, file)?;
-    hp.imrope_sections = Some(rope_sections(hp, file)?);
+    hp.mrope = Some(crate::arch::qwenvl::read_mrope(hp, file, true)?);
     Ok(())
 }
 
@@ -122,18 +123,6 @@ fn layer_kinds(hp: &mut HParams, file: &GgufFile) -> Result<()> {
                                       hp.arch, hp.head_dim_k, hp.head_dim_v)).into());
     }
     Ok(())
-}
-
-/// `rope.dimension_sections` (required, as llama.cpp reads it: 4 values, or one for all):
-/// ggml asserts that some section is positive and that they fit a head.
-fn rope_sections(hp: &HParams, file: &GgufFile) -> Result<[usize; 4]> {
-    let m = Meta { file, arch: &hp.arch };
-    let key = m.key("rope.dimension_sections");
-    let s = m.layer_values("rope.dimension_sections", 4)?.ok_or_else(|| file.error(format!("missing metadata key {key}")))?;
-    if s[..3].iter().all(|&x| x == 0) || s.iter().sum::<usize>() > hp.head_dim_k {
-        return Err(m.bad(&key, &format!("sections {s:?} for heads of {}", hp.head_dim_k)));
-    }
-    Ok([s[0], s[1], s[2], s[3]])
 }
 
 fn load_qwen35(ld: &Loader, hp: &HParams) -> Result<Weights> {

@@ -4,13 +4,17 @@
 //! preprocessed (resized and normalized in Python, as mtmd's preprocessing does) and leaves
 //! as rows of the text model's width, which a batch of embeddings feeds to a context.
 //!
-//! One file per projector type composes the shared ViT (`vit.rs`) with its head.
+//! One file per projector type composes the shared ViT (`vit.rs`) with its head; the Qwen VL
+//! encoders (`qwen2vl.rs`, `qwen3vl.rs`: rotary positions, windows, 2 × 2 merges) are their own,
+//! built from vit.rs's pieces.
 
 pub mod gemma3;
 pub mod idefics3;
 pub mod lfm2;
 pub mod llava;
 pub mod params;
+pub mod qwen2vl;
+pub mod qwen3vl;
 pub mod vit;
 
 use std::path::Path;
@@ -27,7 +31,8 @@ pub use params::{ProjectorType, VisionParams};
 /// A loaded projector: its hyper-parameters and weights.
 pub struct Projector {
     pub params: VisionParams,
-    vit: vit::VitWeights,
+    /// The shared ViT (the Qwen VL encoders are their own, in their head).
+    vit: Option<vit::VitWeights>,
     head: Head,
     /// Kept for the error messages' file name and the mapping's lifetime.
     file: Arc<GgufFile>,
@@ -40,6 +45,8 @@ enum Head {
     Idefics3(idefics3::Idefics3Head),
     Llava(llava::LlavaHead),
     Lfm2(lfm2::Lfm2Head),
+    /// The whole Qwen VL encoder (qwen2vl, qwen2.5vl, qwen3vl).
+    QwenVl(qwen2vl::QwenVlWeights),
 }
 
 impl Projector {
@@ -52,7 +59,10 @@ impl Projector {
         }
         let mut params = VisionParams::from_gguf(&file)?;
         let ld = Loader::new(file.clone());
-        let vit = vit::VitWeights::load(&ld, &params)?;
+        let vit = match params.projector.is_qwen_vl() {
+            true => None,
+            false => Some(vit::VitWeights::load(&ld, &params)?),
+        };
         let head = match params.projector {
             ProjectorType::Gemma3 => Head::Gemma3(gemma3::Gemma3Head::load(&ld, &params)?),
             ProjectorType::Idefics3 => Head::Idefics3(idefics3::Idefics3Head::load(&ld, &params)?),
@@ -65,6 +75,11 @@ impl Projector {
                 let h = lfm2::Lfm2Head::load(&ld, &params)?;
                 params.n_embd_out = h.n_embd_out();
                 Head::Lfm2(h)
+            }
+            ProjectorType::Qwen2Vl | ProjectorType::Qwen25Vl | ProjectorType::Qwen3Vl => {
+                let w = qwen2vl::QwenVlWeights::load(&ld, &params)?;
+                params.n_embd_out = w.n_embd_out();
+                Head::QwenVl(w)
             }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
@@ -79,6 +94,7 @@ impl Projector {
             Head::Gemma3(_) | Head::Idefics3(_) => gemma3::n_tokens(&self.params, nx, ny),
             Head::Llava(_) => llava::n_tokens(&self.params, nx, ny),
             Head::Lfm2(_) => lfm2::n_tokens(&self.params, nx, ny),
+            Head::QwenVl(_) => qwen2vl::n_tokens(&self.params, nx, ny),
         }
     }
 
@@ -87,19 +103,25 @@ impl Projector {
     /// `n_output_tokens(nx, ny)` rows of `params.n_embd_out`.
     pub fn encode(&self, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Result<Vec<f32>> {
         self.check_image(pixels, nx, ny)?;
-        let (px, py) = (nx / self.params.patch_size, ny / self.params.patch_size);
-        let hidden = match &self.head {
-            Head::Lfm2(_) => {
-                let pos = lfm2::positions(self.vit.positions(), self.params.n_embd, px, py);
-                vit::forward_at(&self.vit, &self.params, pixels, nx, ny, &pos, threads)
-            }
-            _ => vit::forward(&self.vit, &self.params, pixels, nx, ny, threads),
+        let (head, vit) = match (&self.head, &self.vit) {
+            (Head::QwenVl(w), _) => return Ok(qwen2vl::encode(w, &self.params, pixels, nx, ny, threads)),
+            (head, Some(vit)) => (head, vit),
+            (_, None) => unreachable!("every head but Qwen VL's loads the ViT"),
         };
-        Ok(match &self.head {
+        let (px, py) = (nx / self.params.patch_size, ny / self.params.patch_size);
+        let hidden = match head {
+            Head::Lfm2(_) => {
+                let pos = lfm2::positions(vit.positions(), self.params.n_embd, px, py);
+                vit::forward_at(vit, &self.params, pixels, nx, ny, &pos, threads)
+            }
+            _ => vit::forward(vit, &self.params, pixels, nx, ny, threads),
+        };
+        Ok(match head {
             Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, px, threads),
             Head::Idefics3(h) => idefics3::project(h, &self.params, hidden, px, threads),
             Head::Llava(h) => llava::project(h, &self.params, hidden, self.n_output_tokens(nx, ny), threads),
             Head::Lfm2(h) => lfm2::project(h, &self.params, hidden, px, py, threads),
+            Head::QwenVl(_) => unreachable!("encoded above"),
         })
     }
 
@@ -108,6 +130,9 @@ impl Projector {
         if nx.checked_mul(ny).and_then(|n| n.checked_mul(3)) != Some(pixels.len()) {
             return Err(EngineError::InvalidArgument(format!(
                 "an image of {nx}x{ny} pixels needs {} values (3 per pixel), got {}", nx * ny * 3, pixels.len())));
+        }
+        if p.projector.is_qwen_vl() {
+            return self.check_qwen_image(nx, ny);
         }
         // Idefics3 encodes each tile (and the overview) of image_size on its own; LFM2 any
         // size (its positions resized)

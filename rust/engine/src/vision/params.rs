@@ -22,6 +22,14 @@ pub enum ProjectorType {
     /// LFM2-VL: SigLIP2 NaFlex at the image's own size (position embeddings resized to its
     /// patch grid), pixel-unshuffled n_merge × n_merge, LayerNorm'd and through a two-layer MLP.
     Lfm2,
+    /// Qwen2-VL: a ViT with 2-D rotary positions, its patches merged 2 × 2 by an MLP
+    /// (clip.cpp's PROJECTOR_TYPE_QWEN2VL, graph models/qwen2vl.cpp).
+    Qwen2Vl,
+    /// Qwen2.5-VL: Qwen2-VL's encoder with RMSNorms, a gated SiLU FFN and window attention.
+    Qwen25Vl,
+    /// Qwen3-VL: learned positions resized to the image, fused QKV and deepstack features
+    /// (graph models/qwen3vl.cpp).
+    Qwen3Vl,
 }
 
 impl ProjectorType {
@@ -31,6 +39,9 @@ impl ProjectorType {
             "idefics3" => Some(ProjectorType::Idefics3),
             "mlp" => Some(ProjectorType::Mlp),
             "lfm2" => Some(ProjectorType::Lfm2),
+            "qwen2vl_merger" => Some(ProjectorType::Qwen2Vl),
+            "qwen2.5vl_merger" => Some(ProjectorType::Qwen25Vl),
+            "qwen3vl_merger" => Some(ProjectorType::Qwen3Vl),
             _ => None,
         }
     }
@@ -41,7 +52,15 @@ impl ProjectorType {
             ProjectorType::Idefics3 => "idefics3",
             ProjectorType::Mlp => "mlp",
             ProjectorType::Lfm2 => "lfm2",
+            ProjectorType::Qwen2Vl => "qwen2vl_merger",
+            ProjectorType::Qwen25Vl => "qwen2.5vl_merger",
+            ProjectorType::Qwen3Vl => "qwen3vl_merger",
         }
+    }
+
+    /// The Qwen VL family: images of any size (whole 2 × 2 blocks of patches), merged 2 × 2.
+    pub fn is_qwen_vl(self) -> bool {
+        matches!(self, ProjectorType::Qwen2Vl | ProjectorType::Qwen25Vl | ProjectorType::Qwen3Vl)
     }
 }
 
@@ -78,6 +97,12 @@ pub struct VisionParams {
     /// LLaVA 1.6's anyres resolutions (width, height): the image is encoded as an overview and
     /// tiles of the best one (preprocessing's business; empty for LLaVA 1.5).
     pub grid_pinpoints: Vec<[usize; 2]>,
+    /// Qwen2.5-VL's window attention: every n_wa_pattern-th block attends to the whole image,
+    /// the others within windows (0: no windows).
+    pub n_wa_pattern: usize,
+    /// Qwen3-VL's clip.vision.is_deepstack_layers (empty when the file has none): checked
+    /// against the deepstack tensors, which are what clip.cpp goes by.
+    pub deepstack_layers: Vec<bool>,
 }
 
 impl VisionParams {
@@ -93,7 +118,7 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp, qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
@@ -116,7 +141,7 @@ impl VisionParams {
                 ProjectorType::Gemma3 | ProjectorType::Idefics3 => keys.size("clip.vision.projection_dim", 1 << 18)?,
                 // CLIP's own projection width, not the MLP's output: mm.2.weight's rows
                 // (clip_n_mmproj_embd), set by the head at load
-                ProjectorType::Mlp | ProjectorType::Lfm2 => {
+                ProjectorType::Mlp | ProjectorType::Lfm2 | ProjectorType::Qwen2Vl | ProjectorType::Qwen25Vl | ProjectorType::Qwen3Vl => {
                     keys.opt_size("clip.vision.projection_dim", 1 << 18)?;
                     0
                 }
@@ -127,19 +152,28 @@ impl VisionParams {
                 // clip.cpp's default is 1, which its pixel shuffle asserts against (> 1)
                 ProjectorType::Idefics3 | ProjectorType::Lfm2 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
                 ProjectorType::Mlp => 1,
+                // clip.cpp's default 2; its graphs merge 2 × 2 whatever the key says
+                ProjectorType::Qwen2Vl | ProjectorType::Qwen25Vl | ProjectorType::Qwen3Vl => {
+                    keys.opt_size("clip.vision.spatial_merge_size", 64)?.unwrap_or(2)
+                }
             },
             image_longest_edge: match projector {
                 ProjectorType::Idefics3 => keys.opt_size("clip.vision.preproc_image_size", 1 << 16)?.unwrap_or(0),
-                ProjectorType::Gemma3 | ProjectorType::Mlp | ProjectorType::Lfm2 => 0,
+                _ => 0,
             },
             ffn_act,
             n_layer_used: match projector {
-                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Lfm2 => n_layer,
                 ProjectorType::Mlp => llava_feature_layer(&keys, n_layer)?,
+                _ => n_layer,
             },
             grid_pinpoints: match projector {
-                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Lfm2 => Vec::new(),
                 ProjectorType::Mlp => llava_pinpoints(&keys)?,
+                _ => Vec::new(),
+            },
+            n_wa_pattern: qwen_window_pattern(&keys, projector)?,
+            deepstack_layers: match projector {
+                ProjectorType::Qwen3Vl => deepstack_layers(&keys, n_layer)?,
+                _ => Vec::new(),
             },
         };
         p.check(&keys)?;
@@ -182,8 +216,58 @@ impl VisionParams {
             return Err(file.error(format!(
                 "clip.vision.projector.scale_factor {} does not unshuffle (lfm2 merges at least 2 patches per side)", self.n_merge)).into());
         }
+        if self.projector.is_qwen_vl() && self.n_merge != 2 {
+            return Err(EngineError::Unsupported(format!(
+                "clip.vision.spatial_merge_size {}: the Qwen VL graphs merge 2 x 2 patches", self.n_merge)));
+        }
         Ok(())
     }
+}
+
+/// Qwen2.5-VL's window attention (clip.vision.n_wa_pattern, required there: the converter
+/// writes fullatt_block_indexes[0] + 1). clip.cpp sizes the windows 112 pixels whatever
+/// clip.vision.window_size says and reads neither it nor wa_layer_indexes for these types:
+/// a file giving other windows is refused rather than run as llama.cpp runs it.
+fn qwen_window_pattern(keys: &Keys, projector: ProjectorType) -> Result<usize> {
+    const PATTERN: &str = "clip.vision.n_wa_pattern";
+    if !projector.is_qwen_vl() {
+        return Ok(0);
+    }
+    if let Some(size) = keys.opt_size("clip.vision.window_size", 1 << 16)? {
+        if size != QWEN_WINDOW {
+            return Err(EngineError::Unsupported(format!(
+                "clip.vision.window_size {size}: llama.cpp's Qwen VL graphs use windows of {QWEN_WINDOW} pixels")));
+        }
+    }
+    if keys.get("clip.vision.wa_layer_indexes").is_some() {
+        return Err(EngineError::Unsupported("clip.vision.wa_layer_indexes in a Qwen VL projector (llama.cpp goes by n_wa_pattern)".into()));
+    }
+    match projector {
+        ProjectorType::Qwen25Vl => keys.opt_size(PATTERN, 1 << 10)?.ok_or_else(|| keys.missing(PATTERN)),
+        // Qwen2-VL's graph would take windows without their inputs, Qwen3-VL's ignores them
+        ProjectorType::Qwen2Vl if keys.get(PATTERN).is_some() => {
+            Err(EngineError::Unsupported(format!("{PATTERN} in a qwen2vl_merger projector (windows are Qwen2.5-VL's)")))
+        }
+        _ => {
+            keys.get(PATTERN);
+            Ok(0)
+        }
+    }
+}
+
+/// Qwen2.5-VL's window side in pixels (clip.cpp's default attn_window_size).
+pub const QWEN_WINDOW: usize = 112;
+
+/// clip.vision.is_deepstack_layers: a flag per block.
+fn deepstack_layers(keys: &Keys, n_layer: usize) -> Result<Vec<bool>> {
+    const KEY: &str = "clip.vision.is_deepstack_layers";
+    let Some(v) = keys.get(KEY) else { return Ok(Vec::new()) };
+    let flags: Vec<bool> = v.as_array().and_then(|a| a.to_i64_vec()).ok_or_else(|| keys.bad(KEY, "not an array of bools"))?
+        .into_iter().map(|f| f != 0).collect();
+    if flags.len() != n_layer {
+        return Err(keys.bad(KEY, &format!("has {} flags for {n_layer} blocks", flags.len())));
+    }
+    Ok(flags)
 }
 
 /// The blocks a llava graph runs (models/llava.cpp): all but the last by default (LLaVA takes

@@ -87,7 +87,7 @@ impl VitWeights {
 
 /// ggml_conv_2d's operands: an im2col in F16 against the kernel converted to F16 (F32 for
 /// a BF16 kernel, whose im2col is F32).
-fn patch_kernel(stored: QMatrix) -> Result<QMatrix> {
+pub(super) fn patch_kernel(stored: QMatrix) -> Result<QMatrix> {
     let ty = match stored.ty {
         GgmlType::F16 => return Ok(stored),
         GgmlType::BF16 => GgmlType::F32,
@@ -167,7 +167,7 @@ pub fn forward_at(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize, n
 /// ggml_im2col of a convolution with stride = kernel = `ps`: one row per patch (row-major),
 /// of 3 × ps × ps values (channel, kernel row, kernel column), rounded to f16 where
 /// ggml_conv_2d makes its im2col in F16.
-fn im2col(pixels: &[f32], nx: usize, ny: usize, ps: usize, to_f16: bool) -> Vec<f32> {
+pub(super) fn im2col(pixels: &[f32], nx: usize, ny: usize, ps: usize, to_f16: bool) -> Vec<f32> {
     let (px, py) = (nx / ps, ny / ps);
     let mut out = Vec::with_capacity(px * py * 3 * ps * ps);
     for oy in 0..py {
@@ -191,14 +191,8 @@ fn block(l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize, threads: &Thre
         on_rows(&mut h, d, threads, |_, rows| layer_norm_rows(rows, g, b.as_deref(), p.eps));
         h
     };
-    let project = |w: &QMatrix, b: &Option<Vec<f32>>, input: &[f32]| {
-        let mut out = product(w, input, n, threads);
-        if let Some(b) = b {
-            on_rows(&mut out, w.rows, threads, |_, rows| add_bias(rows, b));
-        }
-        out
-    };
-    let residual = |x: &mut [f32], y: Vec<f32>| on_rows(x, d, threads, |at, rows| add_inplace(rows, &y[at..at + rows.len()]));
+    let project = |w: &QMatrix, b: &Option<Vec<f32>>, input: &[f32]| linear(w, b.as_deref(), input, n, threads);
+    let residual = |x: &mut [f32], y: Vec<f32>| add_rows(x, &y, d, threads);
     let h = norm(x, &l.ln1);
     let q = project(&l.wq, &l.bq, &h);
     let k = project(&l.wk, &l.bk, &h);
@@ -215,9 +209,23 @@ fn block(l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize, threads: &Thre
     residual(x, project(&l.down, &l.down_b, &u));
 }
 
+/// w · input + b for n rows of input (ggml_mul_mat, then ggml_add of the bias).
+pub(super) fn linear(w: &QMatrix, b: Option<&[f32]>, input: &[f32], n: usize, threads: &Threads) -> Vec<f32> {
+    let mut out = product(w, input, n, threads);
+    if let Some(b) = b {
+        on_rows(&mut out, w.rows, threads, |_, rows| add_bias(rows, b));
+    }
+    out
+}
+
+/// x += y, rows of `row` values on the threads (the residuals).
+pub(super) fn add_rows(x: &mut [f32], y: &[f32], row: usize, threads: &Threads) {
+    on_rows(x, row, threads, |at, rows| add_inplace(rows, &y[at..at + rows.len()]));
+}
+
 /// f(offset, chunk) on chunks of whole rows (of `row` values) of x, on the threads: the
 /// element-wise passes over thousands of patches.
-fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(super) fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     let chunk = 64 * row;
     let len = x.len();
     let ptr = SendPtr(x.as_mut_ptr());
@@ -228,4 +236,4 @@ fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(usize, &mut 
     });
 }
 
-fn f16_round(x: f32) -> f32 { f16::from_f32(x).to_f32() }
+pub(super) fn f16_round(x: f32) -> f32 { f16::from_f32(x).to_f32() }

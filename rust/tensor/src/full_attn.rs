@@ -29,7 +29,14 @@ const RM: usize = 4;
 /// softmax(q·kᵀ / √hd) · v per head, for n tokens of n_head heads of hd (q, k, v and the
 /// result: n rows of n_head × hd).
 pub fn full_attention(q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, threads: &Threads) -> Vec<f32> {
-    full_attention_isa(active_isa(), q, k, v, n, n_head, hd, threads)
+    full_attention_scaled(q, k, v, n, n_head, hd, 1.0 / (hd as f32).sqrt(), threads)
+}
+
+/// softmax(q·kᵀ · scale) · v per head, as `full_attention` computes it: for encoders whose
+/// scores are not scaled by 1/√hd (Gemma 4's vision transformer, kq_scale 1).
+#[allow(clippy::too_many_arguments)]
+pub fn full_attention_scaled(q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, scale: f32, threads: &Threads) -> Vec<f32> {
+    attention_on(active_isa(), q, k, v, n, n_head, hd, scale, threads)
 }
 
 /// The operands of one head laid out for the kernels.
@@ -49,6 +56,11 @@ fn round_f16(x: f32) -> f32 {
 /// specification computes it; or anything else: the specification).
 #[allow(clippy::too_many_arguments)]
 pub fn full_attention_isa(isa: Isa, q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, threads: &Threads) -> Vec<f32> {
+    attention_on(isa, q, k, v, n, n_head, hd, 1.0 / (hd as f32).sqrt(), threads)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_on(isa: Isa, q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, scale: f32, threads: &Threads) -> Vec<f32> {
     let d = n_head * hd;
     assert!(q.len() == n * d && k.len() == n * d && v.len() == n * d, "attention operand sizes");
     assert!(isa.available(), "{} kernels on a CPU without them", isa.name());
@@ -66,7 +78,6 @@ pub fn full_attention_isa(isa: Isa, q: &[f32], k: &[f32], v: &[f32], n: usize, n
             }
         }
     });
-    let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; n * d];
     let out_ptr = SendPtr(out.as_mut_ptr());
     let tiles = n.div_ceil(QUERY_TILE);

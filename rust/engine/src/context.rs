@@ -649,17 +649,17 @@ impl Context {
     }
 
     /// A batch of embeddings needs rows of the model's width and a model whose input is its
-    /// embeddings alone (not an encoder, no per-layer embeddings looked up by token id).
+    /// embeddings (not an encoder's). Per-layer embeddings (Gemma 3n, Gemma 4) take the
+    /// padding token's row for embeddings, as llama.cpp's graphs do (`arch::ple::inputs`).
     fn check_takes_embeddings(&self, batch: &Batch) -> Result<()> {
         let hp = &self.model.hparams;
         if batch.n_embd != hp.n_embd {
             return Err(EngineError::InvalidArgument(format!(
                 "the batch's embeddings have {} values per token, the model's width is {}", batch.n_embd, hp.n_embd)));
         }
-        let ple = self.model.weights.as_ref().is_some_and(|w| w.extras.ple.is_some());
-        if self.is_encoder() || ple {
+        if self.is_encoder() {
             return Err(EngineError::Unsupported(format!(
-                "a batch of embeddings for '{}' (its input is more than its token embeddings)", hp.arch)));
+                "a batch of embeddings for '{}' (an encoder: its input is tokens)", hp.arch)));
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 //! One file per projector type composes the shared ViT (`vit.rs`) with its head.
 
 pub mod gemma3;
+pub mod gemma4v;
 pub mod idefics3;
 pub mod llava;
 pub mod params;
@@ -26,7 +27,8 @@ pub use params::{ProjectorType, VisionParams};
 /// A loaded projector: its hyper-parameters and weights.
 pub struct Projector {
     pub params: VisionParams,
-    vit: vit::VitWeights,
+    /// The shared ViT; None for the projector types with their own encoder (the head's).
+    vit: Option<vit::VitWeights>,
     head: Head,
     /// Kept for the error messages' file name and the mapping's lifetime.
     file: Arc<GgufFile>,
@@ -38,6 +40,8 @@ enum Head {
     Gemma3(gemma3::Gemma3Head),
     Idefics3(idefics3::Idefics3Head),
     Llava(llava::LlavaHead),
+    /// Gemma 4's whole encoder (its ViT is not the shared one).
+    Gemma4v(gemma4v::Gemma4vEncoder),
 }
 
 impl Projector {
@@ -50,7 +54,10 @@ impl Projector {
         }
         let mut params = VisionParams::from_gguf(&file)?;
         let ld = Loader::new(file.clone());
-        let vit = vit::VitWeights::load(&ld, &params)?;
+        let vit = match params.projector {
+            ProjectorType::Gemma4v => None,
+            _ => Some(vit::VitWeights::load(&ld, &params)?),
+        };
         let head = match params.projector {
             ProjectorType::Gemma3 => Head::Gemma3(gemma3::Gemma3Head::load(&ld, &params)?),
             ProjectorType::Idefics3 => Head::Idefics3(idefics3::Idefics3Head::load(&ld, &params)?),
@@ -58,6 +65,11 @@ impl Projector {
                 let h = llava::LlavaHead::load(&ld, &params)?;
                 params.n_embd_out = h.n_embd_out();
                 Head::Llava(h)
+            }
+            ProjectorType::Gemma4v => {
+                let e = gemma4v::Gemma4vEncoder::load(&ld, &params)?;
+                params.n_embd_out = e.n_embd_out();
+                Head::Gemma4v(e)
             }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
@@ -69,7 +81,7 @@ impl Projector {
     pub fn n_output_tokens(&self, nx: usize, ny: usize) -> usize {
         match &self.head {
             // both make one row of each n_merge × n_merge block of patches
-            Head::Gemma3(_) | Head::Idefics3(_) => gemma3::n_tokens(&self.params, nx, ny),
+            Head::Gemma3(_) | Head::Idefics3(_) | Head::Gemma4v(_) => gemma3::n_tokens(&self.params, nx, ny),
             Head::Llava(_) => llava::n_tokens(&self.params, nx, ny),
         }
     }
@@ -79,11 +91,17 @@ impl Projector {
     /// `n_output_tokens(nx, ny)` rows of `params.n_embd_out`.
     pub fn encode(&self, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Result<Vec<f32>> {
         self.check_image(pixels, nx, ny)?;
-        let hidden = vit::forward(&self.vit, &self.params, pixels, nx, ny, threads);
-        Ok(match &self.head {
+        let (head, p) = (&self.head, &self.params);
+        if let Head::Gemma4v(e) = head {
+            return Ok(gemma4v::encode(e, p, pixels, nx, ny, threads));
+        }
+        let vit = self.vit.as_ref().expect("the shared ViT of a projector without its own encoder");
+        let hidden = vit::forward(vit, p, pixels, nx, ny, threads);
+        Ok(match head {
             Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
             Head::Idefics3(h) => idefics3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
             Head::Llava(h) => llava::project(h, &self.params, hidden, self.n_output_tokens(nx, ny), threads),
+            Head::Gemma4v(_) => unreachable!("encoded above"),
         })
     }
 
@@ -102,6 +120,16 @@ impl Projector {
         if nx % p.patch_size != 0 || ny % p.patch_size != 0 {
             return Err(EngineError::InvalidArgument(format!(
                 "an image of {nx}x{ny} pixels is not whole patches of {}", p.patch_size)));
+        }
+        if let Head::Gemma4v(e) = &self.head {
+            // pooled in whole blocks (clip.cpp counts n_patches / n_merge², its pool rounds
+            // each side down), each patch's column and row within the position tables
+            let (block, max) = (p.patch_size * p.n_merge, e.max_patches_per_side());
+            if nx == 0 || ny == 0 || nx % block != 0 || ny % block != 0 || nx / p.patch_size > max || ny / p.patch_size > max {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the gemma4v projector takes images of whole {block}-pixel blocks (preprocess first) of at most {} pixels \
+                     a side, not {nx}x{ny}", max * p.patch_size)));
+            }
         }
         Ok(())
     }

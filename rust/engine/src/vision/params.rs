@@ -19,6 +19,9 @@ pub enum ProjectorType {
     /// LLaVA 1.5 (and BakLLaVA, Obsidian...): CLIP up to a feature layer, each patch through a
     /// two-layer MLP (clip.cpp's PROJECTOR_TYPE_MLP, graph models/llava.cpp).
     Mlp,
+    /// Gemma 4: a ViT of RMS norms and 2-D RoPE over images of any whole-block size, its output
+    /// average-pooled n_merge × n_merge, scaled, RMS-normed and projected (models/gemma4v.cpp).
+    Gemma4v,
 }
 
 impl ProjectorType {
@@ -27,6 +30,7 @@ impl ProjectorType {
             "gemma3" => Some(ProjectorType::Gemma3),
             "idefics3" => Some(ProjectorType::Idefics3),
             "mlp" => Some(ProjectorType::Mlp),
+            "gemma4v" => Some(ProjectorType::Gemma4v),
             _ => None,
         }
     }
@@ -36,6 +40,7 @@ impl ProjectorType {
             ProjectorType::Gemma3 => "gemma3",
             ProjectorType::Idefics3 => "idefics3",
             ProjectorType::Mlp => "mlp",
+            ProjectorType::Gemma4v => "gemma4v",
         }
     }
 }
@@ -88,7 +93,7 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, mlp)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, mlp, gemma4v)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
@@ -115,6 +120,12 @@ impl VisionParams {
                     keys.opt_size("clip.vision.projection_dim", 1 << 18)?;
                     0
                 }
+                // clip.cpp requires the key but sizes the output by mm.input_projection's rows
+                // (clip_n_mmproj_embd), set by the head at load
+                ProjectorType::Gemma4v => {
+                    keys.size("clip.vision.projection_dim", 1 << 18)?;
+                    0
+                }
             },
             n_merge: match projector {
                 // clip.cpp: 4 for every Gemma 3; a test model may say otherwise
@@ -122,18 +133,20 @@ impl VisionParams {
                 // clip.cpp's default is 1, which its pixel shuffle asserts against (> 1)
                 ProjectorType::Idefics3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
                 ProjectorType::Mlp => 1,
+                // clip.cpp: Gemma 4's pooling_kernel_size, 3 unless the file says otherwise
+                ProjectorType::Gemma4v => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(3),
             },
             image_longest_edge: match projector {
                 ProjectorType::Idefics3 => keys.opt_size("clip.vision.preproc_image_size", 1 << 16)?.unwrap_or(0),
-                ProjectorType::Gemma3 | ProjectorType::Mlp => 0,
+                ProjectorType::Gemma3 | ProjectorType::Mlp | ProjectorType::Gemma4v => 0,
             },
             ffn_act,
             n_layer_used: match projector {
-                ProjectorType::Gemma3 | ProjectorType::Idefics3 => n_layer,
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Gemma4v => n_layer,
                 ProjectorType::Mlp => llava_feature_layer(&keys, n_layer)?,
             },
             grid_pinpoints: match projector {
-                ProjectorType::Gemma3 | ProjectorType::Idefics3 => Vec::new(),
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Gemma4v => Vec::new(),
                 ProjectorType::Mlp => llava_pinpoints(&keys)?,
             },
         };
@@ -158,7 +171,8 @@ impl VisionParams {
                 return Err(EngineError::Unsupported(format!("a vision head size of {hd} (width {} / {} heads)", self.n_embd, self.n_head)));
             }
         }
-        if self.image_size % self.patch_size != 0 {
+        // Gemma 4's image_size is a placeholder (its images take any whole-block size)
+        if self.projector != ProjectorType::Gemma4v && self.image_size % self.patch_size != 0 {
             return Err(file.error(format!("image size {} is not whole patches of {}", self.image_size, self.patch_size)).into());
         }
         let side = self.image_size / self.patch_size;

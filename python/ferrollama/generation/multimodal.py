@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
 import numpy as np
@@ -57,6 +57,13 @@ class Family:
     #: the image's tokens see each other both ways (mtmd_decode_use_non_causal)
     non_causal: bool = False
     tiles: TileTemplate = TileTemplate()
+    #: text model widths whose images are decoded causally all the same (mtmd: Gemma 4's E2B
+    #: and E4B, n_embd 1536 and 2560)
+    causal_text_widths: tuple[int, ...] = ()
+
+    def for_text_width(self, n_embd: int) -> "Family":
+        """The family as it decodes images for a text model of width ``n_embd``."""
+        return replace(self, non_causal=False) if n_embd in self.causal_text_widths else self
 
 
 FAMILIES = {
@@ -71,6 +78,8 @@ FAMILIES = {
     # LLaVA 1.5 and the other llava-style MLP projectors: the embeddings alone, causal (mtmd.cpp
     # sets no image markers for PROJECTOR_TYPE_MLP)
     "mlp": Family(),
+    # <|image> (the embeddings) <image|>, non-causal but for E2B and E4B (mtmd.cpp)
+    "gemma4v": Family("<|image>", "<image|>", non_causal=True, causal_text_widths=(1536, 2560)),
 }
 
 
@@ -141,7 +150,7 @@ class Projector:
         if self.core.n_embd_out != self.model.n_embd:
             raise ValueError(f"the projector {os.fspath(self.path)!r} gives rows of {self.core.n_embd_out} values, "
                              f"the text model's width is {self.model.n_embd}: they are not a pair")
-        self.family = FAMILIES[self.core.projector_type]
+        self.family = FAMILIES[self.core.projector_type].for_text_width(self.model.n_embd)
         self.vision = VisionParams(image_size=self.core.image_size, patch_size=self.core.patch_size,
                                    image_mean=tuple(self.core.image_mean), image_std=tuple(self.core.image_std),
                                    n_merge=self.core.n_merge, image_longest_edge=self.core.image_longest_edge,

@@ -19,7 +19,7 @@ use super::product;
 use super::vit::{im2col, on_rows, patch_kernel};
 use crate::error::{EngineError, Result};
 use crate::ops::{
-    add_bias, add_inplace, geglu, gelu_quick_inplace, rms_norm_inplace, rms_norm_plain_inplace, rope_apply, scale_inplace, swiglu,
+    add_bias, add_inplace, geglu, gelu_quick_inplace, rms_norm_inplace, rms_norm_plain_inplace, scale_inplace, swiglu,
     RopeParams,
 };
 use crate::weights::Loader;
@@ -211,7 +211,6 @@ pub fn encode(e: &Gemma4vEncoder, p: &VisionParams, pixels: &[f32], nx: usize, n
 /// The cos/sin caches of the 2-D RoPE: per column index and per row index, the n_dims / 2
 /// pairs of a rotation of n_dims = head_dim / 2 dimensions (NEOX order).
 struct Rope2d {
-    params: RopeParams,
     by_col: Vec<Vec<f32>>,
     by_row: Vec<Vec<f32>>,
 }
@@ -234,7 +233,7 @@ impl Rope2d {
             params.fill_cache(pos as f32, None, &mut c);
             c
         };
-        Rope2d { params, by_col: (0..px).map(cache).collect(), by_row: (0..py).map(cache).collect() }
+        Rope2d { by_col: (0..px).map(cache).collect(), by_row: (0..py).map(cache).collect() }
     }
 
     /// Rotates each head of each token's row (of n_head × hd): the first half of a head by the
@@ -246,11 +245,23 @@ impl Rope2d {
                 let patch = at / d + j;
                 for head in row.chunks_exact_mut(hd) {
                     let (first, second) = head.split_at_mut(hd / 2);
-                    rope_apply(first, &self.by_col[patch % px], &self.params);
-                    rope_apply(second, &self.by_row[patch / px], &self.params);
+                    rotate_neox(first, &self.by_col[patch % px]);
+                    rotate_neox(second, &self.by_row[patch / px]);
                 }
             }
         });
+    }
+}
+
+/// ggml's NEOX rotation of x's pairs (i, i + half) by a cache of (cos, sin), as GCC compiles
+/// rotate_pairs: each first product fused with the other's (rounded) negation or addend.
+fn rotate_neox(x: &mut [f32], cache: &[f32]) {
+    let half = x.len() / 2;
+    for i in 0..half {
+        let (c, s) = (cache[2 * i], cache[2 * i + 1]);
+        let (a, b) = (x[i], x[i + half]);
+        x[i] = a.mul_add(c, -(b * s));
+        x[i + half] = a.mul_add(s, b * c);
     }
 }
 

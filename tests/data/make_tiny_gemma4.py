@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -157,11 +158,12 @@ def add_per_layer_embeddings(wt: Weights, s: Spec) -> None:
         wt.norm(p + "post_norm.weight", N_EMBD)
 
 
-def write_model(s: Spec, qtype: str, path: Path) -> None:
+def write_model(s: Spec, qtype: str, path: Path, vocab: Callable[[gguf.GGUFWriter], None] = copy_vocab) -> None:
+    """``vocab`` writes the tokenizer's keys (make_tiny_vision_gemma4.py's adds image markers)."""
     w = gguf.GGUFWriter(str(path), "gemma4")
     w.add_name(f"tiny random model {qtype}")
     add_metadata(w, s)
-    copy_vocab(w)
+    vocab(w)
     wt = Weights(w, np.random.default_rng(sum(map(ord, s.name))), qtype)
     wt.matrix("token_embd.weight", N_VOCAB, N_EMBD, std=0.25)
     wt.norm("output_norm.weight", N_EMBD)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
 import numpy as np
@@ -61,6 +61,13 @@ class Family:
     #: (clip_n_output_tokens_x / _y of the Qwen VL mergers: 2x2 patches per token), which a text
     #: model with M-RoPE positions in 2-D; for the others mtmd takes them as one row
     grid: bool = False
+    #: text model widths whose images are decoded causally all the same (mtmd: Gemma 4's E2B
+    #: and E4B, n_embd 1536 and 2560)
+    causal_text_widths: tuple[int, ...] = ()
+
+    def for_text_width(self, n_embd: int) -> "Family":
+        """The family as it decodes images for a text model of width ``n_embd``."""
+        return replace(self, non_causal=False) if n_embd in self.causal_text_widths else self
 
 
 FAMILIES = {
@@ -84,6 +91,8 @@ FAMILIES = {
     "qwen2vl_merger": Family("<|vision_start|>", "<|vision_end|>", grid=True),
     "qwen2.5vl_merger": Family("<|vision_start|>", "<|vision_end|>", grid=True),
     "qwen3vl_merger": Family("<|vision_start|>", "<|vision_end|>", grid=True),
+    # <|image> (the embeddings) <image|>, non-causal but for E2B and E4B (mtmd.cpp)
+    "gemma4v": Family("<|image>", "<image|>", non_causal=True, causal_text_widths=(1536, 2560)),
 }
 
 
@@ -180,7 +189,7 @@ class Projector:
         if self.core.n_embd_out != self.model.n_embd_inp:
             raise ValueError(f"the projector {os.fspath(self.path)!r} gives rows of {self.core.n_embd_out} values, "
                              f"the text model's input width is {self.model.n_embd_inp}: they are not a pair")
-        self.family = FAMILIES[self.core.projector_type]
+        self.family = FAMILIES[self.core.projector_type].for_text_width(self.model.n_embd)
         self.vision = vision_params(self.core)
         self._tile_tokens = _lookup_tokens(self.model, self.family.tiles.token_texts())
 

@@ -668,8 +668,9 @@ impl Context {
     }
 
     /// A batch of embeddings needs rows of the model's input width (its n_embd, more with
-    /// DeepStack rows) and a model whose input is its embeddings alone (not an encoder, no
-    /// per-layer embeddings looked up by token id); M-RoPE positions need a model with M-RoPE.
+    /// DeepStack rows) and a model whose input is its embeddings (not an encoder's); per-layer
+    /// embeddings (Gemma 3n, Gemma 4) take the padding token's row, as llama.cpp's graphs do
+    /// (`arch::ple::inputs`); M-RoPE positions need a model with M-RoPE.
     fn check_takes_embeddings(&self, batch: &Batch) -> Result<()> {
         let hp = &self.model.hparams;
         if batch.n_embd != hp.n_embd_inp() {
@@ -680,10 +681,9 @@ impl Context {
             return Err(EngineError::InvalidArgument(format!(
                 "the batch gives M-RoPE positions (time, height, width, extra) but '{}' rotates with one position per token", hp.arch)));
         }
-        let ple = self.model.weights.as_ref().is_some_and(|w| w.extras.ple.is_some());
-        if self.is_encoder() || ple {
+        if self.is_encoder() {
             return Err(EngineError::Unsupported(format!(
-                "a batch of embeddings for '{}' (its input is more than its token embeddings)", hp.arch)));
+                "a batch of embeddings for '{}' (an encoder: its input is tokens)", hp.arch)));
         }
         Ok(())
     }

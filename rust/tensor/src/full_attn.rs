@@ -3,11 +3,12 @@
 //! (ggml_compute_forward_flash_attn_ext_tiled): queries in f32, keys and values rounded to
 //! f16; the scores of a tile of queries are one outer-product matrix product (simd_gemm:
 //! each score a chain of fused multiply-adds over the head's dimensions, in order), then
-//! scaled; their exponentials are ggml_v_expf of (score - the row's max), summed in f64 16
-//! lanes at a time (ggml_vec_soft_max_f32); the output is the product of the unnormalized
-//! weights with V (another simd_gemm chain over the keys) divided by the sum. (ggml's
-//! online softmax rescales per tile of keys; with the whole row at once no rescaling is
-//! needed, a difference of a few ulps.)
+//! scaled; the softmax is online, a tile of KV_TILE (64) keys at a time: the running max
+//! grows by the tile's max, the output so far and the sum are rescaled by expf(old - new)
+//! when it does, the tile's exponentials are ggml_v_expf of (score - running max), summed
+//! in f64 16 lanes at a time (ggml_vec_soft_max_f32) and added to the f32 sum; the output
+//! accumulates the unnormalized weights times V (another simd_gemm chain over the tile's
+//! keys, continuing the previous tiles' sums) and is divided by the sum at the end.
 //!
 //! The AVX-512 kernels equal `attention_spec`, the specification one operation at a time,
 //! bit for bit (a CPU without AVX-512 runs the specification).
@@ -21,7 +22,8 @@ use crate::util::{f16_to_f32, f32_to_f16};
 
 /// Queries per task (their scores take QUERY_TILE × keys floats, which stay in L2).
 const QUERY_TILE: usize = 32;
-/// Keys per panel of the transposed keys: the 16-lane vectors of one register tile.
+/// Keys per panel of the transposed keys: the 16-lane vectors of one register tile, and
+/// ggml's KV tile (GGML_FA_TILE_KV) of the online softmax.
 const KEY_PANEL: usize = 64;
 /// Query rows per register tile.
 const RM: usize = 4;
@@ -29,7 +31,14 @@ const RM: usize = 4;
 /// softmax(q·kᵀ / √hd) · v per head, for n tokens of n_head heads of hd (q, k, v and the
 /// result: n rows of n_head × hd).
 pub fn full_attention(q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, threads: &Threads) -> Vec<f32> {
-    full_attention_isa(active_isa(), q, k, v, n, n_head, hd, threads)
+    full_attention_scaled(q, k, v, n, n_head, hd, 1.0 / (hd as f32).sqrt(), threads)
+}
+
+/// softmax(q·kᵀ · scale) · v per head, as `full_attention` computes it: for encoders whose
+/// scores are not scaled by 1/√hd (Gemma 4's vision transformer, kq_scale 1).
+#[allow(clippy::too_many_arguments)]
+pub fn full_attention_scaled(q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, scale: f32, threads: &Threads) -> Vec<f32> {
+    attention_on(active_isa(), q, k, v, n, n_head, hd, scale, threads)
 }
 
 /// The operands of one head laid out for the kernels.
@@ -49,6 +58,11 @@ fn round_f16(x: f32) -> f32 {
 /// specification computes it; or anything else: the specification).
 #[allow(clippy::too_many_arguments)]
 pub fn full_attention_isa(isa: Isa, q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, threads: &Threads) -> Vec<f32> {
+    attention_on(isa, q, k, v, n, n_head, hd, 1.0 / (hd as f32).sqrt(), threads)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_on(isa: Isa, q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, scale: f32, threads: &Threads) -> Vec<f32> {
     let d = n_head * hd;
     assert!(q.len() == n * d && k.len() == n * d && v.len() == n * d, "attention operand sizes");
     assert!(isa.available(), "{} kernels on a CPU without them", isa.name());
@@ -66,7 +80,6 @@ pub fn full_attention_isa(isa: Isa, q: &[f32], k: &[f32], v: &[f32], n: usize, n
             }
         }
     });
-    let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; n * d];
     let out_ptr = SendPtr(out.as_mut_ptr());
     let tiles = n.div_ceil(QUERY_TILE);
@@ -106,7 +119,7 @@ fn zeroed(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 }
 
 /// The outputs (rows of hd_pad, normalized) of nq queries (rows `q_stride` apart) of one
-/// head against its n keys.
+/// head against its n keys, a panel of keys at a time (ggml_compute_forward_flash_attn_ext_tiled).
 #[allow(clippy::too_many_arguments)]
 fn query_tile<'s>(isa: Isa, head: &HeadOperands, q: &[f32], q_stride: usize, nq: usize, n: usize, hd: usize, scale: f32, s: &'s mut Scratch) -> &'s [f32] {
     let rows = nq.div_ceil(RM) * RM;
@@ -116,40 +129,59 @@ fn query_tile<'s>(isa: Isa, head: &HeadOperands, q: &[f32], q_stride: usize, nq:
     for t in 0..nq {
         qt[t * hd..(t + 1) * hd].copy_from_slice(&q[t * q_stride..][..hd]);
     }
-    let scores = zeroed(&mut s.scores, rows * n_keys);
-    for panel in 0..n_keys / KEY_PANEL {
-        let kt = &head.kt[panel * hd * KEY_PANEL..][..hd * KEY_PANEL];
-        outer_product(isa, qt, hd, kt, KEY_PANEL, &mut scores[panel * KEY_PANEL..], n_keys, rows, KEY_PANEL);
-    }
-    let sums: Vec<f32> = scores.chunks_exact_mut(n_keys).take(nq).map(|row| softmax_weights(isa, row, n, scale)).collect();
     let o = zeroed(&mut s.o, rows * hd_pad);
-    outer_product(isa, scores, n_keys, &head.v, hd_pad, o, hd_pad, rows, hd_pad);
-    for (t, &sum) in sums.iter().enumerate() {
+    let (mut max, mut sum) = (vec![f32::NEG_INFINITY; rows], vec![0f32; rows]);
+    for panel in 0..n_keys / KEY_PANEL {
+        let scores = zeroed(&mut s.scores, rows * KEY_PANEL);
+        let kt = &head.kt[panel * hd * KEY_PANEL..][..hd * KEY_PANEL];
+        outer_product(isa, qt, hd, kt, KEY_PANEL, scores, KEY_PANEL, rows, KEY_PANEL);
+        let valid = (n - panel * KEY_PANEL).min(KEY_PANEL);
+        for (t, row) in scores.chunks_exact_mut(KEY_PANEL).enumerate() {
+            softmax_step(isa, row, valid, scale, &mut max[t], &mut sum[t], &mut o[t * hd_pad..(t + 1) * hd_pad]);
+        }
+        let v = &head.v[panel * KEY_PANEL * hd_pad..][..KEY_PANEL * hd_pad];
+        outer_product(isa, scores, KEY_PANEL, v, hd_pad, o, hd_pad, rows, hd_pad);
+    }
+    for (t, &sum) in sum.iter().enumerate().take(nq) {
         let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
         o[t * hd_pad..(t + 1) * hd_pad].iter_mut().for_each(|x| *x *= inv);
     }
     o
 }
 
-/// A row of scores → exp(score × scale - max) (zero past the n real keys); returns their
-/// sum (f64 over 16-lane chunk sums, as ggml_vec_soft_max_f32, then f32).
-fn softmax_weights(isa: Isa, row: &mut [f32], n: usize, scale: f32) -> f32 {
-    // Past the keys -inf, which the scale keeps.
-    row[n..].fill(f32::NEG_INFINITY);
+/// One query's step of the online softmax over a panel of scores (`valid` real keys, -inf
+/// past them): the scores scaled, the running `max` raised to the panel's (the output `o`
+/// and `sum` so far rescaled by expf(old - new) when it grows), the scores turned into
+/// exp(score - max), their sum (f64 over 16-lane sums, as ggml_vec_soft_max_f32) added to
+/// `sum` in f64 and rounded back.
+fn softmax_step(isa: Isa, row: &mut [f32], valid: usize, scale: f32, max: &mut f32, sum: &mut f32, o: &mut [f32]) {
+    row.iter_mut().for_each(|x| *x *= scale);
+    row[valid..].fill(f32::NEG_INFINITY);
+    let tile_max = row.iter().fold(f32::NEG_INFINITY, |m, &x| if m > x { m } else { x });
+    let new_max = max.max(tile_max);
+    if new_max > *max {
+        let ms = (*max - new_max).exp();
+        o.iter_mut().for_each(|x| *x *= ms);
+        *sum *= ms;
+    }
+    *max = new_max;
+    *sum = (*sum as f64 + exp_sum(isa, row, new_max)) as f32;
+}
+
+/// row = exp(row - max) (ggml_v_expf), returning Σ of each 16 lanes' sum in f64.
+fn exp_sum(isa: Isa, row: &mut [f32], max: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 is available (checked by the caller); rows are whole vectors.
-        return unsafe { x86::softmax_weights(row, scale) } as f32;
+        return unsafe { x86::exp_sum(row, max) };
     }
     let _ = isa;
-    row.iter_mut().for_each(|x| *x *= scale);
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     let mut sum = 0f64;
     for chunk in row.chunks_exact_mut(16) {
         chunk.iter_mut().for_each(|x| *x = expf_reference(*x - max));
         sum += reduce16(&(*chunk).try_into().expect("16 lanes")) as f64;
     }
-    sum as f32
+    sum
 }
 
 /// c[i][j] += Σ_kk a[i][kk] · b[kk][j] for `rows` rows (a multiple of RM) and `cols`
@@ -189,18 +221,11 @@ mod x86 {
 
     use super::RM;
 
-    /// row × scale, then ggml_vec_soft_max_f32 (AVX-512): row = ggml_v_expf(row - max);
-    /// returns Σ of each 16 lanes' `_mm512_reduce_add_ps` in f64. (The max of the lanes' maxima
-    /// is the row's, whatever the order.)
+    /// ggml_vec_soft_max_f32 (AVX-512): row = ggml_v_expf(row - max); returns Σ of each 16
+    /// lanes' `_mm512_reduce_add_ps` in f64.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
-    pub unsafe fn softmax_weights(row: &mut [f32], scale: f32) -> f64 {
-        let (sv, mut mv) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
-        for chunk in row.chunks_exact_mut(16) {
-            let x = _mm512_mul_ps(_mm512_loadu_ps(chunk.as_ptr()), sv);
-            _mm512_storeu_ps(chunk.as_mut_ptr(), x);
-            mv = _mm512_max_ps(mv, x);
-        }
-        let m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    pub unsafe fn exp_sum(row: &mut [f32], max: f32) -> f64 {
+        let m = _mm512_set1_ps(max);
         let mut sum = 0f64;
         for chunk in row.chunks_exact_mut(16) {
             let e = crate::glu::expf16(_mm512_sub_ps(_mm512_loadu_ps(chunk.as_ptr()), m));
@@ -314,10 +339,11 @@ mod tests {
         }
     }
 
-    /// The specification is attention: close to an f64 computation on the rounded K and V.
+    /// The specification is attention: close to an f64 computation on the rounded K and V,
+    /// over three panels of keys (the online softmax's rescaling).
     #[test]
     fn specification_is_attention() {
-        let (n, hd) = (50, 24);
+        let (n, hd) = (150, 24);
         let (q, k, v) = (values(n * hd, 4), values(n * hd, 5), values(n * hd, 6));
         let got = full_attention_isa(Isa::Scalar, &q, &k, &v, n, 1, hd, &Threads::new(1));
         for t in 0..n {

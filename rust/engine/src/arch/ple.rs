@@ -65,7 +65,8 @@ pub fn load(ld: &Loader, hp: &HParams, n_pl: usize) -> Result<Option<PerLayerEmb
 /// ws.ple = each token's inputs of every layer (n tokens × n_layer × n_pl), from ws.x (the
 /// embeddings, already scaled): (RMSNorm(W_proj·x / sqrt(n_embd)) + row(token) · sqrt(n_pl))
 /// / sqrt(2), in ggml's order of products (llama.cpp's build_inp_per_layer and
-/// project_per_layer_inputs).
+/// project_per_layer_inputs). A batch of embeddings (an image's) has no token ids: llama.cpp
+/// takes the row of token 0 (the padding token) for every position.
 pub fn inputs(p: &PerLayerEmbeddings, hp: &HParams, ws: &mut Workspace, ub: &UBatchView, threads: &Threads) {
     let (n, d, width) = (ub.tokens.len(), hp.n_embd, p.n_pl * hp.n_layer);
     let ple = sized(&mut ws.ple, n * width);
@@ -75,6 +76,7 @@ pub fn inputs(p: &PerLayerEmbeddings, hp: &HParams, ws: &mut Workspace, ub: &UBa
     let row = sized(&mut ws.ple_gate, width);
     let tok_scale = (p.n_pl as f32).sqrt();
     for (t, &tok) in ub.tokens.iter().enumerate() {
+        let tok = if ub.embd.is_some() { 0 } else { tok };
         p.tok_embd.dequantize_row(tok as usize, row);
         scale_inplace(row, tok_scale);
         add_inplace(&mut ple[t * width..(t + 1) * width], row);

@@ -44,24 +44,24 @@ pub fn n_tokens(p: &VisionParams, nx: usize, ny: usize) -> usize {
 /// model's embeddings.
 pub fn project(h: &Gemma3Head, p: &VisionParams, vit_out: Vec<f32>, side: usize, threads: &Threads) -> Vec<f32> {
     let d = p.n_embd;
-    let mut pooled = avg_pool(&vit_out, side, p.n_merge, d);
+    let mut pooled = avg_pool(&vit_out, side, side, p.n_merge, d);
     rms_norm_inplace(&mut pooled, &h.soft_emb_norm, p.eps);
     product(&h.proj, &pooled, pooled.len() / d, threads)
 }
 
-/// ggml_pool_2d (average, kernel = stride = k, no padding) over a side × side grid of rows of
-/// d values: (side / k)² rows, row-major.
-fn avg_pool(x: &[f32], side: usize, k: usize, d: usize) -> Vec<f32> {
-    let out_side = side / k;
-    let mut out = vec![0.0f32; out_side * out_side * d];
-    for oy in 0..out_side {
-        for ox in 0..out_side {
-            let dst = &mut out[(oy * out_side + ox) * d..][..d];
+/// ggml_pool_2d (average, kernel = stride = k, no padding) over a grid of ny rows of nx
+/// patches, each d values: (nx / k) × (ny / k) rows, row-major.
+pub(crate) fn avg_pool(x: &[f32], nx: usize, ny: usize, k: usize, d: usize) -> Vec<f32> {
+    let (out_x, out_y) = (nx / k, ny / k);
+    let mut out = vec![0.0f32; out_x * out_y * d];
+    for oy in 0..out_y {
+        for ox in 0..out_x {
+            let dst = &mut out[(oy * out_x + ox) * d..][..d];
             for c in 0..d {
                 let mut sum = 0.0f32;
                 for ky in 0..k {
                     for kx in 0..k {
-                        sum += x[((oy * k + ky) * side + ox * k + kx) * d + c];
+                        sum += x[((oy * k + ky) * nx + ox * k + kx) * d + c];
                     }
                 }
                 dst[c] = sum / (k * k) as f32;

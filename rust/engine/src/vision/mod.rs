@@ -9,6 +9,7 @@
 //! built from vit.rs's pieces.
 
 pub mod gemma3;
+pub mod gemma4v;
 pub mod idefics3;
 pub mod lfm2;
 pub mod llava;
@@ -31,7 +32,7 @@ pub use params::{ProjectorType, VisionParams};
 /// A loaded projector: its hyper-parameters and weights.
 pub struct Projector {
     pub params: VisionParams,
-    /// The shared ViT (the Qwen VL encoders are their own, in their head).
+    /// The shared ViT; None for the projector types with their own encoder (Qwen VL, Gemma 4: the head's).
     vit: Option<vit::VitWeights>,
     head: Head,
     /// Kept for the error messages' file name and the mapping's lifetime.
@@ -47,6 +48,8 @@ enum Head {
     Lfm2(lfm2::Lfm2Head),
     /// The whole Qwen VL encoder (qwen2vl, qwen2.5vl, qwen3vl).
     QwenVl(qwen2vl::QwenVlWeights),
+    /// Gemma 4's whole encoder (its ViT is not the shared one).
+    Gemma4v(gemma4v::Gemma4vEncoder),
 }
 
 impl Projector {
@@ -59,7 +62,7 @@ impl Projector {
         }
         let mut params = VisionParams::from_gguf(&file)?;
         let ld = Loader::new(file.clone());
-        let vit = match params.projector.is_qwen_vl() {
+        let vit = match params.projector.is_qwen_vl() || params.projector == ProjectorType::Gemma4v {
             true => None,
             false => Some(vit::VitWeights::load(&ld, &params)?),
         };
@@ -81,6 +84,11 @@ impl Projector {
                 params.n_embd_out = w.n_embd_out();
                 Head::QwenVl(w)
             }
+            ProjectorType::Gemma4v => {
+                let e = gemma4v::Gemma4vEncoder::load(&ld, &params)?;
+                params.n_embd_out = e.n_embd_out();
+                Head::Gemma4v(e)
+            }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
@@ -91,7 +99,7 @@ impl Projector {
     pub fn n_output_tokens(&self, nx: usize, ny: usize) -> usize {
         match &self.head {
             // both make one row of each n_merge × n_merge block of patches
-            Head::Gemma3(_) | Head::Idefics3(_) => gemma3::n_tokens(&self.params, nx, ny),
+            Head::Gemma3(_) | Head::Idefics3(_) | Head::Gemma4v(_) => gemma3::n_tokens(&self.params, nx, ny),
             Head::Llava(_) => llava::n_tokens(&self.params, nx, ny),
             Head::Lfm2(_) => lfm2::n_tokens(&self.params, nx, ny),
             Head::QwenVl(_) => qwen2vl::n_tokens(&self.params, nx, ny),
@@ -103,25 +111,27 @@ impl Projector {
     /// `n_output_tokens(nx, ny)` rows of `params.n_embd_out`.
     pub fn encode(&self, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Result<Vec<f32>> {
         self.check_image(pixels, nx, ny)?;
-        let (head, vit) = match (&self.head, &self.vit) {
-            (Head::QwenVl(w), _) => return Ok(qwen2vl::encode(w, &self.params, pixels, nx, ny, threads)),
-            (head, Some(vit)) => (head, vit),
-            (_, None) => unreachable!("every head but Qwen VL's loads the ViT"),
-        };
-        let (px, py) = (nx / self.params.patch_size, ny / self.params.patch_size);
+        let (head, p) = (&self.head, &self.params);
+        match head {
+            Head::QwenVl(w) => return Ok(qwen2vl::encode(w, p, pixels, nx, ny, threads)),
+            Head::Gemma4v(e) => return Ok(gemma4v::encode(e, p, pixels, nx, ny, threads)),
+            _ => {}
+        }
+        let vit = self.vit.as_ref().expect("the shared ViT of a projector without its own encoder");
+        let (px, py) = (nx / p.patch_size, ny / p.patch_size);
         let hidden = match head {
             Head::Lfm2(_) => {
-                let pos = lfm2::positions(vit.positions(), self.params.n_embd, px, py);
-                vit::forward_at(vit, &self.params, pixels, nx, ny, &pos, threads)
+                let pos = lfm2::positions(vit.positions(), p.n_embd, px, py);
+                vit::forward_at(vit, p, pixels, nx, ny, &pos, threads)
             }
-            _ => vit::forward(vit, &self.params, pixels, nx, ny, threads),
+            _ => vit::forward(vit, p, pixels, nx, ny, threads),
         };
         Ok(match head {
-            Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, px, threads),
-            Head::Idefics3(h) => idefics3::project(h, &self.params, hidden, px, threads),
-            Head::Llava(h) => llava::project(h, &self.params, hidden, self.n_output_tokens(nx, ny), threads),
-            Head::Lfm2(h) => lfm2::project(h, &self.params, hidden, px, py, threads),
-            Head::QwenVl(_) => unreachable!("encoded above"),
+            Head::Gemma3(h) => gemma3::project(h, p, hidden, px, threads),
+            Head::Idefics3(h) => idefics3::project(h, p, hidden, px, threads),
+            Head::Llava(h) => llava::project(h, p, hidden, self.n_output_tokens(nx, ny), threads),
+            Head::Lfm2(h) => lfm2::project(h, p, hidden, px, py, threads),
+            Head::QwenVl(_) | Head::Gemma4v(_) => unreachable!("encoded above"),
         })
     }
 
@@ -144,6 +154,16 @@ impl Projector {
         if nx % p.patch_size != 0 || ny % p.patch_size != 0 {
             return Err(EngineError::InvalidArgument(format!(
                 "an image of {nx}x{ny} pixels is not whole patches of {}", p.patch_size)));
+        }
+        if let Head::Gemma4v(e) = &self.head {
+            // pooled in whole blocks (clip.cpp counts n_patches / n_merge², its pool rounds
+            // each side down), each patch's column and row within the position tables
+            let (block, max) = (p.patch_size * p.n_merge, e.max_patches_per_side());
+            if nx == 0 || ny == 0 || nx % block != 0 || ny % block != 0 || nx / p.patch_size > max || ny / p.patch_size > max {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the gemma4v projector takes images of whole {block}-pixel blocks (preprocess first) of at most {} pixels \
+                     a side, not {nx}x{ny}", max * p.patch_size)));
+            }
         }
         Ok(())
     }

@@ -30,6 +30,9 @@ pub enum ProjectorType {
     /// Qwen3-VL: learned positions resized to the image, fused QKV and deepstack features
     /// (graph models/qwen3vl.cpp).
     Qwen3Vl,
+    /// Gemma 4: a ViT of RMS norms and 2-D RoPE over images of any whole-block size, its output
+    /// average-pooled n_merge × n_merge, scaled, RMS-normed and projected (models/gemma4v.cpp).
+    Gemma4v,
 }
 
 impl ProjectorType {
@@ -42,6 +45,7 @@ impl ProjectorType {
             "qwen2vl_merger" => Some(ProjectorType::Qwen2Vl),
             "qwen2.5vl_merger" => Some(ProjectorType::Qwen25Vl),
             "qwen3vl_merger" => Some(ProjectorType::Qwen3Vl),
+            "gemma4v" => Some(ProjectorType::Gemma4v),
             _ => None,
         }
     }
@@ -55,6 +59,7 @@ impl ProjectorType {
             ProjectorType::Qwen2Vl => "qwen2vl_merger",
             ProjectorType::Qwen25Vl => "qwen2.5vl_merger",
             ProjectorType::Qwen3Vl => "qwen3vl_merger",
+            ProjectorType::Gemma4v => "gemma4v",
         }
     }
 
@@ -118,7 +123,7 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp, qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp, qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger, gemma4v)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
@@ -145,6 +150,12 @@ impl VisionParams {
                     keys.opt_size("clip.vision.projection_dim", 1 << 18)?;
                     0
                 }
+                // clip.cpp requires the key but sizes the output by mm.input_projection's rows
+                // (clip_n_mmproj_embd), set by the head at load
+                ProjectorType::Gemma4v => {
+                    keys.size("clip.vision.projection_dim", 1 << 18)?;
+                    0
+                }
             },
             n_merge: match projector {
                 // clip.cpp: 4 for every Gemma 3; a test model may say otherwise
@@ -152,6 +163,8 @@ impl VisionParams {
                 // clip.cpp's default is 1, which its pixel shuffle asserts against (> 1)
                 ProjectorType::Idefics3 | ProjectorType::Lfm2 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
                 ProjectorType::Mlp => 1,
+                // clip.cpp: Gemma 4's pooling_kernel_size, 3 unless the file says otherwise
+                ProjectorType::Gemma4v => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(3),
                 // clip.cpp's default 2; its graphs merge 2 × 2 whatever the key says
                 ProjectorType::Qwen2Vl | ProjectorType::Qwen25Vl | ProjectorType::Qwen3Vl => {
                     keys.opt_size("clip.vision.spatial_merge_size", 64)?.unwrap_or(2)
@@ -197,7 +210,8 @@ impl VisionParams {
                 return Err(EngineError::Unsupported(format!("a vision head size of {hd} (width {} / {} heads)", self.n_embd, self.n_head)));
             }
         }
-        if self.image_size % self.patch_size != 0 {
+        // Gemma 4's image_size is a placeholder (its images take any whole-block size)
+        if self.projector != ProjectorType::Gemma4v && self.image_size % self.patch_size != 0 {
             return Err(file.error(format!("image size {} is not whole patches of {}", self.image_size, self.patch_size)).into());
         }
         let side = self.image_size / self.patch_size;

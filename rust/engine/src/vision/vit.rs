@@ -87,7 +87,7 @@ impl VitWeights {
 
 /// ggml_conv_2d's operands: an im2col in F16 against the kernel converted to F16 (F32 for
 /// a BF16 kernel, whose im2col is F32).
-pub(super) fn patch_kernel(stored: QMatrix) -> Result<QMatrix> {
+pub(crate) fn patch_kernel(stored: QMatrix) -> Result<QMatrix> {
     let ty = match stored.ty {
         GgmlType::F16 => return Ok(stored),
         GgmlType::BF16 => GgmlType::F32,
@@ -167,7 +167,7 @@ pub fn forward_at(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize, n
 /// ggml_im2col of a convolution with stride = kernel = `ps`: one row per patch (row-major),
 /// of 3 × ps × ps values (channel, kernel row, kernel column), rounded to f16 where
 /// ggml_conv_2d makes its im2col in F16.
-pub(super) fn im2col(pixels: &[f32], nx: usize, ny: usize, ps: usize, to_f16: bool) -> Vec<f32> {
+pub(crate) fn im2col(pixels: &[f32], nx: usize, ny: usize, ps: usize, to_f16: bool) -> Vec<f32> {
     let (px, py) = (nx / ps, ny / ps);
     let mut out = Vec::with_capacity(px * py * 3 * ps * ps);
     for oy in 0..py {
@@ -225,7 +225,7 @@ pub(super) fn add_rows(x: &mut [f32], y: &[f32], row: usize, threads: &Threads) 
 
 /// f(offset, chunk) on chunks of whole rows (of `row` values) of x, on the threads: the
 /// element-wise passes over thousands of patches.
-pub(super) fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(crate) fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     let chunk = 64 * row;
     let len = x.len();
     let ptr = SendPtr(x.as_mut_ptr());

@@ -5,9 +5,11 @@
 //! each score a chain of fused multiply-adds over the head's dimensions, in order), then
 //! scaled; their exponentials are ggml_v_expf of (score - the row's max), summed in f64 16
 //! lanes at a time (ggml_vec_soft_max_f32); the output is the product of the unnormalized
-//! weights with V (another simd_gemm chain over the keys) divided by the sum. (ggml's
-//! online softmax rescales per tile of keys; with the whole row at once no rescaling is
-//! needed, a difference of a few ulps.)
+//! weights with V (another simd_gemm chain over the keys) divided by the sum. Keys come in
+//! tiles of 64 (GGML_FA_TILE_KV) with ggml's online softmax: each tile's weights relative to
+//! the running max, the output and the sum rescaled by expf(old max - new max) when a tile
+//! raises it (a whole-row softmax differs by ulps, which K and V's f16 roundings in the next
+//! block turn into 1e-3 of an encoder's output).
 //!
 //! The AVX-512 kernels equal `attention_spec`, the specification one operation at a time,
 //! bit for bit (a CPU without AVX-512 runs the specification).
@@ -21,7 +23,8 @@ use crate::util::{f16_to_f32, f32_to_f16};
 
 /// Queries per task (their scores take QUERY_TILE × keys floats, which stay in L2).
 const QUERY_TILE: usize = 32;
-/// Keys per panel of the transposed keys: the 16-lane vectors of one register tile.
+/// Keys per panel of the transposed keys: the 16-lane vectors of one register tile, and
+/// ggml's tile of keys (GGML_FA_TILE_KV), over which its online softmax steps.
 const KEY_PANEL: usize = 64;
 /// Query rows per register tile.
 const RM: usize = 4;
@@ -121,9 +124,30 @@ fn query_tile<'s>(isa: Isa, head: &HeadOperands, q: &[f32], q_stride: usize, nq:
         let kt = &head.kt[panel * hd * KEY_PANEL..][..hd * KEY_PANEL];
         outer_product(isa, qt, hd, kt, KEY_PANEL, &mut scores[panel * KEY_PANEL..], n_keys, rows, KEY_PANEL);
     }
-    let sums: Vec<f32> = scores.chunks_exact_mut(n_keys).take(nq).map(|row| softmax_weights(isa, row, n, scale)).collect();
+    for row in scores.chunks_exact_mut(n_keys).take(nq) {
+        // past the keys -inf, which the scale keeps
+        row[n..].fill(f32::NEG_INFINITY);
+        row.iter_mut().for_each(|x| *x *= scale);
+    }
     let o = zeroed(&mut s.o, rows * hd_pad);
-    outer_product(isa, scores, n_keys, &head.v, hd_pad, o, hd_pad, rows, hd_pad);
+    let (mut maxes, mut sums) = (vec![f32::NEG_INFINITY; nq], vec![0f32; nq]);
+    for panel in 0..n_keys / KEY_PANEL {
+        for t in 0..nq {
+            let row = &mut scores[t * n_keys + panel * KEY_PANEL..][..KEY_PANEL];
+            let tile_max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let max = maxes[t].max(tile_max);
+            if max > maxes[t] {
+                // libm's expf, as ggml's tile loop calls it
+                let rescale = (maxes[t] - max).exp();
+                o[t * hd_pad..(t + 1) * hd_pad].iter_mut().for_each(|x| *x *= rescale);
+                sums[t] *= rescale;
+            }
+            maxes[t] = max;
+            sums[t] = (sums[t] as f64 + exp_sum(isa, row, max)) as f32;
+        }
+        let v = &head.v[panel * KEY_PANEL * hd_pad..][..KEY_PANEL * hd_pad];
+        outer_product(isa, &scores[panel * KEY_PANEL..], n_keys, v, hd_pad, o, hd_pad, rows, hd_pad);
+    }
     for (t, &sum) in sums.iter().enumerate() {
         let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
         o[t * hd_pad..(t + 1) * hd_pad].iter_mut().for_each(|x| *x *= inv);
@@ -131,25 +155,21 @@ fn query_tile<'s>(isa: Isa, head: &HeadOperands, q: &[f32], q_stride: usize, nq:
     o
 }
 
-/// A row of scores → exp(score × scale - max) (zero past the n real keys); returns their
-/// sum (f64 over 16-lane chunk sums, as ggml_vec_soft_max_f32, then f32).
-fn softmax_weights(isa: Isa, row: &mut [f32], n: usize, scale: f32) -> f32 {
-    // Past the keys -inf, which the scale keeps.
-    row[n..].fill(f32::NEG_INFINITY);
+/// A tile of scaled scores → exp(score - max) (ggml_vec_soft_max_f32: zero for -inf); returns
+/// their sum, f64 over 16-lane chunk sums.
+fn exp_sum(isa: Isa, row: &mut [f32], max: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: Isa::Avx512 is available (checked by the caller); rows are whole vectors.
-        return unsafe { x86::softmax_weights(row, scale) } as f32;
+        return unsafe { x86::exp_sum(row, max) };
     }
     let _ = isa;
-    row.iter_mut().for_each(|x| *x *= scale);
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     let mut sum = 0f64;
     for chunk in row.chunks_exact_mut(16) {
         chunk.iter_mut().for_each(|x| *x = expf_reference(*x - max));
         sum += reduce16(&(*chunk).try_into().expect("16 lanes")) as f64;
     }
-    sum as f32
+    sum
 }
 
 /// c[i][j] += Σ_kk a[i][kk] · b[kk][j] for `rows` rows (a multiple of RM) and `cols`
@@ -158,7 +178,7 @@ fn softmax_weights(isa: Isa, row: &mut [f32], n: usize, scale: f32) -> f32 {
 #[allow(clippy::too_many_arguments)]
 fn outer_product(isa: Isa, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize, rows: usize, cols: usize) {
     let k = b.len() / ldb;
-    assert!(rows % RM == 0 && cols % 16 == 0 && a.len() >= rows * lda && lda >= k && c.len() >= (rows - 1) * ldc + cols);
+    assert!(rows % RM == 0 && cols % 16 == 0 && a.len() >= (rows - 1) * lda + k && lda >= k && c.len() >= (rows - 1) * ldc + cols);
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: AVX-512 is available; the sizes are checked above.
@@ -189,18 +209,11 @@ mod x86 {
 
     use super::RM;
 
-    /// row × scale, then ggml_vec_soft_max_f32 (AVX-512): row = ggml_v_expf(row - max);
-    /// returns Σ of each 16 lanes' `_mm512_reduce_add_ps` in f64. (The max of the lanes' maxima
-    /// is the row's, whatever the order.)
+    /// ggml_vec_soft_max_f32 (AVX-512): row = ggml_v_expf(row - max); returns Σ of each 16
+    /// lanes' `_mm512_reduce_add_ps` in f64.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
-    pub unsafe fn softmax_weights(row: &mut [f32], scale: f32) -> f64 {
-        let (sv, mut mv) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
-        for chunk in row.chunks_exact_mut(16) {
-            let x = _mm512_mul_ps(_mm512_loadu_ps(chunk.as_ptr()), sv);
-            _mm512_storeu_ps(chunk.as_mut_ptr(), x);
-            mv = _mm512_max_ps(mv, x);
-        }
-        let m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    pub unsafe fn exp_sum(row: &mut [f32], max: f32) -> f64 {
+        let m = _mm512_set1_ps(max);
         let mut sum = 0f64;
         for chunk in row.chunks_exact_mut(16) {
             let e = crate::glu::expf16(_mm512_sub_ps(_mm512_loadu_ps(chunk.as_ptr()), m));

@@ -71,6 +71,9 @@ FAMILIES = {
     # LLaVA 1.5 and the other llava-style MLP projectors: the embeddings alone, causal (mtmd.cpp
     # sets no image markers for PROJECTOR_TYPE_MLP)
     "mlp": Family(),
+    # Pixtral / Mistral Small 3.x: the image's rows of tokens with the [IMG_BREAK] embedding between
+    # them, all from the projector (one chunk), then the [IMG_END] token; causal (mtmd.cpp)
+    "pixtral": Family(img_end="[IMG_END]"),
 }
 
 

@@ -10,6 +10,7 @@ pub mod gemma3;
 pub mod idefics3;
 pub mod llava;
 pub mod params;
+pub mod pixtral;
 pub mod vit;
 
 use std::path::Path;
@@ -38,6 +39,7 @@ enum Head {
     Gemma3(gemma3::Gemma3Head),
     Idefics3(idefics3::Idefics3Head),
     Llava(llava::LlavaHead),
+    Pixtral(pixtral::PixtralHead),
 }
 
 impl Projector {
@@ -59,6 +61,11 @@ impl Projector {
                 params.n_embd_out = h.n_embd_out();
                 Head::Llava(h)
             }
+            ProjectorType::Pixtral => {
+                let h = pixtral::PixtralHead::load(&ld, &params)?;
+                params.n_embd_out = h.n_embd_out();
+                Head::Pixtral(h)
+            }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
@@ -71,6 +78,7 @@ impl Projector {
             // both make one row of each n_merge × n_merge block of patches
             Head::Gemma3(_) | Head::Idefics3(_) => gemma3::n_tokens(&self.params, nx, ny),
             Head::Llava(_) => llava::n_tokens(&self.params, nx, ny),
+            Head::Pixtral(_) => pixtral::n_tokens(&self.params, nx, ny),
         }
     }
 
@@ -79,11 +87,15 @@ impl Projector {
     /// `n_output_tokens(nx, ny)` rows of `params.n_embd_out`.
     pub fn encode(&self, pixels: &[f32], nx: usize, ny: usize, threads: &Threads) -> Result<Vec<f32>> {
         self.check_image(pixels, nx, ny)?;
-        let hidden = vit::forward(&self.vit, &self.params, pixels, nx, ny, threads);
+        let hidden = match &self.head {
+            Head::Pixtral(_) => pixtral::vit_forward(&self.vit, &self.params, pixels, nx, ny, threads),
+            _ => vit::forward(&self.vit, &self.params, pixels, nx, ny, threads),
+        };
         Ok(match &self.head {
             Head::Gemma3(h) => gemma3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
             Head::Idefics3(h) => idefics3::project(h, &self.params, hidden, nx / self.params.patch_size, threads),
             Head::Llava(h) => llava::project(h, &self.params, hidden, self.n_output_tokens(nx, ny), threads),
+            Head::Pixtral(h) => pixtral::project(h, &self.params, hidden, nx, ny, threads),
         })
     }
 
@@ -98,6 +110,9 @@ impl Projector {
         if fixed && (nx != p.image_size || ny != p.image_size) {
             return Err(EngineError::InvalidArgument(format!(
                 "the {} projector takes {s}x{s} images (preprocess first), not {nx}x{ny}", p.projector.name(), s = p.image_size)));
+        }
+        if p.projector == ProjectorType::Pixtral {
+            pixtral::check_size(p, nx, ny)?;
         }
         if nx % p.patch_size != 0 || ny % p.patch_size != 0 {
             return Err(EngineError::InvalidArgument(format!(

@@ -19,6 +19,9 @@ pub enum ProjectorType {
     /// LLaVA 1.5 (and BakLLaVA, Obsidian...): CLIP up to a feature layer, each patch through a
     /// two-layer MLP (clip.cpp's PROJECTOR_TYPE_MLP, graph models/llava.cpp).
     Mlp,
+    /// Pixtral 12B and Mistral Small 3.x: a RoPE ViT on images of any size, Mistral Small's
+    /// patch merger, a two-layer MLP, [IMG_BREAK] between rows (graph models/pixtral.cpp).
+    Pixtral,
 }
 
 impl ProjectorType {
@@ -27,6 +30,7 @@ impl ProjectorType {
             "gemma3" => Some(ProjectorType::Gemma3),
             "idefics3" => Some(ProjectorType::Idefics3),
             "mlp" => Some(ProjectorType::Mlp),
+            "pixtral" => Some(ProjectorType::Pixtral),
             _ => None,
         }
     }
@@ -36,6 +40,7 @@ impl ProjectorType {
             ProjectorType::Gemma3 => "gemma3",
             ProjectorType::Idefics3 => "idefics3",
             ProjectorType::Mlp => "mlp",
+            ProjectorType::Pixtral => "pixtral",
         }
     }
 }
@@ -88,7 +93,7 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, mlp)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, mlp, pixtral)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
@@ -109,9 +114,9 @@ impl VisionParams {
             image_std: keys.rgb("clip.vision.image_std")?,
             n_embd_out: match projector {
                 ProjectorType::Gemma3 | ProjectorType::Idefics3 => keys.size("clip.vision.projection_dim", 1 << 18)?,
-                // CLIP's own projection width, not the MLP's output: mm.2.weight's rows
-                // (clip_n_mmproj_embd), set by the head at load
-                ProjectorType::Mlp => {
+                // CLIP's own projection width, not the MLP's output (llava), or the text
+                // model's (pixtral): mm.2.weight's rows (clip_n_mmproj_embd), set by the head at load
+                ProjectorType::Mlp | ProjectorType::Pixtral => {
                     keys.opt_size("clip.vision.projection_dim", 1 << 18)?;
                     0
                 }
@@ -122,18 +127,24 @@ impl VisionParams {
                 // clip.cpp's default is 1, which its pixel shuffle asserts against (> 1)
                 ProjectorType::Idefics3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
                 ProjectorType::Mlp => 1,
+                // Mistral Small's patch merger; the original Pixtral merges nothing. clip.cpp
+                // reads no clip.rope.freq_base (a Mistral-format conversion's): its RoPE base is 10000
+                ProjectorType::Pixtral => {
+                    keys.get("clip.rope.freq_base");
+                    keys.opt_size("clip.vision.spatial_merge_size", 64)?.unwrap_or(1)
+                }
             },
             image_longest_edge: match projector {
                 ProjectorType::Idefics3 => keys.opt_size("clip.vision.preproc_image_size", 1 << 16)?.unwrap_or(0),
-                ProjectorType::Gemma3 | ProjectorType::Mlp => 0,
+                ProjectorType::Gemma3 | ProjectorType::Mlp | ProjectorType::Pixtral => 0,
             },
             ffn_act,
             n_layer_used: match projector {
-                ProjectorType::Gemma3 | ProjectorType::Idefics3 => n_layer,
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Pixtral => n_layer,
                 ProjectorType::Mlp => llava_feature_layer(&keys, n_layer)?,
             },
             grid_pinpoints: match projector {
-                ProjectorType::Gemma3 | ProjectorType::Idefics3 => Vec::new(),
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Pixtral => Vec::new(),
                 ProjectorType::Mlp => llava_pinpoints(&keys)?,
             },
         };

@@ -211,3 +211,34 @@ impl Rope2d {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn breaks_follow_every_row_but_the_last() {
+        // 3 tokens a row, 2 rows, rows of 2 values
+        let tokens: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let out = with_row_breaks(&tokens, 3, &[-1.0, -2.0]);
+        assert_eq!(out, [0., 1., 2., 3., 4., 5., -1., -2., 6., 7., 8., 9., 10., 11.]);
+    }
+
+    #[test]
+    fn merged_blocks_are_im2col_rows() {
+        // a 4 x 2 grid of patches of 2 channels (value = 10 · patch + channel), merged 2 x 2
+        let x: Vec<f32> = (0..8).flat_map(|p| [10.0 * p as f32, 10.0 * p as f32 + 1.0]).collect();
+        let out = merge_blocks(&x, 4, 2, 2, 2, 1);
+        // block 0: patches 0, 1 (first row) and 4, 5 (second), channel by channel
+        assert_eq!(&out[..8], &[0., 10., 40., 50., 1., 11., 41., 51.]);
+        assert_eq!(&out[8..], &[20., 30., 60., 70., 21., 31., 61., 71.]);
+    }
+
+    #[test]
+    fn rotation_turns_pairs_by_their_angle() {
+        let cache = [0.6f32, 0.8, 1.0, 0.0];
+        let mut x = [1.0f32, 0.0, 2.0, 3.0];
+        rotate_pairs(&mut x, &cache);
+        assert_eq!(x, [0.6, 0.8, 2.0, 3.0]);
+    }
+}

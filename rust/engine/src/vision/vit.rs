@@ -320,3 +320,20 @@ pub(super) fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(u
 }
 
 fn f16_round(x: f32) -> f32 { f16::from_f32(x).to_f32() }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml_vec_dot_f16's order sums what an f64 sum does, within f32 rounding, for rows with
+    /// and without a tail past its 64-term steps.
+    #[test]
+    fn vec_dot_f16_is_a_dot_product() {
+        for n in [48, 192, 200] {
+            let a: Vec<f32> = (0..n).map(|i| f16_round(((i * 37 % 101) as f32 - 50.0) / 17.0)).collect();
+            let b: Vec<f32> = (0..n).map(|i| f16_round(((i * 53 % 97) as f32 - 48.0) / 13.0)).collect();
+            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+            assert!((vec_dot_f16(&a, &b) as f64 - exact).abs() < 1e-4 * exact.abs().max(1.0), "n {n}");
+        }
+    }
+}

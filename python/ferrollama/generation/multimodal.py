@@ -93,6 +93,9 @@ FAMILIES = {
     "qwen3vl_merger": Family("<|vision_start|>", "<|vision_end|>", grid=True),
     # <|image> (the embeddings) <image|>, non-causal but for E2B and E4B (mtmd.cpp)
     "gemma4v": Family("<|image>", "<image|>", non_causal=True, causal_text_widths=(1536, 2560)),
+    # Pixtral / Mistral Small 3.x: the image's rows of tokens with the [IMG_BREAK] embedding between
+    # them, all from the projector (one chunk), then the [IMG_END] token; causal (mtmd.cpp)
+    "pixtral": Family(img_end="[IMG_END]"),
 }
 
 

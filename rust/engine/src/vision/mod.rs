@@ -16,6 +16,7 @@ pub mod llava;
 pub mod params;
 pub mod qwen2vl;
 pub mod qwen3vl;
+pub mod pixtral;
 pub mod vit;
 
 use std::path::Path;
@@ -50,6 +51,7 @@ enum Head {
     QwenVl(qwen2vl::QwenVlWeights),
     /// Gemma 4's whole encoder (its ViT is not the shared one).
     Gemma4v(gemma4v::Gemma4vEncoder),
+    Pixtral(pixtral::PixtralHead),
 }
 
 impl Projector {
@@ -89,6 +91,11 @@ impl Projector {
                 params.n_embd_out = e.n_embd_out();
                 Head::Gemma4v(e)
             }
+            ProjectorType::Pixtral => {
+                let h = pixtral::PixtralHead::load(&ld, &params)?;
+                params.n_embd_out = h.n_embd_out();
+                Head::Pixtral(h)
+            }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
@@ -103,6 +110,7 @@ impl Projector {
             Head::Llava(_) => llava::n_tokens(&self.params, nx, ny),
             Head::Lfm2(_) => lfm2::n_tokens(&self.params, nx, ny),
             Head::QwenVl(_) => qwen2vl::n_tokens(&self.params, nx, ny),
+            Head::Pixtral(_) => pixtral::n_tokens(&self.params, nx, ny),
         }
     }
 
@@ -122,8 +130,9 @@ impl Projector {
         let hidden = match head {
             Head::Lfm2(_) => {
                 let pos = lfm2::positions(vit.positions(), p.n_embd, px, py);
-                vit::forward_at(vit, p, pixels, nx, ny, &pos, threads)
+                vit::forward_with(vit, p, pixels, nx, ny, Some(&pos), None, threads)
             }
+            Head::Pixtral(_) => pixtral::vit_forward(vit, p, pixels, nx, ny, threads),
             _ => vit::forward(vit, p, pixels, nx, ny, threads),
         };
         Ok(match head {
@@ -131,6 +140,7 @@ impl Projector {
             Head::Idefics3(h) => idefics3::project(h, p, hidden, px, threads),
             Head::Llava(h) => llava::project(h, p, hidden, self.n_output_tokens(nx, ny), threads),
             Head::Lfm2(h) => lfm2::project(h, p, hidden, px, py, threads),
+            Head::Pixtral(h) => pixtral::project(h, p, hidden, nx, ny, threads),
             Head::QwenVl(_) | Head::Gemma4v(_) => unreachable!("encoded above"),
         })
     }
@@ -150,6 +160,9 @@ impl Projector {
         if fixed && (nx != p.image_size || ny != p.image_size) {
             return Err(EngineError::InvalidArgument(format!(
                 "the {} projector takes {s}x{s} images (preprocess first), not {nx}x{ny}", p.projector.name(), s = p.image_size)));
+        }
+        if p.projector == ProjectorType::Pixtral {
+            pixtral::check_size(p, nx, ny)?;
         }
         if nx % p.patch_size != 0 || ny % p.patch_size != 0 {
             return Err(EngineError::InvalidArgument(format!(

@@ -33,6 +33,9 @@ pub enum ProjectorType {
     /// Gemma 4: a ViT of RMS norms and 2-D RoPE over images of any whole-block size, its output
     /// average-pooled n_merge × n_merge, scaled, RMS-normed and projected (models/gemma4v.cpp).
     Gemma4v,
+    /// Pixtral 12B and Mistral Small 3.x: a RoPE ViT on images of any size, Mistral Small's
+    /// patch merger, a two-layer MLP, [IMG_BREAK] between rows (graph models/pixtral.cpp).
+    Pixtral,
 }
 
 impl ProjectorType {
@@ -46,6 +49,7 @@ impl ProjectorType {
             "qwen2.5vl_merger" => Some(ProjectorType::Qwen25Vl),
             "qwen3vl_merger" => Some(ProjectorType::Qwen3Vl),
             "gemma4v" => Some(ProjectorType::Gemma4v),
+            "pixtral" => Some(ProjectorType::Pixtral),
             _ => None,
         }
     }
@@ -60,6 +64,7 @@ impl ProjectorType {
             ProjectorType::Qwen25Vl => "qwen2.5vl_merger",
             ProjectorType::Qwen3Vl => "qwen3vl_merger",
             ProjectorType::Gemma4v => "gemma4v",
+            ProjectorType::Pixtral => "pixtral",
         }
     }
 
@@ -123,7 +128,7 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp, qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger, gemma4v)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp, qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger, gemma4v, pixtral)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
@@ -144,9 +149,9 @@ impl VisionParams {
             image_std: keys.rgb("clip.vision.image_std")?,
             n_embd_out: match projector {
                 ProjectorType::Gemma3 | ProjectorType::Idefics3 => keys.size("clip.vision.projection_dim", 1 << 18)?,
-                // CLIP's own projection width, not the MLP's output: mm.2.weight's rows
-                // (clip_n_mmproj_embd), set by the head at load
-                ProjectorType::Mlp | ProjectorType::Lfm2 | ProjectorType::Qwen2Vl | ProjectorType::Qwen25Vl | ProjectorType::Qwen3Vl => {
+                // CLIP's own projection width, not the MLP's output (llava), or the text
+                // model's (pixtral): mm.2.weight's rows (clip_n_mmproj_embd), set by the head at load
+                ProjectorType::Mlp | ProjectorType::Pixtral | ProjectorType::Lfm2 | ProjectorType::Qwen2Vl | ProjectorType::Qwen25Vl | ProjectorType::Qwen3Vl => {
                     keys.opt_size("clip.vision.projection_dim", 1 << 18)?;
                     0
                 }
@@ -163,6 +168,12 @@ impl VisionParams {
                 // clip.cpp's default is 1, which its pixel shuffle asserts against (> 1)
                 ProjectorType::Idefics3 | ProjectorType::Lfm2 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
                 ProjectorType::Mlp => 1,
+                // Mistral Small's patch merger; the original Pixtral merges nothing. clip.cpp
+                // reads no clip.rope.freq_base (a Mistral-format conversion's): its RoPE base is 10000
+                ProjectorType::Pixtral => {
+                    keys.get("clip.rope.freq_base");
+                    keys.opt_size("clip.vision.spatial_merge_size", 64)?.unwrap_or(1)
+                }
                 // clip.cpp: Gemma 4's pooling_kernel_size, 3 unless the file says otherwise
                 ProjectorType::Gemma4v => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(3),
                 // clip.cpp's default 2; its graphs merge 2 × 2 whatever the key says

@@ -1,11 +1,10 @@
 """The Qwen VL projectors (qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger) against llama.cpp's
 libmtmd, recorded by benches/record_vision_qwen.py on tests/data/make_tiny_vision_qwen.py's
-projectors: the image embeddings of a square image smart resize keeps and of one it resizes (both
-the projector's encoder and Python's preprocessing), the number of image tokens, what the window
-attention and the deepstack rows change, and the files refused.
-
-The text models they pair with (make_tiny_qwenvl.py's qwen2vl and qwen3vl) need M-RoPE, which
-is another part of issue 38: the encoder is tested through the projector alone here."""
+projectors and make_tiny_qwenvl.py's text models: the image embeddings of a square image smart
+resize keeps and of one it resizes (the projector's encoder and Python's preprocessing), the
+number of image tokens and the markers around them, what the window attention and the deepstack
+rows change, and the files refused. The prompts with images through the text models (M-RoPE
+positions) are tests/test_vision_qwen_mrope.py's."""
 from __future__ import annotations
 
 import json
@@ -17,7 +16,7 @@ import pytest
 import ferrollama as fl
 from ferrollama._core import Projector as CoreProjector
 from ferrollama.generation.media import load_image, preprocess_image
-from ferrollama.generation.multimodal import FAMILIES, vision_params
+from ferrollama.generation.multimodal import FAMILIES, ImageChunk, Projector, TextChunk, vision_params
 from test_vision import TOL_EMBD, rewritten
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -37,6 +36,14 @@ def projectors() -> dict[str, CoreProjector]:
     return {ty: CoreProjector(str(mmproj(ty)), n_threads=2) for ty in SCNS}
 
 
+@pytest.fixture(scope="module")
+def pairs() -> dict[str, Projector]:
+    models: dict[str, fl.Model] = {}
+    for ty, scn in SCNS.items():
+        models.setdefault(scn["model"], fl.Model(str(DATA / "models" / scn["model"])))
+    return {ty: Projector(models[scn["model"]], mmproj(ty), n_threads=2) for ty, scn in SCNS.items()}
+
+
 def encode(core: CoreProjector, path: Path) -> np.ndarray:
     """What Projector.encode does for these projectors (one entry: no tiles)."""
     pre = preprocess_image(core.projector_type, load_image(path), vision_params(core))
@@ -53,9 +60,9 @@ SHAPES = {"qwen2vl": {"square": (64, 256), "wide": (66, 256)}, "qwen2.5vl": {"sq
 
 @pytest.mark.parametrize("name", ["square", "wide"])
 @pytest.mark.parametrize("ty", SCNS)
-def test_image_embeddings_match_mtmd(projectors: dict[str, CoreProjector], ty: str, name: str) -> None:
+def test_image_embeddings_match_mtmd(pairs: dict[str, Projector], ty: str, name: str) -> None:
     want = np.asarray(SCNS[ty]["expected_embeddings"][name], np.float32)
-    got = encode(projectors[ty], image(name))
+    got = pairs[ty].encode(image(name))
     assert got.shape == want.shape == SHAPES[ty][name]
     assert np.abs(got - want).max() <= TOL_EMBD
 
@@ -77,11 +84,22 @@ def test_image_tokens_and_markers_are_mtmds(projectors: dict[str, CoreProjector]
     assert (family.img_beg, family.img_end, family.non_causal) == ("<|vision_start|>", "<|vision_end|>", False)
 
 
+@pytest.mark.parametrize("ty", SCNS)
+def test_tokenize_puts_the_markers_around_the_image_tokens(pairs: dict[str, Projector], ty: str) -> None:
+    proj = pairs[ty]
+    for ev in SCNS[ty]["evals"]:
+        chunks = proj.tokenize(ev["prompt"], [image(n) for n in ev["images"]])
+        got = [{"type": "text", "tokens": c.tokens} if isinstance(c, TextChunk) else {"type": "image", "n_tokens": c.n_tokens}
+               for c in chunks]
+        assert got == [{k: v for k, v in c.items() if k != "n_pos"} for c in ev["expected_chunks"]]
+        assert not any(c.non_causal for c in chunks if isinstance(c, ImageChunk))
+
+
 def test_window_attention_is_qwen25s(projectors: dict[str, CoreProjector], tmp_path: Path) -> None:
     # n_wa_pattern 1: every block attends to the whole image
     want = np.asarray(SCNS["qwen2.5vl"]["expected_embeddings"]["wide"], np.float32)
     full = CoreProjector(str(rewritten(tmp_path, {"clip.vision.n_wa_pattern": 1}, mmproj("qwen2.5vl"))), n_threads=2)
-    assert np.abs(encode(full, image("wide")) - want).max() > 20 * TOL_EMBD
+    assert np.abs(encode(full, image("wide")) - want).max() > 100 * TOL_EMBD
 
 
 def test_deepstack_rows_follow_the_mergers(projectors: dict[str, CoreProjector]) -> None:

@@ -4,7 +4,9 @@
 //! preprocessed (resized and normalized in Python, as mtmd's preprocessing does) and leaves
 //! as rows of the text model's width, which a batch of embeddings feeds to a context.
 //!
-//! One file per projector type composes the shared ViT (`vit.rs`) with its head.
+//! One file per projector type composes the shared ViT (`vit.rs`) with its head; the Qwen VL
+//! encoders (`qwen2vl.rs`, `qwen3vl.rs`: rotary positions, windows, 2 × 2 merges) are their own,
+//! built from vit.rs's pieces.
 
 pub mod gemma3;
 pub mod idefics3;

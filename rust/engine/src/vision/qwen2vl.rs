@@ -356,10 +356,11 @@ impl RopeTable {
                 let cs = &self.cs[(at / row + t) * half..][..half];
                 for head in r.chunks_exact_mut(2 * half) {
                     let (a, b) = head.split_at_mut(half);
+                    // fused as GCC compiles ggml's rotate_pairs (-ffp-contract=fast on an FMA CPU)
                     for ((x0, x1), &[c, s]) in a.iter_mut().zip(b.iter_mut()).zip(cs) {
                         let (v0, v1) = (*x0, *x1);
-                        *x0 = v0 * c - v1 * s;
-                        *x1 = v0 * s + v1 * c;
+                        *x0 = v0.mul_add(c, -(v1 * s));
+                        *x1 = v0.mul_add(s, v1 * c);
                     }
                 }
             }
@@ -411,5 +412,36 @@ impl Projector {
                 "a {} image of {nx}x{ny} pixels is not whole blocks of {block}x{block} (preprocess first)", self.params.projector.name())));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_order_takes_2x2_blocks_row_by_row() {
+        assert_eq!(merge_order(4, 2), [0, 1, 4, 5, 2, 3, 6, 7]);
+    }
+
+    #[test]
+    fn windows_are_clip_cpps_including_partial_ones() {
+        // 3 x 2 units in windows of 2 x 2: a whole window, then the right column's partial one
+        let w = Windows::new(3, 2, 2);
+        assert_eq!(w.inv_idx, [0, 1, 3, 4, 2, 5]);
+        assert_eq!(w.idx, [0, 1, 4, 2, 3, 5]);
+        assert_eq!(w.ranges, [0..16, 16..24]);
+        assert!(w.inv_idx.iter().enumerate().all(|(dst, &src)| w.idx[src] == dst));
+    }
+
+    #[test]
+    fn rope_turns_rows_then_columns() {
+        // heads of 8: pairs 0-1 turn by the row (y, y / 100), pairs 2-3 by the column (x, x / 100)
+        let t = RopeTable::new(&[[0, 0], [2, 3]], 8);
+        assert!(t.cs[..4].iter().all(|&[c, s]| c == 1.0 && s == 0.0));
+        assert_eq!(t.cs[4], [2f32.cos(), 2f32.sin()]);
+        assert_eq!(t.cs[6], [3f32.cos(), 3f32.sin()]);
+        let ts = 10000f32.powf(-0.5);
+        assert_eq!(t.cs[7], [(3.0 * ts).cos(), (3.0 * ts).sin()]);
     }
 }

@@ -116,3 +116,22 @@ pub(super) fn concat_features(main: &[f32], deepstack: &[Vec<f32>], n_rows: usiz
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_of_the_squares_size_are_kept_and_corners_align() {
+        // 2 x 2 positions of width 1: values 0, 1 / 2, 3
+        let pos = [0.0, 1.0, 2.0, 3.0];
+        assert_eq!(resized_positions(&pos, 2, 1, 2, 2), pos);
+        // 3 wide, 2 high: the corners stay, the middle column is halfway
+        assert_eq!(resized_positions(&pos, 2, 1, 3, 2), [0.0, 0.5, 1.0, 2.0, 2.5, 3.0]);
+    }
+
+    #[test]
+    fn deepstack_rows_follow_the_main_row() {
+        assert_eq!(concat_features(&[1.0, 2.0], &[vec![3.0, 4.0], vec![5.0, 6.0]], 2), [1.0, 3.0, 5.0, 2.0, 4.0, 6.0]);
+    }
+}

@@ -29,6 +29,9 @@ MODELS = {
     "gemma-3-270m": "gemma-3-270m-q4_k_m.gguf",
     # benches/make_moe_model.py writes it (pass its --out-dir as --model-dir)
     "moe-synthetic": "synthetic-moe-q4_k.gguf",
+    # benches/make_qwenvl_bench_model.py writes it (M-RoPE; pass its --out-dir as --model-dir)
+    "qwen3vl-synthetic": "synthetic-qwen3vl-q4_k.gguf",
+    "qwen3-synthetic": "synthetic-qwen3-q4_k.gguf",
 }
 
 REPO = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ NAMES = sr.scenario_names(ENGINE_SPINE + KV_CACHE + GEMMA3 + ARCHS + PARAMS + KS
 ARCH_NAMES = ("llama3", "mixtral", "qwen3", "qwen3moe", "gemma2", "phi3", "granite", "olmo2", "gpt-oss",
               "smollm3", "mistral3", "qwen2moe", "olmoe", "exaone4", "seed_oss", "ernie4_5", "ernie4_5-moe",
               "cohere2", "starcoder2", "glm4moe", "llama4", "deepseek2", "deepseek2-lite",
-              "gemma4", "gemma4-moe", "gemma3n", "gemma3")
+              "gemma4", "gemma4-moe", "gemma3n", "gemma3", "qwen2vl", "qwen3vl", "qwen3vlmoe")
 
 
 #: llama.cpp's other KV cache types (benches/record_kv_types.py: K and V of one type, flash
@@ -71,4 +71,4 @@ def test_every_spine_and_kv_scenario_is_collected() -> None:
     assert sorted(n for n in NAMES if n.startswith("params-")) == [
         "params-kv-overrides", "params-none-ctx", "params-rope-ctx", "params-yarn-ctx"]
     assert sorted(n for n in NAMES if n.startswith("kshift-")) == ["kshift-cohere2", "kshift-exaone4", "kshift-smollm3"]
-    assert len(NAMES) == 54 + 48 + 4 + 4 + 3  # every recorded scenario
+    assert len(NAMES) == 54 + 54 + 4 + 4 + 3  # every recorded scenario

@@ -10,6 +10,7 @@ pub mod gemma3;
 pub mod idefics3;
 pub mod lfm2;
 pub mod llava;
+pub mod minicpmv;
 pub mod params;
 pub mod vit;
 
@@ -40,6 +41,7 @@ enum Head {
     Idefics3(idefics3::Idefics3Head),
     Llava(llava::LlavaHead),
     Lfm2(lfm2::Lfm2Head),
+    Minicpmv(minicpmv::MinicpmvHead),
 }
 
 impl Projector {
@@ -66,6 +68,11 @@ impl Projector {
                 params.n_embd_out = h.n_embd_out();
                 Head::Lfm2(h)
             }
+            ProjectorType::Minicpmv => {
+                let h = minicpmv::MinicpmvHead::load(&ld, &params)?;
+                params.n_embd_out = h.n_embd_out();
+                Head::Minicpmv(h)
+            }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
@@ -79,6 +86,7 @@ impl Projector {
             Head::Gemma3(_) | Head::Idefics3(_) => gemma3::n_tokens(&self.params, nx, ny),
             Head::Llava(_) => llava::n_tokens(&self.params, nx, ny),
             Head::Lfm2(_) => lfm2::n_tokens(&self.params, nx, ny),
+            Head::Minicpmv(_) => minicpmv::n_tokens(&self.params),
         }
     }
 
@@ -93,6 +101,10 @@ impl Projector {
                 let pos = lfm2::positions(self.vit.positions(), self.params.n_embd, px, py);
                 vit::forward_at(&self.vit, &self.params, pixels, nx, ny, &pos, threads)
             }
+            Head::Minicpmv(_) => {
+                let pos = minicpmv::vit_positions(self.vit.positions(), self.params.n_embd, px, py);
+                vit::forward_at(&self.vit, &self.params, pixels, nx, ny, &pos, threads)
+            }
             _ => vit::forward(&self.vit, &self.params, pixels, nx, ny, threads),
         };
         Ok(match &self.head {
@@ -100,6 +112,7 @@ impl Projector {
             Head::Idefics3(h) => idefics3::project(h, &self.params, hidden, px, threads),
             Head::Llava(h) => llava::project(h, &self.params, hidden, self.n_output_tokens(nx, ny), threads),
             Head::Lfm2(h) => lfm2::project(h, &self.params, hidden, px, py, threads),
+            Head::Minicpmv(h) => minicpmv::project(h, &self.params, hidden, px, py, threads),
         })
     }
 
@@ -109,8 +122,8 @@ impl Projector {
             return Err(EngineError::InvalidArgument(format!(
                 "an image of {nx}x{ny} pixels needs {} values (3 per pixel), got {}", nx * ny * 3, pixels.len())));
         }
-        // Idefics3 encodes each tile (and the overview) of image_size on its own; LFM2 any
-        // size (its positions resized)
+        // Idefics3 encodes each tile (and the overview) of image_size on its own; LFM2 and
+        // MiniCPM-V any size (their positions resized, bucketed)
         let fixed = matches!(p.projector, ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Mlp);
         if fixed && (nx != p.image_size || ny != p.image_size) {
             return Err(EngineError::InvalidArgument(format!(

@@ -22,6 +22,10 @@ pub enum ProjectorType {
     /// LFM2-VL: SigLIP2 NaFlex at the image's own size (position embeddings resized to its
     /// patch grid), pixel-unshuffled n_merge × n_merge, LayerNorm'd and through a two-layer MLP.
     Lfm2,
+    /// MiniCPM-V (clip.cpp's PROJECTOR_TYPE_MINICPMV, named "resampler"): SigLIP at the
+    /// slice's own size (bucketed position embeddings), then a resampler: learned queries
+    /// attending over the patches (2-D sin-cos positions on the keys), LayerNorm'd and projected.
+    Minicpmv,
 }
 
 impl ProjectorType {
@@ -31,6 +35,7 @@ impl ProjectorType {
             "idefics3" => Some(ProjectorType::Idefics3),
             "mlp" => Some(ProjectorType::Mlp),
             "lfm2" => Some(ProjectorType::Lfm2),
+            "resampler" => Some(ProjectorType::Minicpmv),
             _ => None,
         }
     }
@@ -41,6 +46,7 @@ impl ProjectorType {
             ProjectorType::Idefics3 => "idefics3",
             ProjectorType::Mlp => "mlp",
             ProjectorType::Lfm2 => "lfm2",
+            ProjectorType::Minicpmv => "resampler",
         }
     }
 }
@@ -78,6 +84,11 @@ pub struct VisionParams {
     /// LLaVA 1.6's anyres resolutions (width, height): the image is encoded as an overview and
     /// tiles of the best one (preprocessing's business; empty for LLaVA 1.5).
     pub grid_pinpoints: Vec<[usize; 2]>,
+    /// MiniCPM-V's version (clip.minicpmv_version: 2 for 2.5, 3 for 2.6...; 0 for other types):
+    /// its slices' tokens, and the query count where the file does not say it.
+    pub minicpmv_version: u32,
+    /// MiniCPM-V's resampler queries: the rows of each image or slice (0 for other types).
+    pub minicpmv_query_num: usize,
 }
 
 impl VisionParams {
@@ -93,7 +104,7 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp, resampler)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
@@ -120,27 +131,39 @@ impl VisionParams {
                     keys.opt_size("clip.vision.projection_dim", 1 << 18)?;
                     0
                 }
+                // resampler.proj's width (clip_n_mmproj_embd), set by the head at load; MiniCPM-V's
+                // converter writes a projection_dim of 0, which clip.cpp reads and never uses
+                ProjectorType::Minicpmv => {
+                    keys.get("clip.vision.projection_dim");
+                    0
+                }
             },
             n_merge: match projector {
                 // clip.cpp: 4 for every Gemma 3; a test model may say otherwise
                 ProjectorType::Gemma3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(4),
                 // clip.cpp's default is 1, which its pixel shuffle asserts against (> 1)
                 ProjectorType::Idefics3 | ProjectorType::Lfm2 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
-                ProjectorType::Mlp => 1,
+                ProjectorType::Mlp | ProjectorType::Minicpmv => 1,
             },
             image_longest_edge: match projector {
                 ProjectorType::Idefics3 => keys.opt_size("clip.vision.preproc_image_size", 1 << 16)?.unwrap_or(0),
-                ProjectorType::Gemma3 | ProjectorType::Mlp | ProjectorType::Lfm2 => 0,
+                ProjectorType::Gemma3 | ProjectorType::Mlp | ProjectorType::Lfm2 | ProjectorType::Minicpmv => 0,
             },
             ffn_act,
             n_layer_used: match projector {
-                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Lfm2 => n_layer,
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Lfm2 | ProjectorType::Minicpmv => n_layer,
                 ProjectorType::Mlp => llava_feature_layer(&keys, n_layer)?,
             },
             grid_pinpoints: match projector {
-                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Lfm2 => Vec::new(),
+                ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Lfm2 | ProjectorType::Minicpmv => Vec::new(),
                 ProjectorType::Mlp => llava_pinpoints(&keys)?,
             },
+            minicpmv_version: 0,
+            minicpmv_query_num: 0,
+        };
+        let p = match projector {
+            ProjectorType::Minicpmv => minicpmv_queries(&keys, p)?,
+            _ => p,
         };
         p.check(&keys)?;
         keys.check_all_read()?;
@@ -184,6 +207,30 @@ impl VisionParams {
         }
         Ok(())
     }
+}
+
+/// MiniCPM-V's version and query count (clip.cpp's load_hparams): the version defaults to 2
+/// (MiniCPM-V 2.5), the query count to the version's (96 for 2.5, 64 for the later ones).
+/// clip.cpp aborts on a version it does not know; the engine refuses it.
+fn minicpmv_queries(keys: &Keys, p: VisionParams) -> Result<VisionParams> {
+    const VERSION: &str = "clip.minicpmv_version";
+    let version = match keys.get(VERSION) {
+        None => 2,
+        Some(v) => match v.as_i64() {
+            Some(0) => 2,
+            Some(n @ (2..=6 | 100045)) => n as u32,
+            Some(n) => return Err(EngineError::Unsupported(format!("MiniCPM-V version {n} ({VERSION}): known are 2-6 and 100045"))),
+            None => return Err(keys.bad(VERSION, "not an integer")),
+        },
+    };
+    const QUERIES: &str = "clip.minicpmv_query_num";
+    // 0, as no key, means the version's count
+    let queries = match keys.get(QUERIES).map(|v| v.as_u64()) {
+        None | Some(Some(0)) => if version == 2 { 96 } else { 64 },
+        Some(Some(n)) if n <= 1 << 14 => n as usize,
+        Some(_) => return Err(keys.bad(QUERIES, "must be an integer in 0..=16384")),
+    };
+    Ok(VisionParams { minicpmv_version: version, minicpmv_query_num: queries, ..p })
 }
 
 /// The blocks a llava graph runs (models/llava.cpp): all but the last by default (LLaVA takes

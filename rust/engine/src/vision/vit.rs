@@ -66,7 +66,11 @@ impl VitWeights {
             ProjectorType::Mlp => ld.opt_vector("v.class_embd", d)?,
             _ => None,
         };
-        let n_pos = side * side + class_embd.is_some() as usize;
+        let n_pos = match p.projector {
+            // SigLIP-NaViT's 70 × 70 table, which MiniCPM-V's buckets index at any slice size
+            ProjectorType::Minicpmv => super::minicpmv::POS_BUCKETS * super::minicpmv::POS_BUCKETS,
+            _ => side * side + class_embd.is_some() as usize,
+        };
         let pos = ld.opt_vector_2d("v.position_embd.weight", d, n_pos)?
             .ok_or_else(|| ld.error("missing tensor 'v.position_embd.weight'"))?;
         let pre_ln = match ld.has("v.pre_ln.weight") {

@@ -237,9 +237,9 @@ def test_functionary_says_why_it_is_unavailable(name):
         lcf.get_chat_completion_handler(name)(llama=FakeLlama([]), messages=CONVERSATIONS["user"])
 
 
-@pytest.mark.parametrize("cls", [lcf.MiniCPMv26ChatHandler, lcf.Qwen25VLChatHandler])
+@pytest.mark.parametrize("cls", [lcf.Qwen25VLChatHandler])
 def test_image_handlers_of_projectors_not_run_say_why_they_are_unavailable(cls):
-    # MiniCPM-V's resampler, Qwen2.5-VL's merger
+    # Qwen2.5-VL's merger
     assert issubclass(cls, lcf.Llava15ChatHandler)
     with pytest.raises(lcf.ChatHandlerUnavailableError, match="projectors are not supported"):
         cls(clip_model_path="mmproj.gguf")
@@ -249,7 +249,7 @@ def test_image_handlers_of_projectors_not_run_say_why_they_are_unavailable(cls):
 
 @pytest.mark.parametrize("cls", [lcf.MTMDChatHandler, lcf.Gemma4ChatHandler, lcf.Llava15ChatHandler,
                                  lcf.Llava16ChatHandler, lcf.ObsidianChatHandler, lcf.MoondreamChatHandler,
-                                 lcf.NanoLlavaChatHandler, lcf.Llama3VisionAlpha])
+                                 lcf.NanoLlavaChatHandler, lcf.Llama3VisionAlpha, lcf.MiniCPMv26ChatHandler])
 def test_mtmd_handlers_need_an_existing_projector_file(cls, tmp_path):
     # as llama-cpp-python's: the path is checked at construction, the file loaded at the first chat
     with pytest.raises(ValueError, match="does not exist"):

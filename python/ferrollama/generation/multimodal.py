@@ -75,7 +75,25 @@ FAMILIES = {
     # LLaVA 1.5 and the other llava-style MLP projectors: the embeddings alone, causal (mtmd.cpp
     # sets no image markers for PROJECTOR_TYPE_MLP)
     "mlp": Family(),
+    # MiniCPM-V 2.6 and later (clip.minicpmv_version 3+): <image> (overview) </image>, then each
+    # slice between <slice> and </slice>, "\n" between rows; causal (mtmd.cpp)
+    "resampler": Family(tiles=TileTemplate(
+        overview_start=("<image>",), overview_end=("</image>",), slice_start=("<slice>",), slice_end=("</slice>",),
+        row_end=("\n",), overview_first=True)),
 }
+
+#: MiniCPM-V 2.5 (clip.minicpmv_version 2): the slices inside <slice> ... </slice>, each between
+#: <image> and </image> (mtmd.cpp's MTMD_SLICE_TMPL_MINICPMV_2_5)
+MINICPMV_2_5 = Family(tiles=TileTemplate(
+    overview_start=("<image>",), overview_end=("</image>",), slices_start=("<slice>",), slices_end=("</slice>",),
+    slice_start=("<image>",), slice_end=("</image>",), row_end=("\n",), overview_first=True))
+
+
+def family_of(core: _CoreProjector) -> Family:
+    """The family of a loaded projector (MiniCPM-V's slice tokens depend on its version)."""
+    if core.projector_type == "resampler" and core.minicpmv_version == 2:
+        return MINICPMV_2_5
+    return FAMILIES[core.projector_type]
 
 
 @dataclass
@@ -145,7 +163,7 @@ class Projector:
         if self.core.n_embd_out != self.model.n_embd:
             raise ValueError(f"the projector {os.fspath(self.path)!r} gives rows of {self.core.n_embd_out} values, "
                              f"the text model's width is {self.model.n_embd}: they are not a pair")
-        self.family = FAMILIES[self.core.projector_type]
+        self.family = family_of(self.core)
         self.vision = VisionParams(image_size=self.core.image_size, patch_size=self.core.patch_size,
                                    image_mean=tuple(self.core.image_mean), image_std=tuple(self.core.image_std),
                                    n_merge=self.core.n_merge, image_longest_edge=self.core.image_longest_edge,

@@ -254,6 +254,14 @@ FAMILIES = [
         },
     },
     {
+        # llava-uhd without pinpoints: an overview and a grid of slices of about 448x448
+        "name": "minicpmv-2.6",
+        "projector": "resampler",
+        "params": {"image_size": 448, "patch_size": 14, "image_mean": HALF, "image_std": HALF},
+        "kind": "llava_uhd",
+        "hparams": {"image_size": 448, "patch_size": 14},
+    },
+    {
         "name": "pixtral",
         "projector": "pixtral",
         "params": {"image_size": 1024, "patch_size": 16, "image_mean": CLIP_MEAN, "image_std": CLIP_STD},

@@ -237,19 +237,10 @@ def test_functionary_says_why_it_is_unavailable(name):
         lcf.get_chat_completion_handler(name)(llama=FakeLlama([]), messages=CONVERSATIONS["user"])
 
 
-@pytest.mark.parametrize("cls", [lcf.MiniCPMv26ChatHandler])
-def test_image_handlers_of_projectors_not_run_say_why_they_are_unavailable(cls):
-    # MiniCPM-V's resampler
-    assert issubclass(cls, lcf.Llava15ChatHandler)
-    with pytest.raises(lcf.ChatHandlerUnavailableError, match="projectors are not supported"):
-        cls(clip_model_path="mmproj.gguf")
-    with pytest.raises(lcf.ChatHandlerUnavailableError, match=cls.__name__):
-        cls.from_pretrained(repo_id="x", filename="y")
-
-
 @pytest.mark.parametrize("cls", [lcf.MTMDChatHandler, lcf.Gemma4ChatHandler, lcf.Llava15ChatHandler,
                                  lcf.Llava16ChatHandler, lcf.ObsidianChatHandler, lcf.MoondreamChatHandler,
-                                 lcf.NanoLlavaChatHandler, lcf.Llama3VisionAlpha, lcf.Qwen25VLChatHandler])
+                                 lcf.NanoLlavaChatHandler, lcf.Llama3VisionAlpha, lcf.Qwen25VLChatHandler,
+                                 lcf.MiniCPMv26ChatHandler])
 def test_mtmd_handlers_need_an_existing_projector_file(cls, tmp_path):
     # as llama-cpp-python's: the path is checked at construction, the file loaded at the first chat
     with pytest.raises(ValueError, match="does not exist"):

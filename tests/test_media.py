@@ -163,9 +163,10 @@ def test_merged_patch_grid(projector: str, params: dict, image_shape: tuple, gri
 
 def test_records_cover_every_family() -> None:
     recorded = {family["projector"] for family in GOLDENS["families"]}
-    assert {"gemma3", "qwen2.5vl_merger", "qwen3vl_merger", "idefics3", "lfm2", "mlp", "pixtral", "gemma4v"} <= recorded
+    assert {"gemma3", "qwen2.5vl_merger", "qwen3vl_merger", "idefics3", "lfm2", "mlp", "pixtral", "gemma4v",
+            "resampler"} <= recorded
     tiled = [c for f in GOLDENS["families"] for c in f["cases"].values() if c["grid"] != [0, 0]]
-    assert len(tiled) >= 3  # llava-1.6, idefics3 and lfm2 tile pre-large.png
+    assert len(tiled) >= 4  # llava-1.6, idefics3, lfm2 and minicpmv tile pre-large.png
 
 
 def test_unknown_projector_type_is_refused() -> None:

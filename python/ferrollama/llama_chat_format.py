@@ -7,9 +7,9 @@ chat shapes, applying ``response_format`` and a forced ``tool_choice`` as gramma
 llama-cpp-python 0.3.36 registers is registered here under the same name and renders the same
 text (tests/data/fixtures/chat_formats.json holds its outputs). The image handlers run the
 projectors the engine runs (MTMDChatHandler; Llava15ChatHandler and its 1.5-style subclasses over
-``mlp``; Qwen25VLChatHandler over the Qwen VL mergers). ``functionary*`` (a Hugging Face tokenizer)
-and the image handlers of projectors not supported yet (MiniCPM-V 2.6) are present under their
-names and raise ``ChatHandlerUnavailableError`` saying so.
+``mlp``; Qwen25VLChatHandler over the Qwen VL mergers; MiniCPMv26ChatHandler over MiniCPM-V's
+``resampler``). ``functionary*`` (a Hugging Face tokenizer) is present under its names and raises
+``ChatHandlerUnavailableError`` saying so.
 
 Where llama-cpp-python 0.3.36 errs, this module does not follow it: an unknown handler name and a
 template's raise_exception are ValueErrors (subclasses), not bare Exceptions; chatml-function-calling
@@ -987,22 +987,6 @@ register_chat_completion_handler("functionary-v1")(functionary_v1_v2_chat_handle
 register_chat_completion_handler("functionary-v2")(functionary_v1_v2_chat_handler)
 
 
-class _ImageChatHandler:
-    """llama-cpp-python's image handlers whose projectors ferrollama does not run yet (MiniCPM-V):
-    constructing one raises ChatHandlerUnavailableError; MTMDChatHandler, the llava handlers and
-    Qwen25VLChatHandler take the projectors it runs."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        raise ChatHandlerUnavailableError(
-            f"{type(self).__name__} is not available in ferrollama: its projectors are not supported "
-            "yet; for a model whose projector is (gemma3, idefics3, mlp, qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger), use MTMDChatHandler or "
-            "Llava15ChatHandler/Llava16ChatHandler (clip_model_path=...)")
-
-    @classmethod
-    def from_pretrained(cls, *args: Any, **kwargs: Any) -> "_ImageChatHandler":
-        return cls()
-
-
 class MTMDChatHandler:
     """llama-cpp-python's handler for a model with its projector (mmproj): the model's own chat
     template, each ``image_url`` part (a data: URI, a path or file:// URL, an http(s) URL) a media
@@ -1343,7 +1327,44 @@ class Llava16ChatHandler(Llava15ChatHandler):
     )
 
 
-class MiniCPMv26ChatHandler(_ImageChatHandler, Llava15ChatHandler): pass
+class MiniCPMv26ChatHandler(Llava15ChatHandler):
+    """MiniCPM-V 2.6 (its ``resampler`` projector, llava-uhd slices): ChatML with a default system
+    message, a user message's images before its text."""
+
+    DEFAULT_SYSTEM_MESSAGE = "You are a helpful assistant."
+
+    CHAT_FORMAT = (
+        "{% for message in messages %}"
+        "{% if loop.first and messages[0]['role'] != 'system' %}"
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "{% endif %}"
+        "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is iterable %}"
+        "{% for content in message['content'] %}"
+        "{% if content.type == 'image_url' %}"
+        "{% if content.image_url is string %}"
+        "{{ content.image_url }}"
+        "{% endif %}"
+        "{% if content.image_url is mapping %}"
+        "{{ content.image_url.url }}"
+        "{% endif %}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% for content in message['content'] %}"
+        "{% if content.type == 'text' %}"
+        "{{ content.text }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% endif %}"
+        "{% if message['content'] is string %}"
+        "{{ message['content'] }}"
+        "{% endif %}"
+        "<|im_end|>\n"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}"
+        "<|im_start|>assistant\n"
+        "{% endif %}"
+    )
 
 
 class Qwen25VLChatHandler(Llava15ChatHandler):

@@ -685,13 +685,14 @@ def _tile_slices(refined_w: int, refined_h: int, tile: int) -> tuple[tuple[int, 
 
 
 def _llava_uhd_instructions(width: int, height: int, hp: _Hparams) -> _SliceInstructions:
-    """llava_uhd::get_slice_instructions for images that fit (overview only) and pinpoint grids
-    (llava-1.6). The pinpoint-less minicpmv grid search is not mirrored."""
+    """llava_uhd::get_slice_instructions: an image that fits is its overview alone; a larger one
+    is sliced on the best pinpoint (llava-1.6) or, without pinpoints, on the grid that best
+    keeps its aspect ratio (minicpmv)."""
     slice_size = hp.image_size
     if not (width > slice_size or height > slice_size):
         return _SliceInstructions(overview_size=(slice_size, slice_size))
     if not hp.image_res_candidates:
-        raise MediaError("llava-uhd slicing without grid pinpoints (minicpmv) is not supported")
+        return _minicpmv_instructions(width, height, hp)
     refined_w, refined_h = _select_best_resolution(width, height, hp.image_res_candidates)
     return _SliceInstructions(
         overview_size=(slice_size, slice_size),
@@ -699,6 +700,61 @@ def _llava_uhd_instructions(width: int, height: int, hp: _Hparams) -> _SliceInst
         grid_size=(refined_w // slice_size, refined_h // slice_size),
         slices=_tile_slices(refined_w, refined_h, slice_size),
     )
+
+
+_MAX_SLICE_NUMS = 9  # llava_uhd's max_slice_nums (minicpmv's)
+
+
+def _ensure_divide(length: int, patch_size: int) -> int:
+    """llava_uhd::ensure_divide: the length rounded (float32, halves away) to a multiple of
+    patch_size, at least patch_size."""
+    return max(int(_c_round(_f32(length) / _f32(patch_size)) * patch_size), patch_size)
+
+
+def _best_resize(width: int, height: int, scale_resolution: int, patch_size: int, allow_upscale: bool) -> tuple[int, int]:
+    """llava_uhd::get_best_resize: an area over scale_resolution² (or any, with allow_upscale)
+    scaled to it keeping the aspect ratio (float32), then both sides to multiples of patch_size."""
+    if width * height > scale_resolution * scale_resolution or allow_upscale:
+        r = _f32(width) / _f32(height)
+        height = int(_f32(scale_resolution) / np.sqrt(r))
+        width = int(_f32(height) * r)
+    return _ensure_divide(width, patch_size), _ensure_divide(height, patch_size)
+
+
+def _best_grid(multiple: int, log_ratio: np.float32) -> tuple[int, int]:
+    """llava_uhd::get_best_grid: among the (columns, rows) factorings of multiple - 1, multiple
+    and multiple + 1 slices (not 1, at most 9), the first whose log aspect ratio is nearest
+    (errors in double, kept in float32)."""
+    counts = [n for n in (multiple - 1, multiple, multiple + 1) if n != 1 and n <= _MAX_SLICE_NUMS]
+    best, min_error = (1, 1), np.float32(np.inf)
+    for n in counts:
+        for m in range(1, n + 1):
+            if n % m:
+                continue
+            error = np.float32(abs(float(log_ratio) - math.log(m / (n // m))))
+            if error < min_error:
+                best, min_error = (m, n // m), error
+    return best
+
+
+def _minicpmv_instructions(width: int, height: int, hp: _Hparams) -> _SliceInstructions:
+    """llava_uhd::get_slice_instructions without pinpoints (minicpmv): the overview resized to
+    about image_size² pixels, the image resized (get_refine_size) to a grid of equal slices of
+    about image_size² pixels each, sides multiples of patch_size * n_merge."""
+    slice_size, patch = hp.image_size, hp.patch_size * hp.n_merge
+    overview = _best_resize(width, height, slice_size, patch, allow_upscale=False)
+    # log() of a float is C's double log; the ratio is float32, its ceiling a double
+    log_ratio = np.float32(math.log(float(_f32(width) / _f32(height))))
+    ratio = _f32(width) * _f32(height) / _f32(slice_size * slice_size)
+    multiple = int(min(math.ceil(float(ratio)), _MAX_SLICE_NUMS))
+    grid_x, grid_y = _best_grid(multiple, log_ratio)
+    cell_w, cell_h = _ensure_divide(width, grid_x) // grid_x, _ensure_divide(height, grid_y) // grid_y
+    best_w, best_h = _best_resize(cell_w, cell_h, slice_size, patch, allow_upscale=True)
+    refined_w, refined_h = best_w * grid_x, best_h * grid_y
+    slice_w, slice_h = refined_w // grid_x, refined_h // grid_y
+    slices = tuple((x * slice_w, y * slice_h, slice_w, slice_h) for y in range(grid_y) for x in range(grid_x))
+    return _SliceInstructions(overview_size=overview, refined_size=(refined_w, refined_h), grid_size=(grid_x, grid_y),
+                              slices=slices)
 
 
 def _slice_image(rgb: np.ndarray, inst: _SliceInstructions, hp: _Hparams) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -881,6 +937,12 @@ def preprocess_llava(rgb: np.ndarray, params: VisionParams) -> PreprocessedImage
     return _run(rgb, hp, _fixed_size)
 
 
+def preprocess_minicpmv(rgb: np.ndarray, params: VisionParams) -> PreprocessedImage:
+    """MiniCPM-V (resampler): llava-uhd slicing without pinpoints, bicubic; an image that fits
+    is stretched to image_size², a larger one gives an overview and a grid of slices."""
+    return _run(rgb, _hparams(params, n_merge_default=1), _llava_uhd)
+
+
 def preprocess_pixtral(rgb: np.ndarray, params: VisionParams) -> PreprocessedImage:
     """Pixtral / Mistral Small 3.x: smart resize within 8..1024 tokens, bicubic (n_merge 1 unless
     the GGUF has a spatial merge size)."""
@@ -914,6 +976,7 @@ PREPROCESSORS: dict[str, Callable[[np.ndarray, VisionParams], PreprocessedImage]
     "ldp": preprocess_llava,
     "ldpv2": preprocess_llava,
     "pixtral": preprocess_pixtral,
+    "resampler": preprocess_minicpmv,
     "gemma4v": preprocess_gemma4,
     "gemma4uv": _gemma4_unified,
 }

@@ -96,7 +96,25 @@ FAMILIES = {
     # Pixtral / Mistral Small 3.x: the image's rows of tokens with the [IMG_BREAK] embedding between
     # them, all from the projector (one chunk), then the [IMG_END] token; causal (mtmd.cpp)
     "pixtral": Family(img_end="[IMG_END]"),
+    # MiniCPM-V 2.6 and later (clip.minicpmv_version 3+): <image> (overview) </image>, then each
+    # slice between <slice> and </slice>, "\n" between rows; causal (mtmd.cpp)
+    "resampler": Family(tiles=TileTemplate(
+        overview_start=("<image>",), overview_end=("</image>",), slice_start=("<slice>",), slice_end=("</slice>",),
+        row_end=("\n",), overview_first=True)),
 }
+
+#: MiniCPM-V 2.5 (clip.minicpmv_version 2): the slices inside <slice> ... </slice>, each between
+#: <image> and </image> (mtmd.cpp's MTMD_SLICE_TMPL_MINICPMV_2_5)
+MINICPMV_2_5 = Family(tiles=TileTemplate(
+    overview_start=("<image>",), overview_end=("</image>",), slices_start=("<slice>",), slices_end=("</slice>",),
+    slice_start=("<image>",), slice_end=("</image>",), row_end=("\n",), overview_first=True))
+
+
+def family_of(core: _CoreProjector) -> Family:
+    """The family of a loaded projector (MiniCPM-V's slice tokens depend on its version)."""
+    if core.projector_type == "resampler" and core.minicpmv_version == 2:
+        return MINICPMV_2_5
+    return FAMILIES[core.projector_type]
 
 
 @dataclass
@@ -192,7 +210,7 @@ class Projector:
         if self.core.n_embd_out != self.model.n_embd_inp:
             raise ValueError(f"the projector {os.fspath(self.path)!r} gives rows of {self.core.n_embd_out} values, "
                              f"the text model's input width is {self.model.n_embd_inp}: they are not a pair")
-        self.family = FAMILIES[self.core.projector_type].for_text_width(self.model.n_embd)
+        self.family = family_of(self.core).for_text_width(self.model.n_embd)
         self.vision = vision_params(self.core)
         self._tile_tokens = _lookup_tokens(self.model, self.family.tiles.token_texts())
 

@@ -59,6 +59,8 @@ impl PyProjector {
     #[getter] fn image_longest_edge(&self) -> usize { self.inner.params.image_longest_edge }
     /// LLaVA 1.6's anyres resolutions, (width, height) pairs (empty: none).
     #[getter] fn grid_pinpoints(&self) -> Vec<(usize, usize)> { self.inner.params.grid_pinpoints.iter().map(|&[w, h]| (w, h)).collect() }
+    /// MiniCPM-V's version (2 for 2.5, 3 for 2.6...; 0 for other projector types): its slices' tokens.
+    #[getter] fn minicpmv_version(&self) -> u32 { self.inner.params.minicpmv_version }
     /// The width of the encoder.
     #[getter] fn n_embd(&self) -> usize { self.inner.params.n_embd }
     /// The width of the output rows (the text model's n_embd).

@@ -38,7 +38,14 @@ pub fn full_attention(q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, 
 /// scores are not scaled by 1/√hd (Gemma 4's vision transformer, kq_scale 1).
 #[allow(clippy::too_many_arguments)]
 pub fn full_attention_scaled(q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, scale: f32, threads: &Threads) -> Vec<f32> {
-    attention_on(active_isa(), q, k, v, n, n_head, hd, scale, threads)
+    attention_on(active_isa(), q, n, k, v, n, n_head, hd, scale, threads)
+}
+
+/// `full_attention` of nq queries over nk keys and values (a resampler's learned queries
+/// over an image's patches): q has nq rows, k and v nk rows, the result nq rows.
+#[allow(clippy::too_many_arguments)]
+pub fn cross_attention(q: &[f32], nq: usize, k: &[f32], v: &[f32], nk: usize, n_head: usize, hd: usize, threads: &Threads) -> Vec<f32> {
+    cross_attention_isa(active_isa(), q, nq, k, v, nk, n_head, hd, threads)
 }
 
 /// The operands of one head laid out for the kernels.
@@ -58,13 +65,21 @@ fn round_f16(x: f32) -> f32 {
 /// specification computes it; or anything else: the specification).
 #[allow(clippy::too_many_arguments)]
 pub fn full_attention_isa(isa: Isa, q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, threads: &Threads) -> Vec<f32> {
-    attention_on(isa, q, k, v, n, n_head, hd, 1.0 / (hd as f32).sqrt(), threads)
+    attention_on(isa, q, n, k, v, n, n_head, hd, 1.0 / (hd as f32).sqrt(), threads)
 }
 
+/// `cross_attention` on the kernels of `isa`.
 #[allow(clippy::too_many_arguments)]
-fn attention_on(isa: Isa, q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, scale: f32, threads: &Threads) -> Vec<f32> {
+pub fn cross_attention_isa(isa: Isa, q: &[f32], nq: usize, k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, threads: &Threads) -> Vec<f32> {
+    attention_on(isa, q, nq, k, v, n, n_head, hd, 1.0 / (hd as f32).sqrt(), threads)
+}
+
+/// nq queries over n keys and values, the scores scaled by `scale`, on the kernels of `isa`.
+#[allow(clippy::too_many_arguments)]
+fn attention_on(isa: Isa, q: &[f32], nq: usize, k: &[f32], v: &[f32], n: usize, n_head: usize, hd: usize, scale: f32,
+                threads: &Threads) -> Vec<f32> {
     let d = n_head * hd;
-    assert!(q.len() == n * d && k.len() == n * d && v.len() == n * d, "attention operand sizes");
+    assert!(q.len() == nq * d && k.len() == n * d && v.len() == n * d, "attention operand sizes");
     assert!(isa.available(), "{} kernels on a CPU without them", isa.name());
     let (n_keys, hd_pad) = (n.div_ceil(KEY_PANEL) * KEY_PANEL, hd.div_ceil(16) * 16);
     let mut heads: Vec<HeadOperands> = (0..n_head).map(|_| HeadOperands { kt: vec![0f32; n_keys * hd], v: vec![0f32; n_keys * hd_pad] }).collect();
@@ -80,12 +95,12 @@ fn attention_on(isa: Isa, q: &[f32], k: &[f32], v: &[f32], n: usize, n_head: usi
             }
         }
     });
-    let mut out = vec![0f32; n * d];
+    let mut out = vec![0f32; nq * d];
     let out_ptr = SendPtr(out.as_mut_ptr());
-    let tiles = n.div_ceil(QUERY_TILE);
+    let tiles = nq.div_ceil(QUERY_TILE);
     threads.run(n_head * tiles, |task| {
         let (h, q0) = (task / tiles, (task % tiles) * QUERY_TILE);
-        let nq = QUERY_TILE.min(n - q0);
+        let nq = QUERY_TILE.min(nq - q0);
         SCRATCH.with(|s| {
             let s = &mut *s.borrow_mut();
             let o = query_tile(isa, &heads[h], &q[q0 * d + h * hd..], d, nq, n, hd, scale, s);
@@ -336,6 +351,20 @@ mod tests {
                 let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{}: n {n}, {n_head} heads of {hd}", isa.name());
             }
+        }
+    }
+
+    /// Fewer queries than keys (a resampler's): each query's output is the one it has in full
+    /// attention over the same keys, bit for bit, on every kernel.
+    #[test]
+    fn cross_attention_is_full_attention_of_fewer_queries() {
+        let threads = Threads::new(2);
+        let (n, nq, n_head, hd) = (130, 40, 2, 128);
+        let (q, k, v) = (values(n * n_head * hd, 7), values(n * n_head * hd, 8), values(n * n_head * hd, 9));
+        for isa in [Isa::Avx512, Isa::Avx2, Isa::Scalar].into_iter().filter(|i| i.available()) {
+            let full = full_attention_isa(isa, &q, &k, &v, n, n_head, hd, &threads);
+            let cross = cross_attention_isa(isa, &q[..nq * n_head * hd], nq, &k, &v, n, n_head, hd, &threads);
+            assert_eq!(cross, full[..nq * n_head * hd], "{}", isa.name());
         }
     }
 

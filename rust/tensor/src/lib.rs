@@ -23,7 +23,7 @@ pub mod traits;
 pub mod util;
 
 pub use ferrollama_gguf::GgmlType;
-pub use full_attn::{full_attention, full_attention_scaled};
+pub use full_attn::{cross_attention, full_attention, full_attention_scaled};
 pub use gemm::gemm;
 pub use matmul::{matmul, MatmulScratch, PackJob, QMatrix, WeightBytes, TILED_TOKENS};
 pub use threads::{SendPtr, Threads};

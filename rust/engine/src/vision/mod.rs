@@ -13,6 +13,7 @@ pub mod gemma4v;
 pub mod idefics3;
 pub mod lfm2;
 pub mod llava;
+pub mod minicpmv;
 pub mod params;
 pub mod qwen2vl;
 pub mod qwen3vl;
@@ -52,6 +53,7 @@ enum Head {
     /// Gemma 4's whole encoder (its ViT is not the shared one).
     Gemma4v(gemma4v::Gemma4vEncoder),
     Pixtral(pixtral::PixtralHead),
+    Minicpmv(minicpmv::MinicpmvHead),
 }
 
 impl Projector {
@@ -96,6 +98,11 @@ impl Projector {
                 params.n_embd_out = h.n_embd_out();
                 Head::Pixtral(h)
             }
+            ProjectorType::Minicpmv => {
+                let h = minicpmv::MinicpmvHead::load(&ld, &params)?;
+                params.n_embd_out = h.n_embd_out();
+                Head::Minicpmv(h)
+            }
         };
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
@@ -111,6 +118,7 @@ impl Projector {
             Head::Lfm2(_) => lfm2::n_tokens(&self.params, nx, ny),
             Head::QwenVl(_) => qwen2vl::n_tokens(&self.params, nx, ny),
             Head::Pixtral(_) => pixtral::n_tokens(&self.params, nx, ny),
+            Head::Minicpmv(_) => minicpmv::n_tokens(&self.params),
         }
     }
 
@@ -133,6 +141,10 @@ impl Projector {
                 vit::forward_with(vit, p, pixels, nx, ny, Some(&pos), None, threads)
             }
             Head::Pixtral(_) => pixtral::vit_forward(vit, p, pixels, nx, ny, threads),
+            Head::Minicpmv(_) => {
+                let pos = minicpmv::vit_positions(vit.positions(), p.n_embd, px, py);
+                vit::forward_with(vit, p, pixels, nx, ny, Some(&pos), None, threads)
+            }
             _ => vit::forward(vit, p, pixels, nx, ny, threads),
         };
         Ok(match head {
@@ -141,6 +153,7 @@ impl Projector {
             Head::Llava(h) => llava::project(h, p, hidden, self.n_output_tokens(nx, ny), threads),
             Head::Lfm2(h) => lfm2::project(h, p, hidden, px, py, threads),
             Head::Pixtral(h) => pixtral::project(h, p, hidden, nx, ny, threads),
+            Head::Minicpmv(h) => minicpmv::project(h, p, hidden, px, py, threads),
             Head::QwenVl(_) | Head::Gemma4v(_) => unreachable!("encoded above"),
         })
     }
@@ -154,8 +167,8 @@ impl Projector {
         if p.projector.is_qwen_vl() {
             return self.check_qwen_image(nx, ny);
         }
-        // Idefics3 encodes each tile (and the overview) of image_size on its own; LFM2 any
-        // size (its positions resized)
+        // Idefics3 encodes each tile (and the overview) of image_size on its own; LFM2 and
+        // MiniCPM-V any size (their positions resized, bucketed)
         let fixed = matches!(p.projector, ProjectorType::Gemma3 | ProjectorType::Idefics3 | ProjectorType::Mlp);
         if fixed && (nx != p.image_size || ny != p.image_size) {
             return Err(EngineError::InvalidArgument(format!(

@@ -36,6 +36,10 @@ pub enum ProjectorType {
     /// Pixtral 12B and Mistral Small 3.x: a RoPE ViT on images of any size, Mistral Small's
     /// patch merger, a two-layer MLP, [IMG_BREAK] between rows (graph models/pixtral.cpp).
     Pixtral,
+    /// MiniCPM-V (clip.cpp's PROJECTOR_TYPE_MINICPMV, named "resampler"): SigLIP at the
+    /// slice's own size (bucketed position embeddings), then a resampler: learned queries
+    /// attending over the patches (2-D sin-cos positions on the keys), LayerNorm'd and projected.
+    Minicpmv,
 }
 
 impl ProjectorType {
@@ -50,6 +54,7 @@ impl ProjectorType {
             "qwen3vl_merger" => Some(ProjectorType::Qwen3Vl),
             "gemma4v" => Some(ProjectorType::Gemma4v),
             "pixtral" => Some(ProjectorType::Pixtral),
+            "resampler" => Some(ProjectorType::Minicpmv),
             _ => None,
         }
     }
@@ -65,6 +70,7 @@ impl ProjectorType {
             ProjectorType::Qwen3Vl => "qwen3vl_merger",
             ProjectorType::Gemma4v => "gemma4v",
             ProjectorType::Pixtral => "pixtral",
+            ProjectorType::Minicpmv => "resampler",
         }
     }
 
@@ -113,6 +119,11 @@ pub struct VisionParams {
     /// Qwen3-VL's clip.vision.is_deepstack_layers (empty when the file has none): checked
     /// against the deepstack tensors, which are what clip.cpp goes by.
     pub deepstack_layers: Vec<bool>,
+    /// MiniCPM-V's version (clip.minicpmv_version: 2 for 2.5, 3 for 2.6...; 0 for other types):
+    /// its slices' tokens, and the query count where the file does not say it.
+    pub minicpmv_version: u32,
+    /// MiniCPM-V's resampler queries: the rows of each image or slice (0 for other types).
+    pub minicpmv_query_num: usize,
 }
 
 impl VisionParams {
@@ -128,7 +139,7 @@ impl VisionParams {
         }
         let ty_name = keys.string("clip.projector_type")?;
         let projector = ProjectorType::parse(&ty_name)
-            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp, qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger, gemma4v, pixtral)")))?;
+            .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp, qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger, gemma4v, pixtral, resampler)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
             (true, true) => return Err(file.error("clip.use_gelu and clip.use_silu are both true").into()),
             (true, false) => FfnAct::Gelu,
@@ -161,13 +172,19 @@ impl VisionParams {
                     keys.size("clip.vision.projection_dim", 1 << 18)?;
                     0
                 }
+                // resampler.proj's width (clip_n_mmproj_embd), set by the head at load; MiniCPM-V's
+                // converter writes a projection_dim of 0, which clip.cpp reads and never uses
+                ProjectorType::Minicpmv => {
+                    keys.get("clip.vision.projection_dim");
+                    0
+                }
             },
             n_merge: match projector {
                 // clip.cpp: 4 for every Gemma 3; a test model may say otherwise
                 ProjectorType::Gemma3 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(4),
                 // clip.cpp's default is 1, which its pixel shuffle asserts against (> 1)
                 ProjectorType::Idefics3 | ProjectorType::Lfm2 => keys.opt_size("clip.vision.projector.scale_factor", 64)?.unwrap_or(1),
-                ProjectorType::Mlp => 1,
+                ProjectorType::Mlp | ProjectorType::Minicpmv => 1,
                 // Mistral Small's patch merger; the original Pixtral merges nothing. clip.cpp
                 // reads no clip.rope.freq_base (a Mistral-format conversion's): its RoPE base is 10000
                 ProjectorType::Pixtral => {
@@ -199,6 +216,12 @@ impl VisionParams {
                 ProjectorType::Qwen3Vl => deepstack_layers(&keys, n_layer)?,
                 _ => Vec::new(),
             },
+            minicpmv_version: 0,
+            minicpmv_query_num: 0,
+        };
+        let p = match projector {
+            ProjectorType::Minicpmv => minicpmv_queries(&keys, p)?,
+            _ => p,
         };
         p.check(&keys)?;
         keys.check_all_read()?;
@@ -293,6 +316,30 @@ fn deepstack_layers(keys: &Keys, n_layer: usize) -> Result<Vec<bool>> {
         return Err(keys.bad(KEY, &format!("has {} flags for {n_layer} blocks", flags.len())));
     }
     Ok(flags)
+}
+
+/// MiniCPM-V's version and query count (clip.cpp's load_hparams): the version defaults to 2
+/// (MiniCPM-V 2.5), the query count to the version's (96 for 2.5, 64 for the later ones).
+/// clip.cpp aborts on a version it does not know; the engine refuses it.
+fn minicpmv_queries(keys: &Keys, p: VisionParams) -> Result<VisionParams> {
+    const VERSION: &str = "clip.minicpmv_version";
+    let version = match keys.get(VERSION) {
+        None => 2,
+        Some(v) => match v.as_i64() {
+            Some(0) => 2,
+            Some(n @ (2..=6 | 100045)) => n as u32,
+            Some(n) => return Err(EngineError::Unsupported(format!("MiniCPM-V version {n} ({VERSION}): known are 2-6 and 100045"))),
+            None => return Err(keys.bad(VERSION, "not an integer")),
+        },
+    };
+    const QUERIES: &str = "clip.minicpmv_query_num";
+    // 0, as no key, means the version's count
+    let queries = match keys.get(QUERIES).map(|v| v.as_u64()) {
+        None | Some(Some(0)) => if version == 2 { 96 } else { 64 },
+        Some(Some(n)) if n <= 1 << 14 => n as usize,
+        Some(_) => return Err(keys.bad(QUERIES, "must be an integer in 0..=16384")),
+    };
+    Ok(VisionParams { minicpmv_version: version, minicpmv_query_num: queries, ..p })
 }
 
 /// The blocks a llava graph runs (models/llava.cpp): all but the last by default (LLaVA takes

@@ -74,7 +74,11 @@ impl VitWeights {
             ProjectorType::Mlp => ld.opt_vector("v.class_embd", d)?,
             _ => None,
         };
-        let n_pos = side * side + class_embd.is_some() as usize;
+        let n_pos = match p.projector {
+            // SigLIP-NaViT's 70 × 70 table, which MiniCPM-V's buckets index at any slice size
+            ProjectorType::Minicpmv => super::minicpmv::POS_BUCKETS * super::minicpmv::POS_BUCKETS,
+            _ => side * side + class_embd.is_some() as usize,
+        };
         let pos = match rotary {
             // clip.cpp loads a position embedding where the file has one; Pixtral's graph leaves it unused
             true => {

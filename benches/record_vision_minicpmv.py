@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Records llama.cpp's libmtmd on the tiny MiniCPM-V 2.6 pair (tests/data/make_tiny_vision_minicpmv.py)
+into tests/data/scenarios/vision-minicpmv-f32.json, as benches/record_vision.py records the Gemma 3
+pair (the same settings and scenario keys): square-64.png stretched to the projector's 64x64 (its
+overview alone, between <image> and </image>), wide-100x37.png sliced 2x1 and pre-large.png 4x2
+(llava-uhd without pinpoints: the overview first, then each slice between <slice> and </slice>,
+rows ended by "\\n"), every overview and slice 64 rows (the resampler's queries); the logits after
+mtmd_helper_eval_chunks with F32 and F16 KV caches. `expected_embeddings` holds each image's
+chunks' embeddings one after the other in the prompt's order. Run it with the benchmark venv:
+
+  /path/to/bench-venv/bin/python benches/record_vision_minicpmv.py
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record_vision as rv  # noqa: E402
+
+NAME = "vision-minicpmv-f32"
+TEXT_MODEL, MMPROJ = "tiny-minicpmv-f32.gguf", "tiny-mmproj-minicpmv-f16.gguf"
+IMAGES = {**rv.IMAGES, "large": "images/pre-large.png"}
+#: the sliced large image takes 9 x 64 positions and a few tokens
+CONTEXT = {**rv.CONTEXT, "n_ctx": 1024}
+MARKER = rv.MARKER
+#: text on both sides of an image, an image first (BOS a chunk of its own), two images in one
+#: prompt (one sliced), the image sliced in two rows
+PROMPTS = [
+    (f"You are looking at a small picture of colours and shapes.\n{MARKER}\nWhat do you see in it?", ["square"]),
+    (f"{MARKER}Describe this wide picture.", ["wide"]),
+    (f"Compare the first image {MARKER} with the second {MARKER} and tell which one is brighter.", ["square", "wide"]),
+    (f"A large picture: {MARKER}\nWhat is in it?", ["large"]),
+]
+
+
+def main() -> None:
+    models = rv.DATA / "models"
+    got = rv.record(models / TEXT_MODEL, models / MMPROJ, IMAGES, PROMPTS, CONTEXT)
+    scn = rv.scenario(got, NAME, TEXT_MODEL, MMPROJ, IMAGES, CONTEXT)
+    out = rv.DATA / "scenarios" / f"{NAME}.json"
+    out.write_text(json.dumps(scn))
+    print("recorded", out.name, {k: len(v) for k, v in scn["expected_embeddings"].items()}, "image tokens,",
+          len(scn["evals"]), "evals")
+
+
+if __name__ == "__main__":
+    main()

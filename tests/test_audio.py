@@ -6,7 +6,7 @@ libmtmd does not expose its spectrogram, so the spectrogram is checked end to en
 float64 reference of the projector's graph (models/whisper-enc.cpp with the ultravox head, the
 conv1d im2col and the attention's K/V rounded to f16 where ggml rounds them) written here, whose
 embeddings must match mtmd_encode_chunk's within the embeddings tolerance. (The engine's own
-encoder, rust/engine/src/vision, does not run audio yet.)
+encoder, rust/engine/src/vision/whisper.rs, is checked against the same records.)
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import gguf
 import numpy as np
 import pytest
 
+import ferrollama as fl
+from ferrollama import _core
 from ferrollama.generation.audio import (FRAMES_PER_CHUNK, WHISPER, decode_audio, is_audio, load_audio,
                                          whisper_mel_chunks)
 from ferrollama.generation.media import MediaError
@@ -189,3 +191,40 @@ def test_spectrogram_gives_mtmds_embeddings(name: str) -> None:
     want = np.array(SCENARIO["expected_embeddings"][name])
     assert got.shape == want.shape
     assert np.abs(got - want).max() < TOL_EMBD
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine's encoder (rust/engine/src/vision/whisper.rs)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def audio_projector() -> _core.AudioProjector:
+    return _core.AudioProjector(DATA / "models" / SCENARIO["mmproj"], n_threads=2)
+
+
+def test_audio_projector_reads_the_ultravox_keys(audio_projector: _core.AudioProjector) -> None:
+    p = audio_projector
+    assert (p.projector_type, p.n_mel, p.sample_rate, p.stack_factor, p.n_embd, p.n_embd_out) == ("ultravox", 32, 16000, 12, 64, 256)
+    # clip_n_output_tokens: 3000 frames aligned to 12, stacked, halved
+    assert p.n_output_tokens(FRAMES_PER_CHUNK) == len(SCENARIO["expected_embeddings"]["tone"]) == 125
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIO["audio"]))
+def test_engine_embeddings_match_mtmd(audio_projector: _core.AudioProjector, name: str) -> None:
+    (mel,) = whisper_mel_chunks(load_audio(audio_file(name), SAMPLE_RATE), WHISPER(audio_projector.n_mel))
+    got = audio_projector.encode_mel(mel)
+    want = np.array(SCENARIO["expected_embeddings"][name])
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() < TOL_EMBD
+
+
+def test_bad_spectrograms_and_files_are_clear_errors(audio_projector: _core.AudioProjector) -> None:
+    with pytest.raises(ValueError, match=r"mel must have shape \(32, n_frames\)"):
+        audio_projector.encode_mel(np.zeros((80, 3000), np.float32))
+    with pytest.raises(ValueError, match="over the encoder's 1500"):
+        audio_projector.encode_mel(np.zeros((32, 3002), np.float32))
+    with pytest.raises(fl.Error, match="audio encoder: load it as an audio projector"):
+        _core.Projector(DATA / "models" / SCENARIO["mmproj"])
+    with pytest.raises(fl.Error, match="no audio encoder"):
+        _core.AudioProjector(DATA / "models" / "tiny-mmproj-gemma3-f16.gguf")

@@ -12,6 +12,7 @@ pub mod lfm2;
 pub mod llava;
 pub mod params;
 pub mod vit;
+pub mod whisper;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -22,7 +23,8 @@ use ferrollama_tensor::{gemm, matmul, GgmlType, MatmulScratch, QMatrix, Threads,
 use crate::error::{EngineError, Result};
 use crate::weights::Loader;
 
-pub use params::{ProjectorType, VisionParams};
+pub use params::{AudioParams, AudioProjectorType, ProjectorType, VisionParams};
+pub use whisper::AudioProjector;
 
 /// A loaded projector: its hyper-parameters and weights.
 pub struct Projector {

@@ -16,7 +16,7 @@ use half::f16;
 use super::params::{FfnAct, ProjectorType, VisionParams};
 use super::{dequantized, float_matrix, product};
 use crate::error::{EngineError, Result};
-use crate::ops::{add_bias, add_inplace, gelu_inplace, gelu_quick_inplace, layer_norm_rows};
+use crate::ops::{add_bias, add_inplace, gelu_erf_inplace, gelu_inplace, gelu_quick_inplace, layer_norm_rows};
 use crate::weights::Loader;
 
 pub struct VitLayer {
@@ -87,7 +87,7 @@ impl VitWeights {
 
 /// ggml_conv_2d's operands: an im2col in F16 against the kernel converted to F16 (F32 for
 /// a BF16 kernel, whose im2col is F32).
-fn patch_kernel(stored: QMatrix) -> Result<QMatrix> {
+pub(crate) fn patch_kernel(stored: QMatrix) -> Result<QMatrix> {
     let ty = match stored.ty {
         GgmlType::F16 => return Ok(stored),
         GgmlType::BF16 => GgmlType::F32,
@@ -96,13 +96,18 @@ fn patch_kernel(stored: QMatrix) -> Result<QMatrix> {
     float_matrix(ty, stored.rows, stored.cols, &dequantized(&stored))
 }
 
-fn norm(ld: &Loader, prefix: &str, d: usize) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+pub(crate) fn norm(ld: &Loader, prefix: &str, d: usize) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
     Ok((ld.vector(&format!("{prefix}.weight"), d)?, ld.opt_vector(&format!("{prefix}.bias"), d)?))
 }
 
 fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
-    let (d, ff) = (p.n_embd, p.n_ff);
-    let name = |part: &str, what: &str| format!("v.blk.{il}.{part}.{what}");
+    load_layer_at(ld, "v", p.n_embd, p.n_ff, il)
+}
+
+/// Block `il` of an encoder whose tensors are named `{prefix}.blk.{il}.*` (clip.cpp's "v" for
+/// vision, "a" for audio), of width d and FFN width ff.
+pub(crate) fn load_layer_at(ld: &Loader, prefix: &str, d: usize, ff: usize, il: usize) -> Result<VitLayer> {
+    let name = |part: &str, what: &str| format!("{prefix}.blk.{il}.{part}.{what}");
     let mat = |part: &str, cols: usize, rows: usize| ld.matrix(&name(part, "weight"), cols, rows);
     let bias = |part: &str, n: usize| ld.opt_vector(&name(part, "bias"), n);
     if ld.has(&name("ffn_gate", "weight")) || ld.has(&name("attn_qkv", "weight")) {
@@ -113,7 +118,7 @@ fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
     let swapped = ld.shape(&name("ffn_down", "weight")).is_some_and(|s| s.first() == Some(&d));
     let (up, down) = if swapped { ("ffn_down", "ffn_up") } else { ("ffn_up", "ffn_down") };
     Ok(VitLayer {
-        ln1: norm(ld, &format!("v.blk.{il}.ln1"), d)?,
+        ln1: norm(ld, &format!("{prefix}.blk.{il}.ln1"), d)?,
         wq: mat("attn_q", d, d)?,
         wk: mat("attn_k", d, d)?,
         wv: mat("attn_v", d, d)?,
@@ -122,7 +127,7 @@ fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
         bk: bias("attn_k", d)?,
         bv: bias("attn_v", d)?,
         bo: bias("attn_out", d)?,
-        ln2: norm(ld, &format!("v.blk.{il}.ln2"), d)?,
+        ln2: norm(ld, &format!("{prefix}.blk.{il}.ln2"), d)?,
         up: mat(up, d, ff)?,
         up_b: bias(up, ff)?,
         down: mat(down, ff, d)?,
@@ -156,7 +161,7 @@ pub fn forward_at(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize, n
         layer_norm_rows(&mut x, g, b.as_deref(), p.eps);
     }
     for l in &w.layers[..p.n_layer_used] {
-        block(l, p, &mut x, n, threads);
+        block(l, &BlockShape::of(p), &mut x, n, threads);
     }
     if let Some((g, b)) = &w.post_ln {
         layer_norm_rows(&mut x, g, b.as_deref(), p.eps);
@@ -183,8 +188,23 @@ fn im2col(pixels: &[f32], nx: usize, ny: usize, ps: usize, to_f16: bool) -> Vec<
     out
 }
 
+/// The sizes a block runs with (a vision encoder's, or clip.cpp's audio hparams').
+pub(crate) struct BlockShape {
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_ff: usize,
+    pub eps: f32,
+    pub ffn_act: FfnAct,
+}
+
+impl BlockShape {
+    fn of(p: &VisionParams) -> BlockShape {
+        BlockShape { n_embd: p.n_embd, n_head: p.n_head, n_ff: p.n_ff, eps: p.eps, ffn_act: p.ffn_act }
+    }
+}
+
 /// x += attn(LN1(x)); x += ffn(LN2(x)).
-fn block(l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize, threads: &Threads) {
+pub(crate) fn block(l: &VitLayer, p: &BlockShape, x: &mut [f32], n: usize, threads: &Threads) {
     let d = p.n_embd;
     let norm = |x: &[f32], (g, b): &(Vec<f32>, Option<Vec<f32>>)| {
         let mut h = x.to_vec();
@@ -203,13 +223,14 @@ fn block(l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize, threads: &Thre
     let q = project(&l.wq, &l.bq, &h);
     let k = project(&l.wk, &l.bk, &h);
     let v = project(&l.wv, &l.bv, &h);
-    let attn = full_attention(&q, &k, &v, n, p.n_head, p.head_dim(), threads);
+    let attn = full_attention(&q, &k, &v, n, p.n_head, d / p.n_head, threads);
     residual(x, project(&l.wo, &l.bo, &attn));
     let h = norm(x, &l.ln2);
     let mut u = project(&l.up, &l.up_b, &h);
     match p.ffn_act {
         FfnAct::Gelu => on_rows(&mut u, p.n_ff, threads, |_, rows| gelu_inplace(rows)),
         FfnAct::GeluQuick => on_rows(&mut u, p.n_ff, threads, |_, rows| gelu_quick_inplace(rows)),
+        FfnAct::GeluErf => on_rows(&mut u, p.n_ff, threads, |_, rows| gelu_erf_inplace(rows)),
         FfnAct::Silu => unreachable!("refused at load"),
     }
     residual(x, project(&l.down, &l.down_b, &u));
@@ -217,7 +238,7 @@ fn block(l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize, threads: &Thre
 
 /// f(offset, chunk) on chunks of whole rows (of `row` values) of x, on the threads: the
 /// element-wise passes over thousands of patches.
-fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(crate) fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     let chunk = 64 * row;
     let len = x.len();
     let ptr = SendPtr(x.as_mut_ptr());
@@ -228,4 +249,4 @@ fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(usize, &mut 
     });
 }
 
-fn f16_round(x: f32) -> f32 { f16::from_f32(x).to_f32() }
+pub(crate) fn f16_round(x: f32) -> f32 { f16::from_f32(x).to_f32() }

@@ -26,7 +26,9 @@ from ferrollama import _core
 from ferrollama.generation.audio import (FRAMES_PER_CHUNK, WHISPER, decode_audio, is_audio, load_audio,
                                          whisper_mel_chunks)
 from ferrollama.generation.media import MediaError
-from test_vision import TOL_EMBD
+from ferrollama.generation.multimodal import ImageChunk, Projector
+from scenario_runner import TOL_TINY_FLOAT_MAX
+from test_vision import TOL_EMBD, chunk_record
 
 DATA = Path(__file__).resolve().parent / "data"
 SCENARIO = json.loads((DATA / "scenarios" / "audio-ultravox-f32.json").read_text())
@@ -228,3 +230,52 @@ def test_bad_spectrograms_and_files_are_clear_errors(audio_projector: _core.Audi
         _core.Projector(DATA / "models" / SCENARIO["mmproj"])
     with pytest.raises(fl.Error, match="no audio encoder"):
         _core.AudioProjector(DATA / "models" / "tiny-mmproj-gemma3-f16.gguf")
+
+
+# ---------------------------------------------------------------------------------------------
+# through ferrollama.generation.multimodal.Projector: mtmd's chunks and mtmd_helper_eval_chunks
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model() -> fl.Model:
+    return fl.Model(str(DATA / "models" / SCENARIO["model"]))
+
+
+@pytest.fixture(scope="module")
+def proj(model: fl.Model) -> Projector:
+    return Projector(model, DATA / "models" / SCENARIO["mmproj"], n_threads=2)
+
+
+def test_projector_encodes_paths_bytes_and_samples(proj: Projector) -> None:
+    want = np.array(SCENARIO["expected_embeddings"]["tone"])
+    for source in (audio_file("tone"), str(audio_file("tone")), audio_file("tone").read_bytes(), mtmd_samples("tone")):
+        assert np.abs(proj.encode(source) - want).max() < TOL_EMBD
+
+
+def test_media_of_the_other_kind_is_a_clear_error(model: fl.Model, proj: Projector) -> None:
+    with pytest.raises(MediaError, match="not an audio file"):
+        proj.encode(DATA / "images" / "square-64.png")
+    with pytest.raises(MediaError, match="an image given to the ultravox projector"):
+        proj.encode(np.zeros((8, 8, 3), np.uint8))
+    vision = Projector(model, DATA / "models" / "tiny-mmproj-llava-f16.gguf", n_threads=1)
+    with pytest.raises(MediaError, match="audio given to the mlp projector"):
+        vision.encode(audio_file("tone").read_bytes())
+
+
+@pytest.mark.parametrize("cache_type", ["f32", "f16"])
+@pytest.mark.parametrize("case", range(len(SCENARIO["evals"])))
+def test_prompt_with_audio_matches_mtmd(model: fl.Model, proj: Projector, case: int, cache_type: str) -> None:
+    ev = SCENARIO["evals"][case]
+    audio = [audio_file(n) for n in ev["audio"]]
+    chunks = proj.tokenize(ev["prompt"], audio)
+    records = [{"type": "audio", **{k: v for k, v in chunk_record(c).items() if k != "type"}}
+               if isinstance(c, ImageChunk) else chunk_record(c) for c in chunks]
+    assert records == ev["expected_chunks"]
+    assert not ev["expected_non_causal"]
+    c = SCENARIO["context"]
+    ctx = fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
+                     n_threads=2, type_k=cache_type, type_v=cache_type)
+    assert proj.eval(ctx, ev["prompt"], audio, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
+    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
+    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX

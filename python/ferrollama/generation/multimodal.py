@@ -13,8 +13,12 @@ from typing import Sequence, Union
 import numpy as np
 
 from .._core import Batch, Context, Model, UnsupportedError
+from .._core import AudioProjector as _CoreAudioProjector
 from .._core import Projector as _CoreProjector
-from .media import DEFAULT_LIMITS, ImageSource, MediaLimits, PreprocessedImage, VisionParams, load_image, preprocess_image
+from .._core import projector_has_audio
+from .audio import WHISPER, AudioSource, is_audio, load_audio, whisper_mel_chunks
+from .media import (DEFAULT_LIMITS, ImageSource, MediaError, MediaLimits, PreprocessedImage, VisionParams, load_image,
+                    preprocess_image)
 
 #: The text that stands for an image in a prompt (mtmd_default_marker).
 MEDIA_MARKER = "<__media__>"
@@ -75,6 +79,8 @@ FAMILIES = {
     # LLaVA 1.5 and the other llava-style MLP projectors: the embeddings alone, causal (mtmd.cpp
     # sets no image markers for PROJECTOR_TYPE_MLP)
     "mlp": Family(),
+    # Ultravox (audio): each 30 s chunk's embeddings alone, causal (mtmd.cpp sets no audio markers)
+    "ultravox": Family(),
 }
 
 
@@ -141,11 +147,16 @@ class Projector:
     family: Family = field(init=False)
 
     def __post_init__(self) -> None:
-        self.core = _CoreProjector(os.fspath(self.path), n_threads=self.n_threads, use_mmap=self.use_mmap)
+        self.is_audio = projector_has_audio(os.fspath(self.path))
+        core = _CoreAudioProjector if self.is_audio else _CoreProjector
+        self.core = core(os.fspath(self.path), n_threads=self.n_threads, use_mmap=self.use_mmap)
         if self.core.n_embd_out != self.model.n_embd:
             raise ValueError(f"the projector {os.fspath(self.path)!r} gives rows of {self.core.n_embd_out} values, "
                              f"the text model's width is {self.model.n_embd}: they are not a pair")
         self.family = FAMILIES[self.core.projector_type]
+        self._tile_tokens = {}
+        if self.is_audio:
+            return
         self.vision = VisionParams(image_size=self.core.image_size, patch_size=self.core.patch_size,
                                    image_mean=tuple(self.core.image_mean), image_std=tuple(self.core.image_std),
                                    n_merge=self.core.n_merge, image_longest_edge=self.core.image_longest_edge,
@@ -162,8 +173,13 @@ class Projector:
         order a prompt shows them."""
         return self.encode_image(image).embd
 
-    def encode_image(self, image: ImageSource) -> EncodedImage:
-        """An image's chunks and the family's tokens around them, for ``tokenize``."""
+    def encode_image(self, image: Union[ImageSource, AudioSource]) -> EncodedImage:
+        """An image's chunks and the family's tokens around them, for ``tokenize`` (an audio
+        projector's: the audio's, see ``encode_audio``)."""
+        if self.is_audio:
+            return self.encode_audio(image)
+        if isinstance(image, (bytes, bytearray, memoryview)) and is_audio(bytes(image[:12])):
+            raise MediaError(f"audio given to the {self.projector_type} projector, which takes images")
         rgb = load_image(image, self.limits)
         digest = hashlib.sha256(np.ascontiguousarray(rgb).tobytes() + repr(rgb.shape).encode()).hexdigest()
         pre = preprocess_image(self.projector_type, rgb, self.vision)
@@ -176,6 +192,17 @@ class Projector:
             parts.append(chunk(0, np.concatenate([self.core.encode_pixels(entry) for entry in pre.entries])))
         parts.append(self._marker_tokens(self.family.img_end))
         return EncodedImage(parts)
+
+    def encode_audio(self, audio: AudioSource) -> EncodedImage:
+        """Audio (a path, a file's bytes, or float samples at the projector's sample rate) as a
+        prompt shows it: one chunk per 30 s of log-mel spectrogram (mtmd's add_media)."""
+        if isinstance(audio, np.ndarray) and audio.dtype == np.uint8:
+            raise MediaError(f"an image given to the {self.projector_type} projector, which takes audio")
+        samples = load_audio(audio, self.core.sample_rate, self.limits)
+        digest = hashlib.sha256(samples.tobytes()).hexdigest()
+        mels = whisper_mel_chunks(samples, WHISPER(self.core.n_mel))
+        chunks = [ImageChunk(self.core.encode_mel(mel), f"{digest}:{i}", self.family.non_causal) for i, mel in enumerate(mels)]
+        return EncodedImage([self._marker_tokens(self.family.img_beg), *chunks, self._marker_tokens(self.family.img_end)])
 
     def _tiled_parts(self, overview: ImageChunk, slices: list[ImageChunk], n_col: int,
                      n_row: int) -> list[Union[list[int], ImageChunk]]:

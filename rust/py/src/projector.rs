@@ -70,6 +70,12 @@ impl PyProjector {
     }
 }
 
+/// Whether the projector file at `path` holds an audio encoder (load it with AudioProjector).
+#[pyfunction]
+pub fn projector_has_audio(py: Python<'_>, path: std::path::PathBuf) -> PyResult<bool> {
+    guard(|| py.allow_threads(|| ferrollama_engine::vision::whisper::has_audio_encoder(&path)).map_err(to_py))
+}
+
 /// `ferrollama._core.AudioProjector`: a projector file (mmproj) with an audio encoder (Whisper's,
 /// with Ultravox's head). The spectrogram is Python's (`ferrollama.generation.audio`); this takes
 /// a chunk of it.

@@ -117,6 +117,12 @@ impl AudioProjector {
     pub fn path(&self) -> &Path { self.file.path() }
 }
 
+/// Whether a projector file holds an audio encoder (clip.has_audio_encoder): which of
+/// `Projector` and `AudioProjector` loads it.
+pub fn has_audio_encoder(path: impl AsRef<Path>) -> Result<bool> {
+    Ok(GgufFile::open(path, true)?.get_bool("clip.has_audio_encoder").unwrap_or(false))
+}
+
 fn load_encoder(ld: &Loader, p: &AudioParams) -> Result<WhisperWeights> {
     let d = p.n_embd;
     let conv = |i: usize, n_in: usize, stride: usize| -> Result<Conv> {

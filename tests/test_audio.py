@@ -279,3 +279,33 @@ def test_prompt_with_audio_matches_mtmd(model: fl.Model, proj: Projector, case: 
     assert proj.eval(ctx, ev["prompt"], audio, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
     want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
     assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+
+
+#: ChatML over list contents (the tiny llama has no template of its own; the builtin ChatML takes strings)
+LIST_CONTENT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}"
+                         "{% else %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_llama_chat_with_input_audio_decodes_the_template_text_with_the_audio(model: fl.Model, proj: Projector) -> None:
+    from ferrollama.chat.media import with_media_markers
+    from ferrollama.llama_chat_format import MTMDChatHandler
+
+    llm = fl.Llama(str(DATA / "models" / SCENARIO["model"]), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
+                   chat_template=LIST_CONTENT_TEMPLATE,
+                   chat_handler=MTMDChatHandler(clip_model_path=str(DATA / "models" / SCENARIO["mmproj"])), verbose=False)
+    data = base64.b64encode(audio_file("tone").read_bytes()).decode()
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is this sound?"},
+                                             {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}]
+    r = llm.create_chat_completion(messages=messages, max_tokens=1, temperature=0, logprobs=True, top_logprobs=1)
+    text = llm.chat_template.apply(with_media_markers(messages), add_generation_prompt=True)
+    ctx = fl.Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2)
+    n_past = proj.eval(ctx, text, [audio_file("tone")])
+    logits = np.asarray(ctx.logits(-1), np.float64)
+    got = r["choices"][0]["logprobs"]["content"][0]
+    assert got["token"] == model.token_to_piece(int(np.argmax(logits)), True).decode()
+    assert abs(got["logprob"] - (logits.max() - logits.max() - np.log(np.exp(logits - logits.max()).sum()))) < 1e-4
+    assert r["usage"]["prompt_tokens"] == n_past
+    bad = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "%%", "format": "wav"}}]}]
+    with pytest.raises(ValueError, match="not base64"):
+        llm.create_chat_completion(messages=bad, max_tokens=1)

@@ -26,9 +26,9 @@ from ferrollama import _core
 from ferrollama.generation.audio import (FRAMES_PER_CHUNK, WHISPER, decode_audio, is_audio, load_audio,
                                          whisper_mel_chunks)
 from ferrollama.generation.media import MediaError
-from ferrollama.generation.multimodal import ImageChunk, Projector
+from ferrollama.generation.multimodal import MEDIA_MARKER, ImageChunk, Projector
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, chunk_record
+from test_vision import TOL_EMBD, chunk_record, ferrollama_cli, greedy_after
 
 DATA = Path(__file__).resolve().parent / "data"
 SCENARIO = json.loads((DATA / "scenarios" / "audio-ultravox-f32.json").read_text())
@@ -309,3 +309,20 @@ def test_llama_chat_with_input_audio_decodes_the_template_text_with_the_audio(mo
     bad = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "%%", "format": "wav"}}]}]
     with pytest.raises(ValueError, match="not base64"):
         llm.create_chat_completion(messages=bad, max_tokens=1)
+
+
+def test_cli_chat_with_audio_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
+    from ferrollama.chat.templates import ChatTemplate
+
+    base = ["chat", "-m", str(DATA / "models" / SCENARIO["model"]), "--mmproj", str(DATA / "models" / SCENARIO["mmproj"]),
+            "-c", "256", "-n", "6", "--temp", "0", "-t", "2"]
+    r = ferrollama_cli(*base, "--audio", str(audio_file("tone")), "-p", "Tell me")
+    assert r.returncode == 0, r.stderr
+    # llama-mtmd-cli puts the marker before the text it does not place
+    text = ChatTemplate.from_model(model).apply([{"role": "user", "content": MEDIA_MARKER + "Tell me"}])
+    assert r.stdout.strip("\n") == greedy_after(model, proj, text, [audio_file("tone")], 6).strip("\n")
+    # /audio in a conversation, then the message it goes with
+    r = ferrollama_cli(*base, stdin=f"/audio {audio_file('stereo')}\nTell me\n")
+    assert r.returncode == 0 and "audio loaded" in r.stderr, r.stderr
+    r = ferrollama_cli(*base, "--audio", str(DATA / "images" / "square-64.png"), "-p", "Tell me")
+    assert r.returncode != 0 and "not an audio file" in r.stderr, r.stderr

@@ -326,3 +326,31 @@ def test_cli_chat_with_audio_answers_as_the_projector_api(model: fl.Model, proj:
     assert r.returncode == 0 and "audio loaded" in r.stderr, r.stderr
     r = ferrollama_cli(*base, "--audio", str(DATA / "images" / "square-64.png"), "-p", "Tell me")
     assert r.returncode != 0 and "not an audio file" in r.stderr, r.stderr
+
+
+def test_server_chat_with_input_audio_decodes_it_in_the_slot(model: fl.Model, proj: Projector) -> None:
+    import openai
+    from ferrollama.chat.templates import ChatTemplate
+    from serving import start_server
+
+    server, scheduler = start_server(model, n_seq=2, n_ctx=512, projector=proj)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        data = base64.b64encode(audio_file("tone").read_bytes()).decode()
+        messages = [{"role": "user", "content": [{"type": "text", "text": "What is this sound?"},
+                                                 {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}]
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=1, temperature=0, logprobs=True,
+                                           top_logprobs=1)
+        text = ChatTemplate.from_model(model).apply([{"role": "user", "content": f"What is this sound?{MEDIA_MARKER}"}])
+        ctx = fl.Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, type_k="f16", type_v="f16")
+        n_past = proj.eval(ctx, text, [audio_file("tone")])
+        logits = np.asarray(ctx.logits(-1), np.float64)
+        lp = r.choices[0].logprobs.content[0]
+        assert lp.token == model.token_to_piece(int(np.argmax(logits)), True).decode()
+        assert r.usage.prompt_tokens == n_past
+        bad = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "%%", "format": "wav"}}]}]
+        with pytest.raises(openai.BadRequestError, match="not base64"):
+            client.chat.completions.create(model="m", messages=bad, max_tokens=1)
+    finally:
+        server.stop()
+        scheduler.close()

@@ -125,14 +125,19 @@ def describe(chunk) -> dict:  # noqa: ANN001
         n = ctypes.c_size_t()
         tokens = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
         return {"type": "text", "tokens": [int(tokens[i]) for i in range(n.value)]}
-    if kind == M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-        return {"type": "image", "n_tokens": int(M.mtmd_input_chunk_get_n_tokens(chunk)),
+    if kind in MEDIA_CHUNK_TYPES:
+        return {"type": MEDIA_CHUNK_TYPES[kind], "n_tokens": int(M.mtmd_input_chunk_get_n_tokens(chunk)),
                 "n_pos": int(M.mtmd_input_chunk_get_n_pos(chunk))}
     raise ValueError(f"unexpected chunk type {kind}")
 
 
+#: mtmd's media chunk types and their names in the scenarios
+MEDIA_CHUNK_TYPES = {M.MTMD_INPUT_CHUNK_TYPE_IMAGE: "image", M.MTMD_INPUT_CHUNK_TYPE_AUDIO: "audio"}
+
+
 def image_chunks(chunks) -> list:  # noqa: ANN001
-    return [c for c in chunk_list(chunks) if M.mtmd_input_chunk_get_type(c) == M.MTMD_INPUT_CHUNK_TYPE_IMAGE]
+    """The media chunks (an audio projector's are audio chunks)."""
+    return [c for c in chunk_list(chunks) if M.mtmd_input_chunk_get_type(c) in MEDIA_CHUNK_TYPES]
 
 
 def rounded(values: np.ndarray) -> list:

@@ -25,7 +25,7 @@ from ._llama_hooks import LogitsProcessorList, MinTokensLogitsProcessor, Stoppin
 from ._llama_params import (GGML_TYPE_IDS, LlamaContextParams, LlamaModelParams, load_mode,
                             sort_extra_keywords)
 from .chat import tools as T
-from .chat.media import image_urls, with_media_markers
+from .chat.media import media_sources, with_media_markers
 from .chat.templates import ChatTemplate
 from .generation.logprobs import TokenLogprob, chat_logprobs_of_completion, completion_logprobs, token_logprob
 from .generation.params import DEFAULT_SEED, SamplingParams
@@ -913,8 +913,8 @@ class Llama:
                     logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias, logprobs=logprobs,
                     top_logprobs=top_logprobs)
         handler = self._chat_handler_for_call()
-        if not hasattr(handler, "projector") and image_urls(messages):
-            raise ValueError("image_url content needs the model's projector: "
+        if not hasattr(handler, "projector") and media_sources(messages):
+            raise ValueError("image_url and input_audio content need the model's projector: "
                              "Llama(..., chat_handler=MTMDChatHandler(clip_model_path='mmproj.gguf'))")
         if handler is not None:
             return handler(llama=self, **args)
@@ -959,7 +959,8 @@ class Llama:
                       text: str | None = None) -> list[int]:
         """The keys of a chat prompt with images (mtmd_tokenize of ``text``, by default the
         template's text with each image part a media marker); the images are kept for `eval`."""
-        images = [load_image_url(url, media.limits) for url in image_urls(messages)]
+        # an image's URL loads here; an audio part's bytes go to the projector as they are
+        images = [load_image_url(s, media.limits) if isinstance(s, str) else s for s in media_sources(messages)]
         if text is None:
             text = template.apply(with_media_markers(messages), add_generation_prompt=True, **template_kwargs)
         return self._register_media(media.tokenize(text, images))

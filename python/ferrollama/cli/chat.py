@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-escape", dest="escape", action="store_false", default=True, help="do not process escapes")
     g.add_argument("--image", action="append", default=[], metavar="FNAME",
                    help="an image for the first message (-p), with --mmproj (repeat for several)")
+    # llama-mtmd-cli's --audio: a media file like --image's, in the same list (the projector tells them apart)
+    g.add_argument("--audio", action="append", dest="image", metavar="FNAME",
+                   help="an audio file for the first message (-p), with an audio --mmproj (repeat for several)")
 
 
 class Conversation:
@@ -273,10 +276,11 @@ class Conversation:
             if not text:
                 continue
             try:
-                if text.startswith("/image "):
-                    self.add_image(text[len("/image "):].strip())
+                command = next((c for c in ("/image ", "/audio ") if text.startswith(c)), None)
+                if command is not None:
+                    self.add_image(text[len(command):].strip())
                     self.pending_text += MEDIA_MARKER
-                    print(f"{text[len('/image '):].strip()} image loaded", file=sys.stderr, flush=True)
+                    print(f"{text[len(command):].strip()} {command[1:-1]} loaded", file=sys.stderr, flush=True)
                     continue
                 self.answer(self.pending_text + self._escape(text), out)
                 self.pending_text = ""
@@ -288,6 +292,6 @@ def run(args: argparse.Namespace) -> int:
     if args.single_turn and args.prompt is None:
         raise CLIError("--single-turn needs the message in -p")
     if args.image and args.mmproj is None:
-        raise CLIError("--image needs the model's projector: --mmproj FILE")
+        raise CLIError("--image and --audio need the model's projector: --mmproj FILE")
     return Conversation(args).run()
 

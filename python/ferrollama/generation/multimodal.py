@@ -13,8 +13,12 @@ from typing import Sequence, Union
 import numpy as np
 
 from .._core import Batch, Context, Model, UnsupportedError
+from .._core import AudioProjector as _CoreAudioProjector
 from .._core import Projector as _CoreProjector
-from .media import DEFAULT_LIMITS, ImageSource, MediaLimits, PreprocessedImage, VisionParams, load_image, preprocess_image
+from .._core import projector_has_audio
+from .audio import WHISPER, AudioSource, is_audio, load_audio, whisper_mel_chunks
+from .media import (DEFAULT_LIMITS, ImageSource, MediaError, MediaLimits, PreprocessedImage, VisionParams, load_image,
+                    preprocess_image)
 
 #: The text that stands for an image in a prompt (mtmd_default_marker).
 MEDIA_MARKER = "<__media__>"
@@ -101,6 +105,8 @@ FAMILIES = {
     "resampler": Family(tiles=TileTemplate(
         overview_start=("<image>",), overview_end=("</image>",), slice_start=("<slice>",), slice_end=("</slice>",),
         row_end=("\n",), overview_first=True)),
+    # Ultravox (audio): each 30 s chunk's embeddings alone, causal (mtmd.cpp sets no audio markers)
+    "ultravox": Family(),
 }
 
 #: MiniCPM-V 2.5 (clip.minicpmv_version 2): the slices inside <slice> ... </slice>, each between
@@ -206,10 +212,16 @@ class Projector:
     family: Family = field(init=False)
 
     def __post_init__(self) -> None:
-        self.core = _CoreProjector(os.fspath(self.path), n_threads=self.n_threads, use_mmap=self.use_mmap)
+        self.is_audio = projector_has_audio(os.fspath(self.path))
+        core = _CoreAudioProjector if self.is_audio else _CoreProjector
+        self.core = core(os.fspath(self.path), n_threads=self.n_threads, use_mmap=self.use_mmap)
         if self.core.n_embd_out != self.model.n_embd_inp:
             raise ValueError(f"the projector {os.fspath(self.path)!r} gives rows of {self.core.n_embd_out} values, "
                              f"the text model's input width is {self.model.n_embd_inp}: they are not a pair")
+        if self.is_audio:
+            self.family = FAMILIES[self.core.projector_type]
+            self._tile_tokens = {}
+            return
         self.family = family_of(self.core).for_text_width(self.model.n_embd)
         self.vision = vision_params(self.core)
         self._tile_tokens = _lookup_tokens(self.model, self.family.tiles.token_texts())
@@ -224,8 +236,13 @@ class Projector:
         order a prompt shows them."""
         return self.encode_image(image).embd
 
-    def encode_image(self, image: ImageSource) -> EncodedImage:
-        """An image's chunks and the family's tokens around them, for ``tokenize``."""
+    def encode_image(self, image: Union[ImageSource, AudioSource]) -> EncodedImage:
+        """An image's chunks and the family's tokens around them, for ``tokenize`` (an audio
+        projector's: the audio's, see ``encode_audio``)."""
+        if self.is_audio:
+            return self.encode_audio(image)
+        if isinstance(image, (bytes, bytearray, memoryview)) and is_audio(bytes(image[:12])):
+            raise MediaError(f"audio given to the {self.projector_type} projector, which takes images")
         rgb = load_image(image, self.limits)
         digest = hashlib.sha256(np.ascontiguousarray(rgb).tobytes() + repr(rgb.shape).encode()).hexdigest()
         pre = preprocess_image(self.projector_type, rgb, self.vision)
@@ -247,6 +264,17 @@ class Projector:
             height, width = entries[0].shape[:2]
             nx, ny = width // self.core.patch_size // 2, height // self.core.patch_size // 2
         return ImageChunk(embd, chunk_id, self.family.non_causal, self.model.uses_mrope, nx, ny)
+
+    def encode_audio(self, audio: AudioSource) -> EncodedImage:
+        """Audio (a path, a file's bytes, or float samples at the projector's sample rate) as a
+        prompt shows it: one chunk per 30 s of log-mel spectrogram (mtmd's add_media)."""
+        if isinstance(audio, np.ndarray) and audio.dtype == np.uint8:
+            raise MediaError(f"an image given to the {self.projector_type} projector, which takes audio")
+        samples = load_audio(audio, self.core.sample_rate, self.limits)
+        digest = hashlib.sha256(samples.tobytes()).hexdigest()
+        mels = whisper_mel_chunks(samples, WHISPER(self.core.n_mel))
+        chunks = [ImageChunk(self.core.encode_mel(mel), f"{digest}:{i}", self.family.non_causal) for i, mel in enumerate(mels)]
+        return EncodedImage([self._marker_tokens(self.family.img_beg), *chunks, self._marker_tokens(self.family.img_end)])
 
     def _tiled_parts(self, overview: ImageChunk, slices: list[ImageChunk], n_col: int,
                      n_row: int) -> list[Union[list[int], ImageChunk]]:

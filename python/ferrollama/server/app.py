@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import json
 import math
 import os
@@ -37,7 +38,8 @@ from ..generation.sampler import Sampler
 from ..generation.scheduler import JobFailed, Output, QueueFull, Request, Scheduler, chat_logprobs, completion_logprobs
 from . import responses as R
 from .metrics import Metrics
-from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, ImageUrlPart, Message,
+from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, ImageUrlPart, InputAudio,
+                      InputAudioPart, Message,
                       MessageToolCall, ResponsesRequest, SamplingFields, TextPart, TokenizeRequest)
 
 __all__ = ["create_app", "ApiError"]
@@ -296,9 +298,10 @@ def _text(content: str | list | None) -> str:
     return "".join(p.text if isinstance(p, TextPart) else MEDIA_MARKER for p in content)
 
 
-def _image_urls(req: ChatRequest) -> list[str]:
-    return [p.image_url.url for m in req.messages if isinstance(m.content, list)
-            for p in m.content if isinstance(p, ImageUrlPart)]
+def _image_urls(req: ChatRequest) -> list[str | InputAudio]:
+    """The messages' media in order: an image part's URL, an audio part's input_audio."""
+    return [p.image_url.url if isinstance(p, ImageUrlPart) else p.input_audio for m in req.messages
+            if isinstance(m.content, list) for p in m.content if isinstance(p, (ImageUrlPart, InputAudioPart))]
 
 
 def _message_dict(m: Message) -> dict:
@@ -401,8 +404,11 @@ def _media_prompt(engine: Engine, text: str, urls: list[str]) -> tuple[list[int]
     if engine.projector is None:
         raise bad_request("image_url: this server takes no images (start it with --mmproj FILE, the model's projector)",
                           "unsupported_parameter")
-    images = []
+    images: list = []
     for url in urls:
+        if isinstance(url, InputAudio):
+            images.append(_audio_bytes(url))
+            continue
         if not url.startswith(("data:", "http://", "https://")):
             raise bad_request("image_url: give a data: URI or an http(s) URL (the server reads no paths)", "invalid_image")
         try:
@@ -413,6 +419,13 @@ def _media_prompt(engine: Engine, text: str, urls: list[str]) -> tuple[list[int]
         return prompt_keys(engine.projector.tokenize(text, images))
     except ValueError as e:
         raise bad_request(f"messages: {e}", "invalid_messages") from None
+
+
+def _audio_bytes(audio: InputAudio) -> bytes:
+    try:
+        return base64.b64decode(audio.data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise bad_request(f"input_audio: data is not base64 ({e})", "invalid_audio") from None
 
 
 def _prediction_tokens(engine: Engine, req: ChatRequest) -> list[int]:

@@ -90,9 +90,22 @@ class ImageUrlPart(Strict):
     image_url: ImageUrl
 
 
+class InputAudio(Strict):
+    #: the audio file's bytes in base64
+    data: str
+    format: Literal["wav", "mp3"]
+
+
+class InputAudioPart(Strict):
+    """Audio in a message (needs the server's audio projector, --mmproj)."""
+
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
 class Message(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Union[str, list[Annotated[Union[TextPart, ImageUrlPart], Field(discriminator="type")]], None] = None
+    content: Union[str, list[Annotated[Union[TextPart, ImageUrlPart, InputAudioPart], Field(discriminator="type")]], None] = None
     name: Optional[str] = None
     tool_calls: Optional[list[MessageToolCall]] = None
     tool_call_id: Optional[str] = None

@@ -327,6 +327,26 @@ pub fn gelu_inplace(x: &mut [f32]) {
     }
 }
 
+/// x = gelu_erf(x) = x/2 · (1 + erf(x/√2)) (ggml_vec_gelu_erf_f32: computed, no f16 table).
+pub fn gelu_erf_inplace(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        let xi = *v as f64;
+        *v = (0.5 * xi * (1.0 + erf(xi * std::f64::consts::FRAC_1_SQRT_2))) as f32;
+    }
+}
+
+/// erf in f64 through erfc's Chebyshev fit (Numerical Recipes' erfcc: relative error under
+/// 1.2e-7, about an f32 rounding, which is what glibc's erff gives ggml).
+fn erf(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -z * z - 1.26551223
+        + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
+        + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
+    let erfc = t * poly.exp();
+    if x >= 0.0 { 1.0 - erfc } else { erfc - 1.0 }
+}
+
 /// x = gelu_quick(x) = x * sigmoid(1.702 x) (ggml_vec_gelu_quick_f32 with
 /// GGML_GELU_QUICK_FP16: every value rounded to f16 and looked up in the f16 table; CLIP's
 /// encoders use it).
@@ -416,6 +436,17 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn erf_is_within_an_f32_rounding() {
+        // erf's values (Abramowitz & Stegun, table 7.1)
+        for (x, want) in [(0.0, 0.0), (0.5, 0.520_499_877_8), (1.0, 0.842_700_792_9), (2.0, 0.995_322_265_0), (-1.5, -0.966_105_146_5)] {
+            assert!((erf(x) - want).abs() < 1.2e-7, "erf({x}) = {} for {want}", erf(x));
+        }
+        let mut g = [1.0f32, -1.0, 0.0];
+        gelu_erf_inplace(&mut g);
+        assert!((g[0] - 0.841_344_75).abs() < 1e-7 && (g[1] + 0.158_655_25).abs() < 1e-7 && g[2] == 0.0, "{g:?}");
+    }
 
     fn rope16() -> RopeParams {
         RopeParams { n_dims: 16, neox: true, freq_base: 10000.0, freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0,

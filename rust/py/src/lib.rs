@@ -22,6 +22,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PyKv>()?;
     m.add_class::<lora::PyLoraAdapter>()?;
     m.add_class::<projector::PyProjector>()?;
+    m.add_class::<projector::PyAudioProjector>()?;
+    m.add_function(wrap_pyfunction!(projector::projector_has_audio, m)?)?;
     m.add_class::<model::PyStreamDecoder>()?;
     samplers::register(m)?;
     m.add_function(wrap_pyfunction!(quantize::quantize, m)?)?;

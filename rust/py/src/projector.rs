@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use ferrollama_engine::vision::Projector;
+use ferrollama_engine::vision::{AudioProjector, Projector};
 use ferrollama_tensor::Threads;
-use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray3};
+use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray2, PyReadonlyArray3};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -69,5 +69,66 @@ impl PyProjector {
     #[getter] fn path(&self) -> std::path::PathBuf { self.inner.path().to_path_buf() }
     fn __repr__(&self) -> String {
         format!("Projector({:?}, type={}, image_size={})", self.inner.path(), self.inner.params.projector.name(), self.inner.params.image_size)
+    }
+}
+
+/// Whether the projector file at `path` holds an audio encoder (load it with AudioProjector).
+#[pyfunction]
+pub fn projector_has_audio(py: Python<'_>, path: std::path::PathBuf) -> PyResult<bool> {
+    guard(|| py.allow_threads(|| ferrollama_engine::vision::whisper::has_audio_encoder(&path)).map_err(to_py))
+}
+
+/// `ferrollama._core.AudioProjector`: a projector file (mmproj) with an audio encoder (Whisper's,
+/// with Ultravox's head). The spectrogram is Python's (`ferrollama.generation.audio`); this takes
+/// a chunk of it.
+#[pyclass(name = "AudioProjector", module = "ferrollama._core", frozen)]
+pub struct PyAudioProjector {
+    inner: Arc<AudioProjector>,
+    threads: Threads,
+}
+
+#[pymethods]
+impl PyAudioProjector {
+    #[new]
+    #[pyo3(signature = (path, n_threads=None, use_mmap=true))]
+    fn new(py: Python<'_>, path: std::path::PathBuf, n_threads: Option<usize>, use_mmap: bool) -> PyResult<Self> {
+        let n_threads = n_threads.unwrap_or_else(crate::context::default_threads);
+        if n_threads == 0 || n_threads > 1024 {
+            return Err(PyValueError::new_err(format!("n_threads must be in 1..=1024, not {n_threads}")));
+        }
+        guard(|| {
+            let proj = py.allow_threads(|| AudioProjector::load(&path, use_mmap)).map_err(to_py)?;
+            Ok(PyAudioProjector { inner: Arc::new(proj), threads: Threads::new(n_threads) })
+        })
+    }
+
+    /// The embeddings of a chunk of log-mel spectrogram: `mel` of shape (n_mel, n_frames),
+    /// float32; returns (n_output_tokens, n_embd_out) float32.
+    fn encode_mel<'py>(&self, py: Python<'py>, mel: PyReadonlyArray2<'py, f32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let shape = mel.as_array().shape().to_vec();
+        if shape[0] != self.inner.params.n_mel {
+            return Err(PyValueError::new_err(format!("mel must have shape ({}, n_frames), not {shape:?}", self.inner.params.n_mel)));
+        }
+        let values: Vec<f32> = mel.as_array().iter().copied().collect();
+        let embd = guard(|| py.allow_threads(|| self.inner.encode(&values, shape[1], &self.threads)).map_err(to_py))?;
+        let rows = embd.len() / self.inner.params.n_embd_out;
+        numpy::PyArray1::from_vec(py, embd).reshape([rows, self.inner.params.n_embd_out])
+    }
+
+    /// How many embedding rows a chunk of n_frames mel frames gives.
+    fn n_output_tokens(&self, n_frames: usize) -> usize { self.inner.n_output_tokens(n_frames) }
+
+    #[getter] fn projector_type(&self) -> &'static str { self.inner.params.projector.name() }
+    #[getter] fn n_mel(&self) -> usize { self.inner.params.n_mel }
+    #[getter] fn sample_rate(&self) -> usize { self.inner.params.sample_rate }
+    #[getter] fn stack_factor(&self) -> usize { self.inner.params.stack_factor }
+    /// The width of the encoder.
+    #[getter] fn n_embd(&self) -> usize { self.inner.params.n_embd }
+    /// The width of the output rows (the text model's n_embd).
+    #[getter] fn n_embd_out(&self) -> usize { self.inner.params.n_embd_out }
+    #[getter] fn n_threads(&self) -> usize { self.threads.n_threads() }
+    #[getter] fn path(&self) -> std::path::PathBuf { self.inner.path().to_path_buf() }
+    fn __repr__(&self) -> String {
+        format!("AudioProjector({:?}, type={}, n_mel={})", self.inner.path(), self.inner.params.projector.name(), self.inner.params.n_mel)
     }
 }

@@ -19,6 +19,7 @@ pub mod qwen2vl;
 pub mod qwen3vl;
 pub mod pixtral;
 pub mod vit;
+pub mod whisper;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -29,7 +30,8 @@ use ferrollama_tensor::{gemm, matmul, GgmlType, MatmulScratch, QMatrix, Threads,
 use crate::error::{EngineError, Result};
 use crate::weights::Loader;
 
-pub use params::{ProjectorType, VisionParams};
+pub use params::{AudioParams, AudioProjectorType, ProjectorType, VisionParams};
+pub use whisper::AudioProjector;
 
 /// A loaded projector: its hyper-parameters and weights.
 pub struct Projector {

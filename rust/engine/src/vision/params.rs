@@ -86,6 +86,8 @@ pub enum FfnAct {
     Gelu,
     Silu,
     GeluQuick,
+    /// The exact GELU (ggml_gelu_erf): Whisper's encoder (clip.cpp's audio projectors).
+    GeluErf,
 }
 
 #[derive(Debug, Clone)]
@@ -132,7 +134,7 @@ impl VisionParams {
     pub fn from_gguf(file: &GgufFile) -> Result<VisionParams> {
         let keys = Keys { file, read: RefCell::new(BTreeSet::new()) };
         if keys.opt_bool("clip.has_audio_encoder")? == Some(true) {
-            return Err(EngineError::Unsupported("audio projectors are not supported yet (this file has an audio encoder)".into()));
+            return Err(EngineError::Unsupported("this projector file has an audio encoder: load it as an audio projector".into()));
         }
         if keys.opt_bool("clip.has_vision_encoder")? == Some(false) {
             return Err(file.error("clip.has_vision_encoder is false: no vision encoder in this file").into());
@@ -340,6 +342,94 @@ fn minicpmv_queries(keys: &Keys, p: VisionParams) -> Result<VisionParams> {
         Some(_) => return Err(keys.bad(QUERIES, "must be an integer in 0..=16384")),
     };
     Ok(VisionParams { minicpmv_version: version, minicpmv_query_num: queries, ..p })
+}
+
+/// The audio projector types the engine runs (clip.cpp's `projector_type` of a file with
+/// clip.has_audio_encoder).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AudioProjectorType {
+    /// Ultravox: Whisper's encoder, its frames stacked, RMS norm, a SwiGLU MLP (models/whisper-enc.cpp).
+    Ultravox,
+}
+
+impl AudioProjectorType {
+    pub fn name(self) -> &'static str {
+        match self {
+            AudioProjectorType::Ultravox => "ultravox",
+        }
+    }
+}
+
+/// An audio projector's hyper-parameters (clip.cpp's audio hparams): the `clip.audio.*` keys and
+/// the preprocessing clip.cpp fixes for a Whisper encoder.
+#[derive(Debug, Clone)]
+pub struct AudioParams {
+    pub projector: AudioProjectorType,
+    pub n_mel: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub eps: f32,
+    /// The width of the output rows: the text model's n_embd.
+    pub n_embd_out: usize,
+    /// Encoder frames stacked into one row before the head (clip.audio.projector.stack_factor).
+    pub stack_factor: usize,
+    /// clip.cpp's Whisper preprocessing: 16 kHz, FFT and window of 400, hop of 160.
+    pub sample_rate: usize,
+    pub n_fft: usize,
+    pub hop_len: usize,
+}
+
+impl AudioParams {
+    pub fn head_dim(&self) -> usize { self.n_embd / self.n_head }
+
+    pub fn from_gguf(file: &GgufFile) -> Result<AudioParams> {
+        let keys = Keys { file, read: RefCell::new(BTreeSet::new()) };
+        if keys.opt_bool("clip.has_audio_encoder")? != Some(true) {
+            return Err(file.error("clip.has_audio_encoder is not true: no audio encoder in this file").into());
+        }
+        if keys.opt_bool("clip.has_vision_encoder")? == Some(true) {
+            return Err(EngineError::Unsupported("a projector with both vision and audio encoders".into()));
+        }
+        let ty_name = match keys.get("clip.audio.projector_type") {
+            Some(_) => keys.string("clip.audio.projector_type")?,
+            None => keys.string("clip.projector_type")?,
+        };
+        let projector = match ty_name.as_str() {
+            "ultravox" => AudioProjectorType::Ultravox,
+            _ => return Err(EngineError::Unsupported(format!("audio projector type '{ty_name}' is not supported (supported: ultravox)"))),
+        };
+        let p = AudioParams {
+            projector,
+            n_mel: keys.size("clip.audio.num_mel_bins", 256)?,
+            n_embd: keys.size("clip.audio.embedding_length", 1 << 16)?,
+            n_ff: keys.size("clip.audio.feed_forward_length", 1 << 18)?,
+            n_layer: keys.size("clip.audio.block_count", 1 << 10)?,
+            n_head: keys.size("clip.audio.attention.head_count", 1 << 10)?,
+            eps: keys.f32("clip.audio.attention.layer_norm_epsilon")?,
+            n_embd_out: keys.size("clip.audio.projection_dim", 1 << 18)?,
+            stack_factor: keys.size("clip.audio.projector.stack_factor", 1 << 10)?,
+            sample_rate: 16000,
+            n_fft: 400,
+            hop_len: 160,
+        };
+        if p.n_embd % p.n_head != 0 {
+            return Err(file.error(format!("audio width {} is not a multiple of its {} heads", p.n_embd, p.n_head)).into());
+        }
+        if let Some(kv) = keys.opt_size("clip.audio.attention.head_count_kv", 1 << 10)? {
+            if kv != p.n_head {
+                return Err(EngineError::Unsupported(format!("an audio encoder with {kv} K/V heads for {} query heads", p.n_head)));
+            }
+        }
+        if let Some(hd) = keys.opt_size("clip.audio.attention.head_dim", 1 << 12)? {
+            if hd != p.head_dim() {
+                return Err(EngineError::Unsupported(format!("an audio head size of {hd} (width {} / {} heads)", p.n_embd, p.n_head)));
+            }
+        }
+        keys.check_all_read()?;
+        Ok(p)
+    }
 }
 
 /// The blocks a llava graph runs (models/llava.cpp): all but the last by default (LLaVA takes

@@ -18,7 +18,7 @@ use half::f16;
 use super::params::{FfnAct, ProjectorType, VisionParams};
 use super::{dequantized, float_matrix, product};
 use crate::error::{EngineError, Result};
-use crate::ops::{add_bias, add_inplace, gelu_inplace, gelu_quick_inplace, layer_norm_rows, rms_norm_inplace, swiglu};
+use crate::ops::{add_bias, add_inplace, gelu_erf_inplace, gelu_inplace, gelu_quick_inplace, layer_norm_rows, rms_norm_inplace, swiglu};
 use crate::weights::Loader;
 
 pub struct VitLayer {
@@ -115,13 +115,18 @@ pub(crate) fn patch_kernel(stored: QMatrix) -> Result<QMatrix> {
     float_matrix(ty, stored.rows, stored.cols, &dequantized(&stored))
 }
 
-fn norm(ld: &Loader, prefix: &str, d: usize) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+pub(crate) fn norm(ld: &Loader, prefix: &str, d: usize) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
     Ok((ld.vector(&format!("{prefix}.weight"), d)?, ld.opt_vector(&format!("{prefix}.bias"), d)?))
 }
 
 fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
-    let (d, ff) = (p.n_embd, p.n_ff);
-    let name = |part: &str, what: &str| format!("v.blk.{il}.{part}.{what}");
+    load_layer_at(ld, "v", p.n_embd, p.n_ff, il)
+}
+
+/// Block `il` of an encoder whose tensors are named `{prefix}.blk.{il}.*` (clip.cpp's "v" for
+/// vision, "a" for audio), of width d and FFN width ff.
+pub(crate) fn load_layer_at(ld: &Loader, prefix: &str, d: usize, ff: usize, il: usize) -> Result<VitLayer> {
+    let name = |part: &str, what: &str| format!("{prefix}.blk.{il}.{part}.{what}");
     let mat = |part: &str, cols: usize, rows: usize| ld.matrix(&name(part, "weight"), cols, rows);
     let bias = |part: &str, n: usize| ld.opt_vector(&name(part, "bias"), n);
     // clip.cpp's build_ffn gates with the FFN's activation: SiLU is the one supported (Pixtral's)
@@ -137,7 +142,7 @@ fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
     let swapped = swappable && ld.shape(&name("ffn_down", "weight")).is_some_and(|s| s.first() == Some(&d));
     let (up, down) = if swapped { ("ffn_down", "ffn_up") } else { ("ffn_up", "ffn_down") };
     Ok(VitLayer {
-        ln1: norm(ld, &format!("v.blk.{il}.ln1"), d)?,
+        ln1: norm(ld, &format!("{prefix}.blk.{il}.ln1"), d)?,
         wq: mat("attn_q", d, d)?,
         wk: mat("attn_k", d, d)?,
         wv: mat("attn_v", d, d)?,
@@ -146,7 +151,7 @@ fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
         bk: bias("attn_k", d)?,
         bv: bias("attn_v", d)?,
         bo: bias("attn_out", d)?,
-        ln2: norm(ld, &format!("v.blk.{il}.ln2"), d)?,
+        ln2: norm(ld, &format!("{prefix}.blk.{il}.ln2"), d)?,
         up: mat(up, d, ff)?,
         up_b: bias(up, ff)?,
         gate: match gated {
@@ -190,28 +195,28 @@ pub fn forward_with(w: &VitWeights, p: &VisionParams, pixels: &[f32], nx: usize,
         add_inplace(&mut x, &pos[..n * d]);
     }
     if let Some(ln) = &w.pre_ln {
-        normalize(w, p, &mut x, ln, threads);
+        normalize(w.rms, p.n_embd, p.eps, &mut x, ln, threads);
     }
     for l in &w.layers[..p.n_layer_used] {
-        block(w, l, p, &mut x, n, rotate, threads);
+        block(l, &BlockShape::of(w, p), &mut x, n, rotate, threads);
     }
     if let Some(ln) = &w.post_ln {
-        normalize(w, p, &mut x, ln, threads);
+        normalize(w.rms, p.n_embd, p.eps, &mut x, ln, threads);
     }
     x
 }
 
 /// x's rows normed in place by the encoder's kind of norm (ggml_norm or ggml_rms_norm, then the
 /// weight and the bias if any).
-fn normalize(w: &VitWeights, p: &VisionParams, x: &mut [f32], (g, b): &(Vec<f32>, Option<Vec<f32>>), threads: &Threads) {
-    on_rows(x, p.n_embd, threads, |_, rows| match w.rms {
+fn normalize(rms: bool, d: usize, eps: f32, x: &mut [f32], (g, b): &(Vec<f32>, Option<Vec<f32>>), threads: &Threads) {
+    on_rows(x, d, threads, |_, rows| match rms {
         true => {
-            rms_norm_inplace(rows, g, p.eps);
+            rms_norm_inplace(rows, g, eps);
             if let Some(b) = b {
                 add_bias(rows, b);
             }
         }
-        false => layer_norm_rows(rows, g, b.as_deref(), p.eps),
+        false => layer_norm_rows(rows, g, b.as_deref(), eps),
     });
 }
 
@@ -274,12 +279,29 @@ pub(crate) fn im2col(pixels: &[f32], nx: usize, ny: usize, ps: usize, to_f16: bo
     out
 }
 
+/// The sizes a block runs with (a vision encoder's, or clip.cpp's audio hparams').
+pub(crate) struct BlockShape {
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_ff: usize,
+    pub eps: f32,
+    pub ffn_act: FfnAct,
+    /// RMS norms (Pixtral's) instead of layer norms.
+    pub rms: bool,
+}
+
+impl BlockShape {
+    fn of(w: &VitWeights, p: &VisionParams) -> BlockShape {
+        BlockShape { n_embd: p.n_embd, n_head: p.n_head, n_ff: p.n_ff, eps: p.eps, ffn_act: p.ffn_act, rms: w.rms }
+    }
+}
+
 /// x += attn(LN1(x)); x += ffn(LN2(x)).
-fn block(w: &VitWeights, l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize, rotate: Option<QkRotation>, threads: &Threads) {
+pub(crate) fn block(l: &VitLayer, p: &BlockShape, x: &mut [f32], n: usize, rotate: Option<QkRotation>, threads: &Threads) {
     let d = p.n_embd;
     let norm = |x: &[f32], ln: &(Vec<f32>, Option<Vec<f32>>)| {
         let mut h = x.to_vec();
-        normalize(w, p, &mut h, ln, threads);
+        normalize(p.rms, d, p.eps, &mut h, ln, threads);
         h
     };
     let project = |w: &QMatrix, b: &Option<Vec<f32>>, input: &[f32]| linear(w, b.as_deref(), input, n, threads);
@@ -292,7 +314,7 @@ fn block(w: &VitWeights, l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize
         rotate(&mut q);
         rotate(&mut k);
     }
-    let attn = full_attention(&q, &k, &v, n, p.n_head, p.head_dim(), threads);
+    let attn = full_attention(&q, &k, &v, n, p.n_head, d / p.n_head, threads);
     residual(x, project(&l.wo, &l.bo, &attn));
     let h = norm(x, &l.ln2);
     let mut u = project(&l.up, &l.up_b, &h);
@@ -305,6 +327,7 @@ fn block(w: &VitWeights, l: &VitLayer, p: &VisionParams, x: &mut [f32], n: usize
         }
         (None, FfnAct::Gelu) => on_rows(&mut u, p.n_ff, threads, |_, rows| gelu_inplace(rows)),
         (None, FfnAct::GeluQuick) => on_rows(&mut u, p.n_ff, threads, |_, rows| gelu_quick_inplace(rows)),
+        (None, FfnAct::GeluErf) => on_rows(&mut u, p.n_ff, threads, |_, rows| gelu_erf_inplace(rows)),
         _ => unreachable!("refused at load"),
     }
     residual(x, project(&l.down, &l.down_b, &u));
@@ -337,7 +360,7 @@ pub(crate) fn on_rows(x: &mut [f32], row: usize, threads: &Threads, f: impl Fn(u
     });
 }
 
-pub(super) fn f16_round(x: f32) -> f32 { f16::from_f32(x).to_f32() }
+pub(crate) fn f16_round(x: f32) -> f32 { f16::from_f32(x).to_f32() }
 
 #[cfg(test)]
 mod tests {

@@ -205,12 +205,17 @@ class Context:
                  rope_scaling_type: Literal["none", "linear", "yarn", "longrope"] | None = None,
                  rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0, yarn_ext_factor: float = -1.0,
                  yarn_attn_factor: float = -1.0, yarn_beta_fast: float = -1.0, yarn_beta_slow: float = -1.0,
-                 yarn_orig_ctx: int = 0, n_rs_seq: int = 0) -> None:
+                 yarn_orig_ctx: int = 0, n_rs_seq: int = 0, batch_invariant: bool = False) -> None:
         """The RoPE parameters are llama_context_params': 0, negative or None keep the model's
         value; sliding-window layers keep their own base and scale, as in llama.cpp.
         n_rs_seq (recurrent models, at most 64): how many tokens of a sequence's last decode
         seq_rm can remove again (the states before them are kept), e.g. a speculative
-        decoder's rejected drafts; 0 keeps none, and a partial seq_rm returns False."""
+        decoder's rejected drafts; 0 keeps none, and a partial seq_rm returns False.
+        batch_invariant: a token's logits do not depend on how it is batched (micro-batch
+        sizes, other sequences in the batch), on the thread count, or on where its sequence's
+        cells sit in the cache (attention over each token's cells in position order, products
+        with one arithmetic at every token count); False: llama.cpp's arithmetic, whose
+        kernels change with the micro-batch size."""
     @property
     def model(self) -> Model: ...
     @property

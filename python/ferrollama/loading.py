@@ -106,7 +106,8 @@ def make_context(args: argparse.Namespace, model: Model, **overrides: Any) -> Co
     kwargs = dict(n_ctx=args.ctx_size if args.ctx_size > 0 else model.n_ctx_train,
                   n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                   n_threads_batch=args.threads_batch or args.threads,
-                  type_k=args.cache_type_k, type_v=args.cache_type_v)
+                  type_k=args.cache_type_k, type_v=args.cache_type_v,
+                  batch_invariant=getattr(args, "batch_invariant", True))
     draft = getattr(args, "lookup", 0) or (getattr(args, "draft_max", 0) if getattr(args, "model_draft", None) else 0)
     if model.is_recurrent and draft:
         # speculative decoding drops a rejected draft by rolling the recurrent state back to

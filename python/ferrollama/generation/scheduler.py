@@ -241,7 +241,7 @@ class Scheduler:
     def __init__(self, model: Model, n_ctx: int = 4096, n_seq: int = 4, n_batch: int = 512,
                  n_threads: int | None = None, queue_size: int = 64, type_k: str = "f16", type_v: str = "f16",
                  n_ubatch: int | None = None, n_threads_batch: int | None = None, drafter: Any = None,
-                 loras: Sequence = (), ctx_checkpoints: int = DEFAULT_CHECKPOINTS):
+                 loras: Sequence = (), ctx_checkpoints: int = DEFAULT_CHECKPOINTS, batch_invariant: bool = True):
         if n_seq < 1 or n_ctx < n_seq:
             raise ValueError(f"need 1 <= n_seq <= n_ctx, got n_seq={n_seq}, n_ctx={n_ctx}")
         self.model = model
@@ -250,7 +250,8 @@ class Scheduler:
         rollback = snapshots_for(drafter, ub) if drafter is not None and model.is_recurrent else 0
         self.ctx = Context(model, n_ctx=n_ctx, n_batch=max(n_batch, n_seq), n_ubatch=ub,
                            n_seq_max=n_seq, n_threads=n_threads, n_threads_batch=n_threads_batch or n_threads,
-                           type_k=type_k, type_v=type_v, swa_full=True, n_rs_seq=rollback)
+                           type_k=type_k, type_v=type_v, swa_full=True, n_rs_seq=rollback,
+                           batch_invariant=batch_invariant)
         self.checkpoints = Checkpoints(self.ctx, ctx_checkpoints)
         # (LoraAdapter, scale) pairs set on every context serving the model (--lora)
         self.loras = list(loras)

@@ -28,7 +28,8 @@ def build_app(args: argparse.Namespace):
     scheduler = Scheduler(model, n_ctx=n_ctx, n_seq=args.parallel, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                           n_threads=args.threads, n_threads_batch=args.threads_batch, queue_size=args.queue_size,
                           type_k=args.cache_type_k, type_v=args.cache_type_v, drafter=drafter,
-                          loras=args.lora_adapters, ctx_checkpoints=args.ctx_checkpoints)
+                          loras=args.lora_adapters, ctx_checkpoints=args.ctx_checkpoints,
+                          batch_invariant=args.batch_invariant)
     if not args.no_warmup:
         warmup(scheduler.ctx, model)
     return create_app(scheduler, model_name=args.alias, api_key=args.api_key, projector=load_projector(args, model))

@@ -44,6 +44,9 @@ pub struct AttnInput<'a> {
     /// Per query head, a logit that takes part in the softmax with no value (gpt-oss's
     /// attention sinks).
     pub sinks: Option<&'a [f32]>,
+    /// Each token's visible cells in position order: given, the attention is batch-invariant
+    /// (`attend_invariant`); None, it is llama.cpp's arithmetic over the masked window.
+    pub visible: Option<&'a ferrollama_kv::VisibleCells>,
 }
 
 impl AttnInput<'_> {
@@ -59,6 +62,8 @@ struct Scratch {
     /// The buffers of the AVX2 kernel and of its scalar specification.
     avx2: attn_avx2::Avx2Scratch,
     spec: attn_avx2::SpecScratch,
+    /// The buffers of the batch-invariant kernels.
+    invariant: ferrollama_tensor::attn_inv::InvScratch,
     /// Queries of the task's heads in the K type's dot type, and as f32.
     q_bytes: Vec<u8>,
     q_f32: Vec<f32>,
@@ -105,6 +110,9 @@ thread_local! {
 
 /// `attention` over the cells as they are stored (the queries already in the cache's basis).
 fn attend_cells(a: &AttnInput, out: &mut [f32], threads: &Threads) {
+    if let Some(visible) = a.visible {
+        return attend_invariant(a, visible, out, threads);
+    }
     let hd_v = a.geom().head_dim_v;
     let out_ptr = SendPtr(out.as_mut_ptr());
     let (tokens_per_task, heads_per_task) = task_shape(a.n_tokens, a.n_head, a.n_head_kv, threads.n_threads());
@@ -133,6 +141,75 @@ fn attend_cells(a: &AttnInput, out: &mut [f32], threads: &Threads) {
             }
         });
     });
+}
+
+/// Batch-invariant attention (`ferrollama_tensor::attn_inv`): each query over its token's
+/// visible cells in position order, with one arithmetic whatever the number of queries in the
+/// call, the thread count and the cells' slots. F16/F32 caches run the tensor crate's kernels;
+/// other cache types take their row dot (`vec_dot`, per pair) for the scores and the same
+/// softmax and weighted sum.
+fn attend_invariant(a: &AttnInput, visible: &ferrollama_kv::VisibleCells, out: &mut [f32], threads: &Threads) {
+    let hd_v = a.geom().head_dim_v;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let (tokens_per_task, heads_per_task) = task_shape(a.n_tokens, a.n_head, a.n_head_kv, threads.n_threads());
+    let n_blocks = a.n_tokens.div_ceil(tokens_per_task);
+    let groups = a.n_head / heads_per_task;
+    threads.run(n_blocks * groups, |task| {
+        let (block, h0) = (task / groups, (task % groups) * heads_per_task);
+        let tokens = block * tokens_per_task..((block + 1) * tokens_per_task).min(a.n_tokens);
+        SCRATCH.with(|s| {
+            let s = &mut *s.borrow_mut();
+            for t in tokens {
+                // SAFETY: each (token, heads) pair belongs to one task: a disjoint slice of `out`.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add((t * a.n_head + h0) * hd_v), heads_per_task * hd_v) };
+                invariant_heads(a, visible.of(t), t, h0, heads_per_task, dst, s);
+            }
+        });
+    });
+}
+
+/// Query heads h0..h0 + nh (one KV head's) of token t over `cells` (see `attend_invariant`).
+fn invariant_heads(a: &AttnInput, cells: &[u32], t: usize, h0: usize, nh: usize, dst: &mut [f32], s: &mut Scratch) {
+    use ferrollama_tensor::attn_inv::{accumulate, attend_inv, probabilities, score, softmax_inv, InvQuery};
+    let kv = a.kv;
+    let (hd_k, hd_v) = (a.geom().head_dim_k, a.geom().head_dim_v);
+    let g = h0 / (a.n_head / a.n_head_kv);
+    let layer = &kv.layers[a.layer];
+    let sinks = a.sinks.map(|sk| &sk[h0..h0 + nh]);
+    queries_to_dot_type(a, t, h0, nh, s);
+    let (v, v_stride, v_offset, v_cols) = kv.v_view(layer, g);
+    let query = InvQuery {
+        k_type: kv.type_k.ty, v_type: kv.type_v.ty, k: &layer.k, k_stride: kv.k_head_bytes(layer), k_offset: kv.k_block(layer, g),
+        v, v_stride, v_offset, v_cols, head_dim_k: hd_k, head_dim_v: hd_v, q: &s.q_f32, n_q: nh, cells,
+        scale: a.scale, softcap: a.softcap, sinks,
+    };
+    if query.supported() {
+        return attend_inv(&query, dst, &mut s.invariant);
+    }
+    // Other cache types: their row dots, then the same softmax and sum.
+    let n = cells.len();
+    let qrow = s.q_bytes.len() / nh;
+    s.scores.clear();
+    s.scores.resize(nh * n, 0.0);
+    for (i, &j) in cells.iter().enumerate() {
+        let k = kv.k_head(layer, j as usize, g);
+        for h in 0..nh {
+            s.scores[h * n + i] = score((kv.type_k.vec_dot)(hd_k, k, &s.q_bytes[h * qrow..(h + 1) * qrow]), a.scale, a.softcap);
+        }
+    }
+    for h in 0..nh {
+        let e = &mut s.scores[h * n..(h + 1) * n];
+        let inv = softmax_inv(e, sinks.map(|sk| sk[h]));
+        probabilities(e, inv, kv.type_v.ty == GgmlType::F16);
+    }
+    dst.fill(0.0);
+    s.vbuf.resize(hd_v, 0.0);
+    for (i, &j) in cells.iter().enumerate() {
+        (kv.type_v.to_f32)(kv.v_head(layer, j as usize, g), &mut s.vbuf);
+        for (h, o) in dst.chunks_exact_mut(hd_v).enumerate() {
+            accumulate(o, s.scores[h * n + i], &s.vbuf);
+        }
+    }
 }
 
 /// (tokens, query heads) per task: blocks of up to TOKENS_PER_TASK tokens, about eight tasks

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferrollama_kv::{padded_ctx_size, swa_cache_size, CellExt, KvCells, KvError, RsCells, RsSeqGroup, UBatchView as KvUBatch};
+use ferrollama_kv::{padded_ctx_size, swa_cache_size, CellExt, KvCells, KvError, RsCells, RsSeqGroup, UBatchView as KvUBatch, VisibleCells};
 use ferrollama_tensor::{GgmlType, Threads};
 
 use crate::batch::Batch;
@@ -45,6 +45,12 @@ pub struct ContextParams {
     /// Recurrent models: how many tokens of a sequence's last micro-batch can be removed again
     /// with seq_rm (the states before them are kept; llama.cpp's n_rs_seq). 0: none.
     pub n_rs_seq: usize,
+    /// Batch-invariant logits: attention over each token's visible cells in position order and
+    /// products whose arithmetic does not change with the token count, so that a token gets
+    /// the same logits however it is batched, threaded or placed in the cache
+    /// (`attention::attend_invariant`, `MatmulScratch::batch_invariant`). Off: llama.cpp's
+    /// arithmetic, which changes with the micro-batch size as its kernels do.
+    pub batch_invariant: bool,
 }
 
 impl ContextParams {
@@ -54,7 +60,7 @@ impl ContextParams {
             n_ctx, n_batch: 2048, n_ubatch: 512, n_seq_max: 1, n_threads: threads, n_threads_batch: threads,
             type_k: GgmlType::F16, type_v: GgmlType::F16, kv_unified: true, swa_full: false,
             embeddings: false, pooling: Pooling::None, defrag_thold: -1.0,
-            rope: Default::default(), n_rs_seq: 0,
+            rope: Default::default(), n_rs_seq: 0, batch_invariant: false,
         }
     }
 }
@@ -90,6 +96,8 @@ pub struct Context {
     threads_batch: Option<Threads>,
     /// One mask buffer per cache.
     masks: Vec<Vec<f32>>,
+    /// Per cache, each token's visible cells in position order (batch-invariant contexts).
+    visible: Vec<VisibleCells>,
     /// A micro-batch's logits before they go to their rows, when its order is not the batch's.
     logits_tmp: Vec<f32>,
     /// Logits of the last decode's outputs, n_outputs rows of n_vocab, in batch order.
@@ -207,12 +215,14 @@ impl Context {
             }
             None => None,
         };
-        let ws = Workspace::new(hp, params.n_ubatch);
+        let mut ws = Workspace::new(hp, params.n_ubatch);
+        ws.mm.batch_invariant = params.batch_invariant;
         let rope = if params.rope == Default::default() { hp.rope } else { hp.rope_train.resolve(&hp.rope, &params.rope)? };
         let threads = Threads::new(params.n_threads);
         let threads_batch = (params.n_threads_batch != params.n_threads).then(|| Threads::new(params.n_threads_batch));
         Ok(Context {
             masks: vec![Vec::new(); caches.len()],
+            visible: vec![VisibleCells::default(); caches.len()],
             model, params, rope, caches, layer_cache, rs, store, ws, threads, threads_batch, logits_tmp: Vec::new(),
             logits: Vec::new(), output_ids: Vec::new(), n_outputs: 0, shift_scratch: Vec::new(),
             embd: Vec::new(), embd_seq: Default::default(), cvec: None, loras: Vec::new(), lora_set: None, perf: Perf::default(),
@@ -453,7 +463,7 @@ impl Context {
         let out_rows: Vec<usize> = (0..n).filter(|&i| want[i]).collect();
         let model = self.model.clone();
         let w = model.weights.as_ref().expect("checked at context creation");
-        let views = [KvView { slots: &slots, mask: &self.masks[0], n_kv }];
+        let views = [KvView { slots: &slots, mask: &self.masks[0], n_kv, visible: None }];
         let ub = UBatchView {
             tokens: &batch.tokens, embd: None, pos: &batch.pos, pos_mrope: None, out_rows: &out_rows, caches: &views, layer_cache: &self.layer_cache,
             cvec: None, lora: self.lora_set.as_ref(), rope_factors: None, rope: &self.rope, rs: None,
@@ -571,17 +581,20 @@ impl Context {
     fn run_ubatch(&mut self, tokens: &[u32], embd: Option<&[f32]>, pos_mrope: Option<&[[i32; 4]]>, view: &KvUBatch, slots: &[&[u32]],
                   out_rows: &[usize], dest_rows: &[usize], rs: Option<RsUBatch>) -> Result<()> {
         let mut n_kvs = Vec::with_capacity(self.caches.len());
-        for (cache, mask) in self.caches.iter().zip(self.masks.iter_mut()) {
+        for ((cache, mask), visible) in self.caches.iter().zip(self.masks.iter_mut()).zip(self.visible.iter_mut()) {
             let n_kv = cache.cells.n_kv_window() as usize;
             mask.resize(tokens.len() * n_kv, 0.0);
             cache.cells.fill_mask(view, n_kv as u32, self.causal_attn, mask).map_err(|e| EngineError::Decode(e.to_string()))?;
+            if self.params.batch_invariant {
+                cache.cells.visible_cells(view, mask, n_kv as u32, visible);
+            }
             n_kvs.push(n_kv);
         }
         let model = self.model.clone();
         let w = model.weights.as_ref().expect("checked at context creation");
         let (nv, d) = (model.hparams.n_vocab, model.hparams.n_embd);
         let views: Vec<KvView> = (0..self.caches.len())
-            .map(|c| KvView { slots: slots[c], mask: &self.masks[c], n_kv: n_kvs[c] })
+            .map(|c| KvView { slots: slots[c], mask: &self.masks[c], n_kv: n_kvs[c], visible: self.params.batch_invariant.then(|| &self.visible[c]) })
             .collect();
         let ub = UBatchView {
             tokens, embd, pos: view.pos, pos_mrope, out_rows, caches: &views, layer_cache: &self.layer_cache, cvec: self.cvec.as_ref(),

@@ -13,6 +13,9 @@ pub struct KvView<'a> {
     pub mask: &'a [f32],
     /// The cells attention covers (0..n_kv).
     pub n_kv: usize,
+    /// Each token's visible cells in position order: set in batch-invariant contexts, whose
+    /// attention sums over these lists (`attention::attend_invariant`).
+    pub visible: Option<&'a ferrollama_kv::VisibleCells>,
 }
 
 pub struct UBatchView<'a> {

@@ -47,7 +47,7 @@ mod ubatch;
 pub use cells::{CellExt, KvCells};
 pub use defrag::{DefragMove, DEFRAG_MIN_N_KV};
 pub use error::KvError;
-pub use mask::N_KV_MIN_PAD;
+pub use mask::{VisibleCells, N_KV_MIN_PAD};
 pub use recurrent::{RsCells, RsPlacement, RsSeqGroup};
 pub use seqset::SeqSet;
 pub use state::{StateMeta, StateRead};

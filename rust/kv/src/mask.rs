@@ -129,6 +129,77 @@ impl KvCells {
     }
 }
 
+/// Each token's visible cells in position order (the order batch-invariant attention sums
+/// them in, whatever cache slots hold them): token i sees `cells[ranges[i].0..ranges[i].1]`.
+/// Tokens of one sequence share that sequence's list (their windows are ranges of it).
+#[derive(Debug, Default, Clone)]
+pub struct VisibleCells {
+    /// The lists, one after another.
+    pub cells: Vec<u32>,
+    /// Each token's list: a range of `cells`.
+    pub ranges: Vec<(u32, u32)>,
+}
+
+impl VisibleCells {
+    /// Token i's visible cells in position order.
+    pub fn of(&self, i: usize) -> &[u32] {
+        let (a, b) = self.ranges[i];
+        &self.cells[a as usize..b as usize]
+    }
+}
+
+impl KvCells {
+    /// The visible cells of each token of `ubatch` by the mask `fill_mask` wrote (`mask`:
+    /// row-major `[n_tokens][n_kv]`), in order of (position, its 2-D position, cell index).
+    pub fn visible_cells<S: AsRef<[SeqId]>>(&self, ubatch: &UBatchView<'_, S>, mask: &[f32], n_kv: u32, out: &mut VisibleCells) {
+        let n_kv = n_kv as usize;
+        out.cells.clear();
+        out.ranges.clear();
+        let mut seq_list: Option<(SeqId, usize, usize)> = None;
+        for (i, row) in mask.chunks_exact(n_kv).take(ubatch.len()).enumerate() {
+            let seq = ubatch.seqs(i)[0];
+            let (base, end) = match seq_list {
+                Some((s, base, end)) if s == seq => (base, end),
+                _ => {
+                    let base = out.cells.len();
+                    self.append_cells_by_position(seq, n_kv, &mut out.cells);
+                    seq_list = Some((seq, base, out.cells.len()));
+                    (base, out.cells.len())
+                }
+            };
+            let range = visible_range(&out.cells[base..end], row).map(|(a, b)| ((base + a) as u32, (base + b) as u32));
+            let range = range.unwrap_or_else(|| {
+                // not a run of the sequence's list (a mask rule beyond positions): its own list
+                let own = out.cells.len();
+                let visible: Vec<u32> = out.cells[base..end].iter().copied().filter(|&j| row[j as usize] != f32::NEG_INFINITY).collect();
+                out.cells.extend(visible);
+                (own as u32, out.cells.len() as u32)
+            });
+            out.ranges.push(range);
+        }
+    }
+
+    /// Appends the cells below `n_kv` that `seq` holds, ordered by position (cells of one
+    /// position, an M-RoPE image's, by their 2-D position, row by row), then index.
+    fn append_cells_by_position(&self, seq: SeqId, n_kv: usize, out: &mut Vec<u32>) {
+        let start = out.len();
+        out.extend((0..n_kv as u32).filter(|&j| self.pos[j as usize] != -1 && self.seqs[j as usize].contains(seq)));
+        out[start..].sort_by_key(|&j| {
+            let ext = self.ext[j as usize];
+            (self.pos[j as usize], ext.y, ext.x, j)
+        });
+    }
+}
+
+/// The run [a, b) of `list` whose cells the mask row shows, if they form one run (an empty
+/// run when none is visible); None when visible and hidden cells alternate.
+fn visible_range(list: &[u32], row: &[f32]) -> Option<(usize, usize)> {
+    let visible = |k: usize| row[list[k] as usize] != f32::NEG_INFINITY;
+    let Some(a) = (0..list.len()).find(|&k| visible(k)) else { return Some((0, 0)) };
+    let b = (a..list.len()).find(|&k| !visible(k)).unwrap_or(list.len());
+    (b..list.len()).all(|k| !visible(k)).then_some((a, b))
+}
+
 /// Marks a cell the token's sequence does not hold.
 const HIDDEN: i64 = i64::MAX;
 

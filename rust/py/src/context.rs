@@ -128,14 +128,14 @@ impl PyContext {
                         type_k="f16", type_v="f16", kv_unified=true, swa_full=false, embeddings=false, pooling=None,
                         defrag_thold=-1.0, rope_scaling_type=None, rope_freq_base=0.0, rope_freq_scale=0.0,
                         yarn_ext_factor=-1.0, yarn_attn_factor=-1.0, yarn_beta_fast=-1.0, yarn_beta_slow=-1.0,
-                        yarn_orig_ctx=0, n_rs_seq=0))]
+                        yarn_orig_ctx=0, n_rs_seq=0, batch_invariant=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(py: Python<'_>, model: Py<PyModel>, n_ctx: usize, n_batch: usize, n_ubatch: usize, n_seq_max: usize,
            n_threads: Option<usize>, n_threads_batch: Option<usize>, type_k: &str, type_v: &str, kv_unified: bool,
            swa_full: bool, embeddings: bool, pooling: Option<&str>, defrag_thold: f32,
            rope_scaling_type: Option<&str>, rope_freq_base: f32, rope_freq_scale: f32, yarn_ext_factor: f32,
            yarn_attn_factor: f32, yarn_beta_fast: f32, yarn_beta_slow: f32, yarn_orig_ctx: usize,
-           n_rs_seq: usize) -> PyResult<Self> {
+           n_rs_seq: usize, batch_invariant: bool) -> PyResult<Self> {
         guard(|| {
             let mut p = ContextParams::new(n_ctx);
             let physical = default_threads();
@@ -151,6 +151,7 @@ impl PyContext {
             p.embeddings = embeddings;
             p.defrag_thold = defrag_thold;
             p.n_rs_seq = n_rs_seq;
+            p.batch_invariant = batch_invariant;
             p.rope = RopeOverrides {
                 scaling: rope_scaling_type.map(|name| RopeScaling::from_name(name).ok_or_else(|| PyValueError::new_err(
                     format!("rope_scaling_type must be none, linear, yarn or longrope, not {name:?}")))).transpose()?,

@@ -9,6 +9,7 @@
 
 pub mod attn;
 pub mod attn_avx2;
+pub mod attn_inv;
 pub mod dispatch;
 pub mod full_attn;
 pub mod gemm;

@@ -176,10 +176,11 @@ impl QMatrix {
     /// that the product computes for every output, bit for bit.
     pub fn row_dot(&self) -> VecDot { self.row_dot }
     /// The dot product every output of an `n_tokens`-token product is computed with.
-    pub fn row_dot_for(&self, n_tokens: usize) -> VecDot { self.dots_for(n_tokens).0 }
-    fn dots_for(&self, n_tokens: usize) -> (VecDot, Option<VecDotX4>) {
+    pub fn row_dot_for(&self, n_tokens: usize) -> VecDot { self.dots_for(n_tokens, false).0 }
+    /// The dots of an `n_tokens`-token product (`batch_invariant`: of a many-token one).
+    fn dots_for(&self, n_tokens: usize, batch_invariant: bool) -> (VecDot, Option<VecDotX4>) {
         match self.tiled_dot {
-            Some(tiled) if n_tokens >= TILED_TOKENS => tiled,
+            Some(tiled) if batch_invariant || n_tokens >= TILED_TOKENS => tiled,
             _ => (self.row_dot, self.row_dot_x4),
         }
     }
@@ -253,6 +254,11 @@ impl PackJob {
 pub struct MatmulScratch {
     quantized: Vec<u8>,
     packed: PackedActs,
+    /// Batch-invariant products: every output is computed with the arithmetic of many-token
+    /// products whatever the token count (the types whose arithmetic changes at
+    /// `TILED_TOKENS` take their one-accumulator dot from one token on), so that a token's
+    /// outputs do not depend on the batch it is in.
+    pub batch_invariant: bool,
 }
 
 /// Tokens per weight-row pass when a four-token kernel exists.
@@ -283,7 +289,7 @@ pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch:
     if let Some((p, kk)) = packing.filter(|(p, _)| p.ready_groups() > 0) {
         let n_groups = p.ready_groups();
         packed::pack_activations(p.kind.act(), dot_traits, &x[..n_tokens * w.cols], w.cols, n_tokens, &mut scratch.packed, threads);
-        packed::product(p, n_groups, kk, &scratch.packed, n_tokens, out.as_mut_ptr(), w.rows, threads);
+        packed::product(p, n_groups, kk, &scratch.packed, n_tokens, scratch.batch_invariant, out.as_mut_ptr(), w.rows, threads);
         first_plain_row = n_groups * packed::GROUP;
         if first_plain_row == w.rows {
             return;
@@ -301,11 +307,12 @@ pub fn matmul(w: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f32], scratch:
     let n_tasks = plain_rows.div_ceil(rows_per_task);
     let out_ptr = SendPtr(out.as_mut_ptr());
     let n_threads = threads.n_threads();
+    let invariant = scratch.batch_invariant;
     threads.run(n_tasks, |task| {
         let piece = piece_of_task(task, n_tasks, n_threads);
         let rows = first_plain_row + piece * rows_per_task..(first_plain_row + (piece + 1) * rows_per_task).min(w.rows);
         // SAFETY: tasks own disjoint row ranges, so each (t, r) is written by one task.
-        unsafe { rows_product(w, activations, xrow, n_tokens, rows, &out_ptr) };
+        unsafe { rows_product(w, activations, xrow, n_tokens, invariant, rows, &out_ptr) };
     });
 }
 
@@ -401,9 +408,10 @@ thread_local! {
 ///
 /// # Safety
 /// As `rows_product`.
-unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tokens: usize, rows: Range<usize>, out: &SendPtr<f32>) -> usize {
+unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tokens: usize, invariant: bool, rows: Range<usize>,
+                     out: &SendPtr<f32>) -> usize {
     let (all, rb) = (w.data.bytes(), w.row_bytes());
-    let (row_dot, row_dot_x4) = w.dots_for(n_tokens);
+    let (row_dot, row_dot_x4) = w.dots_for(n_tokens, invariant);
     let n_octets = rows.len() / 8;
     let octet_bytes = gemm.octet_bytes(w.cols);
     let mut t0 = 0;
@@ -499,12 +507,14 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
 /// # Safety
 /// `out` must point to n_tokens * w.rows floats, and no other thread may write the
 /// entries of these rows.
-unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, rows: Range<usize>, out: &SendPtr<f32>) {
+unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, invariant: bool, rows: Range<usize>, out: &SendPtr<f32>) {
     let (all, rb) = (w.data.bytes(), w.row_bytes());
     let row = |r: usize| &all[r * rb..(r + 1) * rb];
-    let (row_dot, row_dot_x4) = w.dots_for(n_tokens);
+    let (row_dot, row_dot_x4) = w.dots_for(n_tokens, invariant);
+    // batch-invariant: the kernels that compute the tiled dot's arithmetic serve every tile
+    let tiled_from = |from: usize| if invariant && w.tiled_dot.is_some() { 1 } else { from };
     let mut t0 = match w.sums_gemm {
-        Some((gemm, from)) if n_tokens >= from.max(TOKEN_TILE) => sums_tiles(w, gemm, act, xrow, n_tokens, rows.clone(), out),
+        Some((gemm, from)) if n_tokens >= tiled_from(from).max(TOKEN_TILE) => sums_tiles(w, gemm, act, xrow, n_tokens, invariant, rows.clone(), out),
         _ => 0,
     };
     if let Some(x4) = row_dot_x4 {
@@ -550,7 +560,7 @@ unsafe fn rows_product(w: &QMatrix, act: &[u8], xrow: usize, n_tokens: usize, ro
     // The tokens left take eight rows at a time where the type has such a kernel: the row
     // dot's bits, with the activation's loads and scales shared by the rows (and, for the
     // one-accumulator kinds, one reduction for the eight rows' block sums).
-    let dot8 = w.row_dot8.filter(|_| w.tiled_dot.is_none() || n_tokens < TILED_TOKENS);
+    let dot8 = w.row_dot8.filter(|_| w.tiled_dot.is_none() || (!invariant && n_tokens < TILED_TOKENS));
     for tok in t0..n_tokens {
         let xs = &act[tok * xrow..(tok + 1) * xrow];
         let mut r = rows.start;

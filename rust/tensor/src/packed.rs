@@ -667,7 +667,11 @@ pub fn kernels(kind: PackKind) -> Option<KindKernels> {
 
 /// out[t * out_stride + r] for rows r < 16 * n_groups and tokens t < n_tokens, where
 /// `n_groups` ≤ `p.ready_groups()`.
-pub fn product(p: &Packed, n_groups: usize, kk: &KindKernels, acts: &PackedActs, n_tokens: usize, out: *mut f32, out_stride: usize, threads: &Threads) {
+/// `batch_invariant`: Q8_0 and Q5_0 take the many-token kernels' one accumulator at every
+/// token count (see `MatmulScratch::batch_invariant`).
+#[allow(clippy::too_many_arguments)]
+pub fn product(p: &Packed, n_groups: usize, kk: &KindKernels, acts: &PackedActs, n_tokens: usize, batch_invariant: bool, out: *mut f32,
+               out_stride: usize, threads: &Threads) {
     assert!(n_groups <= p.ready_groups(), "product over unpublished groups");
     let args = KernelArgs {
         w: p.as_ptr(),
@@ -705,7 +709,8 @@ pub fn product(p: &Packed, n_groups: usize, kk: &KindKernels, acts: &PackedActs,
     // threads unbalanced on matrices of few, wide groups.
     let by_size = (64 * 1024 / work_per_group).max(1);
     let by_count = (n_groups * n_tok_chunks).div_ceil(8 * n_threads).max(1);
-    let many = kk.many.is_some() && n_tokens >= MANY_TOKENS;
+    let many_from = if batch_invariant && matches!(p.kind, PackKind::Q8_0 | PackKind::Q5_0) { 1 } else { MANY_TOKENS };
+    let many = kk.many.is_some() && n_tokens >= many_from;
     let by_weights = (128 * 1024 / p.group_bytes.max(1)).max(1);
     let groups_per_task = if many { by_weights.min(by_count) } else { by_size.min(by_count) };
     let n_group_chunks = n_groups.div_ceil(groups_per_task);
@@ -720,7 +725,7 @@ pub fn product(p: &Packed, n_groups: usize, kk: &KindKernels, acts: &PackedActs,
             // SAFETY: every (group, token) output block is written by exactly one task; the
             // kernel reads the packed group g and token rows t..t+T, all in bounds.
             unsafe {
-                if let Some(many) = kk.many.filter(|_| n_tokens >= MANY_TOKENS) {
+                if let Some(many) = kk.many.filter(|_| n_tokens >= many_from) {
                     many(a, g, t_start, t_end);
                     continue;
                 }

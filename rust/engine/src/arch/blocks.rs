@@ -243,7 +243,7 @@ pub fn attend_heads(hp: &HParams, lw: &AttnWeights, ws: &mut Workspace, kv: &KvS
     let view = ub.kv(il);
     let input = AttnInput {
         q: &ws.q[..n * q_dim], n_tokens: n, n_head: hp.n_head, n_head_kv: hp.n_head_kv_of(il), kv, layer: hp.kv_source[il],
-        mask: view.mask, n_kv: view.n_kv, scale, softcap, sinks: lw.sinks.as_deref(),
+        mask: view.mask, n_kv: view.n_kv, visible: view.visible, scale, softcap, sinks: lw.sinks.as_deref(),
     };
     attention(&input, &mut ws.attn[..n * attn_dim], threads);
 }

@@ -226,7 +226,7 @@ fn absorbed_attention(hp: &HParams, lp: &LatentParams, k_b: &[QMatrix], v_b: &[Q
     }
     let input = AttnInput {
         q: &ws.q[..n * nh * dk], n_tokens: n, n_head: nh, n_head_kv: 1, kv, layer: il,
-        mask: view.mask, n_kv: view.n_kv, scale, softcap: 0.0, sinks: None,
+        mask: view.mask, n_kv: view.n_kv, visible: view.visible, scale, softcap: 0.0, sinks: None,
     };
     attention(&input, &mut ws.attn[..n * nh * kvr], threads);
     let heads = sized(&mut s.heads, n * nh * dv);
@@ -289,7 +289,7 @@ fn decompressed_attention(hp: &HParams, lp: &LatentParams, kv_b: &QMatrix, ws: &
     }
     let input = AttnInput {
         q: &s.q[..n * nh * dqk], n_tokens: n, n_head: nh, n_head_kv: nh, kv, layer: il,
-        mask: view.mask, n_kv: view.n_kv, scale, softcap: 0.0, sinks: None,
+        mask: view.mask, n_kv: view.n_kv, visible: view.visible, scale, softcap: 0.0, sinks: None,
     };
     attention(&input, sized(&mut s.heads, n * nh * dv), threads);
 }

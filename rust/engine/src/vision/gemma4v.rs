@@ -304,6 +304,7 @@ fn block(l: &Layer, p: &VisionParams, rope: &Rope2d, x: &mut [f32], n: usize, th
         match p.ffn_act {
             FfnAct::Gelu => geglu(rows, up, ff),
             FfnAct::Silu => swiglu(rows, up, ff),
+            FfnAct::GeluErf => unreachable!("GELU-erf is an audio encoder's (clip.cpp's Whisper)"),
             FfnAct::GeluQuick => {
                 // ggml_vec_geglu_quick_f32: the f16 table's value of the gate times up
                 gelu_quick_inplace(rows);

@@ -120,25 +120,26 @@ pub(crate) fn norm(ld: &Loader, prefix: &str, d: usize) -> Result<(Vec<f32>, Opt
 }
 
 fn load_layer(ld: &Loader, p: &VisionParams, il: usize) -> Result<VitLayer> {
-    load_layer_at(ld, "v", p.n_embd, p.n_ff, il)
+    load_layer_at(ld, "v", p.n_embd, p.n_ff, p.ffn_act, p.projector != ProjectorType::Pixtral, il)
 }
 
 /// Block `il` of an encoder whose tensors are named `{prefix}.blk.{il}.*` (clip.cpp's "v" for
-/// vision, "a" for audio), of width d and FFN width ff.
-pub(crate) fn load_layer_at(ld: &Loader, prefix: &str, d: usize, ff: usize, il: usize) -> Result<VitLayer> {
+/// vision, "a" for audio), of width d and FFN width ff, its FFN's activation `ffn_act`;
+/// `swappable`: an old conversion's swapped FFN names are read as clip.cpp reads them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn load_layer_at(ld: &Loader, prefix: &str, d: usize, ff: usize, ffn_act: FfnAct, swappable: bool, il: usize) -> Result<VitLayer> {
     let name = |part: &str, what: &str| format!("{prefix}.blk.{il}.{part}.{what}");
     let mat = |part: &str, cols: usize, rows: usize| ld.matrix(&name(part, "weight"), cols, rows);
     let bias = |part: &str, n: usize| ld.opt_vector(&name(part, "bias"), n);
     // clip.cpp's build_ffn gates with the FFN's activation: SiLU is the one supported (Pixtral's)
     let gated = ld.has(&name("ffn_gate", "weight"));
-    if gated != (p.ffn_act == FfnAct::Silu) || ld.has(&name("attn_qkv", "weight")) {
+    if gated != (ffn_act == FfnAct::Silu) || ld.has(&name("attn_qkv", "weight")) {
         return Err(EngineError::Unsupported(format!(
             "vision block {il}: a fused QKV, a gated FFN other than SiLU's, or a SiLU FFN without a gate")));
     }
     // Old conversions (llava's) named CLIP's fc1 ffn_down and fc2 ffn_up: clip.cpp swaps the
     // two (and their biases) where ffn_down takes n_embd inputs, for the projector types of
     // those conversions (not Pixtral's).
-    let swappable = p.projector != ProjectorType::Pixtral;
     let swapped = swappable && ld.shape(&name("ffn_down", "weight")).is_some_and(|s| s.first() == Some(&d));
     let (up, down) = if swapped { ("ffn_down", "ffn_up") } else { ("ffn_up", "ffn_down") };
     Ok(VitLayer {

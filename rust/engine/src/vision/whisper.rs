@@ -138,7 +138,7 @@ fn load_encoder(ld: &Loader, p: &AudioParams) -> Result<WhisperWeights> {
         None => return Err(ld.error("missing tensor 'a.position_embd.weight'")),
     };
     let pos = ld.opt_vector_2d("a.position_embd.weight", d, n_pos)?.expect("present");
-    let layers = (0..p.n_layer).map(|il| vit::load_layer_at(ld, "a", d, p.n_ff, il)).collect::<Result<_>>()?;
+    let layers = (0..p.n_layer).map(|il| vit::load_layer_at(ld, "a", d, p.n_ff, FfnAct::GeluErf, true, il)).collect::<Result<_>>()?;
     let post_ln = match ld.has("a.post_ln.weight") {
         true => Some(vit::norm(ld, "a.post_ln", d)?),
         false => None,

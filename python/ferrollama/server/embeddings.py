@@ -28,7 +28,7 @@ class Embedder:
         if self._ctx is None:
             self._ctx = Context(self.model, n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx,
                                 n_threads=self.n_threads, n_threads_batch=self.n_threads, embeddings=True,
-                                pooling=self._pooling(), batch_invariant=True)  # as Llama's and the chat slots'
+                                pooling=self._pooling())
             for adapter, scale in self.loras:
                 self._ctx.set_lora(adapter, scale)
         return self._ctx

@@ -37,8 +37,9 @@ class ServerThread:
 
 
 def start_server(model, n_seq: int = 4, n_ctx: int = 4096, queue_size: int = 64, api_key: str | None = None,
-                 n_threads: int = 2, drafter=None, projector=None) -> tuple[ServerThread, Scheduler]:  # noqa: ANN001
-    scheduler = Scheduler(model, n_ctx=n_ctx, n_seq=n_seq, n_threads=n_threads, queue_size=queue_size, drafter=drafter)
+                 n_threads: int = 2, drafter=None, projector=None, batch_invariant: bool = False) -> tuple[ServerThread, Scheduler]:  # noqa: ANN001
+    scheduler = Scheduler(model, n_ctx=n_ctx, n_seq=n_seq, n_threads=n_threads, queue_size=queue_size, drafter=drafter,
+                          batch_invariant=batch_invariant)
     server = ServerThread(create_app(scheduler, model_name="qwen", api_key=api_key, projector=projector)).start()
     return server, scheduler
 

@@ -1,4 +1,5 @@
-"""What batch-invariant logits buy a user (issue 40, goal 4), on the default model: a seeded
+"""What batch-invariant logits (``batch_invariant=True``, ``--batch-invariant``) buy a user
+(issue 40, goal 4), on the default model: a seeded
 server request repeated gives the same text, alone, without the prompt cache and among
 concurrent requests; a greedy request's text does not depend on the others in the batch;
 speculative decoding's greedy text is plain decoding's; a state restored gives the text again."""
@@ -22,7 +23,7 @@ N_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def client():
-    server, scheduler = start_server(load_model(REAL_MODELS["qwen2"]), n_seq=8, n_ctx=8 * 512)
+    server, scheduler = start_server(load_model(REAL_MODELS["qwen2"]), n_seq=8, n_ctx=8 * 512, batch_invariant=True)
     yield openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
     server.stop()
     scheduler.close()
@@ -64,21 +65,21 @@ def greedy(llm: fl.Llama, prompt: str, n: int = 48) -> list[int]:
 
 def test_speculative_decoding_gives_plain_decodings_greedy_text():
     path = str(model_path(REAL_MODELS["qwen2"]))
-    plain = fl.Llama(path, n_ctx=1024, verbose=False)
+    plain = fl.Llama(path, n_ctx=1024, verbose=False, batch_invariant=True)
     drafters = {"lookup": fl.PromptLookupDecoding(max_ngram_size=3, num_pred_tokens=16),
                 "draft model": fl.DraftModel(path, draft_max=12, draft_p_min=0.0, n_ctx=1024)}
     prompts = speculative_prompts()
     assert len(prompts) >= 7
     want = [greedy(plain, p) for p in prompts]
     for name, drafter in drafters.items():
-        llm = fl.Llama(path, n_ctx=1024, draft_model=drafter, verbose=False)
+        llm = fl.Llama(path, n_ctx=1024, draft_model=drafter, verbose=False, batch_invariant=True)
         for prompt, tokens in zip(prompts, want):
             assert greedy(llm, prompt) == tokens, f"{name}: {prompt[:40]!r}"
         assert llm.speculative_stats.n_accepted > 0  # drafts were verified in batches
 
 
 def test_a_restored_state_gives_the_same_text_again():
-    llm = fl.Llama(str(model_path(REAL_MODELS["qwen2"])), n_ctx=512, verbose=False)
+    llm = fl.Llama(str(model_path(REAL_MODELS["qwen2"])), n_ctx=512, verbose=False, batch_invariant=True)
     first = "The capital of France is"
     text = llm(first, max_tokens=N_TOKENS, temperature=0.0)["choices"][0]["text"]
     state = llm.save_state()

@@ -280,9 +280,6 @@ class Llama:
                                     **_rope_kwargs(rope_scaling_type, rope_freq_base, rope_freq_scale, yarn_ext_factor,
                                                    yarn_attn_factor, yarn_beta_fast, yarn_beta_slow, yarn_orig_ctx),
                                     **({"swa_full": swa_full} if swa_full is not None else {}), **context_params)
-        # a request's text does not depend on what it is batched with, how its drafts are
-        # verified, or where its cells sit (issue 40); batch_invariant=False: llama.cpp's arithmetic
-        self._context_kwargs.setdefault("batch_invariant", True)
         if draft_model is not None and self.model.is_recurrent and "n_rs_seq" not in context_params:
             # a recurrent model drops rejected drafted tokens by rolling back to kept states
             self._context_kwargs["n_rs_seq"] = snapshots_for(draft_model, self._context_kwargs["n_ubatch"])
@@ -861,7 +858,7 @@ class Llama:
             self._batcher = Scheduler(self.model, n_ctx=kw["n_ctx"] * n_seq, n_seq=n_seq, n_batch=kw["n_batch"],
                                       n_threads=kw["n_threads"], queue_size=1 << 30, type_k=kw["type_k"],
                                       type_v=kw["type_v"], loras=[(self._lora, self.lora_scale)] if self._lora else (),
-                                      batch_invariant=kw["batch_invariant"])
+                                      batch_invariant=kw.get("batch_invariant", False))
         return self._batcher
 
     # --- chat ---

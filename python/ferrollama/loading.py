@@ -107,7 +107,7 @@ def make_context(args: argparse.Namespace, model: Model, **overrides: Any) -> Co
                   n_batch=args.batch_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
                   n_threads_batch=args.threads_batch or args.threads,
                   type_k=args.cache_type_k, type_v=args.cache_type_v,
-                  batch_invariant=getattr(args, "batch_invariant", True))
+                  batch_invariant=getattr(args, "batch_invariant", False))
     draft = getattr(args, "lookup", 0) or (getattr(args, "draft_max", 0) if getattr(args, "model_draft", None) else 0)
     if model.is_recurrent and draft:
         # speculative decoding drops a rejected draft by rolling the recurrent state back to

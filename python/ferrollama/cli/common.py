@@ -156,9 +156,10 @@ def add_context_args(p: argparse.ArgumentParser, n_ctx: int = 4096) -> None:
                    metavar="TYPE", help="KV cache type for K: " + ", ".join(CACHE_TYPES) + " (default: f16)")
     g.add_argument("-ctv", "--ctv", "--cache-type-v", dest="cache_type_v", type=cache_type, default="f16",
                    metavar="TYPE", help="KV cache type for V: " + ", ".join(CACHE_TYPES) + " (default: f16)")
-    g.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=False,
                    help="a token's logits do not depend on how it is batched, threaded or placed in the cache "
-                        "(default: on; --no-batch-invariant: llama.cpp's arithmetic, which changes with the batch)")
+                        "(seeded requests repeat, speculative decoding keeps the greedy text; slower, see the README; "
+                        "default: off, llama.cpp's arithmetic, which changes with the batch)")
     g.add_argument("--no-warmup", action="store_true", help="skip warming up the model with an empty run")
 
 

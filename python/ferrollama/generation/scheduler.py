@@ -241,7 +241,7 @@ class Scheduler:
     def __init__(self, model: Model, n_ctx: int = 4096, n_seq: int = 4, n_batch: int = 512,
                  n_threads: int | None = None, queue_size: int = 64, type_k: str = "f16", type_v: str = "f16",
                  n_ubatch: int | None = None, n_threads_batch: int | None = None, drafter: Any = None,
-                 loras: Sequence = (), ctx_checkpoints: int = DEFAULT_CHECKPOINTS, batch_invariant: bool = True):
+                 loras: Sequence = (), ctx_checkpoints: int = DEFAULT_CHECKPOINTS, batch_invariant: bool = False):
         if n_seq < 1 or n_ctx < n_seq:
             raise ValueError(f"need 1 <= n_seq <= n_ctx, got n_seq={n_seq}, n_ctx={n_ctx}")
         self.model = model

@@ -4,7 +4,6 @@ embeddings (mtmd_encode_chunk), the chunks of a prompt with media markers (mtmd_
 the logits after decoding it (mtmd_helper_eval_chunks), plus the errors of bad input."""
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -16,32 +15,26 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import MEDIA_MARKER, ImageChunk, Projector, TextChunk, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
+from vision_pairs import DATA, Pair, check_prompt_matches_mtmd
 
-DATA = Path(__file__).resolve().parent / "data"
-SCN = json.loads((DATA / "scenarios" / "vision-gemma3-f32.json").read_text())
+PAIR = Pair("vision-gemma3-f32")
+SCN = PAIR.scn
 #: llama.cpp rounds the patch convolution, the products' activations and GELU through f16
 #: (REFERENCE.md): an exact float64 implementation is 2.2e-3 from its embeddings (RMS ~2)
 TOL_EMBD = 5e-3
 
 
-def image(name: str) -> Path:
-    return DATA / SCN["images"][name]
+image, context = PAIR.image, PAIR.context
 
 
 @pytest.fixture(scope="module")
 def model() -> fl.Model:
-    return fl.Model(str(DATA / "models" / SCN["model"]))
+    return PAIR.model()
 
 
 @pytest.fixture(scope="module")
 def proj(model: fl.Model) -> Projector:
-    return Projector(model, DATA / "models" / SCN["mmproj"], n_threads=2)
-
-
-def context(model: fl.Model, cache_type: str = "f32", **kw) -> fl.Context:
-    c = {**SCN["context"], **kw}
-    return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
-                      n_threads=2, type_k=cache_type, type_v=cache_type)
+    return PAIR.projector(model)
 
 
 def assert_first_token(model: fl.Model, logits, token: str, logprob: float, tol: float) -> None:  # noqa: ANN001
@@ -50,12 +43,6 @@ def assert_first_token(model: fl.Model, logits, token: str, logprob: float, tol:
     top, peak = int(np.argmax(logits)), logits.max()
     assert token == model.token_to_piece(top, True).decode()
     assert abs(logprob - (logits[top] - peak - np.log(np.exp(logits - peak).sum()))) < tol
-
-
-def chunk_record(chunk) -> dict:
-    if isinstance(chunk, TextChunk):
-        return {"type": "text", "tokens": chunk.tokens}
-    return {"type": "image", "n_tokens": chunk.n_tokens, "n_pos": chunk.n_pos}
 
 
 @pytest.mark.parametrize("name", sorted(SCN["images"]))
@@ -78,13 +65,7 @@ def test_image_sources_give_the_same_embeddings(proj: Projector) -> None:
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("case", range(len(SCN["evals"])))
 def test_prompt_with_images_matches_mtmd(model: fl.Model, proj: Projector, case: int, cache_type: str) -> None:
-    ev = SCN["evals"][case]
-    images = [image(n) for n in ev["images"]]
-    assert [chunk_record(c) for c in proj.tokenize(ev["prompt"], images)] == ev["expected_chunks"]
-    ctx = context(model, cache_type)
-    assert proj.eval(ctx, ev["prompt"], images, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
-    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
-    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+    _, ctx = check_prompt_matches_mtmd(model, proj, PAIR, case, cache_type, non_causal=True)
     assert ctx.causal_attn  # restored after the image
 
 
@@ -171,10 +152,10 @@ def test_models_that_cannot_take_embeddings_or_be_non_causal() -> None:
 
 def test_projector_file_errors(model: fl.Model, tmp_path: Path) -> None:
     with pytest.raises(fl.GGUFError, match="'clip'"):
-        Projector(model, DATA / "models" / SCN["model"])
+        Projector(model, PAIR.model_path)
     narrow = fl.Model(str(DATA / "models" / "tiny-qwen35-f32.gguf"))  # n_embd 64
     with pytest.raises(ValueError, match="not a pair"):
-        Projector(narrow, DATA / "models" / SCN["mmproj"])
+        Projector(narrow, PAIR.mmproj)
     with pytest.raises(fl.GGUFError):
         Projector(model, tmp_path / "missing.gguf")
     unknown = rewritten(tmp_path, {"clip.vision.n_wa_pattern": 4})
@@ -192,7 +173,7 @@ def test_pixels_of_the_wrong_size_are_refused(proj: Projector) -> None:
         proj.core.encode_pixels(np.zeros((64, 64, 4), np.float32))
 
 
-def rewritten(tmp_path: Path, changes: dict, mmproj: Path = DATA / "models" / SCN["mmproj"]) -> Path:
+def rewritten(tmp_path: Path, changes: dict, mmproj: Path = PAIR.mmproj) -> Path:
     """A projector (the tiny one by default) with metadata values (strings, integers, integer lists)
     added, replaced or (None) removed."""
     src = gguf.GGUFReader(mmproj)
@@ -241,8 +222,8 @@ def test_llama_chat_with_images_decodes_the_template_text_with_the_images(model:
     from ferrollama.chat.media import with_media_markers
     from ferrollama.llama_chat_format import MTMDChatHandler
 
-    handler = MTMDChatHandler(clip_model_path=str(DATA / "models" / SCN["mmproj"]))
-    llm = fl.Llama(str(DATA / "models" / SCN["model"]), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
+    handler = MTMDChatHandler(clip_model_path=str(PAIR.mmproj))
+    llm = fl.Llama(str(PAIR.model_path), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
                    chat_handler=handler, verbose=False)
     # square, then wide (the text before the image is reused), then square again, as a path
     for name, url in (("square", data_uri(image("square"))), ("wide", data_uri(image("wide"))),
@@ -258,7 +239,7 @@ def test_llama_chat_with_images_decodes_the_template_text_with_the_images(model:
 
 
 def test_image_parts_without_a_projector_are_refused() -> None:
-    llm = fl.Llama(str(DATA / "models" / SCN["model"]), n_ctx=256, verbose=False)
+    llm = fl.Llama(str(PAIR.model_path), n_ctx=256, verbose=False)
     with pytest.raises(ValueError, match="MTMDChatHandler"):
         llm.create_chat_completion(messages=chat_message(str(image("square"))), max_tokens=1)
 
@@ -409,7 +390,7 @@ def greedy_after(model: fl.Model, proj: Projector, text: str, images: list, n: i
 def test_cli_chat_with_an_image_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
     from ferrollama.chat.templates import ChatTemplate
 
-    base = ["chat", "-m", str(DATA / "models" / SCN["model"]), "--mmproj", str(DATA / "models" / SCN["mmproj"]),
+    base = ["chat", "-m", str(PAIR.model_path), "--mmproj", str(PAIR.mmproj),
             "-c", "256", "-n", "6", "--temp", "0", "-t", "2"]
     r = ferrollama_cli(*base, "--image", str(image("wide")), "-p", "Tell me")
     assert r.returncode == 0, r.stderr
@@ -424,19 +405,19 @@ def test_cli_chat_with_an_image_answers_as_the_projector_api(model: fl.Model, pr
 
 
 def test_cli_image_errors() -> None:
-    base = ["chat", "-m", str(DATA / "models" / SCN["model"]), "-c", "256", "-n", "2"]
+    base = ["chat", "-m", str(PAIR.model_path), "-c", "256", "-n", "2"]
     r = ferrollama_cli(*base, "--image", str(image("square")), "-p", "hi")
     assert r.returncode != 0 and "--mmproj" in r.stderr
-    r = ferrollama_cli(*base, "--mmproj", str(DATA / "models" / SCN["mmproj"]), "--image", str(DATA / "nope.png"), "-p", "hi")
+    r = ferrollama_cli(*base, "--mmproj", str(PAIR.mmproj), "--image", str(DATA / "nope.png"), "-p", "hi")
     assert r.returncode != 0 and "nope.png" in r.stderr
-    r = ferrollama_cli(*base, "--mmproj", str(DATA / "models" / SCN["model"]))
+    r = ferrollama_cli(*base, "--mmproj", str(PAIR.model_path))
     assert r.returncode != 0 and "--mmproj" in r.stderr and "clip" in r.stderr
 
 
 def test_mtmd_handler_loads_image_urls_as_llama_cpp_python(tmp_path: Path) -> None:
     from ferrollama.llama_chat_format import MTMDChatHandler
 
-    handler = MTMDChatHandler(clip_model_path=str(DATA / "models" / SCN["mmproj"]))
+    handler = MTMDChatHandler(clip_model_path=str(PAIR.mmproj))
     raw = image("square").read_bytes()
     assert handler.load_image(data_uri(image("square"))) == raw
     assert handler.load_image(str(image("square"))) == raw
@@ -447,8 +428,8 @@ def test_llama_with_a_drafter_answers_image_chats_without_drafts(model: fl.Model
     from ferrollama.llama_chat_format import MTMDChatHandler
 
     def answer(**kw) -> dict:  # noqa: ANN003
-        llm = fl.Llama(str(DATA / "models" / SCN["model"]), n_ctx=256, n_threads=2, verbose=False,
-                       chat_handler=MTMDChatHandler(clip_model_path=str(DATA / "models" / SCN["mmproj"])), **kw)
+        llm = fl.Llama(str(PAIR.model_path), n_ctx=256, n_threads=2, verbose=False,
+                       chat_handler=MTMDChatHandler(clip_model_path=str(PAIR.mmproj)), **kw)
         r = llm.create_chat_completion(messages=chat_message(data_uri(image("wide"))), max_tokens=6, temperature=0)
         return r["choices"][0]["message"], llm.speculative_stats
 

@@ -6,42 +6,31 @@ rows take the padding token's), the images' attention (non-causal but for E2B an
 widths), the images refused, and Gemma4ChatHandler through Llama."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import ferrollama as fl
 from ferrollama.generation.multimodal import FAMILIES, ImageChunk, Projector, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, assert_first_token, chat_message, chunk_record, data_uri
+from test_vision import TOL_EMBD, assert_first_token, chat_message, data_uri
+from vision_pairs import Pair, check_prompt_matches_mtmd
 
-DATA = Path(__file__).resolve().parent / "data"
-SCN = json.loads((DATA / "scenarios" / "vision-gemma4-f32.json").read_text())
-MMPROJ = DATA / "models" / SCN["mmproj"]
+PAIR = Pair("vision-gemma4-f32")
+SCN, MMPROJ = PAIR.scn, PAIR.mmproj
 #: image tokens: 216x216 pixels as they are (27x27 patches pooled 3x3), 100x37 resized to 336x144
 N_TOKENS = {"square": 81, "wide": 84}
 
-
-def image(name: str) -> Path:
-    return DATA / SCN["images"][name]
+image, context = PAIR.image, PAIR.context
 
 
 @pytest.fixture(scope="module")
 def model() -> fl.Model:
-    return fl.Model(str(DATA / "models" / SCN["model"]))
+    return PAIR.model()
 
 
 @pytest.fixture(scope="module")
 def proj(model: fl.Model) -> Projector:
-    return Projector(model, MMPROJ, n_threads=2)
-
-
-def context(model: fl.Model, cache_type: str = "f32") -> fl.Context:
-    c = SCN["context"]
-    return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
-                      n_threads=2, type_k=cache_type, type_v=cache_type)
+    return PAIR.projector(model)
 
 
 @pytest.mark.parametrize("name", sorted(SCN["images"]))
@@ -55,15 +44,7 @@ def test_image_embeddings_match_mtmd(proj: Projector, name: str) -> None:
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("case", range(len(SCN["evals"])))
 def test_prompt_with_images_matches_mtmd(model: fl.Model, proj: Projector, case: int, cache_type: str) -> None:
-    ev = SCN["evals"][case]
-    images = [image(n) for n in ev["images"]]
-    chunks = proj.tokenize(ev["prompt"], images)
-    assert [chunk_record(c) for c in chunks] == ev["expected_chunks"]
-    assert ev["expected_non_causal"] and all(c.non_causal for c in chunks if isinstance(c, ImageChunk))
-    ctx = context(model, cache_type)
-    assert proj.eval(ctx, ev["prompt"], images, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
-    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
-    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+    check_prompt_matches_mtmd(model, proj, PAIR, case, cache_type, non_causal=True)
 
 
 def test_images_are_between_gemma4s_markers(model: fl.Model) -> None:
@@ -108,7 +89,7 @@ def test_gemma4_chat_handler_decodes_the_template_text_with_the_images(model: fl
     from ferrollama.llama_chat_format import Gemma4ChatHandler
 
     c = SCN["context"]
-    llm = fl.Llama(str(DATA / "models" / SCN["model"]), n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"],
+    llm = fl.Llama(str(PAIR.model_path), n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"],
                    n_threads=2, chat_handler=Gemma4ChatHandler(clip_model_path=str(MMPROJ)), verbose=False)
     for name, url in (("square", data_uri(image("square"))), ("wide", str(image("wide")))):
         messages = chat_message(url)

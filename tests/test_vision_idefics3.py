@@ -4,7 +4,6 @@ each image tiled into 32x32 slices plus an overview, each its own chunk, with Id
 between them (mtmd's slice template); the embeddings, the chunks and the logits after the prompt."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,35 +12,26 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import (MEDIA_MARKER, EncodedImage, ImageChunk, Projector, TextChunk, key_runs,
                                               prompt_keys)
-from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, assert_first_token, chat_message, chunk_record, ferrollama_cli, greedy_after, rewritten
+from test_vision import TOL_EMBD, assert_first_token, chat_message, ferrollama_cli, greedy_after, rewritten
+from vision_pairs import DATA, Pair, check_prompt_matches_mtmd, chunk_record
 
-DATA = Path(__file__).resolve().parent / "data"
-SCN = json.loads((DATA / "scenarios" / "vision-idefics3-f32.json").read_text())
-MMPROJ = DATA / "models" / SCN["mmproj"]
+PAIR = Pair("vision-idefics3-f32")
+SCN, MMPROJ = PAIR.scn, PAIR.mmproj
 #: tiles per image (the slices and the overview) and image tokens per tile
 TILES = {"square": 3 * 3 + 1, "wide": 3 * 2 + 1}
 TILE_TOKENS = 16
 
-
-def image(name: str) -> Path:
-    return DATA / SCN["images"][name]
+image, context = PAIR.image, PAIR.context
 
 
 @pytest.fixture(scope="module")
 def model() -> fl.Model:
-    return fl.Model(str(DATA / "models" / SCN["model"]))
+    return PAIR.model()
 
 
 @pytest.fixture(scope="module")
 def proj(model: fl.Model) -> Projector:
-    return Projector(model, MMPROJ, n_threads=2)
-
-
-def context(model: fl.Model, cache_type: str = "f32") -> fl.Context:
-    c = SCN["context"]
-    return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
-                      n_threads=2, type_k=cache_type, type_v=cache_type)
+    return PAIR.projector(model)
 
 
 def test_projector_reads_the_idefics3_keys(proj: Projector) -> None:
@@ -63,16 +53,9 @@ def test_image_embeddings_match_mtmd(proj: Projector, name: str) -> None:
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("case", range(len(SCN["evals"])))
 def test_prompt_with_tiled_images_matches_mtmd(model: fl.Model, proj: Projector, case: int, cache_type: str) -> None:
+    chunks, _ = check_prompt_matches_mtmd(model, proj, PAIR, case, cache_type, non_causal=False)
     ev = SCN["evals"][case]
-    images = [image(n) for n in ev["images"]]
-    chunks = proj.tokenize(ev["prompt"], images)
-    assert [chunk_record(c) for c in chunks] == ev["expected_chunks"]
     assert sum(isinstance(c, ImageChunk) for c in chunks) == sum(TILES[n] for n in ev["images"])
-    assert not ev["expected_non_causal"] and not any(c.non_causal for c in chunks if isinstance(c, ImageChunk))
-    ctx = context(model, cache_type)
-    assert proj.eval(ctx, ev["prompt"], images, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
-    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
-    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
 
 
 def test_slice_template_tokens(model: fl.Model, proj: Projector) -> None:
@@ -145,7 +128,7 @@ def test_llama_chat_with_tiled_images_decodes_each_tile(model: fl.Model, proj: P
     from ferrollama.llama_chat_format import MTMDChatHandler
 
     handler = MTMDChatHandler(clip_model_path=str(MMPROJ))
-    llm = fl.Llama(str(DATA / "models" / SCN["model"]), n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2,
+    llm = fl.Llama(str(PAIR.model_path), n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2,
                    chat_handler=handler, verbose=False)
     wide = np.asarray(Image.open(image("wide")).convert("RGB"))
     tall = np.ascontiguousarray(wide.transpose(1, 0, 2))  # 37x100: 2x3 tiles
@@ -208,7 +191,7 @@ def test_smolvlm_template_gets_string_contents_as_text_parts(model: fl.Model) ->
 def test_cli_chat_with_a_tiled_image_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
     from ferrollama.chat.templates import ChatTemplate
 
-    r = ferrollama_cli("chat", "-m", str(DATA / "models" / SCN["model"]), "--mmproj", str(MMPROJ), "-c", "512", "-n", "6",
+    r = ferrollama_cli("chat", "-m", str(PAIR.model_path), "--mmproj", str(MMPROJ), "-c", "512", "-n", "6",
                        "--temp", "0", "-t", "2", "--image", str(image("wide")), "-p", "Tell me")
     assert r.returncode == 0, r.stderr
     text = ChatTemplate.from_model(model).apply([{"role": "user", "content": MEDIA_MARKER + "Tell me"}])

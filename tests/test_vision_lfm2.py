@@ -6,7 +6,6 @@ the prefix reuse of `Llama` and of the server's slots, which resume a recurrent 
 a checkpoint."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,36 +13,27 @@ import pytest
 
 import ferrollama as fl
 from ferrollama.generation.multimodal import ImageChunk, Projector
-from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import (TOL_EMBD, assert_first_token, chat_message, chunk_record, data_uri, ferrollama_cli, greedy_after,
+from test_vision import (TOL_EMBD, assert_first_token, chat_message, data_uri, ferrollama_cli, greedy_after,
                          rewritten)
+from vision_pairs import Pair, check_prompt_matches_mtmd
 
-DATA = Path(__file__).resolve().parent / "data"
-SCN = json.loads((DATA / "scenarios" / "vision-lfm2-f32.json").read_text())
-MMPROJ = DATA / "models" / SCN["mmproj"]
+PAIR = Pair("vision-lfm2-f32")
+SCN, MMPROJ = PAIR.scn, PAIR.mmproj
 #: image tokens per image: square-64.png at 256x256 (16x16 patches, the learned grid), the wide
 #: one at 448x160 (28x10 patches), pre-large.png as 3x2 tiles of 512x512 and a 640x384 thumbnail
 TOKENS = {"square": [64], "wide": [70], "large": [256] * 6 + [240]}
 
-
-def image(name: str) -> Path:
-    return DATA / SCN["images"][name]
+image, context = PAIR.image, PAIR.context
 
 
 @pytest.fixture(scope="module")
 def model() -> fl.Model:
-    return fl.Model(str(DATA / "models" / SCN["model"]))
+    return PAIR.model()
 
 
 @pytest.fixture(scope="module")
 def proj(model: fl.Model) -> Projector:
-    return Projector(model, MMPROJ, n_threads=2)
-
-
-def context(model: fl.Model, cache_type: str = "f32") -> fl.Context:
-    c = SCN["context"]
-    return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
-                      n_threads=2, type_k=cache_type, type_v=cache_type)
+    return PAIR.projector(model)
 
 
 def test_projector_reads_the_lfm2_keys(model: fl.Model, proj: Projector) -> None:
@@ -68,15 +58,7 @@ def test_image_embeddings_match_mtmd(proj: Projector, name: str) -> None:
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("case", range(len(SCN["evals"])))
 def test_prompt_with_images_matches_mtmd(model: fl.Model, proj: Projector, case: int, cache_type: str) -> None:
-    ev = SCN["evals"][case]
-    images = [image(n) for n in ev["images"]]
-    chunks = proj.tokenize(ev["prompt"], images)
-    assert [chunk_record(c) for c in chunks] == ev["expected_chunks"]
-    assert not ev["expected_non_causal"] and not any(c.non_causal for c in chunks if isinstance(c, ImageChunk))
-    ctx = context(model, cache_type)
-    assert proj.eval(ctx, ev["prompt"], images, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
-    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
-    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+    check_prompt_matches_mtmd(model, proj, PAIR, case, cache_type, non_causal=False)
 
 
 def test_tile_tokens(model: fl.Model, proj: Projector) -> None:
@@ -104,7 +86,7 @@ def test_lfm2_files_that_do_not_fit(model: fl.Model, tmp_path: Path) -> None:
 def llama(**kw) -> fl.Llama:  # noqa: ANN003
     from ferrollama.llama_chat_format import MTMDChatHandler
 
-    return fl.Llama(str(DATA / "models" / SCN["model"]), n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2,
+    return fl.Llama(str(PAIR.model_path), n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2,
                     chat_handler=MTMDChatHandler(clip_model_path=str(MMPROJ)), verbose=False, **kw)
 
 
@@ -220,7 +202,7 @@ def test_cli_chat_with_an_image_answers_as_the_projector_api(model: fl.Model, pr
     from ferrollama.chat.templates import ChatTemplate
     from ferrollama.generation.multimodal import MEDIA_MARKER
 
-    r = ferrollama_cli("chat", "-m", str(DATA / "models" / SCN["model"]), "--mmproj", str(MMPROJ), "-c", "256", "-n", "6",
+    r = ferrollama_cli("chat", "-m", str(PAIR.model_path), "--mmproj", str(MMPROJ), "-c", "256", "-n", "6",
                        "--temp", "0", "-t", "2", "--image", str(image("wide")), "-p", "Tell me")
     assert r.returncode == 0, r.stderr
     text = ChatTemplate.from_model(model).apply([{"role": "user", "content": MEDIA_MARKER + "Tell me"}])

@@ -5,43 +5,33 @@ overview and slice, llava-uhd slicing without pinpoints with MiniCPM-V's tokens 
 slices, decoded into a qwen2; and llama-cpp-python's MiniCPMv26ChatHandler on the pair."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ferrollama as fl
-from ferrollama.generation.multimodal import ImageChunk, Projector
-from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, assert_first_token, chat_message, chunk_record, data_uri, rewritten
+from ferrollama.generation.multimodal import Projector
+from test_vision import TOL_EMBD, assert_first_token, chat_message, data_uri, rewritten
+from vision_pairs import Pair, check_prompt_matches_mtmd
 
-DATA = Path(__file__).resolve().parent / "data"
-SCN = json.loads((DATA / "scenarios" / "vision-minicpmv-f32.json").read_text())
-MMPROJ = DATA / "models" / SCN["mmproj"]
+PAIR = Pair("vision-minicpmv-f32")
+SCN, MMPROJ = PAIR.scn, PAIR.mmproj
 #: image chunks per image, 64 rows each: square-64.png its overview alone, the wide one an
 #: overview and 2x1 slices, pre-large.png an overview and 4x2 slices
 CHUNKS = {"square": 1, "wide": 3, "large": 9}
 
-
-def image(name: str) -> Path:
-    return DATA / SCN["images"][name]
+image, context = PAIR.image, PAIR.context
 
 
 @pytest.fixture(scope="module")
 def model() -> fl.Model:
-    return fl.Model(str(DATA / "models" / SCN["model"]))
+    return PAIR.model()
 
 
 @pytest.fixture(scope="module")
 def proj(model: fl.Model) -> Projector:
-    return Projector(model, MMPROJ, n_threads=2)
-
-
-def context(model: fl.Model, cache_type: str = "f32") -> fl.Context:
-    c = SCN["context"]
-    return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
-                      n_threads=2, type_k=cache_type, type_v=cache_type)
+    return PAIR.projector(model)
 
 
 def test_projector_reads_the_minicpmv_keys(proj: Projector) -> None:
@@ -65,15 +55,7 @@ def test_image_embeddings_match_mtmd(proj: Projector, name: str) -> None:
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("case", range(len(SCN["evals"])))
 def test_prompt_with_images_matches_mtmd(model: fl.Model, proj: Projector, case: int, cache_type: str) -> None:
-    ev = SCN["evals"][case]
-    images = [image(n) for n in ev["images"]]
-    chunks = proj.tokenize(ev["prompt"], images)
-    assert [chunk_record(c) for c in chunks] == ev["expected_chunks"]
-    assert not ev["expected_non_causal"] and not any(c.non_causal for c in chunks if isinstance(c, ImageChunk))
-    ctx = context(model, cache_type)
-    assert proj.eval(ctx, ev["prompt"], images, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
-    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
-    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+    check_prompt_matches_mtmd(model, proj, PAIR, case, cache_type, non_causal=False)
 
 
 def test_slice_tokens(model: fl.Model, proj: Projector) -> None:
@@ -119,7 +101,7 @@ def test_minicpmv26_chat_handler_decodes_its_format_with_the_images(model: fl.Mo
     from ferrollama.llama_chat_format import MiniCPMv26ChatHandler
 
     handler = MiniCPMv26ChatHandler(clip_model_path=str(MMPROJ), verbose=False)
-    llm = fl.Llama(str(DATA / "models" / SCN["model"]), n_ctx=1024, n_batch=64, n_ubatch=64, n_threads=2,
+    llm = fl.Llama(str(PAIR.model_path), n_ctx=1024, n_batch=64, n_ubatch=64, n_threads=2,
                    chat_handler=handler, verbose=False)
     for name in ("square", "wide"):
         r = llm.create_chat_completion(messages=chat_message(data_uri(image(name))), max_tokens=1, temperature=0,

@@ -1,0 +1,76 @@
+"""What the tests of a projector and its text model against llama.cpp's libmtmd records share
+(tests/data/scenarios/vision-*.json and audio-*.json, written by benches/record_vision*.py and
+benches/record_audio.py): the pair as recorded (its scenario, files, model, projector and contexts),
+and the check of a recorded prompt with media (mtmd_tokenize's chunks, then
+mtmd_helper_eval_chunks' n_past and last logits)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+import ferrollama as fl
+from ferrollama.generation.multimodal import ImageChunk, Projector, TextChunk
+from scenario_runner import TOL_TINY_FLOAT_MAX
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def chunk_record(chunk) -> dict:  # noqa: ANN001
+    """A chunk as the scenarios record it (an image chunk's type is "image")."""
+    if isinstance(chunk, TextChunk):
+        return {"type": "text", "tokens": chunk.tokens}
+    return {"type": "image", "n_tokens": chunk.n_tokens, "n_pos": chunk.n_pos}
+
+
+class Pair:
+    """A recorded text model and projector: the scenario tests/data/scenarios/<name>.json."""
+
+    def __init__(self, name: str) -> None:
+        self.scn = json.loads((DATA / "scenarios" / f"{name}.json").read_text())
+        self.model_path = DATA / "models" / self.scn["model"]
+        self.mmproj = DATA / "models" / self.scn["mmproj"]
+        #: the kind of media recorded (its chunks' type) and the scenario's key for the files of it
+        self.media_kind = "audio" if "audio" in self.scn else "image"
+        self.media_key = "audio" if self.media_kind == "audio" else "images"
+        self.media = self.scn[self.media_key]
+
+    def image(self, name: str) -> Path:
+        """A recorded media file (an image, or an audio pair's audio) by its name in the scenario."""
+        return DATA / self.media[name]
+
+    def model(self) -> fl.Model:
+        return fl.Model(str(self.model_path))
+
+    def projector(self, model: fl.Model) -> Projector:
+        return Projector(model, self.mmproj, n_threads=2)
+
+    def context(self, model: fl.Model, cache_type: str = "f32", **kw) -> fl.Context:  # noqa: ANN003
+        """A context as recorded (the scenario's sizes, `kw` replacing some), with a KV cache of `cache_type`."""
+        c = {**self.scn["context"], **kw}
+        return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
+                          n_threads=2, type_k=cache_type, type_v=cache_type)
+
+    def chunk_record(self, chunk) -> dict:  # noqa: ANN001
+        """A chunk as this pair's scenario records it (an audio pair's media chunks are "audio")."""
+        record = chunk_record(chunk)
+        return record if record["type"] == "text" else {**record, "type": self.media_kind}
+
+
+def check_prompt_matches_mtmd(model: fl.Model, proj: Projector, pair: Pair, case: int, cache_type: str, *,
+                              non_causal: bool) -> tuple[list, fl.Context]:
+    """The pair's recorded prompt `case`: mtmd's chunks, its media decoded causally or not as mtmd
+    decodes them (`non_causal`, also recorded), mtmd_helper_eval_chunks' n_past, and the last logits
+    within the tolerance with an F32 or F16 KV cache. Returns the chunks and the context."""
+    ev = pair.scn["evals"][case]
+    media = [pair.image(n) for n in ev[pair.media_key]]
+    chunks = proj.tokenize(ev["prompt"], media)
+    assert [pair.chunk_record(c) for c in chunks] == ev["expected_chunks"]
+    assert ev["expected_non_causal"] == non_causal
+    assert all(c.non_causal == non_causal for c in chunks if isinstance(c, ImageChunk))
+    ctx = pair.context(model, cache_type)
+    assert proj.eval(ctx, ev["prompt"], media, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
+    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
+    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+    return chunks, ctx

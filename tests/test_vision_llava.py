@@ -5,7 +5,6 @@ tests/data/make_tiny_vision_llava.py's projectors: the image embeddings, the chu
 and Llava15ChatHandler through Llama."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import gguf
@@ -15,28 +14,25 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import ImageChunk, Projector, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, assert_first_token, chat_message, chunk_record, data_uri
+from test_vision import TOL_EMBD, assert_first_token, chat_message, data_uri
 from test_vision import rewritten as rewritten_projector
+from vision_pairs import Pair, check_prompt_matches_mtmd
 
-DATA = Path(__file__).resolve().parent / "data"
-SCN = json.loads((DATA / "scenarios" / "vision-llava-f32.json").read_text())
-MMPROJ = DATA / "models" / SCN["mmproj"]
+PAIR = Pair("vision-llava-f32")
+SCN, MMPROJ = PAIR.scn, PAIR.mmproj
 #: the projector's head -> its records: LLaVA 1.5's mm.0, GELU, mm.2; Yi-VL's with LayerNorms
-HEADS = {"mlp": SCN, "mlp_norm": json.loads((DATA / "scenarios" / "vision-llava-yi-f32.json").read_text())}
-
-
-def image(name: str) -> Path:
-    return DATA / SCN["images"][name]
+HEADS = {"mlp": PAIR, "mlp_norm": Pair("vision-llava-yi-f32")}
+image, context = PAIR.image, PAIR.context
 
 
 @pytest.fixture(scope="module")
 def model() -> fl.Model:
-    return fl.Model(str(DATA / "models" / SCN["model"]))
+    return PAIR.model()
 
 
 @pytest.fixture(scope="module")
 def projectors(model: fl.Model) -> dict[str, Projector]:
-    return {head: Projector(model, DATA / "models" / scn["mmproj"], n_threads=2) for head, scn in HEADS.items()}
+    return {head: pair.projector(model) for head, pair in HEADS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +40,11 @@ def proj(projectors: dict[str, Projector]) -> Projector:
     return projectors["mlp"]
 
 
-def context(model: fl.Model, cache_type: str = "f32", scn: dict | None = None) -> fl.Context:
-    c = (scn or SCN)["context"]
-    return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
-                      n_threads=2, type_k=cache_type, type_v=cache_type)
-
-
 @pytest.mark.parametrize("name", sorted(SCN["images"]))
 @pytest.mark.parametrize("head", HEADS)
 def test_image_embeddings_match_mtmd(projectors: dict[str, Projector], head: str, name: str) -> None:
     # one row per patch (8x8), the output width the last layer's (not clip.vision.projection_dim's 32)
-    want = np.asarray(HEADS[head]["expected_embeddings"][name], np.float32)
+    want = np.asarray(HEADS[head].scn["expected_embeddings"][name], np.float32)
     got = projectors[head].encode(image(name))
     assert got.shape == want.shape == (64, 256)
     assert np.abs(got - want).max() <= TOL_EMBD
@@ -65,16 +55,7 @@ def test_image_embeddings_match_mtmd(projectors: dict[str, Projector], head: str
 @pytest.mark.parametrize("head", HEADS)
 def test_prompt_with_images_matches_mtmd(model: fl.Model, projectors: dict[str, Projector], head: str, case: int,
                                          cache_type: str) -> None:
-    proj = projectors[head]
-    ev = HEADS[head]["evals"][case]
-    images = [image(n) for n in ev["images"]]
-    chunks = proj.tokenize(ev["prompt"], images)
-    assert [chunk_record(c) for c in chunks] == ev["expected_chunks"]
-    assert not ev["expected_non_causal"] and not any(c.non_causal for c in chunks if isinstance(c, ImageChunk))
-    ctx = context(model, cache_type)
-    assert proj.eval(ctx, ev["prompt"], images, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
-    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
-    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+    check_prompt_matches_mtmd(model, projectors[head], HEADS[head], case, cache_type, non_causal=False)
 
 
 def test_llava_images_are_decoded_causally(model: fl.Model, proj: Projector) -> None:
@@ -115,7 +96,8 @@ def test_stacked_feature_layers_are_refused(model: fl.Model, tmp_path: Path) -> 
 
 #: LLaVA 1.6 (image_grid_pinpoints): libmtmd encodes the overview and each anyres tile on its own,
 #: one image chunk each
-SCN16 = json.loads((DATA / "scenarios" / "vision-llava16-f32.json").read_text())
+PAIR16 = Pair("vision-llava16-f32")
+SCN16 = PAIR16.scn
 
 
 @pytest.mark.parametrize("name", sorted(SCN16["images"]))
@@ -123,11 +105,11 @@ def test_llava16_first_chunk_embeddings_match_mtmd(name: str) -> None:
     from ferrollama._core import Projector as CoreProjector
     from ferrollama.generation.media import VisionParams, load_image, preprocess_image
 
-    core = CoreProjector(str(DATA / "models" / SCN16["mmproj"]), n_threads=2)
+    core = CoreProjector(str(PAIR16.mmproj), n_threads=2)
     assert core.grid_pinpoints == [(64, 128), (128, 64), (128, 128)]
     vision = VisionParams(image_size=core.image_size, patch_size=core.patch_size, image_mean=tuple(core.image_mean),
                           image_std=tuple(core.image_std), n_merge=core.n_merge, grid_pinpoints=tuple(core.grid_pinpoints))
-    pre = preprocess_image("mlp", load_image(DATA / SCN16["images"][name]), vision)
+    pre = preprocess_image("mlp", load_image(PAIR16.image(name)), vision)
     # the image's chunks in the first prompt that shows it alone: the tiles, then the overview
     # (mtmd's ov_img_first is false for llava); the square is the overview alone, the wide one 2 tiles
     ev = next(e for e in SCN16["evals"] if e["images"] == [name])
@@ -143,14 +125,7 @@ def test_llava16_first_chunk_embeddings_match_mtmd(name: str) -> None:
 def test_llava16_prompts_with_tiled_images_match_mtmd(model: fl.Model, case: int, cache_type: str) -> None:
     # each anyres tile and then the overview its own chunk, with no tokens between (mtmd's
     # llava-uhd layout with an empty template)
-    proj16 = Projector(model, DATA / "models" / SCN16["mmproj"], n_threads=2)
-    ev = SCN16["evals"][case]
-    images = [DATA / SCN16["images"][n] for n in ev["images"]]
-    assert [chunk_record(c) for c in proj16.tokenize(ev["prompt"], images)] == ev["expected_chunks"]
-    ctx = context(model, cache_type, SCN16)
-    assert proj16.eval(ctx, ev["prompt"], images) == ev["expected_n_past"]
-    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
-    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+    check_prompt_matches_mtmd(model, PAIR16.projector(model), PAIR16, case, cache_type, non_causal=False)
 
 
 #: llama-cpp-python 0.3.36's Llava16ChatHandler's text for chat_message(url), rendered by it
@@ -161,14 +136,14 @@ LLAVA16_TEXT = ("A chat between a curious human and an artificial intelligence a
 def test_llava16_chat_handler_decodes_its_format_with_the_tiles(model: fl.Model) -> None:
     from ferrollama.llama_chat_format import Llava16ChatHandler
 
-    proj16 = Projector(model, DATA / "models" / SCN16["mmproj"], n_threads=2)
-    llm = fl.Llama(str(DATA / "models" / SCN16["model"]), n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2,
-                   chat_handler=Llava16ChatHandler(clip_model_path=str(DATA / "models" / SCN16["mmproj"])),
+    proj16 = PAIR16.projector(model)
+    llm = fl.Llama(str(PAIR16.model_path), n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2,
+                   chat_handler=Llava16ChatHandler(clip_model_path=str(PAIR16.mmproj)),
                    verbose=False)
-    r = llm.create_chat_completion(messages=chat_message(data_uri(DATA / SCN16["images"]["wide"])), max_tokens=1,
+    r = llm.create_chat_completion(messages=chat_message(data_uri(PAIR16.image("wide"))), max_tokens=1,
                                    temperature=0, logprobs=True, top_logprobs=1)
-    ctx = context(model, "f16", SCN16)
-    n_past = proj16.eval(ctx, LLAVA16_TEXT, [DATA / SCN16["images"]["wide"]])
+    ctx = PAIR16.context(model, "f16")
+    n_past = proj16.eval(ctx, LLAVA16_TEXT, [PAIR16.image("wide")])
     got = r["choices"][0]["logprobs"]["content"][0]
     assert_first_token(model, ctx.logits(-1), got["token"], got["logprob"], 1e-4)
     assert r["usage"]["prompt_tokens"] == n_past
@@ -196,7 +171,7 @@ def test_llava15_chat_handler_decodes_its_format_with_the_images(model: fl.Model
     from ferrollama.llama_chat_format import Llava15ChatHandler
 
     handler = Llava15ChatHandler(clip_model_path=str(MMPROJ), verbose=False)
-    llm = fl.Llama(str(DATA / "models" / SCN["model"]), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
+    llm = fl.Llama(str(PAIR.model_path), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
                    chat_handler=handler, verbose=False)
     for name, url in (("square", data_uri(image("square"))), ("wide", data_uri(image("wide")))):
         r = llm.create_chat_completion(messages=chat_message(url), max_tokens=1, temperature=0, logprobs=True,

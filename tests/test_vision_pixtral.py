@@ -6,7 +6,6 @@ the logits after decoding it, the files and images refused, and MTMDChatHandler 
 3.2's chat template through Llama."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import gguf
@@ -16,37 +15,27 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import MEDIA_MARKER, ImageChunk, Projector, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, chat_message, chunk_record, data_uri, rewritten
+from test_vision import TOL_EMBD, chat_message, data_uri, rewritten
+from vision_pairs import Pair, check_prompt_matches_mtmd
 
-DATA = Path(__file__).resolve().parent / "data"
 #: the projector's variant -> its records: Pixtral 12B's (8x8 patches, no merge) on a llama,
 #: Mistral Small 3.1's (4x4 patches merged 2x2) on a mistral3
-SCNS = {name: json.loads((DATA / "scenarios" / f"vision-{name}-f32.json").read_text()) for name in ("pixtral", "mistral3")}
+PAIRS = {name: Pair(f"vision-{name}-f32") for name in ("pixtral", "mistral3")}
 #: each image's grid of tokens (columns, rows): the square one is 64x64, the wide one resized to 104x40
 GRIDS = {"square": (8, 8), "wide": (13, 5)}
-
-
-def image(scn: dict, name: str) -> Path:
-    return DATA / scn["images"][name]
 
 
 @pytest.fixture(scope="module")
 def pairs() -> dict[str, tuple[fl.Model, Projector]]:
     out = {}
-    for variant, scn in SCNS.items():
-        model = fl.Model(str(DATA / "models" / scn["model"]))
-        out[variant] = (model, Projector(model, DATA / "models" / scn["mmproj"], n_threads=2))
+    for variant, pair in PAIRS.items():
+        model = pair.model()
+        out[variant] = (model, pair.projector(model))
     return out
 
 
-def context(model: fl.Model, scn: dict, cache_type: str = "f32") -> fl.Context:
-    c = scn["context"]
-    return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
-                      n_threads=2, type_k=cache_type, type_v=cache_type)
-
-
-def img_break(scn: dict) -> np.ndarray:
-    t = next(t for t in gguf.GGUFReader(DATA / "models" / scn["mmproj"]).tensors if t.name == "v.token_embd.img_break")
+def img_break(pair: Pair) -> np.ndarray:
+    t = next(t for t in gguf.GGUFReader(pair.mmproj).tensors if t.name == "v.token_embd.img_break")
     return np.asarray(t.data, np.float32)
 
 
@@ -56,26 +45,26 @@ def break_rows(cols: int, rows: int) -> list[int]:
 
 
 @pytest.mark.parametrize("name", sorted(GRIDS))
-@pytest.mark.parametrize("variant", SCNS)
+@pytest.mark.parametrize("variant", PAIRS)
 def test_image_embeddings_match_mtmd(pairs: dict, variant: str, name: str) -> None:
-    scn = SCNS[variant]
+    pair = PAIRS[variant]
     cols, rows = GRIDS[name]
-    want = np.asarray(scn["expected_embeddings"][name], np.float32)
-    got = pairs[variant][1].encode(image(scn, name))
+    want = np.asarray(pair.scn["expected_embeddings"][name], np.float32)
+    got = pairs[variant][1].encode(pair.image(name))
     assert got.shape == want.shape == (cols * rows + rows - 1, 256)
     assert np.abs(got - want).max() <= TOL_EMBD
 
 
 @pytest.mark.parametrize("name", sorted(GRIDS))
-@pytest.mark.parametrize("variant", SCNS)
+@pytest.mark.parametrize("variant", PAIRS)
 def test_img_break_ends_every_row_but_the_last(pairs: dict, variant: str, name: str) -> None:
     # mtmd's rows hold the file's [IMG_BREAK] embedding at those places (to its 6 recorded digits),
     # and the engine's hold it exactly; no other row is it
-    scn = SCNS[variant]
+    pair = PAIRS[variant]
     cols, rows = GRIDS[name]
-    brk = img_break(scn)
-    want = np.asarray(scn["expected_embeddings"][name], np.float32)
-    got = pairs[variant][1].encode(image(scn, name))
+    brk = img_break(pair)
+    want = np.asarray(pair.scn["expected_embeddings"][name], np.float32)
+    got = pairs[variant][1].encode(pair.image(name))
     at = break_rows(cols, rows)
     assert np.abs(want[at] - brk).max() <= 1e-6
     assert np.array_equal(got[at], np.broadcast_to(brk, (len(at), brk.size)))
@@ -85,26 +74,18 @@ def test_img_break_ends_every_row_but_the_last(pairs: dict, variant: str, name: 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("case", range(3))
-@pytest.mark.parametrize("variant", SCNS)
+@pytest.mark.parametrize("variant", PAIRS)
 def test_prompt_with_images_matches_mtmd(pairs: dict, variant: str, case: int, cache_type: str) -> None:
-    scn = SCNS[variant]
+    pair = PAIRS[variant]
     model, proj = pairs[variant]
-    ev = scn["evals"][case]
-    images = [image(scn, n) for n in ev["images"]]
-    chunks = proj.tokenize(ev["prompt"], images)
-    assert [chunk_record(c) for c in chunks] == ev["expected_chunks"]
-    assert not ev["expected_non_causal"] and not any(c.non_causal for c in chunks if isinstance(c, ImageChunk))
-    ctx = context(model, scn, cache_type)
-    assert proj.eval(ctx, ev["prompt"], images, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
-    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
-    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+    check_prompt_matches_mtmd(model, proj, pair, case, cache_type, non_causal=False)
 
 
 def test_an_image_is_its_rows_then_img_end(pairs: dict) -> None:
     # mtmd sets img_end "[IMG_END]" (one CONTROL token) and no img_beg for pixtral: the text before the
     # marker is all, the break rows are inside the image chunk (no tokens)
     model, proj = pairs["pixtral"]
-    ev = SCNS["pixtral"]["evals"][0]
+    ev = PAIRS["pixtral"].scn["evals"][0]
     before, after = ev["prompt"].split(MEDIA_MARKER)
     img_end = model.tokenize("[IMG_END]", add_special=False, parse_special=True)
     assert len(img_end) == 1
@@ -114,36 +95,36 @@ def test_an_image_is_its_rows_then_img_end(pairs: dict) -> None:
     assert text_after["tokens"] == img_end + model.tokenize(after, add_special=False, parse_special=True)
 
 
-@pytest.mark.parametrize("variant", SCNS)
+@pytest.mark.parametrize("variant", PAIRS)
 def test_pixtral_images_are_decoded_causally(pairs: dict, variant: str) -> None:
     # mtmd_decode_use_non_causal is false for pixtral: decoded non-causally the logits move beyond the tolerance
-    scn = SCNS[variant]
+    pair = PAIRS[variant]
     model, proj = pairs[variant]
-    ev = scn["evals"][0]
-    chunks = proj.tokenize(ev["prompt"], [image(scn, n) for n in ev["images"]])
+    ev = pair.scn["evals"][0]
+    chunks = proj.tokenize(ev["prompt"], [pair.image(n) for n in ev["images"]])
     for c in chunks:
         if isinstance(c, ImageChunk):
             c.non_causal = True
     # non-causal attention takes an image in one micro-batch: 128 rows at once
-    ctx = fl.Context(model, n_ctx=scn["context"]["n_ctx"], n_batch=128, n_ubatch=128, n_seq_max=1, n_threads=2)
+    ctx = fl.Context(model, n_ctx=pair.scn["context"]["n_ctx"], n_batch=128, n_ubatch=128, n_seq_max=1, n_threads=2)
     eval_chunks(ctx, chunks, n_batch=128)
     # (measured: 0.073 for Pixtral's, 0.21 for Mistral Small's)
     assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > TOL_TINY_FLOAT_MAX
 
 
-@pytest.mark.parametrize("variant", SCNS)
+@pytest.mark.parametrize("variant", PAIRS)
 def test_img_break_rows_matter(pairs: dict, variant: str) -> None:
     # the break rows zeroed, the last logits move beyond the tolerance
-    scn = SCNS[variant]
+    pair = PAIRS[variant]
     model, proj = pairs[variant]
-    ev = scn["evals"][0]
-    chunks = proj.tokenize(ev["prompt"], [image(scn, n) for n in ev["images"]])
+    ev = pair.scn["evals"][0]
+    chunks = proj.tokenize(ev["prompt"], [pair.image(n) for n in ev["images"]])
     cols, rows = GRIDS[ev["images"][0]]
     for c in chunks:
         if isinstance(c, ImageChunk):
             c.embd = c.embd.copy()
             c.embd[break_rows(cols, rows)] = 0
-    ctx = context(model, scn)
+    ctx = pair.context(model)
     eval_chunks(ctx, chunks)
     assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > 2 * TOL_TINY_FLOAT_MAX
 
@@ -165,9 +146,8 @@ def test_images_not_in_whole_blocks_are_refused(pairs: dict, variant: str, shape
 
 def test_a_merge_size_without_the_patch_merger_is_refused(pairs: dict, tmp_path: Path) -> None:
     model = pairs["pixtral"][0]
-    mmproj = DATA / "models" / SCNS["pixtral"]["mmproj"]
     with pytest.raises(fl.UnsupportedError, match="no patch merger"):
-        Projector(model, rewritten(tmp_path, {"clip.vision.spatial_merge_size": 2}, mmproj))
+        Projector(model, rewritten(tmp_path, {"clip.vision.spatial_merge_size": 2}, PAIRS["pixtral"].mmproj))
 
 
 def test_the_merge_size_comes_from_the_file(pairs: dict) -> None:
@@ -183,18 +163,18 @@ def test_llama_chat_with_mistral_template_decodes_its_text_with_the_images(pairs
     from ferrollama.chat.media import with_media_markers
     from ferrollama.llama_chat_format import MTMDChatHandler
 
-    scn = SCNS["pixtral"]
+    pair = PAIRS["pixtral"]
     model, proj = pairs["pixtral"]
-    handler = MTMDChatHandler(clip_model_path=str(DATA / "models" / scn["mmproj"]))
-    llm = fl.Llama(str(DATA / "models" / scn["model"]), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
+    handler = MTMDChatHandler(clip_model_path=str(pair.mmproj))
+    llm = fl.Llama(str(pair.model_path), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
                    chat_handler=handler, logits_all=True, verbose=False)
     for name in ("wide", "square"):
-        messages = [{"role": "system", "content": "You see pictures."}, *chat_message(data_uri(image(scn, name)))]
+        messages = [{"role": "system", "content": "You see pictures."}, *chat_message(data_uri(pair.image(name)))]
         r = llm.create_chat_completion(messages=messages, max_tokens=1, temperature=0)
         text = llm.chat_template.apply(with_media_markers(messages), add_generation_prompt=True)
         assert text.endswith("[SYSTEM_PROMPT]You see pictures.[/SYSTEM_PROMPT][INST]What is in this picture?"
                              + MEDIA_MARKER + "[/INST]")
         ctx = fl.Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, type_k="f16", type_v="f16")
-        n_past = proj.eval(ctx, text, [image(scn, name)])
+        n_past = proj.eval(ctx, text, [pair.image(name)])
         assert r["usage"]["prompt_tokens"] == n_past
         assert np.abs(llm.scores[n_past - 1] - ctx.logits(-1)).max() < 1e-4

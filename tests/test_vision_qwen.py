@@ -7,7 +7,6 @@ rows change, and the files refused. The prompts with images through the text mod
 positions) are tests/test_vision_qwen_mrope.py's."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,30 +17,24 @@ from ferrollama._core import Projector as CoreProjector
 from ferrollama.generation.media import load_image, preprocess_image
 from ferrollama.generation.multimodal import FAMILIES, ImageChunk, Projector, TextChunk, vision_params
 from test_vision import TOL_EMBD, rewritten
+from vision_pairs import Pair, load_projectors
 
-DATA = Path(__file__).resolve().parent / "data"
-SCNS = {ty: json.loads((DATA / "scenarios" / f"vision-{ty}-f32.json").read_text()) for ty in ("qwen2vl", "qwen2.5vl", "qwen3vl")}
+PAIRS = {ty: Pair(f"vision-{ty}-f32") for ty in ("qwen2vl", "qwen2.5vl", "qwen3vl")}
+image = PAIRS["qwen2vl"].image
 
 
 def mmproj(ty: str) -> Path:
-    return DATA / "models" / SCNS[ty]["mmproj"]
-
-
-def image(name: str) -> Path:
-    return DATA / SCNS["qwen2vl"]["images"][name]
+    return PAIRS[ty].mmproj
 
 
 @pytest.fixture(scope="module")
 def projectors() -> dict[str, CoreProjector]:
-    return {ty: CoreProjector(str(mmproj(ty)), n_threads=2) for ty in SCNS}
+    return {ty: CoreProjector(str(mmproj(ty)), n_threads=2) for ty in PAIRS}
 
 
 @pytest.fixture(scope="module")
 def pairs() -> dict[str, Projector]:
-    models: dict[str, fl.Model] = {}
-    for ty, scn in SCNS.items():
-        models.setdefault(scn["model"], fl.Model(str(DATA / "models" / scn["model"])))
-    return {ty: Projector(models[scn["model"]], mmproj(ty), n_threads=2) for ty, scn in SCNS.items()}
+    return load_projectors(PAIRS)
 
 
 def encode(core: CoreProjector, path: Path) -> np.ndarray:
@@ -59,19 +52,19 @@ SHAPES = {"qwen2vl": {"square": (64, 256), "wide": (66, 256)}, "qwen2.5vl": {"sq
 
 
 @pytest.mark.parametrize("name", ["square", "wide"])
-@pytest.mark.parametrize("ty", SCNS)
+@pytest.mark.parametrize("ty", PAIRS)
 def test_image_embeddings_match_mtmd(pairs: dict[str, Projector], ty: str, name: str) -> None:
-    want = np.asarray(SCNS[ty]["expected_embeddings"][name], np.float32)
+    want = np.asarray(PAIRS[ty].scn["expected_embeddings"][name], np.float32)
     got = pairs[ty].encode(image(name))
     assert got.shape == want.shape == SHAPES[ty][name]
     assert np.abs(got - want).max() <= TOL_EMBD
 
 
-@pytest.mark.parametrize("ty", SCNS)
+@pytest.mark.parametrize("ty", PAIRS)
 def test_image_tokens_and_markers_are_mtmds(projectors: dict[str, CoreProjector], ty: str) -> None:
     core = projectors[ty]
     assert core.projector_type == f"{ty}_merger"
-    for ev in SCNS[ty]["evals"]:
+    for ev in PAIRS[ty].scn["evals"]:
         recorded = [c["n_tokens"] for c in ev["expected_chunks"] if c["type"] == "image"]
         pre = [preprocess_image(core.projector_type, load_image(image(n)), vision_params(core)).entries[0] for n in ev["images"]]
         assert [core.n_output_tokens(p.shape[1], p.shape[0]) for p in pre] == recorded
@@ -84,10 +77,10 @@ def test_image_tokens_and_markers_are_mtmds(projectors: dict[str, CoreProjector]
     assert (family.img_beg, family.img_end, family.non_causal) == ("<|vision_start|>", "<|vision_end|>", False)
 
 
-@pytest.mark.parametrize("ty", SCNS)
+@pytest.mark.parametrize("ty", PAIRS)
 def test_tokenize_puts_the_markers_around_the_image_tokens(pairs: dict[str, Projector], ty: str) -> None:
     proj = pairs[ty]
-    for ev in SCNS[ty]["evals"]:
+    for ev in PAIRS[ty].scn["evals"]:
         chunks = proj.tokenize(ev["prompt"], [image(n) for n in ev["images"]])
         got = [{"type": "text", "tokens": c.tokens} if isinstance(c, TextChunk) else {"type": "image", "n_tokens": c.n_tokens}
                for c in chunks]
@@ -97,7 +90,7 @@ def test_tokenize_puts_the_markers_around_the_image_tokens(pairs: dict[str, Proj
 
 def test_window_attention_is_qwen25s(projectors: dict[str, CoreProjector], tmp_path: Path) -> None:
     # n_wa_pattern 1: every block attends to the whole image
-    want = np.asarray(SCNS["qwen2.5vl"]["expected_embeddings"]["wide"], np.float32)
+    want = np.asarray(PAIRS["qwen2.5vl"].scn["expected_embeddings"]["wide"], np.float32)
     full = CoreProjector(str(rewritten(tmp_path, {"clip.vision.n_wa_pattern": 1}, mmproj("qwen2.5vl"))), n_threads=2)
     assert np.abs(encode(full, image("wide")) - want).max() > 100 * TOL_EMBD
 

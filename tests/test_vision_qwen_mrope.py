@@ -6,7 +6,6 @@ take mtmd's 2-D M-RoPE positions and max(nx, ny) positions of the sequence."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,46 +13,22 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import ImageChunk, Projector, TextChunk, eval_chunks, prompt_keys
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import chunk_record
+from vision_pairs import DATA, Pair, check_prompt_matches_mtmd, load_projectors
 
-DATA = Path(__file__).resolve().parent / "data"
 TYPES = ("qwen2vl", "qwen2.5vl", "qwen3vl")
-SCNS = {ty: json.loads((DATA / "scenarios" / f"vision-{ty}-f32.json").read_text()) for ty in TYPES}
-CASES = [(ty, i) for ty in TYPES for i in range(len(SCNS[ty]["evals"]))]
-
-
-def image(ty: str, name: str) -> Path:
-    return DATA / SCNS[ty]["images"][name]
+PAIRS = {ty: Pair(f"vision-{ty}-f32") for ty in TYPES}
+CASES = [(ty, i) for ty in TYPES for i in range(len(PAIRS[ty].scn["evals"]))]
 
 
 @pytest.fixture(scope="module")
 def pairs() -> dict[str, Projector]:
-    models = {}
-    out = {}
-    for ty in TYPES:
-        path = str(DATA / "models" / SCNS[ty]["model"])
-        model = models.setdefault(path, fl.Model(path))
-        out[ty] = Projector(model, DATA / "models" / SCNS[ty]["mmproj"], n_threads=2)
-    return out
-
-
-def context(model: fl.Model, ty: str, cache_type: str = "f32") -> fl.Context:
-    c = SCNS[ty]["context"]
-    return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
-                      n_threads=2, type_k=cache_type, type_v=cache_type)
+    return load_projectors(PAIRS)
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("ty, case", CASES)
 def test_prompt_with_images_matches_mtmd(pairs: dict[str, Projector], ty: str, case: int, cache_type: str) -> None:
-    proj, ev = pairs[ty], SCNS[ty]["evals"][case]
-    images = [image(ty, n) for n in ev["images"]]
-    chunks = proj.tokenize(ev["prompt"], images)
-    assert [chunk_record(c) for c in chunks] == ev["expected_chunks"]
-    ctx = context(proj.model, ty, cache_type)
-    assert eval_chunks(ctx, chunks, ev["n_past"], ev["seq_id"]) == ev["expected_n_past"]
-    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
-    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+    check_prompt_matches_mtmd(pairs[ty].model, pairs[ty], PAIRS[ty], case, cache_type, non_causal=False)
 
 
 def test_image_tokens_take_2d_positions(pairs: dict[str, Projector]) -> None:
@@ -62,7 +37,7 @@ def test_image_tokens_take_2d_positions(pairs: dict[str, Projector]) -> None:
     pos = chunk.positions(5)
     assert chunk.n_pos == 11 and pos.shape == (66, 4)
     assert pos[0].tolist() == [5, 5, 5, 0] and pos[12].tolist() == [5, 6, 6, 0] and pos[-1].tolist() == [5, 10, 15, 0]
-    chunks = pairs["qwen2vl"].tokenize("a <__media__> b", [image("qwen2vl", "wide")])
+    chunks = pairs["qwen2vl"].tokenize("a <__media__> b", [PAIRS["qwen2vl"].image("wide")])
     grid = [(c.nx, c.ny, c.mrope) for c in chunks if isinstance(c, ImageChunk)]
     assert grid == [(11, 6, True)]
     # the prompt's keys take the image's positions, not its tokens (the caches of Llama and the server)
@@ -73,13 +48,13 @@ def test_image_tokens_take_2d_positions(pairs: dict[str, Projector]) -> None:
 
 def test_1d_positions_are_not_mtmds(pairs: dict[str, Projector]) -> None:
     # the same chunks at consecutive positions (as an image on a model without M-RoPE) end far off
-    ty, ev = "qwen3vl", SCNS["qwen3vl"]["evals"][0]
+    ty, ev = "qwen3vl", PAIRS["qwen3vl"].scn["evals"][0]
     proj = pairs[ty]
-    chunks = proj.tokenize(ev["prompt"], [image(ty, n) for n in ev["images"]])
+    chunks = proj.tokenize(ev["prompt"], [PAIRS[ty].image(n) for n in ev["images"]])
     for c in chunks:
         if isinstance(c, ImageChunk):
             c.mrope = False
-    ctx = context(proj.model, ty)
+    ctx = PAIRS[ty].context(proj.model)
     eval_chunks(ctx, chunks)
     assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > 4 * TOL_TINY_FLOAT_MAX
 
@@ -129,9 +104,9 @@ def test_llama_reuses_a_cached_image_of_fewer_positions_than_tokens(pairs: dict[
     from test_vision import assert_first_token, data_uri
 
     proj = pairs["qwen3vl"]
-    img = image("qwen3vl", "wide")
+    img = PAIRS["qwen3vl"].image("wide")
     handler = Qwen25VLChatHandler(clip_model_path=str(proj.path))
-    llm = fl.Llama(str(DATA / "models" / SCNS["qwen3vl"]["model"]), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
+    llm = fl.Llama(str(PAIRS["qwen3vl"].model_path), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
                    chat_handler=handler, verbose=False)
     fmt = _HandlerFormat(handler.CHAT_FORMAT, bos_token="", eos_token="")
     for follow_up in (False, True):
@@ -139,7 +114,7 @@ def test_llama_reuses_a_cached_image_of_fewer_positions_than_tokens(pairs: dict[
         r = llm.create_chat_completion(messages=messages, max_tokens=1, temperature=0, logprobs=True, top_logprobs=1)
         system = [{"role": "system", "content": handler.DEFAULT_SYSTEM_MESSAGE}]
         text = fmt.render(with_media_markers(system + messages), add_generation_prompt=True)
-        ctx = context(proj.model, "qwen3vl", "f16")
+        ctx = PAIRS["qwen3vl"].context(proj.model, "f16")
         n_past = proj.eval(ctx, text, [img])
         got = r["choices"][0]["logprobs"]["content"][0]
         assert_first_token(proj.model, ctx.logits(-1), got["token"], got["logprob"], 1e-3)
@@ -156,7 +131,7 @@ def test_server_reuses_a_cached_image_of_fewer_positions_than_tokens(pairs: dict
     from test_vision import assert_first_token, data_uri
 
     proj = pairs["qwen2.5vl"]
-    img = image("qwen2.5vl", "wide")
+    img = PAIRS["qwen2.5vl"].image("wide")
     server, scheduler = start_server(proj.model, n_seq=1, n_ctx=512, projector=proj)
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
@@ -167,7 +142,7 @@ def test_server_reuses_a_cached_image_of_fewer_positions_than_tokens(pairs: dict
             r = client.chat.completions.create(model="m", messages=messages, max_tokens=1, temperature=0, logprobs=True,
                                                top_logprobs=1)
             marked = [{**messages[0], "content": f"What is in this picture?{MEDIA_MARKER}"}] + messages[1:]
-            ctx = context(proj.model, "qwen2.5vl", "f16")
+            ctx = PAIRS["qwen2.5vl"].context(proj.model, "f16")
             n_past = proj.eval(ctx, template.apply(marked), [img])
             lp = r.choices[0].logprobs.content[0]
             assert_first_token(proj.model, ctx.logits(-1), lp.token, lp.logprob, 1e-2)

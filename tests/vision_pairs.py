@@ -74,3 +74,12 @@ def check_prompt_matches_mtmd(model: fl.Model, proj: Projector, pair: Pair, case
     want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
     assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
     return chunks, ctx
+
+
+def load_projectors(pairs: dict[str, Pair]) -> dict[str, Projector]:
+    """Each pair's projector (by the pair's key) on its text model, loaded once for the pairs that share it."""
+    models: dict[Path, fl.Model] = {}
+    for pair in pairs.values():
+        if pair.model_path not in models:
+            models[pair.model_path] = pair.model()
+    return {key: pair.projector(models[pair.model_path]) for key, pair in pairs.items()}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import math
 import wave
 from pathlib import Path
@@ -26,17 +25,16 @@ from ferrollama import _core
 from ferrollama.generation.audio import (FRAMES_PER_CHUNK, WHISPER, decode_audio, is_audio, load_audio,
                                          whisper_mel_chunks)
 from ferrollama.generation.media import MediaError
-from ferrollama.generation.multimodal import MEDIA_MARKER, ImageChunk, Projector
-from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, chunk_record, ferrollama_cli, greedy_after
+from ferrollama.generation.multimodal import MEDIA_MARKER, Projector
+from test_vision import TOL_EMBD, ferrollama_cli, greedy_after
+from vision_pairs import DATA, Pair, check_prompt_matches_mtmd
 
-DATA = Path(__file__).resolve().parent / "data"
-SCENARIO = json.loads((DATA / "scenarios" / "audio-ultravox-f32.json").read_text())
+PAIR = Pair("audio-ultravox-f32")
+SCENARIO = PAIR.scn
 SAMPLE_RATE = 16000
 
 
-def audio_file(name: str) -> Path:
-    return DATA / SCENARIO["audio"][name]
+audio_file = PAIR.media_file
 
 
 def mtmd_samples(name: str) -> np.ndarray:
@@ -110,13 +108,13 @@ def test_chunks_of_30_seconds(seconds: float, chunks: int) -> None:
 
 
 def tensors() -> dict[str, np.ndarray]:
-    reader = gguf.GGUFReader(DATA / "models" / SCENARIO["mmproj"])
+    reader = gguf.GGUFReader(PAIR.mmproj)
     return {t.name: np.array(t.data, dtype=np.float64).reshape(tuple(reversed(t.shape.tolist())))
             for t in reader.tensors}
 
 
 def fields() -> dict:
-    reader = gguf.GGUFReader(DATA / "models" / SCENARIO["mmproj"])
+    reader = gguf.GGUFReader(PAIR.mmproj)
     return {k: f.contents() for k, f in reader.fields.items() if k.startswith("clip.")}
 
 
@@ -202,7 +200,7 @@ def test_spectrogram_gives_mtmds_embeddings(name: str) -> None:
 
 @pytest.fixture(scope="module")
 def audio_projector() -> _core.AudioProjector:
-    return _core.AudioProjector(DATA / "models" / SCENARIO["mmproj"], n_threads=2)
+    return _core.AudioProjector(PAIR.mmproj, n_threads=2)
 
 
 def test_audio_projector_reads_the_ultravox_keys(audio_projector: _core.AudioProjector) -> None:
@@ -227,7 +225,7 @@ def test_bad_spectrograms_and_files_are_clear_errors(audio_projector: _core.Audi
     with pytest.raises(ValueError, match="over the encoder's 1500"):
         audio_projector.encode_mel(np.zeros((32, 3002), np.float32))
     with pytest.raises(fl.Error, match="audio encoder: load it as an audio projector"):
-        _core.Projector(DATA / "models" / SCENARIO["mmproj"])
+        _core.Projector(PAIR.mmproj)
     with pytest.raises(fl.Error, match="no audio encoder"):
         _core.AudioProjector(DATA / "models" / "tiny-mmproj-gemma3-f16.gguf")
 
@@ -239,12 +237,12 @@ def test_bad_spectrograms_and_files_are_clear_errors(audio_projector: _core.Audi
 
 @pytest.fixture(scope="module")
 def model() -> fl.Model:
-    return fl.Model(str(DATA / "models" / SCENARIO["model"]))
+    return PAIR.model()
 
 
 @pytest.fixture(scope="module")
 def proj(model: fl.Model) -> Projector:
-    return Projector(model, DATA / "models" / SCENARIO["mmproj"], n_threads=2)
+    return PAIR.projector(model)
 
 
 def test_projector_encodes_paths_bytes_and_samples(proj: Projector) -> None:
@@ -266,19 +264,7 @@ def test_media_of_the_other_kind_is_a_clear_error(model: fl.Model, proj: Project
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])
 @pytest.mark.parametrize("case", range(len(SCENARIO["evals"])))
 def test_prompt_with_audio_matches_mtmd(model: fl.Model, proj: Projector, case: int, cache_type: str) -> None:
-    ev = SCENARIO["evals"][case]
-    audio = [audio_file(n) for n in ev["audio"]]
-    chunks = proj.tokenize(ev["prompt"], audio)
-    records = [{"type": "audio", **{k: v for k, v in chunk_record(c).items() if k != "type"}}
-               if isinstance(c, ImageChunk) else chunk_record(c) for c in chunks]
-    assert records == ev["expected_chunks"]
-    assert not ev["expected_non_causal"]
-    c = SCENARIO["context"]
-    ctx = fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"], n_seq_max=c["n_seq_max"],
-                     n_threads=2, type_k=cache_type, type_v=cache_type)
-    assert proj.eval(ctx, ev["prompt"], audio, n_past=ev["n_past"], seq_id=ev["seq_id"]) == ev["expected_n_past"]
-    want = np.asarray(ev["expected_logits_last" if cache_type == "f32" else "expected_logits_last_kv_f16"])
-    assert np.abs(ctx.logits(-1) - want).max() <= TOL_TINY_FLOAT_MAX
+    check_prompt_matches_mtmd(model, proj, PAIR, case, cache_type, non_causal=False)
 
 
 #: ChatML over list contents (the tiny llama has no template of its own; the builtin ChatML takes strings)
@@ -291,9 +277,9 @@ def test_llama_chat_with_input_audio_decodes_the_template_text_with_the_audio(mo
     from ferrollama.chat.media import with_media_markers
     from ferrollama.llama_chat_format import MTMDChatHandler
 
-    llm = fl.Llama(str(DATA / "models" / SCENARIO["model"]), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
+    llm = fl.Llama(str(PAIR.model_path), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2,
                    chat_template=LIST_CONTENT_TEMPLATE,
-                   chat_handler=MTMDChatHandler(clip_model_path=str(DATA / "models" / SCENARIO["mmproj"])), verbose=False)
+                   chat_handler=MTMDChatHandler(clip_model_path=str(PAIR.mmproj)), verbose=False)
     data = base64.b64encode(audio_file("tone").read_bytes()).decode()
     messages = [{"role": "user", "content": [{"type": "text", "text": "What is this sound?"},
                                              {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}]
@@ -314,7 +300,7 @@ def test_llama_chat_with_input_audio_decodes_the_template_text_with_the_audio(mo
 def test_cli_chat_with_audio_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
     from ferrollama.chat.templates import ChatTemplate
 
-    base = ["chat", "-m", str(DATA / "models" / SCENARIO["model"]), "--mmproj", str(DATA / "models" / SCENARIO["mmproj"]),
+    base = ["chat", "-m", str(PAIR.model_path), "--mmproj", str(PAIR.mmproj),
             "-c", "256", "-n", "6", "--temp", "0", "-t", "2"]
     r = ferrollama_cli(*base, "--audio", str(audio_file("tone")), "-p", "Tell me")
     assert r.returncode == 0, r.stderr

@@ -36,9 +36,11 @@ class Pair:
         self.media_key = "audio" if self.media_kind == "audio" else "images"
         self.media = self.scn[self.media_key]
 
-    def image(self, name: str) -> Path:
+    def media_file(self, name: str) -> Path:
         """A recorded media file (an image, or an audio pair's audio) by its name in the scenario."""
         return DATA / self.media[name]
+
+    image = media_file
 
     def model(self) -> fl.Model:
         return fl.Model(str(self.model_path))
@@ -64,7 +66,7 @@ def check_prompt_matches_mtmd(model: fl.Model, proj: Projector, pair: Pair, case
     decodes them (`non_causal`, also recorded), mtmd_helper_eval_chunks' n_past, and the last logits
     within the tolerance with an F32 or F16 KV cache. Returns the chunks and the context."""
     ev = pair.scn["evals"][case]
-    media = [pair.image(n) for n in ev[pair.media_key]]
+    media = [pair.media_file(n) for n in ev[pair.media_key]]
     chunks = proj.tokenize(ev["prompt"], media)
     assert [pair.chunk_record(c) for c in chunks] == ev["expected_chunks"]
     assert ev["expected_non_causal"] == non_causal

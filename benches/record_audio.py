@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import ctypes
-import json
 import sys
 from pathlib import Path
 
@@ -52,20 +51,18 @@ def record_samples() -> dict[str, np.ndarray]:
         return {name: bitmap_samples(b) for name, b in mtmd.bitmaps.items()}
 
 
-def main() -> None:
-    models = rv.DATA / "models"
-    got = rv.record(models / TEXT_MODEL, models / MMPROJ, AUDIO, PROMPTS, CONTEXT)
-    scn = rv.scenario(got, NAME, TEXT_MODEL, MMPROJ, AUDIO, CONTEXT)
+def as_audio(scn: dict) -> None:
+    """The image pairs' scenario keys renamed for audio, and the samples mtmd decoded."""
     scn["audio"] = scn.pop("images")
     for e in scn["evals"]:
         e["audio"] = e.pop("images")
     # the float32 samples bit for bit: little-endian bytes in base64
     scn["expected_samples_f32le_base64"] = {k: base64.b64encode(v.astype("<f4").tobytes()).decode()
                                             for k, v in record_samples().items()}
-    out = rv.DATA / "scenarios" / f"{NAME}.json"
-    out.write_text(json.dumps(scn))
-    print("recorded", out.name, {k: len(v) for k, v in scn["expected_embeddings"].items()}, "audio tokens,",
-          len(scn["evals"]), "evals")
+
+
+def main() -> None:
+    rv.record_pair(NAME, TEXT_MODEL, MMPROJ, AUDIO, PROMPTS, CONTEXT, finish=as_audio)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -207,12 +208,25 @@ def scenario(got: dict, name: str = NAME, text_model: str = TEXT_MODEL, mmproj: 
     }
 
 
-def main() -> None:
-    out = DATA / "scenarios" / f"{NAME}.json"
-    scn = scenario(record())
+def record_pair(name: str, text_model: str, mmproj: str, images: dict[str, str] = IMAGES, prompts: list = PROMPTS,
+                context: dict = CONTEXT, finish: Callable[[dict], None] | None = None) -> None:
+    """Records a text model and its projector (files under tests/data/models) into
+    tests/data/scenarios/<name>.json: `record`, then `scenario`, which `finish` completes before it
+    is written (an audio pair's keys)."""
+    models = DATA / "models"
+    got = record(models / text_model, models / mmproj, images, prompts, context)
+    scn = scenario(got, name, text_model, mmproj, images, context)
+    if finish is not None:
+        finish(scn)
+    out = DATA / "scenarios" / f"{name}.json"
     out.write_text(json.dumps(scn))
-    print("recorded", out.name, {k: len(v) for k, v in scn["expected_embeddings"].items()}, "image tokens,",
-          len(scn["evals"]), "evals")
+    media = "audio" if "audio" in scn else "image"
+    print("recorded", out.name, {k: len(v) for k, v in scn["expected_embeddings"].items()}, f"{media} tokens,",
+          len(scn["evals"]), "evals", "non-causal:", [e["expected_non_causal"] for e in scn["evals"]])
+
+
+def main() -> None:
+    record_pair(NAME, TEXT_MODEL, MMPROJ)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ overview). Run it with the benchmark venv:
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -33,13 +32,7 @@ PROMPTS = [
 
 
 def main() -> None:
-    models = rv.DATA / "models"
-    got = rv.record(models / TEXT_MODEL, models / MMPROJ, IMAGES, PROMPTS, CONTEXT)
-    scn = rv.scenario(got, NAME, TEXT_MODEL, MMPROJ, IMAGES, CONTEXT)
-    out = rv.DATA / "scenarios" / f"{NAME}.json"
-    out.write_text(json.dumps(scn))
-    print("recorded", out.name, {k: len(v) for k, v in scn["expected_embeddings"].items()}, "image tokens,",
-          len(scn["evals"]), "evals")
+    rv.record_pair(NAME, TEXT_MODEL, MMPROJ, IMAGES, PROMPTS, CONTEXT)
 
 
 if __name__ == "__main__":

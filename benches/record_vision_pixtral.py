@@ -11,7 +11,6 @@ last logits are apart.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -31,11 +30,6 @@ def record(name: str) -> dict:
     return rv.record(DATA / "models" / text_model, DATA / "models" / mmproj)
 
 
-def scenario(name: str, got: dict) -> dict:
-    text_model, mmproj = PAIRS[name]
-    return rv.scenario(got, name, text_model, mmproj)
-
-
 def sensitivity(name: str) -> None:
     got = record(name)
     embd, evals = got["embeddings"], got["evals"]
@@ -45,15 +39,11 @@ def sensitivity(name: str) -> None:
 
 
 def main() -> None:
-    for name in PAIRS:
+    for name, (text_model, mmproj) in PAIRS.items():
         if "--sensitivity" in sys.argv[1:]:
             sensitivity(name)
-            continue
-        out = DATA / "scenarios" / f"{name}.json"
-        scn = scenario(name, record(name))
-        out.write_text(json.dumps(scn))
-        print("recorded", out.name, {k: len(v) for k, v in scn["expected_embeddings"].items()}, "image tokens,",
-              len(scn["evals"]), "evals")
+        else:
+            rv.record_pair(name, text_model, mmproj)
 
 
 if __name__ == "__main__":

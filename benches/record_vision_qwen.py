@@ -15,7 +15,6 @@ their RMS, per projector.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -48,10 +47,7 @@ def main() -> None:
         sensitivity()
         return
     for name, text_model, mmproj in PROJECTORS:
-        scn = rv.scenario(record(text_model, mmproj), name=name, text_model=text_model, mmproj=mmproj, images=IMAGES)
-        (DATA / "scenarios" / f"{name}.json").write_text(json.dumps(scn))
-        print("recorded", name, {k: len(e) for k, e in scn["expected_embeddings"].items()}, "image tokens,",
-              len(scn["evals"]), "evals")
+        rv.record_pair(name, text_model, mmproj, images=IMAGES)
 
 
 if __name__ == "__main__":

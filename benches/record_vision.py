@@ -51,6 +51,10 @@ PROMPTS = [
     (f"You are looking at a small picture of colours and shapes.\n{MARKER}\nWhat do you see in it?", ["wide"]),
     (f"Compare the first image {MARKER} with the second {MARKER} and tell which one is brighter.", ["square", "wide"]),
 ]
+#: the later pairs' prompts: PROMPTS with an image first in the second (BOS a chunk of its own)
+PROMPTS_IMAGE_FIRST = [PROMPTS[0], (f"{MARKER}Describe this wide picture.", ["wide"]), PROMPTS[2]]
+#: a prompt with a large image (tiled or sliced by the projectors that tile)
+LARGE_IMAGE_PROMPT = (f"A large picture: {MARKER}\nWhat is in it?", ["large"])
 DIGITS = 6
 RECORDED_WITH = (f"llama-cpp-python {L.__version__} (llama.cpp vendored, libmtmd), CPU, {recorder.THREADS} threads; "
                  "text model: flash attention off, F32 KV cache (F16 for *_kv_f16), no extra buffer types; "

@@ -22,13 +22,8 @@ NAME = "vision-gemma4-f32"
 TEXT_MODEL, MMPROJ = "tiny-gemma4-vision-f32.gguf", "tiny-mmproj-gemma4v-f16.gguf"
 IMAGES = {"square": "images/square-216.png", "wide": rv.IMAGES["wide"]}
 CONTEXT = {**rv.CONTEXT, "n_ctx": 512, "n_batch": 128, "n_ubatch": 128}
-MARKER = rv.MARKER
 #: text on both sides of an image (past the sliding window of 16), an image first, two images in one prompt
-PROMPTS = [
-    (f"You are looking at a small picture of colours and shapes.\n{MARKER}\nWhat do you see in it?", ["square"]),
-    (f"{MARKER}Describe this wide picture.", ["wide"]),
-    (f"Compare the first image {MARKER} with the second {MARKER} and tell which one is brighter.", ["square", "wide"]),
-]
+PROMPTS = rv.PROMPTS_IMAGE_FIRST
 
 
 def main() -> None:

@@ -22,13 +22,8 @@ TEXT_MODEL, MMPROJ = "tiny-smolvlm-f32.gguf", "tiny-mmproj-idefics3-f16.gguf"
 IMAGES = rv.IMAGES
 #: two tiled images take 272 positions: a context beyond the Gemma 3 pair's
 CONTEXT = {**rv.CONTEXT, "n_ctx": 512}
-MARKER = rv.MARKER
 #: text on both sides of an image, an image first (BOS a chunk of its own), two images in one prompt
-PROMPTS = [
-    (f"You are looking at a small picture of colours and shapes.\n{MARKER}\nWhat do you see in it?", ["square"]),
-    (f"{MARKER}Describe this wide picture.", ["wide"]),
-    (f"Compare the first image {MARKER} with the second {MARKER} and tell which one is brighter.", ["square", "wide"]),
-]
+PROMPTS = rv.PROMPTS_IMAGE_FIRST
 
 
 def main() -> None:

@@ -23,15 +23,9 @@ TEXT_MODEL, MMPROJ = "tiny-lfm2vl-f32.gguf", "tiny-mmproj-lfm2-f16.gguf"
 IMAGES = {**rv.IMAGES, "large": "images/pre-large.png"}
 #: the tiled image takes 1776 positions (and its prompt 1810); the batch as the other pairs'
 CONTEXT = {**rv.CONTEXT, "n_ctx": 2048}
-MARKER = rv.MARKER
 #: text on both sides of an image, an image first (BOS a chunk of its own), two images in one
 #: prompt, a tiled image
-PROMPTS = [
-    (f"You are looking at a small picture of colours and shapes.\n{MARKER}\nWhat do you see in it?", ["square"]),
-    (f"{MARKER}Describe this wide picture.", ["wide"]),
-    (f"Compare the first image {MARKER} with the second {MARKER} and tell which one is brighter.", ["square", "wide"]),
-    (f"A large picture: {MARKER}\nWhat is in it?", ["large"]),
-]
+PROMPTS = [*rv.PROMPTS_IMAGE_FIRST, rv.LARGE_IMAGE_PROMPT]
 
 
 def main() -> None:

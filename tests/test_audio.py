@@ -26,8 +26,8 @@ from ferrollama.generation.audio import (FRAMES_PER_CHUNK, WHISPER, decode_audio
                                          whisper_mel_chunks)
 from ferrollama.generation.media import MediaError
 from ferrollama.generation.multimodal import MEDIA_MARKER, Projector
-from test_vision import TOL_EMBD, ferrollama_cli, greedy_after
-from vision_pairs import DATA, Pair, check_prompt_matches_mtmd
+from test_vision import ferrollama_cli, greedy_after
+from vision_pairs import DATA, TOL_EMBD, Pair, check_prompt_matches_mtmd, pair_fixtures
 
 PAIR = Pair("audio-ultravox-f32")
 SCENARIO = PAIR.scn
@@ -235,14 +235,7 @@ def test_bad_spectrograms_and_files_are_clear_errors(audio_projector: _core.Audi
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def model() -> fl.Model:
-    return PAIR.model()
-
-
-@pytest.fixture(scope="module")
-def proj(model: fl.Model) -> Projector:
-    return PAIR.projector(model)
+model, proj = pair_fixtures(PAIR)
 
 
 def test_projector_encodes_paths_bytes_and_samples(proj: Projector) -> None:

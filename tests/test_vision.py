@@ -15,26 +15,15 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import MEDIA_MARKER, ImageChunk, Projector, TextChunk, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from vision_pairs import DATA, Pair, check_prompt_matches_mtmd
+from vision_pairs import DATA, Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, pair_fixtures
 
 PAIR = Pair("vision-gemma3-f32")
 SCN = PAIR.scn
-#: llama.cpp rounds the patch convolution, the products' activations and GELU through f16
-#: (REFERENCE.md): an exact float64 implementation is 2.2e-3 from its embeddings (RMS ~2)
-TOL_EMBD = 5e-3
 
 
 image, context = PAIR.image, PAIR.context
 
-
-@pytest.fixture(scope="module")
-def model() -> fl.Model:
-    return PAIR.model()
-
-
-@pytest.fixture(scope="module")
-def proj(model: fl.Model) -> Projector:
-    return PAIR.projector(model)
+model, proj = pair_fixtures(PAIR)
 
 
 def assert_first_token(model: fl.Model, logits, token: str, logprob: float, tol: float) -> None:  # noqa: ANN001
@@ -47,10 +36,7 @@ def assert_first_token(model: fl.Model, logits, token: str, logprob: float, tol:
 
 @pytest.mark.parametrize("name", sorted(SCN["images"]))
 def test_image_embeddings_match_mtmd(proj: Projector, name: str) -> None:
-    want = np.asarray(SCN["expected_embeddings"][name], np.float32)
-    got = proj.encode(image(name))
-    assert got.shape == want.shape == (16, 256)
-    assert np.abs(got - want).max() <= TOL_EMBD
+    check_embeddings_match_mtmd(proj, PAIR, name, [16], 256)
 
 
 def test_image_sources_give_the_same_embeddings(proj: Projector) -> None:

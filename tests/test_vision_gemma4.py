@@ -12,8 +12,8 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import FAMILIES, ImageChunk, Projector, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, assert_first_token, chat_message, data_uri
-from vision_pairs import Pair, check_prompt_matches_mtmd
+from test_vision import assert_first_token, chat_message, data_uri
+from vision_pairs import Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, pair_fixtures
 
 PAIR = Pair("vision-gemma4-f32")
 SCN, MMPROJ = PAIR.scn, PAIR.mmproj
@@ -22,23 +22,12 @@ N_TOKENS = {"square": 81, "wide": 84}
 
 image, context = PAIR.image, PAIR.context
 
-
-@pytest.fixture(scope="module")
-def model() -> fl.Model:
-    return PAIR.model()
-
-
-@pytest.fixture(scope="module")
-def proj(model: fl.Model) -> Projector:
-    return PAIR.projector(model)
+model, proj = pair_fixtures(PAIR)
 
 
 @pytest.mark.parametrize("name", sorted(SCN["images"]))
 def test_image_embeddings_match_mtmd(proj: Projector, name: str) -> None:
-    want = np.asarray(SCN["expected_embeddings"][name], np.float32)
-    got = proj.encode(image(name))
-    assert got.shape == want.shape == (N_TOKENS[name], 256)
-    assert np.abs(got - want).max() <= TOL_EMBD
+    check_embeddings_match_mtmd(proj, PAIR, name, [N_TOKENS[name]], 256)
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])

@@ -12,8 +12,8 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import (MEDIA_MARKER, EncodedImage, ImageChunk, Projector, TextChunk, key_runs,
                                               prompt_keys)
-from test_vision import TOL_EMBD, assert_first_token, chat_message, ferrollama_cli, greedy_after, rewritten
-from vision_pairs import DATA, Pair, check_prompt_matches_mtmd, chunk_record
+from test_vision import assert_first_token, chat_message, ferrollama_cli, greedy_after, rewritten
+from vision_pairs import DATA, Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, chunk_record, pair_fixtures
 
 PAIR = Pair("vision-idefics3-f32")
 SCN, MMPROJ = PAIR.scn, PAIR.mmproj
@@ -23,15 +23,7 @@ TILE_TOKENS = 16
 
 image, context = PAIR.image, PAIR.context
 
-
-@pytest.fixture(scope="module")
-def model() -> fl.Model:
-    return PAIR.model()
-
-
-@pytest.fixture(scope="module")
-def proj(model: fl.Model) -> Projector:
-    return PAIR.projector(model)
+model, proj = pair_fixtures(PAIR)
 
 
 def test_projector_reads_the_idefics3_keys(proj: Projector) -> None:
@@ -44,10 +36,7 @@ def test_projector_reads_the_idefics3_keys(proj: Projector) -> None:
 @pytest.mark.parametrize("name", sorted(SCN["images"]))
 def test_image_embeddings_match_mtmd(proj: Projector, name: str) -> None:
     # every chunk of the image (slices row by row, then the overview), one after the other
-    want = np.asarray(SCN["expected_embeddings"][name], np.float32)
-    got = proj.encode(image(name))
-    assert got.shape == want.shape == (TILES[name] * TILE_TOKENS, 256)
-    assert np.abs(got - want).max() <= TOL_EMBD
+    check_embeddings_match_mtmd(proj, PAIR, name, [TILE_TOKENS] * TILES[name], 256)
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])

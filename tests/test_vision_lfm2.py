@@ -13,9 +13,9 @@ import pytest
 
 import ferrollama as fl
 from ferrollama.generation.multimodal import ImageChunk, Projector
-from test_vision import (TOL_EMBD, assert_first_token, chat_message, data_uri, ferrollama_cli, greedy_after,
+from test_vision import (assert_first_token, chat_message, data_uri, ferrollama_cli, greedy_after,
                          rewritten)
-from vision_pairs import Pair, check_prompt_matches_mtmd
+from vision_pairs import Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, pair_fixtures
 
 PAIR = Pair("vision-lfm2-f32")
 SCN, MMPROJ = PAIR.scn, PAIR.mmproj
@@ -25,15 +25,7 @@ TOKENS = {"square": [64], "wide": [70], "large": [256] * 6 + [240]}
 
 image, context = PAIR.image, PAIR.context
 
-
-@pytest.fixture(scope="module")
-def model() -> fl.Model:
-    return PAIR.model()
-
-
-@pytest.fixture(scope="module")
-def proj(model: fl.Model) -> Projector:
-    return PAIR.projector(model)
+model, proj = pair_fixtures(PAIR)
 
 
 def test_projector_reads_the_lfm2_keys(model: fl.Model, proj: Projector) -> None:
@@ -48,11 +40,7 @@ def test_projector_reads_the_lfm2_keys(model: fl.Model, proj: Projector) -> None
 @pytest.mark.parametrize("name", sorted(SCN["images"]))
 def test_image_embeddings_match_mtmd(proj: Projector, name: str) -> None:
     # every chunk of the image (tiles row by row, then the thumbnail), one after the other
-    want = np.asarray(SCN["expected_embeddings"][name], np.float32)
-    encoded = proj.encode_image(image(name))
-    assert [c.n_tokens for c in encoded.chunks] == TOKENS[name]
-    assert encoded.embd.shape == want.shape == (sum(TOKENS[name]), 64)
-    assert np.abs(encoded.embd - want).max() <= TOL_EMBD
+    check_embeddings_match_mtmd(proj, PAIR, name, TOKENS[name], 64)
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])

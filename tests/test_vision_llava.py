@@ -14,9 +14,9 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import ImageChunk, Projector, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, assert_first_token, chat_message, data_uri
+from test_vision import assert_first_token, chat_message, data_uri
 from test_vision import rewritten as rewritten_projector
-from vision_pairs import Pair, check_prompt_matches_mtmd
+from vision_pairs import TOL_EMBD, Pair, check_prompt_matches_mtmd
 
 PAIR = Pair("vision-llava-f32")
 SCN, MMPROJ = PAIR.scn, PAIR.mmproj

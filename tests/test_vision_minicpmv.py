@@ -12,8 +12,8 @@ import pytest
 
 import ferrollama as fl
 from ferrollama.generation.multimodal import Projector
-from test_vision import TOL_EMBD, assert_first_token, chat_message, data_uri, rewritten
-from vision_pairs import Pair, check_prompt_matches_mtmd
+from test_vision import assert_first_token, chat_message, data_uri, rewritten
+from vision_pairs import Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, pair_fixtures
 
 PAIR = Pair("vision-minicpmv-f32")
 SCN, MMPROJ = PAIR.scn, PAIR.mmproj
@@ -23,15 +23,7 @@ CHUNKS = {"square": 1, "wide": 3, "large": 9}
 
 image, context = PAIR.image, PAIR.context
 
-
-@pytest.fixture(scope="module")
-def model() -> fl.Model:
-    return PAIR.model()
-
-
-@pytest.fixture(scope="module")
-def proj(model: fl.Model) -> Projector:
-    return PAIR.projector(model)
+model, proj = pair_fixtures(PAIR)
 
 
 def test_projector_reads_the_minicpmv_keys(proj: Projector) -> None:
@@ -45,11 +37,7 @@ def test_projector_reads_the_minicpmv_keys(proj: Projector) -> None:
 @pytest.mark.parametrize("name", sorted(SCN["images"]))
 def test_image_embeddings_match_mtmd(proj: Projector, name: str) -> None:
     # every chunk of the image (the overview, then the slices row by row), one after the other
-    want = np.asarray(SCN["expected_embeddings"][name], np.float32)
-    encoded = proj.encode_image(image(name))
-    assert [c.n_tokens for c in encoded.chunks] == [64] * CHUNKS[name]
-    assert encoded.embd.shape == want.shape == (64 * CHUNKS[name], 256)
-    assert np.abs(encoded.embd - want).max() <= TOL_EMBD
+    check_embeddings_match_mtmd(proj, PAIR, name, [64] * CHUNKS[name], 256)
 
 
 @pytest.mark.parametrize("cache_type", ["f32", "f16"])

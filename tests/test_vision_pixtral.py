@@ -15,8 +15,8 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import MEDIA_MARKER, ImageChunk, Projector, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from test_vision import TOL_EMBD, chat_message, data_uri, rewritten
-from vision_pairs import Pair, check_prompt_matches_mtmd
+from test_vision import chat_message, data_uri, rewritten
+from vision_pairs import TOL_EMBD, Pair, check_prompt_matches_mtmd
 
 #: the projector's variant -> its records: Pixtral 12B's (8x8 patches, no merge) on a llama,
 #: Mistral Small 3.1's (4x4 patches merged 2x2) on a mistral3

@@ -16,8 +16,8 @@ import ferrollama as fl
 from ferrollama._core import Projector as CoreProjector
 from ferrollama.generation.media import load_image, preprocess_image
 from ferrollama.generation.multimodal import FAMILIES, ImageChunk, Projector, TextChunk, vision_params
-from test_vision import TOL_EMBD, rewritten
-from vision_pairs import Pair, load_projectors
+from test_vision import rewritten
+from vision_pairs import TOL_EMBD, Pair, load_projectors
 
 PAIRS = {ty: Pair(f"vision-{ty}-f32") for ty in ("qwen2vl", "qwen2.5vl", "qwen3vl")}
 image = PAIRS["qwen2vl"].image

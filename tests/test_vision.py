@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import ferrollama as fl
-from ferrollama.generation.multimodal import MEDIA_MARKER, ImageChunk, Projector, TextChunk, eval_chunks
+from ferrollama.generation.multimodal import MEDIA_MARKER, ImageChunk, Projector, TextChunk
 from scenario_runner import TOL_TINY_FLOAT_MAX
-from vision_pairs import DATA, Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, pair_fixtures
+from vision_pairs import (DATA, Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, logits_off_with,
+                         pair_fixtures)
 
 PAIR = Pair("vision-gemma3-f32")
 SCN = PAIR.scn
@@ -57,16 +58,13 @@ def test_prompt_with_images_matches_mtmd(model: fl.Model, proj: Projector, case:
 
 def test_gemma3_images_are_decoded_non_causally(model: fl.Model, proj: Projector) -> None:
     # mtmd_decode_use_non_causal: the same chunks decoded causally end beyond the tolerance (0.38)
-    ev = SCN["evals"][0]
-    assert ev["expected_non_causal"]
-    chunks = proj.tokenize(ev["prompt"], [image(n) for n in ev["images"]])
-    for c in chunks:
-        if isinstance(c, ImageChunk):
-            assert c.non_causal
-            c.non_causal = False
-    ctx = context(model)
-    eval_chunks(ctx, chunks)
-    assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > 4 * TOL_TINY_FLOAT_MAX
+    assert SCN["evals"][0]["expected_non_causal"]
+
+    def causal(c: ImageChunk) -> None:
+        assert c.non_causal
+        c.non_causal = False
+
+    assert logits_off_with(model, proj, PAIR, causal) > 4 * TOL_TINY_FLOAT_MAX
 
 
 def test_embeddings_batch_decodes_like_the_projectors_eval(model: fl.Model, proj: Projector) -> None:

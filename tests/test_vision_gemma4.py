@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import ferrollama as fl
-from ferrollama.generation.multimodal import FAMILIES, ImageChunk, Projector, eval_chunks
+from ferrollama.generation.multimodal import FAMILIES, Projector
 from scenario_runner import TOL_TINY_FLOAT_MAX
 from test_vision import assert_first_token, chat_message, data_uri
-from vision_pairs import Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, pair_fixtures
+from vision_pairs import Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, logits_off_with, pair_fixtures
 
 PAIR = Pair("vision-gemma4-f32")
 SCN, MMPROJ = PAIR.scn, PAIR.mmproj
@@ -49,14 +49,7 @@ def test_images_are_between_gemma4s_markers(model: fl.Model) -> None:
 def test_causal_decoding_of_the_images_changes_the_logits(model: fl.Model, proj: Projector) -> None:
     # mtmd decodes the tiny model's images non-causally (its width is neither E2B's nor E4B's):
     # causally, the logits after the image move by more than twice the tolerance
-    ev = SCN["evals"][0]
-    chunks = proj.tokenize(ev["prompt"], [image(n) for n in ev["images"]])
-    for c in chunks:
-        if isinstance(c, ImageChunk):
-            c.non_causal = False
-    ctx = context(model)
-    eval_chunks(ctx, chunks)
-    assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > 2 * TOL_TINY_FLOAT_MAX
+    assert logits_off_with(model, proj, PAIR, lambda c: setattr(c, "non_causal", False)) > 2 * TOL_TINY_FLOAT_MAX
 
 
 def test_e2b_and_e4b_decode_their_images_causally() -> None:

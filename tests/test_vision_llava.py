@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import ferrollama as fl
-from ferrollama.generation.multimodal import ImageChunk, Projector, eval_chunks
+from ferrollama.generation.multimodal import Projector
 from scenario_runner import TOL_TINY_FLOAT_MAX
 from test_vision import assert_first_token, chat_message, data_uri
 from test_vision import rewritten as rewritten_projector
-from vision_pairs import TOL_EMBD, Pair, check_prompt_matches_mtmd
+from vision_pairs import TOL_EMBD, Pair, check_prompt_matches_mtmd, logits_off_with
 
 PAIR = Pair("vision-llava-f32")
 SCN, MMPROJ = PAIR.scn, PAIR.mmproj
@@ -60,14 +60,7 @@ def test_prompt_with_images_matches_mtmd(model: fl.Model, projectors: dict[str, 
 
 def test_llava_images_are_decoded_causally(model: fl.Model, proj: Projector) -> None:
     # mtmd_decode_use_non_causal is false for mlp: the image decoded non-causally ends 0.16 away
-    ev = SCN["evals"][0]
-    chunks = proj.tokenize(ev["prompt"], [image(n) for n in ev["images"]])
-    for c in chunks:
-        if isinstance(c, ImageChunk):
-            c.non_causal = True
-    ctx = context(model)
-    eval_chunks(ctx, chunks)
-    assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > 2 * TOL_TINY_FLOAT_MAX
+    assert logits_off_with(model, proj, PAIR, lambda c: setattr(c, "non_causal", True)) > 2 * TOL_TINY_FLOAT_MAX
 
 
 def test_llava_images_have_no_markers(model: fl.Model, proj: Projector) -> None:

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import ferrollama as fl
-from ferrollama.generation.multimodal import MEDIA_MARKER, ImageChunk, Projector, eval_chunks
+from ferrollama.generation.multimodal import MEDIA_MARKER, ImageChunk, Projector
 from scenario_runner import TOL_TINY_FLOAT_MAX
 from test_vision import chat_message, data_uri, rewritten
-from vision_pairs import TOL_EMBD, Pair, check_prompt_matches_mtmd
+from vision_pairs import TOL_EMBD, Pair, check_prompt_matches_mtmd, logits_off_with
 
 #: the projector's variant -> its records: Pixtral 12B's (8x8 patches, no merge) on a llama,
 #: Mistral Small 3.1's (4x4 patches merged 2x2) on a mistral3
@@ -100,16 +100,11 @@ def test_pixtral_images_are_decoded_causally(pairs: dict, variant: str) -> None:
     # mtmd_decode_use_non_causal is false for pixtral: decoded non-causally the logits move beyond the tolerance
     pair = PAIRS[variant]
     model, proj = pairs[variant]
-    ev = pair.scn["evals"][0]
-    chunks = proj.tokenize(ev["prompt"], [pair.image(n) for n in ev["images"]])
-    for c in chunks:
-        if isinstance(c, ImageChunk):
-            c.non_causal = True
     # non-causal attention takes an image in one micro-batch: 128 rows at once
     ctx = fl.Context(model, n_ctx=pair.scn["context"]["n_ctx"], n_batch=128, n_ubatch=128, n_seq_max=1, n_threads=2)
-    eval_chunks(ctx, chunks, n_batch=128)
+    off = logits_off_with(model, proj, pair, lambda c: setattr(c, "non_causal", True), ctx, n_batch=128)
     # (measured: 0.073 for Pixtral's, 0.21 for Mistral Small's)
-    assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > TOL_TINY_FLOAT_MAX
+    assert off > TOL_TINY_FLOAT_MAX
 
 
 @pytest.mark.parametrize("variant", PAIRS)
@@ -117,16 +112,13 @@ def test_img_break_rows_matter(pairs: dict, variant: str) -> None:
     # the break rows zeroed, the last logits move beyond the tolerance
     pair = PAIRS[variant]
     model, proj = pairs[variant]
-    ev = pair.scn["evals"][0]
-    chunks = proj.tokenize(ev["prompt"], [pair.image(n) for n in ev["images"]])
-    cols, rows = GRIDS[ev["images"][0]]
-    for c in chunks:
-        if isinstance(c, ImageChunk):
-            c.embd = c.embd.copy()
-            c.embd[break_rows(cols, rows)] = 0
-    ctx = pair.context(model)
-    eval_chunks(ctx, chunks)
-    assert np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max() > 2 * TOL_TINY_FLOAT_MAX
+    cols, rows = GRIDS[pair.scn["evals"][0]["images"][0]]
+
+    def zero_break_rows(c: ImageChunk) -> None:
+        c.embd = c.embd.copy()
+        c.embd[break_rows(cols, rows)] = 0
+
+    assert logits_off_with(model, proj, pair, zero_break_rows) > 2 * TOL_TINY_FLOAT_MAX
 
 
 @pytest.mark.parametrize(("variant", "nx", "ny", "n"), [("pixtral", 104, 40, 13 * 5 + 4), ("pixtral", 8, 24, 1 * 3 + 2),

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
 
 import ferrollama as fl
-from ferrollama.generation.multimodal import ImageChunk, Projector, TextChunk
+from ferrollama.generation.multimodal import ImageChunk, Projector, TextChunk, eval_chunks
 from scenario_runner import TOL_TINY_FLOAT_MAX
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -113,3 +114,19 @@ def load_projectors(pairs: dict[str, Pair]) -> dict[str, Projector]:
         if pair.model_path not in models:
             models[pair.model_path] = pair.model()
     return {key: pair.projector(models[pair.model_path]) for key, pair in pairs.items()}
+
+
+def logits_off_with(model: fl.Model, proj: Projector, pair: Pair, change: Callable[[ImageChunk], None],
+                    ctx: fl.Context | None = None, n_batch: int | None = None) -> float:
+    """How far from mtmd's the last logits of the pair's first recorded prompt end when each of
+    its image chunks is changed by `change` first (beyond the tolerance where what is changed
+    matters); decoded into `ctx` (a context as recorded by default) by batches of `n_batch`."""
+    ev = pair.scn["evals"][0]
+    chunks = proj.tokenize(ev["prompt"], [pair.media_file(n) for n in ev[pair.media_key]])
+    for c in chunks:
+        if isinstance(c, ImageChunk):
+            change(c)
+    if ctx is None:
+        ctx = pair.context(model)
+    eval_chunks(ctx, chunks, n_batch=n_batch)
+    return float(np.abs(ctx.logits(-1) - np.asarray(ev["expected_logits_last"])).max())

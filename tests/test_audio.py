@@ -26,7 +26,7 @@ from ferrollama.generation.audio import (FRAMES_PER_CHUNK, WHISPER, decode_audio
                                          whisper_mel_chunks)
 from ferrollama.generation.media import MediaError
 from ferrollama.generation.multimodal import MEDIA_MARKER, Projector
-from test_vision import ferrollama_cli, greedy_after
+from test_vision import check_cli_answers_as_the_projector_api, cli_chat_args, ferrollama_cli
 from vision_pairs import DATA, TOL_EMBD, Pair, check_prompt_matches_mtmd, pair_fixtures
 
 PAIR = Pair("audio-ultravox-f32")
@@ -291,15 +291,8 @@ def test_llama_chat_with_input_audio_decodes_the_template_text_with_the_audio(mo
 
 
 def test_cli_chat_with_audio_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
-    from ferrollama.chat.templates import ChatTemplate
-
-    base = ["chat", "-m", str(PAIR.model_path), "--mmproj", str(PAIR.mmproj),
-            "-c", "256", "-n", "6", "--temp", "0", "-t", "2"]
-    r = ferrollama_cli(*base, "--audio", str(audio_file("tone")), "-p", "Tell me")
-    assert r.returncode == 0, r.stderr
-    # llama-mtmd-cli puts the marker before the text it does not place
-    text = ChatTemplate.from_model(model).apply([{"role": "user", "content": MEDIA_MARKER + "Tell me"}])
-    assert r.stdout.strip("\n") == greedy_after(model, proj, text, [audio_file("tone")], 6).strip("\n")
+    check_cli_answers_as_the_projector_api(model, proj, PAIR, "--audio", audio_file("tone"))
+    base = cli_chat_args(PAIR)
     # /audio in a conversation, then the message it goes with
     r = ferrollama_cli(*base, stdin=f"/audio {audio_file('stereo')}\nTell me\n")
     assert r.returncode == 0 and "audio loaded" in r.stderr, r.stderr

@@ -371,20 +371,32 @@ def greedy_after(model: fl.Model, proj: Projector, text: str, images: list, n: i
     return b"".join(out).decode(errors="replace")  # a character may take several byte tokens
 
 
-def test_cli_chat_with_an_image_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
+def cli_chat_args(pair: Pair, n_ctx: int = 256) -> list[str]:
+    """`ferrollama chat` on a pair: greedy, 6 tokens at most."""
+    return ["chat", "-m", str(pair.model_path), "--mmproj", str(pair.mmproj), "-c", str(n_ctx), "-n", "6",
+            "--temp", "0", "-t", "2"]
+
+
+def check_cli_answers_as_the_projector_api(model: fl.Model, proj: Projector, pair: Pair, flag: str, media: Path,
+                                           n_ctx: int = 256) -> tuple:
+    """`ferrollama chat <flag> <media> -p "Tell me"` answers the greedy tokens after the projector's
+    decode of the chat template's text. Returns the run and that text."""
     from ferrollama.chat.templates import ChatTemplate
 
-    base = ["chat", "-m", str(PAIR.model_path), "--mmproj", str(PAIR.mmproj),
-            "-c", "256", "-n", "6", "--temp", "0", "-t", "2"]
-    r = ferrollama_cli(*base, "--image", str(image("wide")), "-p", "Tell me")
+    r = ferrollama_cli(*cli_chat_args(pair, n_ctx), flag, str(media), "-p", "Tell me")
     assert r.returncode == 0, r.stderr
     # llama-mtmd-cli puts the marker before the text it does not place
     text = ChatTemplate.from_model(model).apply([{"role": "user", "content": MEDIA_MARKER + "Tell me"}])
-    assert r.stdout.strip("\n") == greedy_after(model, proj, text, [image("wide")], 6).strip("\n")
+    assert r.stdout.strip("\n") == greedy_after(model, proj, text, [media], 6).strip("\n")
+    return r, text
+
+
+def test_cli_chat_with_an_image_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
+    r, text = check_cli_answers_as_the_projector_api(model, proj, PAIR, "--image", image("wide"))
     n_prompt = sum(c.n_pos for c in proj.tokenize(text, [image("wide")]))
     assert re.search(rf"prompt eval time = .*/\s+{n_prompt} tokens", r.stderr), r.stderr
     # /image in a conversation, then the message it goes with
-    r = ferrollama_cli(*base, stdin=f"/image {image('square')}\nTell me\n")
+    r = ferrollama_cli(*cli_chat_args(PAIR), stdin=f"/image {image('square')}\nTell me\n")
     assert r.returncode == 0 and "image loaded" in r.stderr, r.stderr
 
 

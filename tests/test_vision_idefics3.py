@@ -12,7 +12,7 @@ import pytest
 import ferrollama as fl
 from ferrollama.generation.multimodal import (MEDIA_MARKER, EncodedImage, ImageChunk, Projector, TextChunk, key_runs,
                                               prompt_keys)
-from test_vision import assert_first_token, chat_message, ferrollama_cli, greedy_after, rewritten
+from test_vision import assert_first_token, chat_message, check_cli_answers_as_the_projector_api, rewritten
 from vision_pairs import DATA, Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, chunk_record, pair_fixtures
 
 PAIR = Pair("vision-idefics3-f32")
@@ -178,10 +178,4 @@ def test_smolvlm_template_gets_string_contents_as_text_parts(model: fl.Model) ->
 
 
 def test_cli_chat_with_a_tiled_image_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
-    from ferrollama.chat.templates import ChatTemplate
-
-    r = ferrollama_cli("chat", "-m", str(PAIR.model_path), "--mmproj", str(MMPROJ), "-c", "512", "-n", "6",
-                       "--temp", "0", "-t", "2", "--image", str(image("wide")), "-p", "Tell me")
-    assert r.returncode == 0, r.stderr
-    text = ChatTemplate.from_model(model).apply([{"role": "user", "content": MEDIA_MARKER + "Tell me"}])
-    assert r.stdout.strip("\n") == greedy_after(model, proj, text, [image("wide")], 6).strip("\n")
+    check_cli_answers_as_the_projector_api(model, proj, PAIR, "--image", image("wide"), n_ctx=512)

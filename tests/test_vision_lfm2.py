@@ -13,7 +13,7 @@ import pytest
 
 import ferrollama as fl
 from ferrollama.generation.multimodal import ImageChunk, Projector
-from test_vision import (assert_first_token, chat_message, data_uri, ferrollama_cli, greedy_after,
+from test_vision import (assert_first_token, chat_message, check_cli_answers_as_the_projector_api, data_uri,
                          rewritten)
 from vision_pairs import Pair, check_embeddings_match_mtmd, check_prompt_matches_mtmd, pair_fixtures
 
@@ -187,11 +187,4 @@ def test_llama_takes_a_prompt_whose_image_is_followed_by_one_token(model: fl.Mod
 
 
 def test_cli_chat_with_an_image_answers_as_the_projector_api(model: fl.Model, proj: Projector) -> None:
-    from ferrollama.chat.templates import ChatTemplate
-    from ferrollama.generation.multimodal import MEDIA_MARKER
-
-    r = ferrollama_cli("chat", "-m", str(PAIR.model_path), "--mmproj", str(MMPROJ), "-c", "256", "-n", "6",
-                       "--temp", "0", "-t", "2", "--image", str(image("wide")), "-p", "Tell me")
-    assert r.returncode == 0, r.stderr
-    text = ChatTemplate.from_model(model).apply([{"role": "user", "content": MEDIA_MARKER + "Tell me"}])
-    assert r.stdout.strip("\n") == greedy_after(model, proj, text, [image("wide")], 6).strip("\n")
+    check_cli_answers_as_the_projector_api(model, proj, PAIR, "--image", image("wide"))

@@ -11,6 +11,21 @@ use pyo3::prelude::*;
 
 use crate::errors::{guard, to_py};
 
+/// The encoder's threads (default: the physical cores), 1..=1024.
+fn encoder_threads(n_threads: Option<usize>) -> PyResult<Threads> {
+    let n_threads = n_threads.unwrap_or_else(crate::context::default_threads);
+    if n_threads == 0 || n_threads > 1024 {
+        return Err(PyValueError::new_err(format!("n_threads must be in 1..=1024, not {n_threads}")));
+    }
+    Ok(Threads::new(n_threads))
+}
+
+/// An encoder's output as a numpy array of rows of `width`.
+fn embedding_rows(py: Python<'_>, embd: Vec<f32>, width: usize) -> PyResult<Bound<'_, PyArray2<f32>>> {
+    let rows = embd.len() / width;
+    numpy::PyArray1::from_vec(py, embd).reshape([rows, width])
+}
+
 #[pyclass(name = "Projector", module = "ferrollama._core", frozen)]
 pub struct PyProjector {
     inner: Arc<Projector>,
@@ -22,13 +37,10 @@ impl PyProjector {
     #[new]
     #[pyo3(signature = (path, n_threads=None, use_mmap=true))]
     fn new(py: Python<'_>, path: std::path::PathBuf, n_threads: Option<usize>, use_mmap: bool) -> PyResult<Self> {
-        let n_threads = n_threads.unwrap_or_else(crate::context::default_threads);
-        if n_threads == 0 || n_threads > 1024 {
-            return Err(PyValueError::new_err(format!("n_threads must be in 1..=1024, not {n_threads}")));
-        }
+        let threads = encoder_threads(n_threads)?;
         guard(|| {
             let proj = py.allow_threads(|| Projector::load(&path, use_mmap)).map_err(to_py)?;
-            Ok(PyProjector { inner: Arc::new(proj), threads: Threads::new(n_threads) })
+            Ok(PyProjector { inner: Arc::new(proj), threads })
         })
     }
 
@@ -42,8 +54,7 @@ impl PyProjector {
         }
         let values: Vec<f32> = pixels.as_array().iter().copied().collect();
         let embd = guard(|| py.allow_threads(|| self.inner.encode(&values, nx, ny, &self.threads)).map_err(to_py))?;
-        let rows = embd.len() / self.inner.params.n_embd_out;
-        numpy::PyArray1::from_vec(py, embd).reshape([rows, self.inner.params.n_embd_out])
+        embedding_rows(py, embd, self.inner.params.n_embd_out)
     }
 
     /// How many embedding rows an image preprocessed to nx × ny pixels gives.
@@ -92,13 +103,10 @@ impl PyAudioProjector {
     #[new]
     #[pyo3(signature = (path, n_threads=None, use_mmap=true))]
     fn new(py: Python<'_>, path: std::path::PathBuf, n_threads: Option<usize>, use_mmap: bool) -> PyResult<Self> {
-        let n_threads = n_threads.unwrap_or_else(crate::context::default_threads);
-        if n_threads == 0 || n_threads > 1024 {
-            return Err(PyValueError::new_err(format!("n_threads must be in 1..=1024, not {n_threads}")));
-        }
+        let threads = encoder_threads(n_threads)?;
         guard(|| {
             let proj = py.allow_threads(|| AudioProjector::load(&path, use_mmap)).map_err(to_py)?;
-            Ok(PyAudioProjector { inner: Arc::new(proj), threads: Threads::new(n_threads) })
+            Ok(PyAudioProjector { inner: Arc::new(proj), threads })
         })
     }
 
@@ -111,8 +119,7 @@ impl PyAudioProjector {
         }
         let values: Vec<f32> = mel.as_array().iter().copied().collect();
         let embd = guard(|| py.allow_threads(|| self.inner.encode(&values, shape[1], &self.threads)).map_err(to_py))?;
-        let rows = embd.len() / self.inner.params.n_embd_out;
-        numpy::PyArray1::from_vec(py, embd).reshape([rows, self.inner.params.n_embd_out])
+        embedding_rows(py, embd, self.inner.params.n_embd_out)
     }
 
     /// How many embedding rows a chunk of n_frames mel frames gives.

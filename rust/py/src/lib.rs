@@ -28,6 +28,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     samplers::register(m)?;
     m.add_function(wrap_pyfunction!(quantize::quantize, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // the kernels' instruction-set level in this process (FERROLLAMA_ISA caps it)
+    m.add("KERNEL_ISA", ferrollama_tensor::dispatch::active_isa().name())?;
     let archs: Vec<&str> = ferrollama_engine::arch::ARCHS.iter().map(|a| a.name).collect();
     m.add("SUPPORTED_ARCHITECTURES", pyo3::types::PyTuple::new(m.py(), archs)?)?;
     Ok(())

@@ -1,8 +1,9 @@
 //! Which instruction set the kernels use, decided once per process.
 //!
-//! The choice is made on first use from the CPU's features (`is_x86_feature_detected!`) and
-//! the environment variable `FERROLLAMA_FORCE_SCALAR=1`, which forces the scalar kernels so
-//! that conformance tests can run on both paths.
+//! The choice is made on first use from the CPU's features (`is_x86_feature_detected!`),
+//! capped by the environment variable `FERROLLAMA_ISA` (`scalar`, `avx2` or `avx512`) so that
+//! tests (and users comparing paths) can run every level this CPU has; `FERROLLAMA_FORCE_SCALAR=1`
+//! is the older spelling of `FERROLLAMA_ISA=scalar`.
 
 use std::sync::OnceLock;
 
@@ -45,6 +46,16 @@ impl Isa {
         self <= Isa::detect()
     }
 
+    /// The level of a name (`scalar`, `avx2`, `avx512`; `portable` is `scalar`).
+    pub fn from_name(name: &str) -> Option<Isa> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "scalar" | "portable" => Some(Isa::Scalar),
+            "avx2" => Some(Isa::Avx2),
+            "avx512" => Some(Isa::Avx512),
+            _ => None,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
@@ -54,12 +65,26 @@ impl Isa {
     }
 }
 
-/// The level the kernel table was built for: the detected one, or Scalar when
-/// FERROLLAMA_FORCE_SCALAR=1.
+/// The level the kernel table was built for: the detected one, capped by FERROLLAMA_ISA (or
+/// Scalar when FERROLLAMA_FORCE_SCALAR=1). A cap above what the CPU has leaves the detected
+/// level; a name that is no level is reported once on stderr and ignored (the kernels must
+/// still run, and this is read deep inside the first product, where no error can be returned).
 pub fn active_isa() -> Isa {
     static ACTIVE: OnceLock<Isa> = OnceLock::new();
     *ACTIVE.get_or_init(|| {
-        let forced = std::env::var("FERROLLAMA_FORCE_SCALAR").map(|v| v == "1").unwrap_or(false);
-        if forced { Isa::Scalar } else { Isa::detect() }
+        let detected = Isa::detect();
+        if std::env::var("FERROLLAMA_FORCE_SCALAR").as_deref() == Ok("1") {
+            return Isa::Scalar;
+        }
+        match std::env::var("FERROLLAMA_ISA") {
+            Ok(name) => match Isa::from_name(&name) {
+                Some(cap) => cap.min(detected),
+                None => {
+                    eprintln!("ferrollama: FERROLLAMA_ISA={name:?} is not one of scalar, avx2, avx512; using {}", detected.name());
+                    detected
+                }
+            },
+            Err(_) => detected,
+        }
     })
 }

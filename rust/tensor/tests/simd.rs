@@ -298,13 +298,35 @@ fn force_scalar_environment_variable_selects_the_scalar_kernels() {
         assert_eq!(t.vec_dot as usize, t.vec_dot_scalar as usize);
         return;
     }
-    assert_eq!(t.isa, Isa::detect());
+    assert_eq!(t.isa, ferrollama_tensor::dispatch::active_isa());
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "force_scalar_environment_variable_selects_the_scalar_kernels", "--test-threads=1"])
         .env("FERROLLAMA_FORCE_SCALAR", "1")
         .status()
         .expect("re-running the test binary");
     assert!(status.success(), "the forced-scalar run failed");
+}
+
+#[test]
+fn isa_environment_variable_caps_the_kernel_level() {
+    let t = ferrollama_tensor::traits(GgmlType::Q4_K).unwrap();
+    if let Ok(name) = std::env::var("FERROLLAMA_ISA") {
+        let cap = Isa::from_name(&name).expect("the parent passes a level name");
+        assert_eq!(t.isa, cap.min(Isa::detect()));
+        assert_eq!(ferrollama_tensor::dispatch::active_isa(), t.isa);
+        return;
+    }
+    if std::env::var("FERROLLAMA_FORCE_SCALAR").is_ok() {
+        return; // the forced-scalar run checks its own level above
+    }
+    for cap in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "isa_environment_variable_caps_the_kernel_level", "--test-threads=1"])
+            .env("FERROLLAMA_ISA", cap.name())
+            .status()
+            .expect("re-running the test binary");
+        assert!(status.success(), "the run capped at {} failed", cap.name());
+    }
 }
 
 /// Runs the octet kernel of `gemm` on eight weight rows `w` (n elements each) and the

@@ -42,6 +42,25 @@ def tokenize(vocab, text: str, add_special: bool, parse_special: bool) -> list[i
     return list(out[:n])
 
 
+def detokenize(vocab, tokens: list[int], remove_special: bool, unparse_special: bool, size: int = 512) -> tuple[int, str]:
+    """llama_detokenize's return and the bytes it wrote (hex)."""
+    array = (L.llama_token * max(len(tokens), 1))(*tokens)
+    text = ctypes.create_string_buffer(size)
+    n = L.llama_detokenize(vocab, array, len(tokens), text, size, remove_special, unparse_special)
+    return n, text.raw[:max(n, 0)].hex()
+
+
+def detokenize_cases(vocab) -> dict:
+    """Each text's tokens (special ones parsed, and with the end-of-text token appended), the first
+    tokens of the emoji text (a piece ending inside a character), with each pair of flags."""
+    eos = L.llama_vocab_eos(vocab)
+    sequences = {text: tokenize(vocab, text, True, True) for text in TEXTS}
+    sequences["with eos"] = tokenize(vocab, "<|im_start|>user\nHi", True, True) + [eos]
+    sequences["cut emoji"] = tokenize(vocab, "wave 👋", False, False)[:-1]
+    return {f"{remove},{unparse},{name}": [tokens, *detokenize(vocab, tokens, remove, unparse)]
+            for name, tokens in sequences.items() for remove in (False, True) for unparse in (False, True)}
+
+
 def main() -> None:
     llm = L.Llama(str(MODEL), n_ctx=256, n_threads=2, verbose=False)
     vocab = L.llama_model_get_vocab(llm.model)
@@ -58,6 +77,8 @@ def main() -> None:
         "tokenize": {f"{add},{parse},{text}": tokenize(vocab, text, add, parse)
                      for text in TEXTS for add in (False, True) for parse in (False, True)},
         "tokenize_too_small": L.llama_tokenize(vocab, b"Hello world!", 12, (L.llama_token * 1)(), 1, False, False),
+        "detokenize": detokenize_cases(vocab),
+        "detokenize_too_small": detokenize(vocab, tokenize(vocab, "Hello world!", False, False), False, False, 3)[0],
     }
     prompt = llm.tokenize(PROMPT.encode(), add_bos=False)
     batch = L.llama_batch_init(len(prompt), 0, 1)

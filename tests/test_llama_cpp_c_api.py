@@ -83,6 +83,23 @@ def test_tokenizing_through_the_c_function_is_llama_cpps(llm, vocab):
     assert L.llama_tokenize(vocab, b"Hello world!", 12, one, 1, False, False) == RECORD["tokenize_too_small"]
 
 
+def test_detokenizing_is_llama_cpps(vocab):
+    """llama_detokenize with each pair of flags (remove_special, unparse_special), on texts with
+    special tokens, an end-of-text token and a piece that ends inside a character, writes
+    llama.cpp's bytes; a buffer too small gets minus the length and nothing written."""
+    for key, (tokens, expected_n, expected_hex) in RECORD["detokenize"].items():
+        remove, unparse = (flag == "True" for flag in key.split(",", 2)[:2])
+        array = (L.llama_token * max(len(tokens), 1))(*tokens)
+        text = ctypes.create_string_buffer(512)
+        n = L.llama_detokenize(vocab, array, len(tokens), text, 512, remove, unparse)
+        assert (n, text.raw[:max(n, 0)].hex()) == (expected_n, expected_hex), key
+    hello = tokenize_with(L.llama_tokenize, vocab, "Hello world!", False, False)
+    small = ctypes.create_string_buffer(3)
+    assert L.llama_detokenize(vocab, (L.llama_token * len(hello))(*hello), len(hello), small, 3, False, False) \
+        == RECORD["detokenize_too_small"] == -len(b"Hello world!")
+    assert small.raw == b"\0\0\0"
+
+
 def test_the_c_function_from_threads_without_the_gil(vocab):
     """llguidance calls it from its own threads: ctypes releases the GIL around a foreign call."""
     expected = RECORD["tokenize"]["False,False,Hello world! こんにちは世界！ wave 👋"]

@@ -212,6 +212,23 @@ def llama_tokenize(vocab: int, text: bytes, text_len: int, tokens, n_tokens_max:
     return _lib.llama_tokenize(vocab, text, text_len, tokens, n_tokens_max, add_special, parse_special)
 
 
+def llama_detokenize(vocab: int, tokens, n_tokens: int, text, text_len_max: int, remove_special: bool,
+                     unparse_special: bool, /) -> int:
+    """The text of ``tokens[:n_tokens]`` into ``text`` (a ctypes char buffer, no terminating NUL):
+    its length in bytes, or minus it when ``text_len_max`` is too small (nothing written). With
+    ``remove_special``, a leading BOS and a trailing EOS the vocabulary adds are left out; with
+    ``unparse_special``, control tokens are written as their text."""
+    model = _model_of(vocab)
+    if n_tokens < 0:
+        raise ValueError(f"n_tokens {n_tokens} is negative")
+    ids = [int(tokens[i]) for i in range(n_tokens)]
+    written = model.detokenize_bytes(ids, remove_special, unparse_special)
+    if text_len_max < len(written):
+        return -len(written)
+    ctypes.memmove(text, written, len(written))
+    return len(written)
+
+
 # --- the model and the context -------------------------------------------------------------------
 
 def llama_get_model(ctx: Context, /) -> Model:

@@ -193,6 +193,14 @@ impl PyModel {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
+    /// The bytes of a token sequence as llama_detokenize writes them (a piece may end inside a
+    /// UTF-8 character).
+    #[pyo3(signature = (tokens, remove_special=false, unparse_special=false))]
+    fn detokenize_bytes<'py>(&self, py: Python<'py>, tokens: Vec<i64>, remove_special: bool, unparse_special: bool) -> PyResult<Bound<'py, PyBytes>> {
+        let ids = tokens.into_iter().map(|t| self.token(t)).collect::<PyResult<Vec<_>>>()?;
+        Ok(PyBytes::new(py, &self.inner.vocab.detokenize(&ids, remove_special, unparse_special)))
+    }
+
     /// The token's text as stored in the vocabulary.
     fn token_text<'py>(&self, py: Python<'py>, token: i64) -> PyResult<Bound<'py, PyBytes>> {
         Ok(PyBytes::new(py, self.inner.vocab.token_text(self.token(token)?)))

@@ -401,6 +401,94 @@ def test_responses_stored_retrieved_and_deleted(client, http):
         client.responses.create(model="qwen", input="Hi", previous_response_id="resp_nope")
 
 
+def test_responses_input_items_listed_as_openai_pages_them(client, http):
+    items = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+             {"role": "user", "content": [{"type": "input_text", "text": "Name a colour."}]}]
+    r = client.responses.create(model="qwen", input=items, max_output_tokens=1, temperature=0)
+    listed = client.responses.input_items.list(r.id)  # newest first, as OpenAI's
+    assert [(i.role, i.content[0].text) for i in listed.data] == [
+        ("user", "Name a colour."), ("assistant", "Hello!"), ("user", "Hi")]
+    assert all(i.type == "message" and i.id.startswith("msg_") for i in listed.data)
+    asc = client.responses.input_items.list(r.id, order="asc", limit=2)
+    assert [i.content[0].text for i in asc.data] == ["Hi", "Hello!"] and asc.has_more
+    rest = client.responses.input_items.list(r.id, order="asc", after=asc.last_id)
+    assert [i.content[0].text for i in rest.data] == ["Name a colour."] and not rest.has_more
+    assert [i.id for i in client.responses.input_items.list(r.id, order="asc")] == [i.id for i in [*asc.data, *rest.data]]
+    one = client.responses.create(model="qwen", input="Hi", max_output_tokens=1, temperature=0)
+    (only,) = client.responses.input_items.list(one.id).data
+    assert (only.role, only.content[0].type, only.content[0].text) == ("user", "input_text", "Hi")
+    for query, code in (("limit=0", "invalid_value"), ("order=up", "invalid_value"), ("after=msg_x", "invalid_value"),
+                        ("include=x", "unsupported_parameter"), ("page=2", "unknown_parameter")):
+        bad = http.get(f"/v1/responses/{r.id}/input_items?{query}")
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == code, query
+    assert http.get("/v1/responses/resp_nope/input_items").status_code == 404
+
+
+def test_responses_reasoning_items_sent_back_are_the_turns_reasoning(client):
+    """An answer's output sent back whole (reasoning item, message) gives the assistant turn its
+    reasoning; this model's template does not show past reasoning, so the prompt is the same."""
+    from ferrollama.server.responses import input_messages
+    from ferrollama.server.schemas import ResponsesRequest
+
+    items = [{"role": "user", "content": "Hi"},
+             {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Greet back."}],
+              "content": [{"type": "reasoning_text", "text": "The user greets; greet back."}]},
+             {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+              "content": [{"type": "output_text", "text": "Hello!", "annotations": []}]},
+             {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Call it."}]},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+    messages = input_messages(ResponsesRequest.model_validate({"input": items}).input)
+    assert [(m.role, m.reasoning_content) for m in messages] == [
+        ("user", None), ("assistant", "The user greets; greet back."), ("assistant", "Call it."), ("tool", None)]
+    with_reasoning = client.responses.create(model="qwen", input=items[:3] + [{"role": "user", "content": "Bye"}],
+                                             max_output_tokens=1, temperature=0)
+    without = client.responses.create(model="qwen", input=[items[0], items[2], {"role": "user", "content": "Bye"}],
+                                      max_output_tokens=1, temperature=0)
+    assert with_reasoning.usage.input_tokens == without.usage.input_tokens
+
+
+def test_responses_reasoning_output_item_is_openais_shape():
+    """A harmony (gpt-oss) answer's analysis channel becomes a reasoning output item before the
+    message, in events and response the official client's types accept."""
+    import asyncio
+
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    from ferrollama.generation.scheduler import Output
+    from ferrollama.server.responses import events, response_skeleton
+    from ferrollama.server.schemas import ResponsesRequest
+
+    pieces = ["<|channel|>analysis<|message|>The user", " says hi.<|end|><|start|>assistant<|channel|>final",
+              "<|message|>Hello", " there."]
+
+    async def outputs():
+        for i, text in enumerate(pieces):
+            yield Output(text, finish_reason="stop" if i == len(pieces) - 1 else None,
+                         usage={"prompt_tokens": 5, "completion_tokens": 9, "cached_tokens": 0} if i == len(pieces) - 1 else None)
+
+    kept = []
+    body = response_skeleton(ResponsesRequest.model_validate({"input": "hi"}), "gpt-oss")
+
+    async def run():
+        return [e async for e in events(outputs(), body, "gpt-oss", True, [], lambda r, c: kept.append(c))]
+
+    evs = asyncio.run(run())
+    adapter = TypeAdapter(ResponseStreamEvent)
+    for e in evs:
+        adapter.validate_python(e)
+    kinds = [e["type"] for e in evs]
+    assert kinds[:8] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added", "response.reasoning_text.delta", "response.reasoning_text.done",
+                         "response.content_part.done", "response.output_item.done"]
+    final = Response.model_validate(evs[-1]["response"])
+    reasoning, message = final.output
+    assert (reasoning.type, reasoning.content[0].text) == ("reasoning", "The user says hi.")
+    assert (message.type, final.output_text) == ("message", "Hello there.")
+    assert kept[0][-1].reasoning_content == "The user says hi."
+
+
 def test_the_response_store_keeps_the_last_ones():
     from ferrollama.server.responses import ResponseStore, UnknownResponse
 
@@ -417,7 +505,10 @@ def test_the_response_store_keeps_the_last_ones():
 BAD_RESPONSES = [
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "unsupported_parameter"),
     ({"input": "hi", "tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "unsupported_parameter"),
-    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "unsupported_parameter"),
+    # a reasoning item belongs to the assistant turn after it; OpenAI's encrypted reasoning cannot be read
+    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "invalid_value"),
+    ({"input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "summary": [], "encrypted_content": "gAAA"},
+                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and?"}]}, "invalid_value"),
     # images need the projector (--mmproj): this server has none
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "unsupported_parameter"),
     ({"input": "hi", "background": True}, "unsupported_parameter"),

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API (Starlette) over a :class:`Scheduler`.
 
 Routes: POST /v1/chat/completions, /v1/responses, /v1/completions, /v1/embeddings, /tokenize,
-/detokenize; GET /v1/models, /health, /slots, /metrics; GET and DELETE /v1/responses/{id}.
+/detokenize; GET /v1/models, /health, /slots, /metrics; GET and DELETE /v1/responses/{id}, GET
+/v1/responses/{id}/input_items.
 Errors have OpenAI's shape, ``{"error": {"message", "type", "code"}}``: 400 for anything wrong
 with the request, 401 without the API key, 503 with Retry-After when the queue is full, 500 when
 the engine fails one request.
@@ -547,8 +548,13 @@ async def responses(request: HttpRequest) -> Response:
     plan, jobs = await start_chat(engine, chat)
     body = R.response_skeleton(req, engine.model_name)
 
+    input_items = R.input_item_list(req.input)
+
+    def keep(response: dict, whole: list[Message]) -> None:
+        engine.responses.put(response, whole, input_items)
+
     def events(outputs: AsyncIterator[Output]) -> AsyncIterator[dict]:
-        return R.events(outputs, body, plan.tool_format, plan.parallel, conversation, engine.responses.put)
+        return R.events(outputs, body, plan.tool_format, plan.parallel, conversation, keep)
 
     if req.stream:
         return event_stream(events(_outputs(jobs[0])), named=True)
@@ -574,6 +580,24 @@ def _stored(request: HttpRequest) -> tuple[Engine, str]:
 async def get_response(request: HttpRequest) -> Response:
     engine, response_id = _stored(request)
     return JSONResponse(engine.responses.get(response_id)[0])
+
+
+async def list_input_items(request: HttpRequest) -> Response:
+    """GET /v1/responses/{id}/input_items: the stored request's input, a page at a time."""
+    engine, response_id = _stored(request)
+    query = request.query_params
+    unknown = sorted(set(query) - {"order", "after", "limit", "include"})
+    if unknown:
+        raise bad_request(f"unknown query parameters: {', '.join(unknown)}", "unknown_parameter")
+    if query.getlist("include"):
+        raise bad_request("include: this server adds nothing to input items", "unsupported_parameter")
+    try:
+        limit = int(query.get("limit", "20"))
+        page = R.page_of_items(engine.responses.input_items(response_id), query.get("order", "desc"),
+                               query.get("after"), limit)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    return JSONResponse(page)
 
 
 async def delete_response(request: HttpRequest) -> Response:
@@ -781,6 +805,7 @@ def create_app(scheduler: Scheduler, model_name: str | None = None, api_key: str
         Route("/responses", responses, methods=["POST"]),
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),

@@ -16,11 +16,11 @@ from typing import Any, AsyncIterator, Callable
 from ..chat import tools as T
 from ..generation.scheduler import Output
 from .schemas import (ChatRequest, FunctionCallItem, FunctionCallOutputItem, ImageUrl, ImageUrlPart, InputImage,
-                      InputMessage, Message, MessageToolCall, TextPart,
+                      InputMessage, InputText, Message, MessageToolCall, ReasoningItem, TextPart,
                       ResponsesRequest, ToolCallFunction)
 
 __all__ = ["STORED_RESPONSES", "ResponseStore", "Unsupported", "UnknownResponse", "chat_request", "events",
-           "response_skeleton"]
+           "input_item_list", "page_of_items", "response_skeleton"]
 
 #: how many responses are kept for previous_response_id (the least recently used go first)
 STORED_RESPONSES = 256
@@ -35,30 +35,56 @@ class UnknownResponse(KeyError):
 
 
 class ResponseStore:
-    """The last responses (their body and the conversation they end), least recently used out first."""
+    """The last responses (their body, the conversation they end and their request's input items),
+    least recently used out first."""
 
     def __init__(self, capacity: int = STORED_RESPONSES):
         self.capacity = capacity
-        self._items: collections.OrderedDict[str, tuple[dict, list[Message]]] = collections.OrderedDict()
+        self._items: collections.OrderedDict[str, tuple[dict, list[Message], list[dict]]] = collections.OrderedDict()
 
-    def put(self, response: dict, conversation: list[Message]) -> None:
-        self._items[response["id"]] = (response, conversation)
+    def put(self, response: dict, conversation: list[Message], input_items: list[dict] | None = None) -> None:
+        self._items[response["id"]] = (response, conversation, input_items or [])
         self._items.move_to_end(response["id"])
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
-    def get(self, response_id: str) -> tuple[dict, list[Message]]:
+    def _entry(self, response_id: str) -> tuple[dict, list[Message], list[dict]]:
         if response_id not in self._items:
             raise UnknownResponse(response_id)
         self._items.move_to_end(response_id)
         return self._items[response_id]
 
+    def get(self, response_id: str) -> tuple[dict, list[Message]]:
+        response, conversation, _ = self._entry(response_id)
+        return response, conversation
+
+    def input_items(self, response_id: str) -> list[dict]:
+        return self._entry(response_id)[2]
+
     def delete(self, response_id: str) -> None:
-        self.get(response_id)
+        self._entry(response_id)
         del self._items[response_id]
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def page_of_items(items: list[dict], order: str, after: str | None, limit: int) -> dict:
+    """One page of a response's input items as OpenAI lists them (newest first unless order is
+    "asc"; ``after`` an item id of the previous page)."""
+    if order not in ("asc", "desc"):
+        raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+    if not 1 <= limit <= 100:
+        raise ValueError(f"limit must be between 1 and 100, not {limit}")
+    ordered = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after not in ids:
+            raise ValueError(f"after: no input item {after!r} in this response")
+        ordered = ordered[ids.index(after) + 1:]
+    page = ordered[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}
 
 
 # --- request -> chat request ------------------------------------------------------------------------
@@ -75,23 +101,56 @@ def _chat_content(content: str | list) -> str | list:
             if isinstance(p, InputImage) else TextPart(type="text", text=p.text) for p in content]
 
 
+def _reasoning_text(item: ReasoningItem) -> str:
+    """A reasoning item's text: its full text where it carries it, else its summary."""
+    return "".join(p.text for p in (item.content or item.summary))
+
+
 def input_messages(items: str | list) -> list[Message]:
     """The chat messages of a request's input: a function_call joins the assistant message just
-    before it (an answer's text and its calls are one assistant turn, as on the chat endpoint)."""
+    before it (an answer's text and its calls are one assistant turn, as on the chat endpoint),
+    and a reasoning item is the reasoning of the assistant turn that follows it."""
     if isinstance(items, str):
         return [Message(role="user", content=items)]
     out: list[Message] = []
+    reasoning: str | None = None
     for item in items:
+        if isinstance(item, ReasoningItem):
+            reasoning = (reasoning or "") + _reasoning_text(item)
+            continue
         if isinstance(item, InputMessage):
             out.append(Message(role=item.role, content=_chat_content(item.content)))
         elif isinstance(item, FunctionCallItem):
             call = MessageToolCall(id=item.call_id, function=ToolCallFunction(name=item.name, arguments=item.arguments))
-            if not (out and out[-1].role == "assistant"):
+            if not (out and out[-1].role == "assistant") or reasoning is not None:
                 out.append(Message(role="assistant", content=None))
             out[-1].tool_calls = [*(out[-1].tool_calls or []), call]
         elif isinstance(item, FunctionCallOutputItem):
             out.append(Message(role="tool", tool_call_id=item.call_id, content=_text(item.output)))
+        if reasoning is not None:
+            if out[-1].role != "assistant":
+                raise ValueError("input: a reasoning item must come just before the assistant message or "
+                                 "function call it belongs to")
+            out[-1].reasoning_content, reasoning = reasoning, None
+    if reasoning is not None:
+        raise ValueError("input: a reasoning item must come just before the assistant message or function call "
+                         "it belongs to, not last")
     return out
+
+
+def input_item_list(items: str | list) -> list[dict]:
+    """A request's input as GET /v1/responses/{id}/input_items lists it: each item with an id."""
+    if isinstance(items, str):
+        items = [InputMessage(role="user", content=[InputText(type="input_text", text=items)])]
+    prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+    listed = []
+    for item in items:
+        body = item.model_dump(exclude_none=True)
+        if isinstance(body.get("content"), str):
+            body["content"] = [{"type": "input_text", "text": body["content"]}]
+        body.setdefault("id", f"{prefixes[body['type']]}_{uuid.uuid4().hex}")
+        listed.append(body)
+    return listed
 
 
 def _response_format(req: ResponsesRequest) -> dict | None:
@@ -150,7 +209,10 @@ def response_skeleton(req: ResponsesRequest, model: str) -> dict:
 
 def _usage(last: Output) -> dict:
     u = last.usage or {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
-    return {"input_tokens": u["prompt_tokens"], "input_tokens_details": {"cached_tokens": u["cached_tokens"]},
+    # the tokens not read from a slot's cache were computed and are kept there for the next request
+    written = u["prompt_tokens"] - u["cached_tokens"]
+    return {"input_tokens": u["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": u["cached_tokens"], "cache_write_tokens": written},
             "output_tokens": u["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
 
@@ -204,6 +266,9 @@ async def events(outputs: AsyncIterator[Output], response: dict, tool_format: st
         if out.finish_reason is not None:
             rest, calls, reasoning = gate.finish()
             delta += rest
+            if reasoning:
+                async for e in _reasoning_events(ev, reasoning):
+                    yield e
         if delta:
             if message_at is None:
                 added, message_at = ev.add_item(_message_item())
@@ -233,6 +298,22 @@ async def events(outputs: AsyncIterator[Output], response: dict, tool_format: st
     if response["store"]:
         keep(response, conversation + [answer])
     yield ev.snapshot("response.incomplete" if cut else "response.completed")
+
+
+async def _reasoning_events(ev: _Events, reasoning: str) -> AsyncIterator[dict]:
+    """A reasoning output item (its text whole: the format's parser finds it at the end)."""
+    added, index = ev.add_item({"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "content": [],
+                                "status": "in_progress"})
+    yield added
+    item_id, part = added["item"]["id"], {"type": "reasoning_text", "text": reasoning}
+    yield ev.event("response.content_part.added", item_id=item_id, output_index=index, content_index=0,
+                   part={"type": "reasoning_text", "text": ""})
+    yield ev.event("response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0,
+                   delta=reasoning)
+    yield ev.event("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0,
+                   text=reasoning)
+    yield ev.event("response.content_part.done", item_id=item_id, output_index=index, content_index=0, part=part)
+    yield ev.done_item(index, content=[part])
 
 
 async def _call_events(ev: _Events, call: T.ToolCall) -> AsyncIterator[dict]:

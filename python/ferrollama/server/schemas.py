@@ -264,8 +264,29 @@ class FunctionCallOutputItem(Strict):
     status: Optional[str] = None
 
 
+class ReasoningPart(Strict):
+    """A part of a reasoning item: its text (reasoning_text) or a summary of it (summary_text)."""
+
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(Strict):
+    """An earlier answer's reasoning sent back as input: it becomes the reasoning of the assistant
+    turn that follows it (what chat templates that show past reasoning read). OpenAI's encrypted
+    reasoning cannot be read here and is refused."""
+
+    type: Literal["reasoning"]
+    id: Optional[str] = None
+    summary: list[ReasoningPart] = Field(default_factory=list)
+    content: Optional[list[ReasoningPart]] = None
+    encrypted_content: None = None
+    status: Optional[str] = None
+
+
 InputItem = Annotated[Union[Annotated[InputMessage, Tag("message")], Annotated[FunctionCallItem, Tag("function_call")],
-                            Annotated[FunctionCallOutputItem, Tag("function_call_output")]],
+                            Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+                            Annotated[ReasoningItem, Tag("reasoning")]],
                       Discriminator(_type_tag("message"))]
 
 

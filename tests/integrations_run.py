@@ -10,7 +10,7 @@ from pathlib import Path
 
 SCENARIOS = Path(__file__).resolve().parent / "integrations"
 #: the libraries, by the name of their scenario (tests/integrations/<name>_calls.py)
-LIBRARIES = ("outlines", "guidance", "langchain", "llama_index", "haystack", "instructor", "autogen")
+LIBRARIES = ("outlines", "guidance", "langchain", "llama_index", "haystack", "instructor", "autogen", "llm_gguf")
 
 
 def run_scenario(name: str, mode: str, model_path: str, timeout: float = 900, **env: str) -> dict:

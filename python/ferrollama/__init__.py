@@ -12,6 +12,7 @@ from ._core import (
     Error,
     GGUFError,
     GrammarError,
+    KERNEL_ISA,
     KVCache,
     LoraAdapter,
     Model,
@@ -79,6 +80,7 @@ class _NoOtherLlamaCppModule:
 
 __all__ = [
     "Batch",
+    "KERNEL_ISA",
     "MEDIA_MARKER",
     "MediaError",
     "Projector",

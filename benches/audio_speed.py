@@ -33,12 +33,12 @@ def main() -> None:
     from ferrollama.generation.audio import WHISPER, load_audio, whisper_mel_chunks
 
     models = rv.DATA / "models"
-    ours = _core.AudioProjector(models / ra.MMPROJ, n_threads=rv.recorder.THREADS)
+    ours = _core.AudioProjector(models / ra.PAIRS["ultravox"].mmproj, n_threads=rv.recorder.THREADS)
     samples = load_audio(rv.DATA / ra.AUDIO["tone"], ours.sample_rate)
     params = WHISPER(ours.n_mel)
     ms = {k: benchlib.Samples() for k in ("llama.cpp mel", "ferrollama mel", "llama.cpp encode", "ferrollama encode")}
-    with rv.recorder.Model(models / ra.TEXT_MODEL, extra_bufts=False) as model, \
-            rv.Mtmd(models / ra.MMPROJ, model.model, {"tone": rv.DATA / ra.AUDIO["tone"]}) as mtmd:
+    with rv.recorder.Model(models / ra.PAIRS["ultravox"].text_model, extra_bufts=False) as model, \
+            rv.Mtmd(models / ra.PAIRS["ultravox"].mmproj, model.model, {"tone": rv.DATA / ra.AUDIO["tone"]}) as mtmd:
         (mel,) = whisper_mel_chunks(samples, params)
         chunks = mtmd.tokenize(rv.MARKER, ["tone"])
         try:

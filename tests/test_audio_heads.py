@@ -1,0 +1,171 @@
+"""Audio in (issue 38): the Whisper-encoder projector types beyond Ultravox, Qwen2-Audio (`qwen2a`) and
+Voxtral (`voxtral`), against llama.cpp's libmtmd records of the tiny pairs
+(tests/data/make_tiny_audio_heads.py; tests/data/scenarios/audio-qwen2a-f32.json and
+audio-voxtral-f32.json, benches/record_audio.py): the engine's embeddings (rust/engine/src/vision/whisper.rs),
+a float64 reference of clip.cpp's graph (where the average pool sits), and prompts with audio through
+mtmd's chunks (the family's audio markers) and mtmd_helper_eval_chunks' logits.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from ferrollama import _core
+from ferrollama.generation.audio import FRAMES_PER_CHUNK, WHISPER, load_audio, whisper_mel_chunks
+from ferrollama.generation.multimodal import ImageChunk, Projector
+from scenario_runner import TOL_TINY_FLOAT_MAX
+from test_audio import SAMPLE_RATE, encoder_reference, fields, gelu_erf, stack_frames, tensors
+from vision_pairs import DATA, TOL_EMBD, Pair, check_prompt_matches_mtmd, load_projectors, logits_off_with
+
+sys.path.insert(0, str(DATA))
+import make_tiny_audio_heads as heads  # noqa: E402
+
+PAIRS = {"qwen2a": Pair("audio-qwen2a-f32"), "voxtral": Pair("audio-voxtral-f32")}
+CASES = [(key, case) for key, pair in PAIRS.items() for case in range(len(pair.scn["evals"]))]
+MEDIA = [(key, name) for key, pair in PAIRS.items() for name in sorted(pair.media)]
+
+
+@pytest.fixture(scope="module")
+def projs() -> dict[str, Projector]:
+    return load_projectors(PAIRS)
+
+
+def mel_of(pair: Pair, name: str, n_mel: int) -> np.ndarray:
+    (mel,) = whisper_mel_chunks(load_audio(pair.media_file(name), SAMPLE_RATE), WHISPER(n_mel))
+    return mel
+
+
+@pytest.mark.parametrize(("key", "stack", "n_tokens", "width"), [("qwen2a", 1, 750, 256), ("voxtral", 5, 150, 256)])
+def test_audio_projector_reads_the_keys(projs: dict[str, Projector], key: str, stack: int, n_tokens: int,
+                                        width: int) -> None:
+    """clip_n_output_tokens: 3000 frames (stacked), halved by the convolution, halved by the pool."""
+    core = projs[key].core
+    assert (core.projector_type, core.n_mel, core.sample_rate, core.stack_factor, core.n_embd_out) == (key, 32, 16000, stack, width)
+    assert core.n_output_tokens(FRAMES_PER_CHUNK) == n_tokens == len(PAIRS[key].scn["expected_embeddings"]["tone"])
+
+
+@pytest.mark.parametrize(("key", "name"), MEDIA)
+def test_engine_embeddings_match_mtmd(projs: dict[str, Projector], key: str, name: str) -> None:
+    pair = PAIRS[key]
+    got = projs[key].encode(pair.media_file(name))
+    want = np.asarray(pair.scn["expected_embeddings"][name])
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= TOL_EMBD
+
+
+def head_reference(key: str, x: np.ndarray, w: dict[str, np.ndarray], kv: dict) -> np.ndarray:
+    """whisper-enc.cpp's heads in float64: Qwen2-Audio's fc with bias; Voxtral's stacked frames
+    through mm.a.mlp.1, GELU (erf), mm.a.mlp.2."""
+    if key == "qwen2a":
+        return x @ w["mm.a.fc.weight"].T + w["mm.a.fc.bias"]
+    x = stack_frames(x, int(kv["clip.audio.projector.stack_factor"]))
+    return gelu_erf(x @ w["mm.a.mlp.1.weight"].T) @ w["mm.a.mlp.2.weight"].T
+
+
+@pytest.mark.parametrize("key", sorted(PAIRS))
+def test_reference_pools_before_the_post_ln_as_clip(key: str) -> None:
+    """The graph's float64 reference on the spectrogram gives mtmd's embeddings; the pool moved
+    behind the post-LN moves them beyond the tolerance (the pool's place is what is tested)."""
+    pair = PAIRS[key]
+    kv, w = fields(pair.mmproj), tensors(pair.mmproj)
+    mel = mel_of(pair, "tone", int(kv["clip.audio.num_mel_bins"])).astype(np.float64)
+    want = np.asarray(pair.scn["expected_embeddings"]["tone"])
+    got = head_reference(key, encoder_reference(mel, w, kv, pool=True), w, kv)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= TOL_EMBD
+    moved = head_reference(key, encoder_reference(mel, w, kv, pool=True, pool_after_post_ln=True), w, kv)
+    assert np.abs(moved - want).max() > 10 * TOL_EMBD
+
+
+@pytest.mark.parametrize("cache_type", ["f32", "f16"])
+@pytest.mark.parametrize(("key", "case"), CASES)
+def test_prompt_with_audio_matches_mtmd(projs: dict[str, Projector], key: str, case: int, cache_type: str) -> None:
+    """mtmd's chunks (Qwen2-Audio's <|audio_bos|> / <|audio_eos|>, Voxtral's [BEGIN_AUDIO]),
+    the audio decoded causally, n_past and the last logits."""
+    proj = projs[key]
+    chunks, _ = check_prompt_matches_mtmd(proj.model, proj, PAIRS[key], case, cache_type, non_causal=False)
+    markers = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", None)}[key]
+    i = next(i for i, c in enumerate(chunks) if isinstance(c, ImageChunk))
+    assert chunks[i - 1].tokens[-1] == proj.model.tokenize(markers[0], add_special=False, parse_special=True)[0]
+    if markers[1] is not None:
+        assert chunks[i + 1].tokens[0] == proj.model.tokenize(markers[1], add_special=False, parse_special=True)[0]
+
+
+def other_audio(proj: Projector) -> Callable[[ImageChunk], None]:
+    """A chunk change for logits_off_with: an audio chunk's rows replaced by the stereo file's."""
+    rows = proj.encode(DATA / "audio" / "stereo-8bit.wav")
+
+    def change(chunk: ImageChunk) -> None:
+        if chunk.audio:
+            chunk.embd = rows.copy()
+    return change
+
+
+@pytest.mark.parametrize("key", sorted(PAIRS))
+def test_other_audio_in_its_place_moves_the_logits(projs: dict[str, Projector], key: str) -> None:
+    """The contrast of the logits check: the first prompt with another audio's embeddings."""
+    proj = projs[key]
+    assert logits_off_with(proj.model, proj, PAIRS[key], other_audio(proj)) > 2 * TOL_TINY_FLOAT_MAX
+
+
+def test_voxtrals_own_stack_factor_is_a_clear_error(tmp_path: Path) -> None:
+    """Voxtral's stack factor of 4 stacks the 750 pooled positions into 188 rows where clip.cpp
+    counts 187 tokens (3000 / 4 / 2 / 2): libmtmd 0.3.36 aborts; the engine raises."""
+    path = tmp_path / "voxtral-stack4.gguf"
+    heads.write_mmproj(replace(heads.VOXTRAL, audio=replace(heads.VOXTRAL.audio, stack=4)), path)
+    core = _core.AudioProjector(path, n_threads=1)
+    assert core.n_output_tokens(FRAMES_PER_CHUNK) == 187
+    with pytest.raises(ValueError, match="give 188 stacked rows where clip.cpp counts 187 tokens"):
+        core.encode_mel(np.zeros((32, FRAMES_PER_CHUNK), np.float32))
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Qwen2.5-Omni: one file with both encoders (qwen2.5o), a text model with M-RoPE
+# ---------------------------------------------------------------------------------------------
+
+OMNI = Pair("audio-qwen2.5o-f32")
+
+
+@pytest.fixture(scope="module")
+def omni() -> Projector:
+    return load_projectors({"omni": OMNI})["omni"]
+
+
+def test_omni_file_loads_as_both_halves(omni: Projector) -> None:
+    """clip.cpp corrects qwen2.5o by modality: the vision half runs as qwen2.5vl_merger, the audio
+    half as qwen2a; each loader leaves the other half's keys and tensors alone."""
+    assert (omni.core.projector_type, omni.audio_core.projector_type, omni.is_audio) == ("qwen2.5vl_merger", "qwen2a", False)
+    assert omni.family.img_beg == "<|vision_start|>" and omni.audio_family.img_beg == "<|audio_bos|>"
+
+
+@pytest.mark.parametrize("name", sorted(OMNI.media))
+def test_omni_embeddings_match_mtmd(omni: Projector, name: str) -> None:
+    """An image goes to the vision half and audio (a WAV file) to the audio half, as mtmd tells them apart."""
+    got = omni.encode(OMNI.media_file(name))
+    want = np.asarray(OMNI.scn["expected_embeddings"][name])
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= TOL_EMBD
+
+
+@pytest.mark.parametrize("cache_type", ["f32", "f16"])
+@pytest.mark.parametrize("case", range(len(OMNI.scn["evals"])))
+def test_omni_prompt_with_image_and_audio_matches_mtmd(omni: Projector, case: int, cache_type: str) -> None:
+    """An image at 2-D M-RoPE positions and audio at 1-D ones in one prompt: mtmd's chunks, n_past, logits."""
+    check_prompt_matches_mtmd(omni.model, omni, OMNI, case, cache_type, non_causal=False)
+
+
+def test_omni_contrasts_move_the_logits(omni: Projector) -> None:
+    """The contrasts: the audio's tokens at an image row's 2-D positions instead of mtmd's 1-D
+    ones, and another audio's embeddings in place of the tone's."""
+
+    def as_image_row(chunk: ImageChunk) -> None:
+        chunk.audio = False
+
+    assert logits_off_with(omni.model, omni, OMNI, as_image_row) > 2 * TOL_TINY_FLOAT_MAX
+    assert logits_off_with(omni.model, omni, OMNI, other_audio(omni)) > 2 * TOL_TINY_FLOAT_MAX

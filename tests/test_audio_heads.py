@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
+import ferrollama as fl
 from ferrollama import _core
 from ferrollama.generation.audio import FRAMES_PER_CHUNK, WHISPER, load_audio, whisper_mel_chunks
 from ferrollama.generation.multimodal import ImageChunk, Projector
@@ -169,3 +170,47 @@ def test_omni_contrasts_move_the_logits(omni: Projector) -> None:
 
     assert logits_off_with(omni.model, omni, OMNI, as_image_row) > 2 * TOL_TINY_FLOAT_MAX
     assert logits_off_with(omni.model, omni, OMNI, other_audio(omni)) > 2 * TOL_TINY_FLOAT_MAX
+
+
+def test_other_audio_types_and_mixed_files_are_refused_by_name(tmp_path: Path) -> None:
+    """An audio projector type the engine does not run (GLM-ASR's glma), and a file with both
+    encoders of another type than Qwen2.5-Omni's, are refused naming what is not supported."""
+    glma = tmp_path / "glma.gguf"
+    heads.write_mmproj(replace(heads.VOXTRAL, projector="glma"), glma)
+    with pytest.raises(fl.Error, match=r"audio projector type 'glma' is not supported \(supported: ultravox, qwen2a, voxtral\)"):
+        _core.AudioProjector(glma)
+    mixed = tmp_path / "mixed.gguf"
+    heads.write_mmproj(replace(heads.OMNI, projector="qwen2.5vl_merger"), mixed)
+    with pytest.raises(fl.Error, match="a projector of type 'qwen2.5vl_merger' with both vision and audio encoders"):
+        _core.AudioProjector(mixed)
+    with pytest.raises(fl.Error, match="has an audio encoder: load it as an audio projector"):
+        _core.Projector(mixed)
+
+
+def test_llama_chat_with_an_image_and_audio_decodes_both(omni: Projector) -> None:
+    """Llama with Qwen2.5-Omni's file: an image_url part and an input_audio part in one message go
+    to their halves; the first token and its logprob are the projector API's on the template text."""
+    import base64
+
+    from ferrollama.chat.media import with_media_markers
+    from ferrollama.llama_chat_format import MTMDChatHandler
+    from test_audio import LIST_CONTENT_TEMPLATE
+
+    context = OMNI.scn["context"]
+    llm = fl.Llama(str(OMNI.model_path), n_ctx=context["n_ctx"], n_batch=context["n_batch"], n_ubatch=context["n_ubatch"],
+                   n_threads=2, chat_template=LIST_CONTENT_TEMPLATE,
+                   chat_handler=MTMDChatHandler(clip_model_path=str(OMNI.mmproj)), verbose=False)
+    image = "data:image/png;base64," + base64.b64encode(OMNI.media_file("square").read_bytes()).decode()
+    audio = base64.b64encode(OMNI.media_file("tone").read_bytes()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}},
+                                             {"type": "text", "text": "and this sound?"},
+                                             {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}}]}]
+    r = llm.create_chat_completion(messages=messages, max_tokens=1, temperature=0, logprobs=True, top_logprobs=1)
+    text = llm.chat_template.apply(with_media_markers(messages), add_generation_prompt=True)
+    ctx = OMNI.context(omni.model)
+    n_past = omni.eval(ctx, text, [OMNI.media_file("square"), OMNI.media_file("tone")])
+    logits = np.asarray(ctx.logits(-1), np.float64)
+    got = r["choices"][0]["logprobs"]["content"][0]
+    assert got["token"] == omni.model.token_to_piece(int(np.argmax(logits)), True).decode()
+    assert abs(got["logprob"] - (-np.log(np.exp(logits - logits.max()).sum()))) < 1e-4
+    assert r["usage"]["prompt_tokens"] == n_past

@@ -67,7 +67,10 @@ class Pair:
     markers: dict
     mmproj: str
     projector: str
+    #: stack 0: no stacked frames, Qwen2-Audio's fc head (else Voxtral's MLP)
     audio: ta.AudioDims
+    #: a vision encoder beside the audio one (Qwen2.5-Omni's file)
+    vision: bool = False
 
 
 QWEN2A = Pair("tiny-qwen2a-f32.gguf", QWEN2_TEXT, QWEN2_DIMS, {494: ("<|audio_bos|>", _CONTROL), 507: ("<|audio_eos|>", _CONTROL)},
@@ -79,7 +82,7 @@ OMNI_TEXT = mk.Spec("qwen25omni", "qwen2vl", {"rope.freq_base": 1000000.0, "rope
 OMNI = Pair("tiny-qwen25omni-f32.gguf", OMNI_TEXT, QWEN2_DIMS,
             {494: ("<|vision_start|>", _CONTROL), 507: ("<|vision_end|>", _CONTROL),
              464: ("<|audio_bos|>", _CONTROL), 477: ("<|audio_eos|>", _CONTROL)},
-            "tiny-mmproj-qwen2.5o-f16.gguf", "qwen2.5o", QWEN2A.audio)
+            "tiny-mmproj-qwen2.5o-f16.gguf", "qwen2.5o", QWEN2A.audio, vision=True)
 #: Qwen2.5-Omni's vision half: make_tiny_vision_qwen's Qwen2.5-VL encoder
 OMNI_VISION = tvq.QWEN25VL
 PAIRS = (QWEN2A, VOXTRAL, OMNI)
@@ -107,7 +110,7 @@ def add_omni_metadata(w: gguf.GGUFWriter, pair: Pair) -> None:
 
 def add_head_weights(wt: mk.Weights, pair: Pair) -> None:
     a = pair.audio
-    if pair.projector in ("qwen2a", "qwen2.5o"):
+    if not a.stack:
         wt.matrix("mm.a.fc.weight", a.n_embd_out, a.n_embd, std=0.25)
         wt.bias("mm.a.fc.bias", a.n_embd_out)
     else:
@@ -118,10 +121,9 @@ def add_head_weights(wt: mk.Weights, pair: Pair) -> None:
 def write_mmproj(pair: Pair, path: Path | None = None) -> None:
     """The pair's projector, at tests/data/models/<pair.mmproj> unless `path` is given."""
     w = gguf.GGUFWriter(str(path or DATA / "models" / pair.mmproj), "clip")
-    omni = pair is OMNI
-    (add_omni_metadata if omni else add_metadata)(w, pair)
+    (add_omni_metadata if pair.vision else add_metadata)(w, pair)
     wt = mk.Weights(w, np.random.default_rng(3839), "f16")
-    if omni:
+    if pair.vision:
         tvq.add_qwen_weights(wt, OMNI_VISION)
     ta.add_whisper_weights(wt, pair.audio)
     add_head_weights(wt, pair)

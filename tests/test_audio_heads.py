@@ -214,3 +214,34 @@ def test_llama_chat_with_an_image_and_audio_decodes_both(omni: Projector) -> Non
     assert got["token"] == omni.model.token_to_piece(int(np.argmax(logits)), True).decode()
     assert abs(got["logprob"] - (-np.log(np.exp(logits - logits.max()).sum()))) < 1e-4
     assert r["usage"]["prompt_tokens"] == n_past
+
+
+def test_server_chat_with_an_image_and_audio_decodes_both(omni: Projector) -> None:
+    """The server with Qwen2.5-Omni's file: an image_url part and an input_audio part in one message."""
+    import base64
+
+    import openai
+    from ferrollama.chat.templates import ChatTemplate
+    from ferrollama.generation.multimodal import MEDIA_MARKER
+    from serving import start_server
+
+    server, scheduler = start_server(omni.model, n_seq=2, n_ctx=2048, projector=omni)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        image = "data:image/png;base64," + base64.b64encode(OMNI.media_file("square").read_bytes()).decode()
+        audio = base64.b64encode(OMNI.media_file("tone").read_bytes()).decode()
+        messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                                 {"type": "image_url", "image_url": {"url": image}},
+                                                 {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}}]}]
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=1, temperature=0, logprobs=True,
+                                           top_logprobs=1)
+        text = ChatTemplate.from_model(omni.model).apply(
+            [{"role": "user", "content": f"What is this?{MEDIA_MARKER}{MEDIA_MARKER}"}])
+        ctx = OMNI.context(omni.model, "f16")
+        n_past = omni.eval(ctx, text, [OMNI.media_file("square"), OMNI.media_file("tone")])
+        logits = np.asarray(ctx.logits(-1), np.float64)
+        assert r.choices[0].logprobs.content[0].token == omni.model.token_to_piece(int(np.argmax(logits)), True).decode()
+        assert r.usage.prompt_tokens == n_past
+    finally:
+        server.stop()
+        scheduler.close()

@@ -1,9 +1,11 @@
-"""Audio in (issue 38): the Whisper-encoder projector types beyond Ultravox, Qwen2-Audio (`qwen2a`) and
-Voxtral (`voxtral`), against llama.cpp's libmtmd records of the tiny pairs
-(tests/data/make_tiny_audio_heads.py; tests/data/scenarios/audio-qwen2a-f32.json and
-audio-voxtral-f32.json, benches/record_audio.py): the engine's embeddings (rust/engine/src/vision/whisper.rs),
-a float64 reference of clip.cpp's graph (where the average pool sits), and prompts with audio through
-mtmd's chunks (the family's audio markers) and mtmd_helper_eval_chunks' logits.
+"""Audio in (issue 38): the Whisper-encoder projector types beyond Ultravox, Qwen2-Audio (`qwen2a`),
+Voxtral (`voxtral`) and Qwen2.5-Omni's file with both encoders (`qwen2.5o`), against llama.cpp's
+libmtmd records of the tiny pairs (tests/data/make_tiny_audio_heads.py;
+tests/data/scenarios/audio-qwen2a-f32.json, audio-voxtral-f32.json and audio-qwen2.5o-f32.json,
+benches/record_audio.py): the engine's embeddings (rust/engine/src/vision/whisper.rs), a float64
+reference of clip.cpp's graph (where the average pool sits), prompts with audio (and an image)
+through mtmd's chunks (the family's audio markers) and mtmd_helper_eval_chunks' logits, and the
+same through Llama and the server.
 """
 from __future__ import annotations
 

@@ -567,14 +567,14 @@ impl Keys<'_> {
         }
     }
 
-    /// Refuses `clip.*` keys the engine did not read: each one changes what clip.cpp computes
-    /// for some projector, and this engine would ignore it.
     /// Marks the keys `other` picks as another loader's (a file's other encoder).
     fn leave_to_other(&self, other: impl Fn(&str) -> bool) {
         let mut read = self.read.borrow_mut();
         read.extend(self.file.metadata.iter().map(|(k, _)| k.as_str()).filter(|k| other(k)).map(str::to_string));
     }
 
+    /// Refuses `clip.*` keys the engine did not read: each one changes what clip.cpp computes
+    /// for some projector, and this engine would ignore it.
     fn check_all_read(&self) -> Result<()> {
         // Descriptive keys that change nothing.
         for k in ["clip.has_text_encoder", "clip.has_llava_projector", "clip.has_minicpmv_projector", "clip.has_glm_projector",

@@ -263,10 +263,9 @@ fn convolve(conv: &Conv, n_in: usize, n_len: usize, input: impl Fn(usize, usize)
     out
 }
 
-/// build_stack: the rows laid end to end, cut into rows of stack_factor frames, the last one
-/// padded with zeros. Returns the stacked values and their number of rows.
-fn stack_frames(mut x: Vec<f32>, p: &AudioParams) -> (Vec<f32>, usize) {
-    let stride = p.n_embd * p.stack_factor;
+/// build_stack: the rows laid end to end, cut into rows of `stride` values (stack_factor frames
+/// of n_embd), the last one padded with zeros. Returns the stacked values and their number of rows.
+fn stack_frames(mut x: Vec<f32>, stride: usize) -> (Vec<f32>, usize) {
     x.resize(x.len().div_ceil(stride) * stride, 0.0);
     let n = x.len() / stride;
     (x, n)
@@ -274,7 +273,7 @@ fn stack_frames(mut x: Vec<f32>, p: &AudioParams) -> (Vec<f32>, usize) {
 
 /// Voxtral's head: stacked frames, mm.a.mlp.1, GELU (erf), mm.a.mlp.2 (build_ffn without biases).
 fn voxtral(mlp1: &QMatrix, mlp2: &QMatrix, p: &AudioParams, x: Vec<f32>, threads: &Threads) -> Vec<f32> {
-    let (x, n) = stack_frames(x, p);
+    let (x, n) = stack_frames(x, p.n_embd * p.stack_factor);
     let mut hidden = product(mlp1, &x, n, threads);
     vit::on_rows(&mut hidden, mlp1.rows, threads, |_, rows| gelu_erf_inplace(rows));
     product(mlp2, &hidden, n, threads)
@@ -283,7 +282,7 @@ fn voxtral(mlp1: &QMatrix, mlp2: &QMatrix, p: &AudioParams, x: Vec<f32>, threads
 /// Ultravox's head: rows of stack_factor frames (the last padded with zeros), RMS norm,
 /// mm.a.mlp.1, SwiGLU (silu(second half) × first half), RMS norm, mm.a.mlp.2.
 fn ultravox(h: &UltravoxHead, p: &AudioParams, x: Vec<f32>, threads: &Threads) -> Vec<f32> {
-    let (mut x, n) = stack_frames(x, p);
+    let (mut x, n) = stack_frames(x, p.n_embd * p.stack_factor);
     rms_norm_inplace(&mut x, &h.norm_pre, ULTRAVOX_EPS);
     let up = product(&h.mlp1, &x, n, threads);
     let half = h.mlp1.rows / 2;
@@ -292,4 +291,24 @@ fn ultravox(h: &UltravoxHead, p: &AudioParams, x: Vec<f32>, threads: &Threads) -
     swiglu(&mut gate, &value, half);
     rms_norm_inplace(&mut gate, &h.norm_mid, ULTRAVOX_EPS);
     product(&h.mlp2, &gate, n, threads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml_pool_1d over positions: each channel's pairs averaged, an odd last position dropped.
+    #[test]
+    fn average_pairs_pools_positions_per_channel() {
+        let rows = [1.0, 10.0, 3.0, 20.0, 100.0, 1000.0];
+        assert_eq!(average_pairs(&rows, 2), vec![2.0, 15.0]);
+        assert_eq!(average_pairs(&rows[..4], 2), vec![2.0, 15.0]);
+    }
+
+    /// build_stack: 3 frames of 2 values stacked by 2 make 2 rows, the second padded with zeros.
+    #[test]
+    fn stack_frames_pads_the_last_row() {
+        let (x, n) = stack_frames(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 4);
+        assert_eq!((x, n), (vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.0, 0.0], 2));
+    }
 }

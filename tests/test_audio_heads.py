@@ -247,3 +247,27 @@ def test_server_chat_with_an_image_and_audio_decodes_both(omni: Projector) -> No
     finally:
         server.stop()
         scheduler.close()
+
+
+def test_cli_chat_with_an_image_and_audio_answers_as_the_projector_api(omni: Projector) -> None:
+    """`ferrollama chat --image PATH --audio PATH` with Qwen2.5-Omni's file: a marker before the
+    prompt for each medium (llama-mtmd-cli), the greedy tokens after the projector's decode."""
+    from ferrollama.chat.templates import ChatTemplate
+    from ferrollama.generation.multimodal import MEDIA_MARKER
+    from test_vision import cli_chat_args, ferrollama_cli
+
+    media = [OMNI.media_file("square"), OMNI.media_file("tone")]
+    r = ferrollama_cli(*cli_chat_args(OMNI, 2048), "--image", str(media[0]), "--audio", str(media[1]), "-p", "Tell me")
+    assert r.returncode == 0, r.stderr
+    text = ChatTemplate.from_model(omni.model).apply([{"role": "user", "content": 2 * MEDIA_MARKER + "Tell me"}])
+    ctx = OMNI.context(omni.model, "f16", n_ctx=2048)
+    n_past = omni.eval(ctx, text, media)
+    out = []
+    for _ in range(6):
+        token = int(np.argmax(ctx.logits(-1)))
+        if omni.model.is_eog(token):
+            break
+        out.append(omni.model.token_to_piece(token, False))
+        ctx.decode(fl.Batch.from_tokens([token], n_past, 0))
+        n_past += 1
+    assert r.stdout.strip() and r.stdout.strip("\n") == b"".join(out).decode(errors="replace").strip("\n")

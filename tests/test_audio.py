@@ -107,14 +107,14 @@ def test_chunks_of_30_seconds(seconds: float, chunks: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def tensors() -> dict[str, np.ndarray]:
-    reader = gguf.GGUFReader(PAIR.mmproj)
+def tensors(path: Path = PAIR.mmproj) -> dict[str, np.ndarray]:
+    reader = gguf.GGUFReader(path)
     return {t.name: np.array(t.data, dtype=np.float64).reshape(tuple(reversed(t.shape.tolist())))
             for t in reader.tensors}
 
 
-def fields() -> dict:
-    reader = gguf.GGUFReader(PAIR.mmproj)
+def fields(path: Path = PAIR.mmproj) -> dict:
+    reader = gguf.GGUFReader(path)
     return {k: f.contents() for k, f in reader.fields.items() if k.startswith("clip.")}
 
 
@@ -157,8 +157,17 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head: int) -> np.nd
     return out
 
 
-def ultravox_reference(mel: np.ndarray, w: dict[str, np.ndarray], kv: dict) -> np.ndarray:
-    """models/whisper-enc.cpp's graph with the ultravox head, in float64."""
+def average_pairs(x: np.ndarray) -> np.ndarray:
+    """ggml_pool_1d (average, kernel and stride 2) over the positions: an odd last one dropped."""
+    n = x.shape[0] // 2 * 2
+    return (x[0:n:2] + x[1:n:2]) / 2
+
+
+def encoder_reference(mel: np.ndarray, w: dict[str, np.ndarray], kv: dict, *, pool: bool = False,
+                      pool_after_post_ln: bool = False) -> np.ndarray:
+    """models/whisper-enc.cpp's encoder in float64: the convolutions, the blocks, for Qwen2-Audio
+    and Voxtral (`pool`) the average pool of two positions, which clip.cpp's build_vit puts before
+    the post-LN (`pool_after_post_ln` moves it behind, for the contrast)."""
     eps, n_head = float(kv["clip.audio.attention.layer_norm_epsilon"]), int(kv["clip.audio.attention.head_count"])
     x = gelu_erf(conv1d(mel, w["a.conv1d.1.weight"], w["a.conv1d.1.bias"], 1))
     x = gelu_erf(conv1d(x, w["a.conv1d.2.weight"], w["a.conv1d.2.bias"], 2)).T
@@ -173,9 +182,22 @@ def ultravox_reference(mel: np.ndarray, w: dict[str, np.ndarray], kv: dict) -> n
         h = layer_norm(x, w[p + "ln2.weight"], w[p + "ln2.bias"], eps)
         u = gelu_erf(h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"])
         x = x + u @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]
+    if pool and not pool_after_post_ln:
+        x = average_pairs(x)
     x = layer_norm(x, w["a.post_ln.weight"], w["a.post_ln.bias"], eps)
-    stack = int(kv["clip.audio.projector.stack_factor"])
-    x = x.reshape(-1, stack * x.shape[1])
+    return average_pairs(x) if pool and pool_after_post_ln else x
+
+
+def stack_frames(x: np.ndarray, stack: int) -> np.ndarray:
+    """build_stack: the rows laid end to end in rows of `stack` frames, the last padded with zeros."""
+    flat = x.reshape(-1)
+    stride = stack * x.shape[1]
+    return np.pad(flat, (0, -flat.size % stride)).reshape(-1, stride)
+
+
+def ultravox_reference(mel: np.ndarray, w: dict[str, np.ndarray], kv: dict) -> np.ndarray:
+    """models/whisper-enc.cpp's graph with the ultravox head, in float64."""
+    x = stack_frames(encoder_reference(mel, w, kv), int(kv["clip.audio.projector.stack_factor"]))
     x = rms_norm(x, w["mm.a.norm_pre.weight"]) @ w["mm.a.mlp.1.weight"].T
     half = x.shape[1] // 2
     gate = x[:, half:]

@@ -23,10 +23,10 @@ TOL_EMBD = 5e-3
 
 
 def chunk_record(chunk) -> dict:  # noqa: ANN001
-    """A chunk as the scenarios record it (an image chunk's type is "image")."""
+    """A chunk as the scenarios record it (a media chunk's type is "image" or "audio")."""
     if isinstance(chunk, TextChunk):
         return {"type": "text", "tokens": chunk.tokens}
-    return {"type": "image", "n_tokens": chunk.n_tokens, "n_pos": chunk.n_pos}
+    return {"type": "audio" if chunk.audio else "image", "n_tokens": chunk.n_tokens, "n_pos": chunk.n_pos}
 
 
 class Pair:
@@ -59,10 +59,7 @@ class Pair:
         return fl.Context(model, n_ctx=c["n_ctx"], n_batch=c["n_batch"], n_ubatch=c["n_ubatch"],
                           n_seq_max=c["n_seq_max"], n_threads=2, type_k=cache_type, type_v=cache_type)
 
-    def chunk_record(self, chunk) -> dict:  # noqa: ANN001
-        """A chunk as this pair's scenario records it (an audio pair's media chunks are "audio")."""
-        record = chunk_record(chunk)
-        return record if record["type"] == "text" else {**record, "type": self.media_kind}
+    chunk_record = staticmethod(chunk_record)
 
 
 def pair_fixtures(pair: Pair) -> tuple:

@@ -15,7 +15,7 @@ import numpy as np
 from .._core import Batch, Context, Model, UnsupportedError
 from .._core import AudioProjector as _CoreAudioProjector
 from .._core import Projector as _CoreProjector
-from .._core import projector_has_audio
+from .._core import projector_has_audio, projector_has_vision
 from .audio import WHISPER, AudioSource, is_audio, load_audio, whisper_mel_chunks
 from .media import (DEFAULT_LIMITS, ImageSource, MediaError, MediaLimits, PreprocessedImage, VisionParams, load_image,
                     preprocess_image)
@@ -107,6 +107,10 @@ FAMILIES = {
         row_end=("\n",), overview_first=True)),
     # Ultravox (audio): each 30 s chunk's embeddings alone, causal (mtmd.cpp sets no audio markers)
     "ultravox": Family(),
+    # Qwen2-Audio (audio): <|audio_bos|> (every 30 s chunk of the audio) <|audio_eos|>, causal (mtmd.cpp)
+    "qwen2a": Family("<|audio_bos|>", "<|audio_eos|>"),
+    # Voxtral (audio): [BEGIN_AUDIO] then the chunks, nothing after them, causal (mtmd.cpp)
+    "voxtral": Family("[BEGIN_AUDIO]"),
 }
 
 #: MiniCPM-V 2.5 (clip.minicpmv_version 2): the slices inside <slice> ... </slice>, each between
@@ -147,6 +151,9 @@ class ImageChunk:
     mrope: bool = False
     nx: int = 0
     ny: int = 1
+    #: audio: with M-RoPE, every token at n_past + i in all four sections (mtmd's
+    #: set_position_mrope_1d), not at an image's 2-D positions
+    audio: bool = False
 
     def __post_init__(self) -> None:
         if self.nx == 0:
@@ -164,8 +171,11 @@ class ImageChunk:
 
     def positions(self, n_past: int) -> np.ndarray:
         """The tokens' M-RoPE positions after n_past (mtmd_image_tokens_get_decoder_pos): time
-        n_past, height n_past + row, width n_past + column, extra 0, in raster order."""
+        n_past, height n_past + row, width n_past + column, extra 0, in raster order; an audio
+        chunk's n_past + i in each section."""
         i = np.arange(self.n_tokens)
+        if self.audio:
+            return np.repeat((n_past + i)[:, None], 4, axis=1)
         return np.stack([np.full_like(i, n_past), n_past + i // self.nx, n_past + i % self.nx, np.zeros_like(i)], axis=1)
 
 
@@ -201,6 +211,10 @@ class Projector:
     """A projector file for a text model: ``encode`` gives an image's embeddings, ``tokenize``
     the chunks of a prompt with media markers, ``eval`` decodes a prompt with images.
 
+    A file with an audio encoder takes audio where the images go; Qwen2.5-Omni's file holds both
+    encoders (``core`` the vision one, ``audio_core`` the audio one) and takes either, told apart
+    by the media (a WAV file's header, a float array of samples), as mtmd does.
+
     ``model`` is the text model (its width must be the projector's output width)."""
 
     model: Model
@@ -212,14 +226,21 @@ class Projector:
     family: Family = field(init=False)
 
     def __post_init__(self) -> None:
-        self.is_audio = projector_has_audio(os.fspath(self.path))
-        core = _CoreAudioProjector if self.is_audio else _CoreProjector
-        self.core = core(os.fspath(self.path), n_threads=self.n_threads, use_mmap=self.use_mmap)
-        if self.core.n_embd_out != self.model.n_embd_inp:
-            raise ValueError(f"the projector {os.fspath(self.path)!r} gives rows of {self.core.n_embd_out} values, "
-                             f"the text model's input width is {self.model.n_embd_inp}: they are not a pair")
+        path = os.fspath(self.path)
+        has_audio = projector_has_audio(path)
+        #: audio only: every medium is taken as audio
+        self.is_audio = has_audio and not projector_has_vision(path)
+        self.audio_core = None
+        if has_audio:
+            self.audio_core = _CoreAudioProjector(path, n_threads=self.n_threads, use_mmap=self.use_mmap)
+            self.audio_family = FAMILIES[self.audio_core.projector_type]
+        self.core = self.audio_core if self.is_audio else _CoreProjector(path, n_threads=self.n_threads, use_mmap=self.use_mmap)
+        for core in [self.core] + ([self.audio_core] if self.audio_core not in (None, self.core) else []):
+            if core.n_embd_out != self.model.n_embd_inp:
+                raise ValueError(f"the projector {path!r} gives rows of {core.n_embd_out} values, "
+                                 f"the text model's input width is {self.model.n_embd_inp}: they are not a pair")
         if self.is_audio:
-            self.family = FAMILIES[self.core.projector_type]
+            self.family = self.audio_family
             self._tile_tokens = {}
             return
         self.family = family_of(self.core).for_text_width(self.model.n_embd)
@@ -239,7 +260,7 @@ class Projector:
     def encode_image(self, image: Union[ImageSource, AudioSource]) -> EncodedImage:
         """An image's chunks and the family's tokens around them, for ``tokenize`` (an audio
         projector's: the audio's, see ``encode_audio``)."""
-        if self.is_audio:
+        if self.is_audio or (self.audio_core is not None and _is_audio_source(image)):
             return self.encode_audio(image)
         if isinstance(image, (bytes, bytearray, memoryview)) and is_audio(bytes(image[:12])):
             raise MediaError(f"audio given to the {self.projector_type} projector, which takes images")
@@ -268,13 +289,17 @@ class Projector:
     def encode_audio(self, audio: AudioSource) -> EncodedImage:
         """Audio (a path, a file's bytes, or float samples at the projector's sample rate) as a
         prompt shows it: one chunk per 30 s of log-mel spectrogram (mtmd's add_media)."""
+        core, family = self.audio_core, getattr(self, "audio_family", None)
+        if core is None or family is None:
+            raise MediaError(f"audio given to the {self.projector_type} projector, which takes images")
         if isinstance(audio, np.ndarray) and audio.dtype == np.uint8:
-            raise MediaError(f"an image given to the {self.projector_type} projector, which takes audio")
-        samples = load_audio(audio, self.core.sample_rate, self.limits)
+            raise MediaError(f"an image given to the {core.projector_type} projector, which takes audio")
+        samples = load_audio(audio, core.sample_rate, self.limits)
         digest = hashlib.sha256(samples.tobytes()).hexdigest()
-        mels = whisper_mel_chunks(samples, WHISPER(self.core.n_mel))
-        chunks = [ImageChunk(self.core.encode_mel(mel), f"{digest}:{i}", self.family.non_causal) for i, mel in enumerate(mels)]
-        return EncodedImage([self._marker_tokens(self.family.img_beg), *chunks, self._marker_tokens(self.family.img_end)])
+        mels = whisper_mel_chunks(samples, WHISPER(core.n_mel))
+        chunks = [ImageChunk(core.encode_mel(mel), f"{digest}:{i}", family.non_causal, self.model.uses_mrope, audio=True)
+                  for i, mel in enumerate(mels)]
+        return EncodedImage([self._marker_tokens(family.img_beg), *chunks, self._marker_tokens(family.img_end)])
 
     def _tiled_parts(self, overview: ImageChunk, slices: list[ImageChunk], n_col: int,
                      n_row: int) -> list[Union[list[int], ImageChunk]]:
@@ -342,6 +367,22 @@ class Projector:
         (mtmd_helper_eval_chunks) and returns the position after it; ``ctx.logits(-1)`` is then
         the last text token's."""
         return eval_chunks(ctx, self.tokenize(text, images), n_past, seq_id, n_batch, logits_last)
+
+
+def _is_audio_source(source: object) -> bool:
+    """Whether a medium given to a projector with both encoders is audio: a WAV file (bytes or a
+    path, by mtmd's header check) or a 1-D float array of samples; anything else is an image."""
+    if isinstance(source, np.ndarray):
+        return source.ndim == 1 and source.dtype.kind == "f"
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return is_audio(bytes(source[:12]))
+    if isinstance(source, (str, os.PathLike)) and not str(source).startswith(("data:", "http://", "https://")):
+        try:
+            with open(str(source).removeprefix("file://"), "rb") as f:
+                return is_audio(f.read(12))
+        except OSError:
+            return False  # the image loader names what is wrong with it
+    return False
 
 
 def _overview_first(pre: PreprocessedImage) -> list[np.ndarray]:

@@ -141,6 +141,13 @@ impl Loader {
     /// Whether the file has a tensor of this name.
     pub fn has(&self, name: &str) -> bool { self.file.tensor(name).is_some() }
 
+    /// Leaves the tensors `other` picks to another reader of the same file (a projector file's
+    /// other encoder, which its own loader checks): `check_all_used` passes over them.
+    pub fn leave_to_other(&self, other: impl Fn(&str) -> bool) {
+        let mut used = self.used.borrow_mut();
+        used.extend(self.file.tensors.iter().map(|t| t.name.as_str()).filter(|n| other(n)).map(str::to_string));
+    }
+
     /// Refuses a file with tensors the architecture did not read: computing without one
     /// would give wrong results with no error (Llama 3's `rope_freqs` was such a tensor).
     pub fn check_all_used(&self, arch: &str) -> Result<()> {

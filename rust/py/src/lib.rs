@@ -24,6 +24,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<projector::PyProjector>()?;
     m.add_class::<projector::PyAudioProjector>()?;
     m.add_function(wrap_pyfunction!(projector::projector_has_audio, m)?)?;
+    m.add_function(wrap_pyfunction!(projector::projector_has_vision, m)?)?;
     m.add_class::<model::PyStreamDecoder>()?;
     samplers::register(m)?;
     m.add_function(wrap_pyfunction!(quantize::quantize, m)?)?;

@@ -89,8 +89,15 @@ pub fn projector_has_audio(py: Python<'_>, path: std::path::PathBuf) -> PyResult
     guard(|| py.allow_threads(|| ferrollama_engine::vision::whisper::has_audio_encoder(&path)).map_err(to_py))
 }
 
+/// Whether the projector file at `path` holds a vision encoder beside an audio one
+/// (Qwen2.5-Omni's: load it with both Projector and AudioProjector).
+#[pyfunction]
+pub fn projector_has_vision(py: Python<'_>, path: std::path::PathBuf) -> PyResult<bool> {
+    guard(|| py.allow_threads(|| ferrollama_engine::vision::whisper::has_vision_encoder(&path)).map_err(to_py))
+}
+
 /// `ferrollama._core.AudioProjector`: a projector file (mmproj) with an audio encoder (Whisper's,
-/// with Ultravox's head). The spectrogram is Python's (`ferrollama.generation.audio`); this takes
+/// with Ultravox's, Qwen2-Audio's or Voxtral's head). The spectrogram is Python's (`ferrollama.generation.audio`); this takes
 /// a chunk of it.
 #[pyclass(name = "AudioProjector", module = "ferrollama._core", frozen)]
 pub struct PyAudioProjector {

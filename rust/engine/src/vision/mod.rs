@@ -106,6 +106,9 @@ impl Projector {
                 Head::Minicpmv(h)
             }
         };
+        if file.get_str("clip.projector_type") == Some(params::OMNI) {
+            ld.leave_to_other(params::is_audio_tensor);
+        }
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
         Ok(Projector { params, vit, head, file, _repack: repack })

@@ -133,13 +133,18 @@ impl VisionParams {
 
     pub fn from_gguf(file: &GgufFile) -> Result<VisionParams> {
         let keys = Keys { file, read: RefCell::new(BTreeSet::new()) };
+        let ty_name = keys.string("clip.projector_type")?;
         if keys.opt_bool("clip.has_audio_encoder")? == Some(true) {
-            return Err(EngineError::Unsupported("this projector file has an audio encoder: load it as an audio projector".into()));
+            if ty_name != OMNI {
+                return Err(EngineError::Unsupported("this projector file has an audio encoder: load it as an audio projector".into()));
+            }
+            keys.leave_to_other(is_audio_key);
         }
         if keys.opt_bool("clip.has_vision_encoder")? == Some(false) {
             return Err(file.error("clip.has_vision_encoder is false: no vision encoder in this file").into());
         }
-        let ty_name = keys.string("clip.projector_type")?;
+        // Qwen2.5-Omni's file: its vision half is Qwen2.5-VL's (clip.cpp's "legacy" correction)
+        let ty_name = if ty_name == OMNI { "qwen2.5vl_merger".to_string() } else { ty_name };
         let projector = ProjectorType::parse(&ty_name)
             .ok_or_else(|| EngineError::Unsupported(format!("projector type '{ty_name}' is not supported (supported: gemma3, idefics3, lfm2, mlp, qwen2vl_merger, qwen2.5vl_merger, qwen3vl_merger, gemma4v, pixtral, resampler)")))?;
         let ffn_act = match (keys.opt_bool("clip.use_gelu")?.unwrap_or(false), keys.opt_bool("clip.use_silu")?.unwrap_or(false)) {
@@ -344,19 +349,46 @@ fn minicpmv_queries(keys: &Keys, p: VisionParams) -> Result<VisionParams> {
     Ok(VisionParams { minicpmv_version: version, minicpmv_query_num: queries, ..p })
 }
 
+/// The projector type of Qwen2.5-Omni's file, which holds both encoders: its vision half runs as
+/// qwen2.5vl_merger, its audio half as qwen2a (clip.cpp corrects the type by modality).
+pub const OMNI: &str = "qwen2.5o";
+
+/// Whether a `clip.*` key belongs to the audio encoder (a file with both encoders).
+fn is_audio_key(key: &str) -> bool { key.starts_with("clip.audio.") }
+
+/// Whether a tensor belongs to the audio encoder or its projector (a file with both encoders).
+pub fn is_audio_tensor(name: &str) -> bool { name.starts_with("a.") || name.starts_with("mm.a.") }
+
 /// The audio projector types the engine runs (clip.cpp's `projector_type` of a file with
-/// clip.has_audio_encoder).
+/// clip.has_audio_encoder), all on Whisper's encoder (models/whisper-enc.cpp).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AudioProjectorType {
-    /// Ultravox: Whisper's encoder, its frames stacked, RMS norm, a SwiGLU MLP (models/whisper-enc.cpp).
+    /// Ultravox: the encoder's frames stacked, RMS norm, a SwiGLU MLP.
     Ultravox,
+    /// Qwen2-Audio (and Qwen2.5-Omni's audio half): the encoder's positions average-pooled by
+    /// two before its post-LN, then one fully connected layer with bias.
+    Qwen2A,
+    /// Voxtral: pooled as Qwen2-Audio, then frames stacked and a GELU (erf) MLP without biases.
+    Voxtral,
 }
 
 impl AudioProjectorType {
     pub fn name(self) -> &'static str {
         match self {
             AudioProjectorType::Ultravox => "ultravox",
+            AudioProjectorType::Qwen2A => "qwen2a",
+            AudioProjectorType::Voxtral => "voxtral",
         }
+    }
+
+    /// clip_model::audio_has_stack_frames: the head takes rows of stack_factor frames.
+    pub fn stacks_frames(self) -> bool {
+        matches!(self, AudioProjectorType::Ultravox | AudioProjectorType::Voxtral)
+    }
+
+    /// clip_model::audio_has_avgpool: nn.AvgPool1d(2, stride=2) over the positions before the post-LN.
+    pub fn avg_pools(self) -> bool {
+        matches!(self, AudioProjectorType::Qwen2A | AudioProjectorType::Voxtral)
     }
 }
 
@@ -373,7 +405,8 @@ pub struct AudioParams {
     pub eps: f32,
     /// The width of the output rows: the text model's n_embd.
     pub n_embd_out: usize,
-    /// Encoder frames stacked into one row before the head (clip.audio.projector.stack_factor).
+    /// Encoder frames stacked into one row before the head (clip.audio.projector.stack_factor;
+    /// 1 for a head that does not stack).
     pub stack_factor: usize,
     /// clip.cpp's Whisper preprocessing: 16 kHz, FFT and window of 400, hop of 160.
     pub sample_rate: usize,
@@ -389,16 +422,29 @@ impl AudioParams {
         if keys.opt_bool("clip.has_audio_encoder")? != Some(true) {
             return Err(file.error("clip.has_audio_encoder is not true: no audio encoder in this file").into());
         }
-        if keys.opt_bool("clip.has_vision_encoder")? == Some(true) {
-            return Err(EngineError::Unsupported("a projector with both vision and audio encoders".into()));
-        }
         let ty_name = match keys.get("clip.audio.projector_type") {
             Some(_) => keys.string("clip.audio.projector_type")?,
             None => keys.string("clip.projector_type")?,
         };
+        if keys.opt_bool("clip.has_vision_encoder")? == Some(true) {
+            if ty_name != OMNI {
+                return Err(EngineError::Unsupported(format!("a projector of type '{ty_name}' with both vision and audio encoders")));
+            }
+            // the vision half's keys are the vision loader's to read or refuse
+            keys.leave_to_other(|k| !is_audio_key(k));
+        }
         let projector = match ty_name.as_str() {
             "ultravox" => AudioProjectorType::Ultravox,
-            _ => return Err(EngineError::Unsupported(format!("audio projector type '{ty_name}' is not supported (supported: ultravox)"))),
+            "qwen2a" | OMNI => AudioProjectorType::Qwen2A,
+            "voxtral" => AudioProjectorType::Voxtral,
+            _ => return Err(EngineError::Unsupported(format!(
+                "audio projector type '{ty_name}' is not supported (supported: ultravox, qwen2a, voxtral)"))),
+        };
+        // clip.cpp requires the stack factor where the head stacks frames; Qwen2-Audio's graph
+        // ignores it (read here all the same, as clip.cpp reads it)
+        let stack_factor = match projector.stacks_frames() {
+            true => keys.size("clip.audio.projector.stack_factor", 1 << 10)?,
+            false => { keys.opt_size("clip.audio.projector.stack_factor", 1 << 10)?; 1 }
         };
         let p = AudioParams {
             projector,
@@ -409,7 +455,7 @@ impl AudioParams {
             n_head: keys.size("clip.audio.attention.head_count", 1 << 10)?,
             eps: keys.f32("clip.audio.attention.layer_norm_epsilon")?,
             n_embd_out: keys.size("clip.audio.projection_dim", 1 << 18)?,
-            stack_factor: keys.size("clip.audio.projector.stack_factor", 1 << 10)?,
+            stack_factor,
             sample_rate: 16000,
             n_fft: 400,
             hop_len: 160,
@@ -519,6 +565,12 @@ impl Keys<'_> {
             [r, g, b, ..] if xs.len() == 3 => Ok([*r, *g, *b]),
             _ => Err(self.bad(key, &format!("needs 3 values (one per channel), has {}", xs.len()))),
         }
+    }
+
+    /// Marks the keys `other` picks as another loader's (a file's other encoder).
+    fn leave_to_other(&self, other: impl Fn(&str) -> bool) {
+        let mut read = self.read.borrow_mut();
+        read.extend(self.file.metadata.iter().map(|(k, _)| k.as_str()).filter(|k| other(k)).map(str::to_string));
     }
 
     /// Refuses `clip.*` keys the engine did not read: each one changes what clip.cpp computes

@@ -1,10 +1,13 @@
 //! Audio projectors: Whisper's encoder as clip.cpp's models/whisper-enc.cpp builds it, and the
-//! heads after it (Ultravox's). A chunk of n_mel × 3000 log-mel frames (the spectrogram is
-//! Python's, ferrollama.generation.audio, as mtmd-audio.cpp computes it) goes through two 1-D
-//! convolutions of kernel 3 (the second of stride 2, halving the frames) with the exact GELU,
-//! learned positions, pre-LN blocks of full attention (the ViT's blocks, vit.rs), the post-LN;
-//! Ultravox then stacks `stack_factor` frames into a row, RMS-norms it, runs a SwiGLU MLP (the
-//! second half through SiLU) with an RMS norm in the middle.
+//! heads after it. A chunk of n_mel × 3000 log-mel frames (the spectrogram is Python's,
+//! ferrollama.generation.audio, as mtmd-audio.cpp computes it) goes through two 1-D convolutions
+//! of kernel 3 (the second of stride 2, halving the frames) with the exact GELU, learned
+//! positions, pre-LN blocks of full attention (the ViT's blocks, vit.rs), for Qwen2-Audio and
+//! Voxtral an average pool of two positions (clip.cpp's build_vit), the post-LN. Then the head:
+//! - Ultravox stacks `stack_factor` frames into a row, RMS-norms it, runs a SwiGLU MLP (the
+//!   second half through SiLU) with an RMS norm in the middle;
+//! - Qwen2-Audio (and Qwen2.5-Omni's audio half) one fully connected layer with bias;
+//! - Voxtral stacks `stack_factor` frames and runs an MLP with GELU (erf), without biases.
 //!
 //! Numerics follow ggml's CPU backend as vit.rs does: ggml_conv_1d_ph makes its im2col in F16
 //! against the kernel in F16, products of F16 weights round their activations to F16, the
@@ -52,11 +55,20 @@ struct UltravoxHead {
     mlp2: QMatrix,
 }
 
+/// What follows the encoder, by projector type.
+enum Head {
+    Ultravox(UltravoxHead),
+    /// mm.a.fc and its bias.
+    Qwen2A { fc: QMatrix, bias: Vec<f32> },
+    /// mm.a.mlp.1 (stacked frames to the hidden width), GELU (erf), mm.a.mlp.2.
+    Voxtral { mlp1: QMatrix, mlp2: QMatrix },
+}
+
 /// A loaded audio projector: its hyper-parameters and weights.
 pub struct AudioProjector {
     pub params: AudioParams,
     encoder: WhisperWeights,
-    head: UltravoxHead,
+    head: Head,
     file: Arc<GgufFile>,
     _repack: crate::weights::RepackHandle,
 }
@@ -73,18 +85,30 @@ impl AudioProjector {
         let ld = Loader::new(file.clone());
         let encoder = load_encoder(&ld, &params)?;
         let head = match params.projector {
-            AudioProjectorType::Ultravox => load_ultravox(&ld, &params)?,
+            AudioProjectorType::Ultravox => Head::Ultravox(load_ultravox(&ld, &params)?),
+            AudioProjectorType::Qwen2A => Head::Qwen2A {
+                fc: ld.matrix("mm.a.fc.weight", params.n_embd, params.n_embd_out)?,
+                bias: ld.vector("mm.a.fc.bias", params.n_embd_out)?,
+            },
+            AudioProjectorType::Voxtral => load_voxtral(&ld, &params)?,
         };
+        if file.get_str("clip.projector_type") == Some(super::params::OMNI) {
+            ld.leave_to_other(|name| !super::params::is_audio_tensor(name));
+        }
         ld.check_all_used(&format!("clip ({})", params.projector.name()))?;
         let repack = ld.repacking().start();
         Ok(AudioProjector { params, encoder, head, file, _repack: repack })
     }
 
     /// The rows a chunk of `n_frames` mel frames gives, as clip.cpp counts them
-    /// (clip_n_output_tokens): the frames aligned up to the stack factor, stacked, halved.
+    /// (clip_n_output_tokens): the frames aligned up to the stack factor and stacked (heads that
+    /// stack), halved (the second convolution), halved again (the average pool, if any). The
+    /// graph stacks after the convolution and the pool, so where the stack factor does not
+    /// divide the pooled positions the two differ (see `encode`).
     pub fn n_output_tokens(&self, n_frames: usize) -> usize {
         let stack = self.params.stack_factor;
-        n_frames.div_ceil(stack) * stack / stack / 2
+        let n = n_frames.div_ceil(stack) * stack / stack / 2;
+        if self.params.projector.avg_pools() { n / 2 } else { n }
     }
 
     /// A chunk's embeddings: `mel` holds n_mel rows of `n_frames` values (the spectrogram's
@@ -101,7 +125,15 @@ impl AudioProjector {
                 "{n_frames} mel frames make {n_pos} positions, over the encoder's {}", self.encoder.n_pos)));
         }
         let hidden = encode_frames(&self.encoder, p, mel, n_frames, threads);
-        let out = ultravox(&self.head, p, hidden, threads);
+        let out = match &self.head {
+            Head::Ultravox(h) => ultravox(h, p, hidden, threads),
+            Head::Qwen2A { fc, bias } => {
+                let mut out = product(fc, &hidden, hidden.len() / p.n_embd, threads);
+                out.chunks_exact_mut(bias.len()).for_each(|row| add_bias(row, bias));
+                out
+            }
+            Head::Voxtral { mlp1, mlp2 } => voxtral(mlp1, mlp2, p, hidden, threads),
+        };
         let expected = self.n_output_tokens(n_frames);
         if out.len() != expected * p.n_embd_out {
             // clip.cpp aborts here ("Invalid number of output tokens"): the stacked rows
@@ -121,6 +153,12 @@ impl AudioProjector {
 /// `Projector` and `AudioProjector` loads it.
 pub fn has_audio_encoder(path: impl AsRef<Path>) -> Result<bool> {
     Ok(GgufFile::open(path, true)?.get_bool("clip.has_audio_encoder").unwrap_or(false))
+}
+
+/// Whether a projector file holds a vision encoder beside its audio one (Qwen2.5-Omni's, which
+/// both `Projector` and `AudioProjector` load): clip.has_vision_encoder, false without it as in clip.cpp.
+pub fn has_vision_encoder(path: impl AsRef<Path>) -> Result<bool> {
+    Ok(GgufFile::open(path, true)?.get_bool("clip.has_vision_encoder").unwrap_or(false))
 }
 
 fn load_encoder(ld: &Loader, p: &AudioParams) -> Result<WhisperWeights> {
@@ -146,6 +184,15 @@ fn load_encoder(ld: &Loader, p: &AudioParams) -> Result<WhisperWeights> {
     Ok(WhisperWeights { conv1: conv(1, p.n_mel, 1)?, conv2: conv(2, d, 2)?, pos, n_pos, layers, post_ln })
 }
 
+fn load_voxtral(ld: &Loader, p: &AudioParams) -> Result<Head> {
+    let n_stacked = p.n_embd * p.stack_factor;
+    let n_hidden = ld.shape("mm.a.mlp.1.weight").and_then(|s| s.get(1).copied()).unwrap_or(0);
+    Ok(Head::Voxtral {
+        mlp1: ld.matrix("mm.a.mlp.1.weight", n_stacked, n_hidden)?,
+        mlp2: ld.matrix("mm.a.mlp.2.weight", n_hidden, p.n_embd_out)?,
+    })
+}
+
 fn load_ultravox(ld: &Loader, p: &AudioParams) -> Result<UltravoxHead> {
     let n_stacked = p.n_embd * p.stack_factor;
     let mlp1 = ld.matrix("mm.a.mlp.1.weight", n_stacked, ld.shape("mm.a.mlp.1.weight").and_then(|s| s.get(1).copied()).unwrap_or(0))?;
@@ -161,7 +208,8 @@ fn load_ultravox(ld: &Loader, p: &AudioParams) -> Result<UltravoxHead> {
     })
 }
 
-/// The encoder's output: one row of n_embd per position (n_frames / 2, rounded up).
+/// The encoder's output: one row of n_embd per position (n_frames / 2, rounded up), or per pair
+/// of positions where the projector average-pools them (an odd last one dropped, as ggml_pool_1d).
 fn encode_frames(w: &WhisperWeights, p: &AudioParams, mel: &[f32], n_frames: usize, threads: &Threads) -> Vec<f32> {
     // the mel is channel-major (n_mel rows of frames); the convolutions' outputs token-major
     let at_mel = |t: usize, c: usize| mel[c * n_frames + t];
@@ -175,10 +223,20 @@ fn encode_frames(w: &WhisperWeights, p: &AudioParams, mel: &[f32], n_frames: usi
     for l in &w.layers {
         vit::block(l, &shape, &mut x, n, None, threads);
     }
+    if p.projector.avg_pools() {
+        x = average_pairs(&x, d);
+    }
     if let Some((g, b)) = &w.post_ln {
         layer_norm_rows(&mut x, g, b.as_deref(), p.eps);
     }
     x
+}
+
+/// ggml_pool_1d (average, kernel and stride 2) over the positions of each channel: row t of the
+/// result is (row 2t + row 2t+1) / 2, in f32 as ggml sums (0 + a + b) then divides.
+fn average_pairs(x: &[f32], d: usize) -> Vec<f32> {
+    let rows: Vec<&[f32]> = x.chunks_exact(d).collect();
+    rows.chunks_exact(2).flat_map(|pair| pair[0].iter().zip(pair[1]).map(|(a, b)| (a + b) / 2.0)).collect()
 }
 
 /// ggml_conv_1d_ph (padding KERNEL / 2), its bias, GELU (erf): `input(t, c)` reads frame t of
@@ -205,12 +263,26 @@ fn convolve(conv: &Conv, n_in: usize, n_len: usize, input: impl Fn(usize, usize)
     out
 }
 
-/// Ultravox's head: rows of stack_factor frames (the last padded with zeros), RMS norm,
-/// mm.a.mlp.1, SwiGLU (silu(second half) × first half), RMS norm, mm.a.mlp.2.
-fn ultravox(h: &UltravoxHead, p: &AudioParams, mut x: Vec<f32>, threads: &Threads) -> Vec<f32> {
-    let stride = p.n_embd * p.stack_factor;
+/// build_stack: the rows laid end to end, cut into rows of `stride` values (stack_factor frames
+/// of n_embd), the last one padded with zeros. Returns the stacked values and their number of rows.
+fn stack_frames(mut x: Vec<f32>, stride: usize) -> (Vec<f32>, usize) {
     x.resize(x.len().div_ceil(stride) * stride, 0.0);
     let n = x.len() / stride;
+    (x, n)
+}
+
+/// Voxtral's head: stacked frames, mm.a.mlp.1, GELU (erf), mm.a.mlp.2 (build_ffn without biases).
+fn voxtral(mlp1: &QMatrix, mlp2: &QMatrix, p: &AudioParams, x: Vec<f32>, threads: &Threads) -> Vec<f32> {
+    let (x, n) = stack_frames(x, p.n_embd * p.stack_factor);
+    let mut hidden = product(mlp1, &x, n, threads);
+    vit::on_rows(&mut hidden, mlp1.rows, threads, |_, rows| gelu_erf_inplace(rows));
+    product(mlp2, &hidden, n, threads)
+}
+
+/// Ultravox's head: rows of stack_factor frames (the last padded with zeros), RMS norm,
+/// mm.a.mlp.1, SwiGLU (silu(second half) × first half), RMS norm, mm.a.mlp.2.
+fn ultravox(h: &UltravoxHead, p: &AudioParams, x: Vec<f32>, threads: &Threads) -> Vec<f32> {
+    let (mut x, n) = stack_frames(x, p.n_embd * p.stack_factor);
     rms_norm_inplace(&mut x, &h.norm_pre, ULTRAVOX_EPS);
     let up = product(&h.mlp1, &x, n, threads);
     let half = h.mlp1.rows / 2;
@@ -219,4 +291,24 @@ fn ultravox(h: &UltravoxHead, p: &AudioParams, mut x: Vec<f32>, threads: &Thread
     swiglu(&mut gate, &value, half);
     rms_norm_inplace(&mut gate, &h.norm_mid, ULTRAVOX_EPS);
     product(&h.mlp2, &gate, n, threads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml_pool_1d over positions: each channel's pairs averaged, an odd last position dropped.
+    #[test]
+    fn average_pairs_pools_positions_per_channel() {
+        let rows = [1.0, 10.0, 3.0, 20.0, 100.0, 1000.0];
+        assert_eq!(average_pairs(&rows, 2), vec![2.0, 15.0]);
+        assert_eq!(average_pairs(&rows[..4], 2), vec![2.0, 15.0]);
+    }
+
+    /// build_stack: 3 frames of 2 values stacked by 2 make 2 rows, the second padded with zeros.
+    #[test]
+    fn stack_frames_pads_the_last_row() {
+        let (x, n) = stack_frames(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 4);
+        assert_eq!((x, n), (vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.0, 0.0], 2));
+    }
 }

@@ -351,6 +351,7 @@ fn check_octet_pair(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: us
     for (half, rows) in w.chunks_exact(8 * wrow).enumerate() {
         gemm.decode_octet(n, rows, &mut octets[half * octet_bytes..(half + 1) * octet_bytes]);
     }
+    gemm.pair_octets(n, &mut octets, &mut Vec::new());
     let mut f = TileFactors::default();
     gemm.factors(n, xs, stride, first_quad + quads, &mut f);
     // Rows of 18 outputs: the kernel writes 16 a token, the 2 after stay NaN.
@@ -529,6 +530,42 @@ fn constant_q8_k(n: usize, q: i8) -> Vec<u8> {
     let mut block: Vec<u8> = 1.0f32.to_le_bytes().into_iter().chain(std::iter::repeat_n(q as u8, 256)).collect();
     block.extend((0..16).flat_map(|_| (16 * q as i16).to_le_bytes()));
     block.repeat(n / 256)
+}
+
+/// The i-quants' one-row kernels (one token and four, ggml's vec_dot order and the tiled
+/// one) equal the specification bit for bit at every level against activations all 127 or
+/// all -127 (the Q8_K quantizer's range: it scales by -127 / max): the AVX-512 level negates
+/// the activation where a weight is negative (a masked subtract) and sums a pair of
+/// sub-blocks in one vector, so the extremes of every i16 and i32 sum are checked. (A -128,
+/// which no Q8_K row holds, would wrap under a negative weight at both SIMD levels, as in
+/// ggml's `_mm256_sign_epi8`, where the specification negates it.)
+#[test]
+fn iquant_one_row_kernels_equal_the_specification_at_the_extremes() {
+    use GgmlType as T;
+    let mut rng = Rng::new(47);
+    for (isa, table) in levels() {
+        for ty in [T::IQ2_XXS, T::IQ2_XS, T::IQ2_S, T::IQ3_XXS, T::IQ3_S, T::IQ1_S, T::IQ1_M] {
+            let e = entry(&table, ty);
+            let orders = [
+                ("vec_dot", e.vec_dot, e.vec_dot_x4.expect("a four-token kernel"), e.vec_dot_scalar),
+                ("tiled", e.vec_dot_tiled.unwrap(), e.vec_dot_tiled_x4.unwrap(), e.vec_dot_tiled_scalar.unwrap()),
+            ];
+            for n in [256, 2304] {
+                let w = random_weights(ty, n, &mut rng);
+                let xs: Vec<u8> = [127i8, -127, 127, -127].into_iter().flat_map(|q| constant_q8_k(n, q)).collect();
+                let stride = xs.len() / 4;
+                for (order, one, four, spec) in orders {
+                    let mut out = [0f32; 4];
+                    four(n, &w, &xs, stride, &mut out);
+                    for (t, x) in xs.chunks_exact(stride).enumerate() {
+                        let want = spec(n, &w, x);
+                        assert_eq!(one(n, &w, x).to_bits(), want.to_bits(), "{ty} {order} {isa:?} n={n} token {t}");
+                        assert_eq!(out[t].to_bits(), want.to_bits(), "{ty} {order} {isa:?} n={n} four-token, token {t}");
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The eight-row i-quant kernels equal llama.cpp's tiled product (`scalar::iquants`'s

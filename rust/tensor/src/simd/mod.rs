@@ -571,9 +571,22 @@ impl SumsGemm {
         self.vnni && self.kind >= KIND_IQ
     }
 
-    /// `run_octet` on two octets side by side (`octets`: the two `decode_octet` made of
-    /// sixteen consecutive rows, one after the other): out[(4 q + t) * ldo + r] for rows r of
-    /// 0..16. Panics unless `has_octet_pairs`.
+    /// Makes two octets `decode_octet` wrote one after the other (of sixteen consecutive
+    /// rows of n elements) the operand of `run_octet_pair` (interleaves them in place).
+    /// Panics unless `has_octet_pairs`.
+    pub fn pair_octets(&self, n: usize, octets: &mut [u8], scratch: &mut Vec<u8>) {
+        assert!(self.has_octet_pairs(), "octet pairs of the i-quants at the AVX-512 level only");
+        let octet_bytes = self.octet_bytes(n);
+        assert!(octets.len() >= 2 * octet_bytes, "two octets of {n}-element rows");
+        // SAFETY: length checked above; `for_type` checked the CPU's AVX-512 VNNI (`vnni`).
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            iquants_avx512::interleave_octets(octets.as_mut_ptr(), octet_bytes, scratch)
+        }
+    }
+
+    /// `run_octet` on two octets paired by `pair_octets` (sixteen consecutive rows):
+    /// out[(4 q + t) * ldo + r] for rows r of 0..16. Panics unless `has_octet_pairs`.
     ///
     /// # Safety
     /// `out` must be valid for writes of 16 floats at every (4 q + t) * ldo, q < quads.
@@ -593,9 +606,9 @@ impl SumsGemm {
             macro_rules! call {
                 ($q:literal) => {
                     if iquants_avx512::scale_per_32(self.kind - KIND_IQ) {
-                        iquants_avx512::octet_pair_sums_iq::<$q, true>(nb, o, octet_bytes, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
+                        iquants_avx512::octet_pair_sums_iq::<$q, true>(nb, o, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
                     } else {
-                        iquants_avx512::octet_pair_sums_iq::<$q, false>(nb, o, octet_bytes, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
+                        iquants_avx512::octet_pair_sums_iq::<$q, false>(nb, o, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
                     }
                 };
             }

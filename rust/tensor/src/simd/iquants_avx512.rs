@@ -211,15 +211,17 @@ unsafe fn grid_pair<const KIND: u8>(b: *const u8, st: &BlockState, p: usize) -> 
     (grid, std::ptr::read_unaligned(signs.add(8 * p) as *const u64))
 }
 
-/// `sums[p % 2][t] += maddubs(grid, activation signed by neg) times the scales` for the 64
-/// quants of pair p at each `q8[t]` (a block's 256).
+/// `sums[t] += maddubs(grid, activation signed by neg) times the scales` for the 64 quants of
+/// pair p at each `q8[t]` (a block's 256). The callers keep one `sums` for the even pairs and
+/// one for the odd (independent chains to overlap), each named: indexed by `p % 2` in a loop
+/// LLVM does not unroll, they stayed in memory.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,bmi2")]
-unsafe fn add_pair<const T: usize>(sums: &mut [[__m512i; T]; 2], p: usize, grid: __m512i, neg: __mmask64, scales: __m512i, q8: [*const u8; T]) {
+unsafe fn add_pair<const T: usize>(sums: &mut [__m512i; T], p: usize, grid: __m512i, neg: __mmask64, scales: __m512i, q8: [*const u8; T]) {
     for t in 0..T {
         let x = _mm512_loadu_si512(q8[t].add(64 * p) as *const _);
         let signed = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-        sums[p % 2][t] = _mm512_dpwssd_epi32(sums[p % 2][t], _mm512_maddubs_epi16(grid, signed), scales);
+        sums[t] = _mm512_dpwssd_epi32(sums[t], _mm512_maddubs_epi16(grid, signed), scales);
     }
 }
 
@@ -241,15 +243,16 @@ unsafe fn iquant<const KIND: u8, const MODE: u8, const T: usize>(nb: usize, w: *
         let bw = w.add(i * bytes);
         let st = block_state::<KIND>(bw);
         let q8 = block_quants(&x, i);
-        // Two sums a token (even and odd pairs): independent chains to overlap.
-        let mut sums = [[_mm512_setzero_si512(); T]; 2];
-        for p in 0..4 {
+        let (mut even, mut odd) = ([_mm512_setzero_si512(); T], [_mm512_setzero_si512(); T]);
+        for p in (0..4).step_by(2) {
             let (grid, neg) = grid_pair::<KIND>(bw, &st, p);
-            add_pair(&mut sums, p, grid, neg, pair_scales(st.scale_bytes, p), q8);
+            add_pair(&mut even, p, grid, neg, pair_scales(st.scale_bytes, p), q8);
+            let (grid, neg) = grid_pair::<KIND>(bw, &st, p + 1);
+            add_pair(&mut odd, p + 1, grid, neg, pair_scales(st.scale_bytes, p + 1), q8);
         }
         let dw = f16_1(bw);
         for t in 0..T {
-            let lanes = fold(_mm512_add_epi32(sums[0][t], sums[1][t]));
+            let lanes = fold(_mm512_add_epi32(even[t], odd[t]));
             let dx = std::ptr::read_unaligned(x[t].add(i * 292) as *const f32);
             if MODE == TILED {
                 one[t] = (hsum_epi32(lanes) as f32 * (dw * factor)).mul_add(dx, one[t]);
@@ -287,28 +290,33 @@ unsafe fn iq1_s_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x:
         // The eight qh words: three 3-bit index parts, the scale in bits 12..15, the delta's
         // sign in bit 15.
         let qh = _mm_loadu_si128(bw.add(34) as *const __m128i);
-        let odd = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1), _mm_set1_epi16(1));
-        let scale_bytes = _mm512_broadcast_i32x4(_mm_unpacklo_epi8(_mm_packus_epi16(odd, odd), _mm_packus_epi16(odd, odd)));
+        let odd_scales = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7)), 1), _mm_set1_epi16(1));
+        let scale_bytes = _mm512_broadcast_i32x4(_mm_unpacklo_epi8(_mm_packus_epi16(odd_scales, odd_scales), _mm_packus_epi16(odd_scales, odd_scales)));
         let q8 = block_quants(&x, i);
-        let mut sums = [[_mm512_setzero_si512(); T]; 2];
-        for p in 0..4 {
+        let pair = |p: usize| {
             let sub = |h: usize| {
                 let ib = 2 * p + h;
                 let qh = std::ptr::read_unaligned(bw.add(34 + 2 * ib) as *const u16) as u64;
                 iq1_indices(bw.add(2 + 4 * ib), qh, 0x0700_0700_0700_0700)
             };
             let (lo, hi) = (sub(0), sub(1));
-            let (grid, neg) = iq1_magnitudes(octets8(|k| entry(&IQ1S_GRID, if k < 4 { lo[k] } else { hi[k - 4] } & 2047)));
-            add_pair(&mut sums, p, grid, neg, pair_scales(scale_bytes, p), q8);
+            iq1_magnitudes(octets8(|k| entry(&IQ1S_GRID, if k < 4 { lo[k] } else { hi[k - 4] } & 2047)))
+        };
+        let (mut even, mut odd) = ([_mm512_setzero_si512(); T], [_mm512_setzero_si512(); T]);
+        for p in (0..4).step_by(2) {
+            let (grid, neg) = pair(p);
+            add_pair(&mut even, p, grid, neg, pair_scales(scale_bytes, p), q8);
+            let (grid, neg) = pair(p + 1);
+            add_pair(&mut odd, p + 1, grid, neg, pair_scales(scale_bytes, p + 1), q8);
         }
         // Each sub-block's scale, negated where its delta sign is (qh | 1 is never 0, which
         // would zero it), in the i16 lanes of its two bsums.
-        let signed = _mm_sign_epi16(odd, _mm_or_si128(qh, _mm_set1_epi16(1)));
+        let signed = _mm_sign_epi16(odd_scales, _mm_or_si128(qh, _mm_set1_epi16(1)));
         let coef = _mm256_set_m128i(_mm_unpackhi_epi16(signed, signed), _mm_unpacklo_epi16(signed, signed));
         let dw = f16_1(bw);
         for t in 0..T {
             let bx = x[t].add(i * 292);
-            let sumi = fold(_mm512_add_epi32(sums[0][t], sums[1][t]));
+            let sumi = fold(_mm512_add_epi32(even[t], odd[t]));
             let delta = hsum_epi32(_mm256_madd_epi16(loadu(bx.add(260)), coef));
             let dx = std::ptr::read_unaligned(bx as *const f32);
             if MODE == TILED {
@@ -352,7 +360,8 @@ unsafe fn iq1_m_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x:
         iq1_m_indices(bw, &mut indices);
         let (scale_bytes, dw) = iq1_m_scales_d(bw);
         let q8 = block_quants(&x, i);
-        let (mut sums, mut deltas) = ([[_mm512_setzero_si512(); T]; 2], [[_mm512_setzero_si512(); T]; 2]);
+        // The grid's sums and the deltas' sums: two chains a token.
+        let (mut sums, mut deltas) = ([_mm512_setzero_si512(); T], [_mm512_setzero_si512(); T]);
         for p in 0..4 {
             let g = |k: usize| entry(&IQ1S_GRID, std::ptr::read_volatile(&indices[8 * p + k]) as usize & 2047);
             let (grid, neg) = iq1_magnitudes(octets8(g));
@@ -365,8 +374,8 @@ unsafe fn iq1_m_impl<const MODE: u8, const T: usize>(nb: usize, w: *const u8, x:
             add_pair(&mut deltas, p, ones, delta, scales, q8);
         }
         for t in 0..T {
-            let sumi = fold(_mm512_add_epi32(sums[0][t], sums[1][t]));
-            let sumd = fold(_mm512_add_epi32(deltas[0][t], deltas[1][t]));
+            let sumi = fold(sums[t]);
+            let sumd = fold(deltas[t]);
             let dx = std::ptr::read_unaligned(x[t].add(i * 292) as *const f32);
             if MODE == TILED {
                 one[t] = ((8 * hsum_epi32(sumi) + hsum_epi32(sumd)) as f32 * (dw * 0.125)).mul_add(dx, one[t]);

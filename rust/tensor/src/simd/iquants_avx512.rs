@@ -185,9 +185,9 @@ unsafe fn block_state<const KIND: u8>(b: *const u8) -> BlockState {
 
 /// Pair p (elements 64p..64p + 64, sub-blocks 2p and 2p + 1) of a block of a grid kind: its
 /// unsigned magnitudes and the mask of its negative elements (bit j of sign byte 8p + l:
-/// element 8l + j, as the bytes lie).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,bmi2")]
+/// element 8l + j, as the bytes lie). Always inlined into the kernels (whose features its
+/// intrinsics then take): as a call of its own, four a block, it spilled every pair.
+#[inline(always)]
 unsafe fn grid_pair<const KIND: u8>(b: *const u8, st: &BlockState, p: usize) -> (__m512i, __mmask64) {
     // Stored indices read back one by one (see `iquants_avx2::sub_vectors`).
     let index = |k: usize| std::ptr::read_volatile(&st.indices[k]) as usize;

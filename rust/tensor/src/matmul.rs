@@ -446,9 +446,11 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
             let quads = ((n_tokens - t0) / TOKEN_TILE).min(OCTET_MAX_QUADS);
             let xs = &act[t0 * xrow..(t0 + quads * TOKEN_TILE) * xrow];
             gemm.factors(w.cols, xs, xrow, quads, f);
-            for p in 0..paired {
+            // Two pairs (32 rows) a call where there are two.
+            for p in (0..paired).step_by(2) {
+                let n_pairs = (paired - p).min(2);
                 let dst = out.0.add(t0 * w.rows + rows.start + 16 * p);
-                gemm.run_octet_pair(w.cols, &octets[2 * p * octet_bytes..(2 * p + 2) * octet_bytes], xs, xrow, 0, quads, f, dst, w.rows);
+                gemm.run_octet_pair(w.cols, &octets[2 * p * octet_bytes..2 * (p + n_pairs) * octet_bytes], n_pairs, xs, xrow, 0, quads, f, dst, w.rows);
             }
             for o in 2 * paired..n_octets {
                 let slot = if one_tile { 0 } else { o };

@@ -338,31 +338,35 @@ fn check_octet(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, 
     }
 }
 
-/// Runs the two-octet kernel of `gemm` (the i-quants at the AVX-512 level) on sixteen weight
-/// rows `w` and the activation rows `xs` from quad first_quad on, and checks every output
-/// against `dot` bit for bit, and that nothing else was written.
+/// Runs the octet-pair kernel of `gemm` (the i-quants at the AVX-512 level) on sixteen or
+/// thirty-two weight rows `w` (one or two pairs) and the activation rows `xs` from quad
+/// first_quad on, and checks every output against `dot` bit for bit, and that nothing else
+/// was written.
 #[allow(clippy::too_many_arguments)]
-fn check_octet_pair(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, first_quad: usize, quads: usize, w: &[u8], xs: &[u8], what: &str) {
+fn check_octet_pair(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, first_quad: usize, quads: usize, pairs: usize, w: &[u8], xs: &[u8], what: &str) {
     use ferrollama_tensor::simd::{TileFactors, OCTET_MAX_QUADS};
     let tokens = 4 * (first_quad + quads);
     let stride = xs.len() / tokens;
-    let (octet_bytes, wrow) = (gemm.octet_bytes(n), w.len() / 16);
-    let mut octets = vec![0u8; 2 * octet_bytes];
-    for (half, rows) in w.chunks_exact(8 * wrow).enumerate() {
-        gemm.decode_octet(n, rows, &mut octets[half * octet_bytes..(half + 1) * octet_bytes]);
+    let (octet_bytes, n_rows) = (gemm.octet_bytes(n), 16 * pairs);
+    let wrow = w.len() / n_rows;
+    let mut octets = vec![0u8; 2 * pairs * octet_bytes];
+    for (o, rows) in w.chunks_exact(8 * wrow).enumerate() {
+        gemm.decode_octet(n, rows, &mut octets[o * octet_bytes..(o + 1) * octet_bytes]);
     }
-    gemm.pair_octets(n, &mut octets, &mut Vec::new());
+    for pair in octets.chunks_exact_mut(2 * octet_bytes) {
+        gemm.pair_octets(n, pair, &mut Vec::new());
+    }
     let mut f = TileFactors::default();
     gemm.factors(n, xs, stride, first_quad + quads, &mut f);
-    // Rows of 18 outputs: the kernel writes 16 a token, the 2 after stay NaN.
-    let ldo = 18;
+    // Rows of n_rows + 2 outputs: the kernel writes n_rows a token, the 2 after stay NaN.
+    let ldo = n_rows + 2;
     let mut out = vec![f32::NAN; 4 * OCTET_MAX_QUADS * ldo];
-    // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + 16 floats.
-    unsafe { gemm.run_octet_pair(n, &octets, xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
+    // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + n_rows floats.
+    unsafe { gemm.run_octet_pair(n, &octets, pairs, xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
     for (t, x) in xs.chunks_exact(stride).enumerate() {
         for r in 0..ldo {
             let got = out[t * ldo + r];
-            if t < 4 * first_quad || r >= 16 {
+            if t < 4 * first_quad || r >= n_rows {
                 assert!(got.is_nan(), "{what} n={n}: wrote token {t} lane {r}");
             } else {
                 let want = dot(n, &w[r * wrow..(r + 1) * wrow], x);
@@ -603,10 +607,12 @@ fn iquant_octet_kernels_equal_the_tiled_dots() {
                     check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{ty} {isa:?} scale {scale}"));
                     // The two-octet kernel (AVX-512) on these rows and eight more.
                     assert_eq!(gemm.has_octet_pairs(), isa >= Isa::Avx512, "{ty} {isa:?}: octet pairs at the AVX-512 level");
+                    // And on two pairs (these sixteen rows and sixteen more).
                     if gemm.has_octet_pairs() {
-                        let more: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
-                        let w16: Vec<u8> = w.iter().chain(&more).copied().collect();
-                        check_octet_pair(&gemm, dot, n, first_quad, quads, &w16, &xs, &format!("{ty} {isa:?} scale {scale} (pair)"));
+                        let more: Vec<u8> = (0..24).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                        let w32: Vec<u8> = w.iter().chain(&more).copied().collect();
+                        check_octet_pair(&gemm, dot, n, first_quad, quads, 1, &w32[..w32.len() / 2], &xs, &format!("{ty} {isa:?} scale {scale} (pair)"));
+                        check_octet_pair(&gemm, dot, n, first_quad, quads, 2, &w32, &xs, &format!("{ty} {isa:?} scale {scale} (two pairs)"));
                     }
                 }
             }

@@ -471,59 +471,71 @@ pub unsafe fn interleave_octets(octets: *mut u8, octet_bytes: usize, scratch: &m
     }
 }
 
-/// `octet_sums_iq` for two octets interleaved by `interleave_octets` (sixteen consecutive
-/// rows), each vector holding the sixteen rows against a token's broadcast bytes, eight
-/// tokens (two quads) a pass over the weights so that each 512-bit load of them serves
-/// eight multiplies: the same exact isum per output and the same float steps, so the same
-/// bits. out[(4 q + t) * ldo + r]: row r (0..16) times token t of quad q.
+/// `octet_sums_iq` for R pairs of octets (R = 1 or 2), each interleaved by
+/// `interleave_octets` (sixteen consecutive rows), the second `pair_bytes` after the first
+/// (thirty-two consecutive rows): each vector holds sixteen rows against a token's broadcast
+/// bytes, and a pass over the weights takes eight tokens (one pair) or four (two pairs), so
+/// that each broadcast serves R multiplies and each 512-bit load of weights 8 / R: the same
+/// exact isum per output and the same float steps, so the same bits.
+/// out[(4 q + t) * ldo + 16 p + r]: row r (0..16) of pair p times token t of quad q.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn octet_pair_sums_iq<const Q: usize, const PER32: bool>(
-    nsb: usize, octets: *const u8, x: [[*const u8; 4]; Q], biased: [[*const u8; 4]; Q], out: *mut f32, ldo: usize,
+pub unsafe fn octet_pair_sums_iq<const Q: usize, const PER32: bool, const R: usize>(
+    nsb: usize, octets: *const u8, pair_bytes: usize, x: [[*const u8; 4]; Q], biased: [[*const u8; 4]; Q], out: *mut f32, ldo: usize,
 ) {
     let mut q = 0;
-    while q + 2 <= Q {
-        token_pass::<8, PER32>(nsb, octets, std::array::from_fn(|t| x[q + t / 4][t % 4]), std::array::from_fn(|t| biased[q + t / 4][t % 4]), out.add(4 * q * ldo), ldo);
+    while R == 1 && q + 2 <= Q {
+        token_pass::<8, PER32, R>(nsb, octets, pair_bytes, std::array::from_fn(|t| x[q + t / 4][t % 4]), std::array::from_fn(|t| biased[q + t / 4][t % 4]), out.add(4 * q * ldo), ldo);
         q += 2;
     }
-    if q < Q {
-        token_pass::<4, PER32>(nsb, octets, x[q], biased[q], out.add(4 * q * ldo), ldo);
+    for q in q..Q {
+        token_pass::<4, PER32, R>(nsb, octets, pair_bytes, x[q], biased[q], out.add(4 * q * ldo), ldo);
     }
 }
 
-/// One pass of `octet_pair_sums_iq` over the weights for T tokens: out[t * ldo + r].
+/// One pass of `octet_pair_sums_iq` over the weights for T tokens: out[t * ldo + 16 p + r].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn token_pass<const T: usize, const PER32: bool>(nsb: usize, octets: *const u8, x: [*const u8; T], biased: [*const u8; T], out: *mut f32, ldo: usize) {
+unsafe fn token_pass<const T: usize, const PER32: bool, const R: usize>(
+    nsb: usize, octets: *const u8, pair_bytes: usize, x: [*const u8; T], biased: [*const u8; T], out: *mut f32, ldo: usize,
+) {
     // The four-byte steps (k: bytes 4k..4k + 4 of the block) one scale covers.
     let span = if PER32 { 8 } else { 4 };
-    let at = |i: usize, offset: usize| _mm512_loadu_si512(octets.add(2 * (i * IQ_OCTET_BYTES + offset)) as *const _);
-    let mut acc = [_mm512_setzero_ps(); T];
+    let at = |p: usize, i: usize, offset: usize| _mm512_loadu_si512(octets.add(p * pair_bytes + 2 * (i * IQ_OCTET_BYTES + offset)) as *const _);
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
     for i in 0..nsb {
-        let mut isum = [_mm512_setzero_si512(); T];
+        let mut isum = [[_mm512_setzero_si512(); T]; R];
         for first in (0..64).step_by(span) {
             // The group's scale vector holds row r's scale in both i16 halves of dword r.
-            let scale = _mm512_srli_epi32::<16>(at(i, 2048 + 32 * (first / 4)));
-            let mut part = [_mm512_setzero_si512(); T];
+            let scale: [__m512i; R] = std::array::from_fn(|p| _mm512_srli_epi32::<16>(at(p, i, 2048 + 32 * (first / 4))));
+            let mut part = [[_mm512_setzero_si512(); T]; R];
             for k in first..first + span {
-                let wk = at(i, 32 * k);
+                let wk: [__m512i; R] = std::array::from_fn(|p| at(p, i, 32 * k));
                 for t in 0..T {
-                    let xk = std::ptr::read_unaligned(biased[t].add(256 * i + 4 * k) as *const i32);
-                    part[t] = _mm512_dpbusd_epi32(part[t], _mm512_set1_epi32(xk), wk);
+                    let xk = _mm512_set1_epi32(std::ptr::read_unaligned(biased[t].add(256 * i + 4 * k) as *const i32));
+                    for p in 0..R {
+                        part[p][t] = _mm512_dpbusd_epi32(part[p][t], xk, wk[p]);
+                    }
                 }
             }
-            for t in 0..T {
-                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(part[t], scale));
+            for p in 0..R {
+                for t in 0..T {
+                    isum[p][t] = _mm512_add_epi32(isum[p][t], _mm512_mullo_epi32(part[p][t], scale[p]));
+                }
             }
         }
-        let corr = at(i, 2560);
-        let d = _mm512_castsi512_ps(at(i, 2592));
-        for t in 0..T {
-            let r = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum[t], corr)), d);
-            acc[t] = _mm512_fmadd_ps(r, _mm512_set1_ps(*(x[t].add(i * 292) as *const f32)), acc[t]);
+        for p in 0..R {
+            let corr = at(p, i, 2560);
+            let d = _mm512_castsi512_ps(at(p, i, 2592));
+            for t in 0..T {
+                let r = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum[p][t], corr)), d);
+                acc[p][t] = _mm512_fmadd_ps(r, _mm512_set1_ps(*(x[t].add(i * 292) as *const f32)), acc[p][t]);
+            }
         }
     }
-    for t in 0..T {
-        _mm512_storeu_ps(out.add(t * ldo), acc[t]);
+    for p in 0..R {
+        for t in 0..T {
+            _mm512_storeu_ps(out.add(t * ldo + 16 * p), acc[p][t]);
+        }
     }
 }

@@ -12,7 +12,9 @@ activations with 2 threads:
 Each measurement is its own process (a warm-up pass, then REPS passes), the two engines alternating
 ROUNDS times; copies of the matrix (64 MiB in all) are multiplied in turn so that the weights come
 from memory, as a model's do. The ratio of a round is ggml's median time over ferrollama's; the
-table gives the median ratio over rounds. Checksums of the two outputs are compared as a sanity check.
+table gives the median ratio over rounds; with --threads 1 it also gives the CPU-time ratio (each
+engine's calling thread, the least of a round's passes, the median over rounds), which a loaded host
+inflates far less than the wall times. Checksums of the two outputs are compared as a sanity check.
 
   /work/bench-venv/bin/python benches/type_products.py [--types MXFP4,IQ2_XXS] [--rounds 3] [--out DIR]
 
@@ -167,16 +169,16 @@ def ggml_time(name: str, rows: int, cols: int, tokens: int, reps: int, weights: 
 
     import time
 
-    def one_pass() -> float:
-        start = time.perf_counter()
+    def one_pass() -> tuple[float, float]:
+        start, cpu = time.perf_counter(), time.thread_time()
         assert compute(backend, graph) == 0
-        return (time.perf_counter() - start) / copies
+        return (time.perf_counter() - start) / copies, (time.thread_time() - cpu) / copies
 
     one_pass()
-    seconds = [one_pass() for _ in range(reps)]
+    seconds, cpu_seconds = zip(*(one_pass() for _ in range(reps)))
     out = np.zeros(tokens * rows, dtype=np.float32)
     tensor_get(ys[-1], out.ctypes.data, 0, out.nbytes)
-    return {"seconds": seconds, "checksum": float(out.astype(np.float64).sum()), "buffer": placed}
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "checksum": float(out.astype(np.float64).sum()), "buffer": placed}
 
 
 # ---------------------------------------------------------------------------------- the alternation
@@ -201,25 +203,33 @@ def measure(binary: Path, name: str, rows: int, cols: int, tokens: int, rounds: 
     copies = copies_for(weights.stat().st_size) if tokens == 1 else 2
     reps = 20 if tokens == 1 else 3
     args = [name, str(rows), str(cols), str(tokens), str(reps), str(weights), str(copies)]
-    ours, theirs, ratios = [], [], []
+    ours, theirs, ratios, cpu_ours, cpu_theirs, cpu_ratios = [], [], [], [], [], []
     for _ in range(rounds):
         g = run_json([sys.executable, __file__, "--ggml-worker", *args])
         f = run_json([str(binary), name, str(rows), str(cols), str(tokens), os.environ["TYPE_PRODUCTS_THREADS"], str(reps), str(weights), str(copies)])
         theirs.append(statistics.median(g["seconds"]))
         ours.append(statistics.median(f["seconds"]))
         ratios.append(theirs[-1] / ours[-1])
+        # The calling threads' CPU time, the least of the passes: the whole product with
+        # --threads 1, and what other processes' load inflates least.
+        cpu_theirs.append(min(g["cpu_seconds"]))
+        cpu_ours.append(min(f["cpu_seconds"]))
+        cpu_ratios.append(cpu_theirs[-1] / cpu_ours[-1])
     rel = abs(g["checksum"] - f["checksum"]) / max(1e-9, abs(g["checksum"]))
     return {"type": name, "rows": rows, "cols": cols, "tokens": tokens, "ggml_s": theirs, "ferrollama_s": ours,
-            "ratio": statistics.median(ratios), "ratios": ratios, "ggml_buffer": g["buffer"], "checksum_rel_diff": rel}
+            "ratio": statistics.median(ratios), "ratios": ratios, "ggml_cpu_s": cpu_theirs, "ferrollama_cpu_s": cpu_ours,
+            "cpu_ratio": statistics.median(cpu_ratios), "cpu_ratios": cpu_ratios, "ggml_buffer": g["buffer"], "checksum_rel_diff": rel}
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| type | shape (cols x rows) | tokens | ggml ms | ferrollama ms | ratio (median of rounds) | rounds | ggml buffer |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| type | shape (cols x rows) | tokens | ggml ms | ferrollama ms | ratio (median of rounds) | rounds | "
+             "ggml CPU ms | ferrollama CPU ms | CPU ratio | ggml buffer |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['type']} | {r['cols']}x{r['rows']} | {r['tokens']} | {1e3 * statistics.median(r['ggml_s']):.3f} | "
                      f"{1e3 * statistics.median(r['ferrollama_s']):.3f} | {r['ratio']:.2f}x | "
-                     f"{', '.join(f'{x:.2f}' for x in r['ratios'])} | {r['ggml_buffer']} |")
+                     f"{', '.join(f'{x:.2f}' for x in r['ratios'])} | {1e3 * min(r['ggml_cpu_s']):.3f} | "
+                     f"{1e3 * min(r['ferrollama_cpu_s']):.3f} | {r['cpu_ratio']:.2f}x | {r['ggml_buffer']} |")
     return "\n".join(lines)
 
 

@@ -393,6 +393,8 @@ fn prefetch(bytes: &[u8]) {
 struct TileScratch {
     factors: TileFactors,
     octets: Vec<u8>,
+    /// A copy of two octets while `SumsGemm::pair_octets` interleaves them.
+    pair_scratch: Vec<u8>,
 }
 
 thread_local! {
@@ -416,7 +418,7 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
     let octet_bytes = gemm.octet_bytes(w.cols);
     let mut t0 = 0;
     TILE_SCRATCH.with(|scratch| {
-        let TileScratch { factors: f, octets } = &mut *scratch.borrow_mut();
+        let TileScratch { factors: f, octets, pair_scratch } = &mut *scratch.borrow_mut();
         // With one tile of tokens each octet is used once: decode it just before, into one
         // slot that stays in L1, rather than all of them into L2 first.
         let one_tile = n_tokens < TOKEN_TILE * (OCTET_MAX_QUADS + 1);
@@ -428,9 +430,14 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
             let first = rows.start + 8 * o;
             gemm.decode_octet(w.cols, &all[first * rb..(first + 8) * rb], slot);
         };
+        // With all the octets decoded, two at a time where the kind has such a kernel.
+        let paired = if !one_tile && gemm.has_octet_pairs() { n_octets / 2 } else { 0 };
         if !one_tile {
             for o in 0..n_octets {
                 decode(o, &mut octets[o * octet_bytes..(o + 1) * octet_bytes]);
+            }
+            for p in 0..paired {
+                gemm.pair_octets(w.cols, &mut octets[2 * p * octet_bytes..(2 * p + 2) * octet_bytes], pair_scratch);
             }
         }
         let mut pairs = [[[0f32; 4]; 2]; SUMS_MAX_QUADS];
@@ -439,11 +446,11 @@ unsafe fn sums_tiles(w: &QMatrix, gemm: SumsGemm, act: &[u8], xrow: usize, n_tok
             let quads = ((n_tokens - t0) / TOKEN_TILE).min(OCTET_MAX_QUADS);
             let xs = &act[t0 * xrow..(t0 + quads * TOKEN_TILE) * xrow];
             gemm.factors(w.cols, xs, xrow, quads, f);
-            // With all the octets decoded, two at a time where the kind has such a kernel.
-            let paired = if !one_tile && gemm.has_octet_pairs() { n_octets / 2 } else { 0 };
-            for p in 0..paired {
+            // Two pairs (32 rows) a call where there are two.
+            for p in (0..paired).step_by(2) {
+                let n_pairs = (paired - p).min(2);
                 let dst = out.0.add(t0 * w.rows + rows.start + 16 * p);
-                gemm.run_octet_pair(w.cols, &octets[2 * p * octet_bytes..(2 * p + 2) * octet_bytes], xs, xrow, 0, quads, f, dst, w.rows);
+                gemm.run_octet_pair(w.cols, &octets[2 * p * octet_bytes..2 * (p + n_pairs) * octet_bytes], n_pairs, xs, xrow, 0, quads, f, dst, w.rows);
             }
             for o in 2 * paired..n_octets {
                 let slot = if one_tile { 0 } else { o };

@@ -360,30 +360,35 @@ fn check_octet(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, 
     }
 }
 
-/// Runs the two-octet kernel of `gemm` (the i-quants at the AVX-512 level) on sixteen weight
-/// rows `w` and the activation rows `xs` from quad first_quad on, and checks every output
-/// against `dot` bit for bit, and that nothing else was written.
+/// Runs the octet-pair kernel of `gemm` (the i-quants at the AVX-512 level) on sixteen or
+/// thirty-two weight rows `w` (one or two pairs) and the activation rows `xs` from quad
+/// first_quad on, and checks every output against `dot` bit for bit, and that nothing else
+/// was written.
 #[allow(clippy::too_many_arguments)]
-fn check_octet_pair(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, first_quad: usize, quads: usize, w: &[u8], xs: &[u8], what: &str) {
+fn check_octet_pair(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, first_quad: usize, quads: usize, pairs: usize, w: &[u8], xs: &[u8], what: &str) {
     use ferrollama_tensor::simd::{TileFactors, OCTET_MAX_QUADS};
     let tokens = 4 * (first_quad + quads);
     let stride = xs.len() / tokens;
-    let (octet_bytes, wrow) = (gemm.octet_bytes(n), w.len() / 16);
-    let mut octets = vec![0u8; 2 * octet_bytes];
-    for (half, rows) in w.chunks_exact(8 * wrow).enumerate() {
-        gemm.decode_octet(n, rows, &mut octets[half * octet_bytes..(half + 1) * octet_bytes]);
+    let (octet_bytes, n_rows) = (gemm.octet_bytes(n), 16 * pairs);
+    let wrow = w.len() / n_rows;
+    let mut octets = vec![0u8; 2 * pairs * octet_bytes];
+    for (o, rows) in w.chunks_exact(8 * wrow).enumerate() {
+        gemm.decode_octet(n, rows, &mut octets[o * octet_bytes..(o + 1) * octet_bytes]);
+    }
+    for pair in octets.chunks_exact_mut(2 * octet_bytes) {
+        gemm.pair_octets(n, pair, &mut Vec::new());
     }
     let mut f = TileFactors::default();
     gemm.factors(n, xs, stride, first_quad + quads, &mut f);
-    // Rows of 18 outputs: the kernel writes 16 a token, the 2 after stay NaN.
-    let ldo = 18;
+    // Rows of n_rows + 2 outputs: the kernel writes n_rows a token, the 2 after stay NaN.
+    let ldo = n_rows + 2;
     let mut out = vec![f32::NAN; 4 * OCTET_MAX_QUADS * ldo];
-    // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + 16 floats.
-    unsafe { gemm.run_octet_pair(n, &octets, xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
+    // SAFETY: out holds (4 (first_quad + quads) - 1) * ldo + n_rows floats.
+    unsafe { gemm.run_octet_pair(n, &octets, pairs, xs, stride, first_quad, quads, &f, out[4 * first_quad * ldo..].as_mut_ptr(), ldo) };
     for (t, x) in xs.chunks_exact(stride).enumerate() {
         for r in 0..ldo {
             let got = out[t * ldo + r];
-            if t < 4 * first_quad || r >= 16 {
+            if t < 4 * first_quad || r >= n_rows {
                 assert!(got.is_nan(), "{what} n={n}: wrote token {t} lane {r}");
             } else {
                 let want = dot(n, &w[r * wrow..(r + 1) * wrow], x);
@@ -553,6 +558,42 @@ fn constant_q8_k(n: usize, q: i8) -> Vec<u8> {
     block.repeat(n / 256)
 }
 
+/// The i-quants' one-row kernels (one token and four, ggml's vec_dot order and the tiled
+/// one) equal the specification bit for bit at every level against activations all 127 or
+/// all -127 (the Q8_K quantizer's range: it scales by -127 / max): the AVX-512 level negates
+/// the activation where a weight is negative (a masked subtract) and sums a pair of
+/// sub-blocks in one vector, so the extremes of every i16 and i32 sum are checked. (A -128,
+/// which no Q8_K row holds, would wrap under a negative weight at both SIMD levels, as in
+/// ggml's `_mm256_sign_epi8`, where the specification negates it.)
+#[test]
+fn iquant_one_row_kernels_equal_the_specification_at_the_extremes() {
+    use GgmlType as T;
+    let mut rng = Rng::new(47);
+    for (isa, table) in levels() {
+        for ty in [T::IQ2_XXS, T::IQ2_XS, T::IQ2_S, T::IQ3_XXS, T::IQ3_S, T::IQ1_S, T::IQ1_M] {
+            let e = entry(&table, ty);
+            let orders = [
+                ("vec_dot", e.vec_dot, e.vec_dot_x4.expect("a four-token kernel"), e.vec_dot_scalar),
+                ("tiled", e.vec_dot_tiled.unwrap(), e.vec_dot_tiled_x4.unwrap(), e.vec_dot_tiled_scalar.unwrap()),
+            ];
+            for n in [256, 2304] {
+                let w = random_weights(ty, n, &mut rng);
+                let xs: Vec<u8> = [127i8, -127, 127, -127].into_iter().flat_map(|q| constant_q8_k(n, q)).collect();
+                let stride = xs.len() / 4;
+                for (order, one, four, spec) in orders {
+                    let mut out = [0f32; 4];
+                    four(n, &w, &xs, stride, &mut out);
+                    for (t, x) in xs.chunks_exact(stride).enumerate() {
+                        let want = spec(n, &w, x);
+                        assert_eq!(one(n, &w, x).to_bits(), want.to_bits(), "{ty} {order} {isa:?} n={n} token {t}");
+                        assert_eq!(out[t].to_bits(), want.to_bits(), "{ty} {order} {isa:?} n={n} four-token, token {t}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The eight-row i-quant kernels equal llama.cpp's tiled product (`scalar::iquants`'s
 /// tiled dots) bit for bit, from any quad of a tile, with random blocks of every grid index,
 /// sign and scale against random activations of several scales and against activations all
@@ -588,10 +629,12 @@ fn iquant_octet_kernels_equal_the_tiled_dots() {
                     check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{ty} {isa:?} scale {scale}"));
                     // The two-octet kernel (AVX-512) on these rows and eight more.
                     assert_eq!(gemm.has_octet_pairs(), isa >= Isa::Avx512, "{ty} {isa:?}: octet pairs at the AVX-512 level");
+                    // And on two pairs (these sixteen rows and sixteen more).
                     if gemm.has_octet_pairs() {
-                        let more: Vec<u8> = (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
-                        let w16: Vec<u8> = w.iter().chain(&more).copied().collect();
-                        check_octet_pair(&gemm, dot, n, first_quad, quads, &w16, &xs, &format!("{ty} {isa:?} scale {scale} (pair)"));
+                        let more: Vec<u8> = (0..24).flat_map(|_| random_weights(ty, n, &mut rng)).collect();
+                        let w32: Vec<u8> = w.iter().chain(&more).copied().collect();
+                        check_octet_pair(&gemm, dot, n, first_quad, quads, 1, &w32[..w32.len() / 2], &xs, &format!("{ty} {isa:?} scale {scale} (pair)"));
+                        check_octet_pair(&gemm, dot, n, first_quad, quads, 2, &w32, &xs, &format!("{ty} {isa:?} scale {scale} (two pairs)"));
                     }
                 }
             }

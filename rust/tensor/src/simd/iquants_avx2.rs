@@ -38,6 +38,18 @@ const SIGN_BYTES: [u64; 256] = {
     t
 };
 
+/// Entry i of a grid table by a plain scalar load: `read_volatile`, because LLVM would
+/// otherwise turn a row of lookups into `vpgatherdd`/`vpgatherqq`, which on Intel CPUs with
+/// the Gather Data Sampling microcode take about three times as long as the loads and
+/// inserts (Cascade Lake: a 512-bit gather of eight u64 11.6 ns, eight loads and inserts
+/// 3.4 ns; the IQ3 kinds' one-token products ran 3 to 4 times slower than IQ2_XXS's).
+/// `i` must be below the table's length (the callers mask or build it in range).
+#[inline(always)]
+pub(crate) unsafe fn entry<T: Copy>(table: &[T], i: usize) -> T {
+    debug_assert!(i < table.len());
+    std::ptr::read_volatile(table.as_ptr().add(i))
+}
+
 /// The float steps: ggml's vec_dot or llama.cpp's tiled product.
 pub const VEC_DOT: u8 = 0;
 pub const TILED: u8 = 1;
@@ -87,7 +99,7 @@ unsafe fn sign_bytes_of(p: *const u8) -> __m256i {
 /// makes each byte's count of negatives even: `KSIGNS_IQ2XS` by two 16-entry lookups.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn even_signs(groups: __m256i) -> __m256i {
+pub(crate) unsafe fn even_signs(groups: __m256i) -> __m256i {
     // 0x80 for a nibble with an odd count of set bits.
     let odd = _mm256_broadcastsi128_si256(_mm_set_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0));
     let nibble = _mm256_set1_epi8(15);
@@ -196,30 +208,30 @@ pub(crate) unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize, signs:
     let sign = || sign_bytes_of(signs.as_ptr().add(4 * ib));
     match kind(KIND) {
         IqKind::Iq2Xxs => {
-            let g = |l: usize| IQ2XXS_GRID[*b.add(2 + 8 * ib + l) as usize] as i64;
+            let g = |l: usize| entry(&IQ2XXS_GRID, *b.add(2 + 8 * ib + l) as usize) as i64;
             (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), sign(), _mm256_set1_epi16(scales[ib] as i16))
         }
         IqKind::Iq2Xs => {
             let q = |l: usize| std::ptr::read_unaligned(b.add(2 + 8 * ib + 2 * l) as *const u16) as usize;
-            let g = |l: usize| IQ2XS_GRID[q(l) & 511] as i64;
+            let g = |l: usize| entry(&IQ2XS_GRID, q(l) & 511) as i64;
             let s = |l: usize| EVEN_SIGN_BYTES[q(l) >> 9] as i64;
             (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), _mm256_set_epi64x(s(3), s(2), s(1), s(0)), sub_block_halves(halves, ib))
         }
         IqKind::Iq2S => {
             // Read back from memory one by one (LLVM would otherwise take the stored vector
             // apart with two-uop word extracts).
-            let g = |l: usize| IQ2S_GRID[std::ptr::read_volatile(&indices[4 * ib + l]) as usize & 1023] as i64;
+            let g = |l: usize| entry(&IQ2S_GRID, std::ptr::read_volatile(&indices[4 * ib + l]) as usize & 1023) as i64;
             (_mm256_set_epi64x(g(3), g(2), g(1), g(0)), sign(), sub_block_halves(halves, ib))
         }
         IqKind::Iq3Xxs => {
             let q = b.add(2 + 8 * ib);
-            let g = |k: usize| IQ3XXS_GRID[*q.add(k) as usize] as i32;
+            let g = |k: usize| entry(&IQ3XXS_GRID, *q.add(k) as usize) as i32;
             let grid = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
             (grid, sign(), _mm256_set1_epi16(scales[ib] as i16))
         }
         IqKind::Iq3S => {
             let (q, qh) = (b.add(2 + 8 * ib), *b.add(66 + ib) as usize);
-            let g = |k: usize| IQ3S_GRID[*q.add(k) as usize | ((qh << (8 - k)) & 256)] as i32;
+            let g = |k: usize| entry(&IQ3S_GRID, *q.add(k) as usize | ((qh << (8 - k)) & 256)) as i32;
             let s = (*b.add(106 + ib / 2) as u32 >> (4 * (ib % 2))) & 15;
             let grid = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
             (grid, sign(), _mm256_set1_epi16(odd(s)))
@@ -231,13 +243,13 @@ pub(crate) unsafe fn sub_vectors<const KIND: u8>(b: *const u8, ib: usize, signs:
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn iq1_grid4(indices: [usize; 4]) -> __m256i {
-    let g = |l: usize| IQ1S_GRID[indices[l] & 2047] as i64;
+    let g = |l: usize| entry(&IQ1S_GRID, indices[l] & 2047) as i64;
     _mm256_set_epi64x(g(3), g(2), g(1), g(0))
 }
 
 /// IQ1_S sub-block ib of the block at b: its 32 grid values (-1, 0, 1 as bytes). Plain
 /// code rather than closures built by `array::from_fn`, which stayed out-of-line calls.
-/// (The AVX-512 level computes the indices with `pdep` instead.)
+/// (The AVX-512 level computes the indices with `pdep` instead: `iquants_avx512::iq1_indices`.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn iq1_s_grid(b: *const u8, ib: usize) -> __m256i {
@@ -277,10 +289,10 @@ unsafe fn madd_add(acc: __m256i, p: __m256i, scales: __m256i) -> __m256i {
     _mm256_add_epi32(acc, _mm256_madd_epi16(p, scales))
 }
 
-/// The one-row dot kernels of the i-quants (T tokens at once), stamped once per level with
-/// its `target_feature`s and its `madd_add` (the same exact i32 lanes at every level):
-/// for each kind ggml's AVX2 vec_dot and llama.cpp's tiled product. The invoking module
-/// brings the decoding helpers of this file into scope.
+/// The one-row dot kernels of the i-quants (T tokens at once), stamped with a level's
+/// `target_feature`s and its `madd_add` (this level's; the AVX-512 level has kernels of its
+/// own, `iquants_avx512`, with the same exact i32 lanes): for each kind ggml's AVX2 vec_dot
+/// and llama.cpp's tiled product.
 macro_rules! iq_dot_kernels {
     ($features:literal) => {
         /// The dot of one weight row with T activation rows: per super-block `acc = fma(d * d_x,
@@ -427,7 +439,6 @@ macro_rules! iq_dot_kernels {
         );
     };
 }
-pub(crate) use iq_dot_kernels;
 
 /// The public kernels of `iq_dot_kernels`, each a kind's kernel in one float order.
 macro_rules! iq_entry_points {

@@ -571,17 +571,32 @@ impl SumsGemm {
         self.vnni && self.kind >= KIND_IQ
     }
 
-    /// `run_octet` on two octets side by side (`octets`: the two `decode_octet` made of
-    /// sixteen consecutive rows, one after the other): out[(4 q + t) * ldo + r] for rows r of
-    /// 0..16. Panics unless `has_octet_pairs`.
-    ///
-    /// # Safety
-    /// `out` must be valid for writes of 16 floats at every (4 q + t) * ldo, q < quads.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn run_octet_pair(&self, n: usize, octets: &[u8], x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
+    /// Makes two octets `decode_octet` wrote one after the other (of sixteen consecutive
+    /// rows of n elements) the operand of `run_octet_pair` (interleaves them in place).
+    /// Panics unless `has_octet_pairs`.
+    pub fn pair_octets(&self, n: usize, octets: &mut [u8], scratch: &mut Vec<u8>) {
         assert!(self.has_octet_pairs(), "octet pairs of the i-quants at the AVX-512 level only");
         let octet_bytes = self.octet_bytes(n);
         assert!(octets.len() >= 2 * octet_bytes, "two octets of {n}-element rows");
+        // SAFETY: length checked above; `for_type` checked the CPU's AVX-512 VNNI (`vnni`).
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            iquants_avx512::interleave_octets(octets.as_mut_ptr(), octet_bytes, scratch)
+        }
+    }
+
+    /// `run_octet` on `pairs` (1 or 2) pairs of octets made by `pair_octets`, one after the
+    /// other (16 or 32 consecutive rows): out[(4 q + t) * ldo + r] for rows r of
+    /// 0..16 pairs. Panics unless `has_octet_pairs`.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes of 16 pairs floats at every (4 q + t) * ldo, q < quads.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn run_octet_pair(&self, n: usize, octets: &[u8], pairs: usize, x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
+        assert!(self.has_octet_pairs(), "octet pairs of the i-quants at the AVX-512 level only");
+        assert!(matches!(pairs, 1 | 2), "one or two pairs of octets");
+        let octet_bytes = self.octet_bytes(n);
+        assert!(octets.len() >= 2 * pairs * octet_bytes, "{pairs} pairs of octets of {n}-element rows");
         self.check_acts(n, x, stride, first_quad, quads, OCTET_MAX_QUADS);
         let nb = n / 256;
         assert!((first_quad..first_quad + quads).all(|q| f.biased[q].len() >= 4 * nb * 256), "tile factors of another size");
@@ -591,21 +606,25 @@ impl SumsGemm {
             let biased = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| f.biased[first_quad + q][t * nb * 256..].as_ptr()) };
             let o = octets.as_ptr();
             macro_rules! call {
-                ($q:literal) => {
+                ($q:literal, $r:literal) => {
                     if iquants_avx512::scale_per_32(self.kind - KIND_IQ) {
-                        iquants_avx512::octet_pair_sums_iq::<$q, true>(nb, o, octet_bytes, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
+                        iquants_avx512::octet_pair_sums_iq::<$q, true, $r>(nb, o, 2 * octet_bytes, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
                     } else {
-                        iquants_avx512::octet_pair_sums_iq::<$q, false>(nb, o, octet_bytes, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
+                        iquants_avx512::octet_pair_sums_iq::<$q, false, $r>(nb, o, 2 * octet_bytes, std::array::from_fn(rows), std::array::from_fn(biased), out, ldo)
                     }
                 };
             }
             // SAFETY: lengths checked above, `out` by the caller; `for_type` checked the CPU's
             // AVX-512 VNNI (`vnni`).
-            match quads {
-                4 => call!(4),
-                3 => call!(3),
-                2 => call!(2),
-                _ => call!(1),
+            match (quads, pairs) {
+                (4, 1) => call!(4, 1),
+                (3, 1) => call!(3, 1),
+                (2, 1) => call!(2, 1),
+                (_, 1) => call!(1, 1),
+                (4, _) => call!(4, 2),
+                (3, _) => call!(3, 2),
+                (2, _) => call!(2, 2),
+                _ => call!(1, 2),
             }
         }
     }

@@ -519,7 +519,7 @@ impl SumsGemm {
     /// legacy kinds (Q8_0, IQ4_NL, MXFP4) on a CPU with it (and the ternary types, which have
     /// octets there only), AVX2 otherwise.
     pub fn octet_isa(&self) -> Isa {
-        if self.has_octet_pairs() { Isa::Avx512 } else { Isa::Avx2 }
+        if self.vnni && (self.is_iq() || self.is_tq() || self.signed()) { Isa::Avx512 } else { Isa::Avx2 }
     }
 
     /// Whether the kind is an i-quant's.
@@ -630,7 +630,7 @@ impl SumsGemm {
                 assert!((first_quad..first_quad + quads).all(|q| f.biased[q].len() >= 4 * nb * 256), "tile factors of another size");
             }
             if self.is_tq() {
-                return self.run_octet_tq::<false>(nb, o, 0, &rows, first_quad, quads, f, out, ldo);
+                return self.run_octet_tq(nb, o, &rows, first_quad, quads, f, out, ldo);
             }
             if self.signed() && self.vnni {
                 return self.run_octet_signed::<false>(nb, o, 0, &rows, first_quad, quads, f, out, ldo);
@@ -654,10 +654,10 @@ impl SumsGemm {
         }
     }
 
-    /// Whether `run_octet_pair` serves this kind (the i-quants, the ternary types and the
-    /// signed legacy kinds at the AVX-512 level).
+    /// Whether `run_octet_pair` serves this kind (the i-quants and the signed legacy kinds
+    /// at the AVX-512 level; the ternary kinds' octets fill 512-bit vectors by themselves).
     pub fn has_octet_pairs(&self) -> bool {
-        self.vnni && (self.is_iq() || self.is_tq() || self.signed())
+        self.vnni && (self.is_iq() || self.signed())
     }
 
     /// `run_octet` (PAIR false) or `run_octet_pair` (PAIR true) of the signed legacy kinds
@@ -689,34 +689,29 @@ impl SumsGemm {
         }
     }
 
-    /// `run_octet` (PAIR false: one octet at `octet`) or `run_octet_pair` (PAIR true: two,
-    /// `octet_bytes` apart) of the ternary kinds, whose factors are the activations' group
-    /// sums (`ternary_avx512::tq_tile_factors`).
+    /// `run_octet` of the ternary kinds, whose factors are the activations' group sums
+    /// (`ternary_avx512::tq_tile_factors`), eight rows in 512-bit vectors.
     ///
     /// # Safety
-    /// As `run_octet` or `run_octet_pair`; `octet` holds the octets of nb super-blocks and
-    /// `rows(q)` the quads' activation rows, checked by the caller.
+    /// As `run_octet`; `octet` holds the octet of nb super-blocks and `rows(q)` the quads'
+    /// activation rows, checked by the caller.
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn run_octet_tq<const PAIR: bool>(&self, nb: usize, octet: *const u8, octet_bytes: usize, rows: &dyn Fn(usize) -> [*const u8; 4],
-                                            first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
+    unsafe fn run_octet_tq(&self, nb: usize, octet: *const u8, rows: &dyn Fn(usize) -> [*const u8; 4], first_quad: usize, quads: usize, f: &TileFactors,
+                           out: *mut f32, ldo: usize) {
         assert!((first_quad..first_quad + quads).all(|q| f.corr[q].len() >= 4 * nb * 8), "tile factors of another size");
         let corr = |q: usize| f.corr[first_quad + q].as_ptr();
         macro_rules! call {
-            ($kernel:ident, $q:literal) => {
-                ternary_avx512::$kernel::<$q>(nb, octet, octet_bytes, std::array::from_fn(rows), std::array::from_fn(corr), out, ldo)
+            ($q:literal) => {
+                ternary_avx512::octet_sums_tq::<$q>(nb, octet, std::array::from_fn(rows), std::array::from_fn(corr), out, ldo)
             };
         }
         // SAFETY: as the caller's; `for_type` gave the ternary kinds only to AVX-512 VNNI CPUs.
-        match (PAIR, quads) {
-            (false, 4) => call!(octet_sums_tq, 4),
-            (false, 3) => call!(octet_sums_tq, 3),
-            (false, 2) => call!(octet_sums_tq, 2),
-            (false, _) => call!(octet_sums_tq, 1),
-            (true, 4) => call!(octet_pair_sums_tq, 4),
-            (true, 3) => call!(octet_pair_sums_tq, 3),
-            (true, 2) => call!(octet_pair_sums_tq, 2),
-            (true, _) => call!(octet_pair_sums_tq, 1),
+        match quads {
+            4 => call!(4),
+            3 => call!(3),
+            2 => call!(2),
+            _ => call!(1),
         }
     }
 
@@ -728,7 +723,7 @@ impl SumsGemm {
     /// `out` must be valid for writes of 16 floats at every (4 q + t) * ldo, q < quads.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn run_octet_pair(&self, n: usize, octets: &[u8], x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
-        assert!(self.has_octet_pairs(), "octet pairs of the i-quants and ternary types at the AVX-512 level only");
+        assert!(self.has_octet_pairs(), "octet pairs of the i-quants and signed legacy kinds at the AVX-512 level only");
         let octet_bytes = self.octet_bytes(n);
         assert!(octets.len() >= 2 * octet_bytes, "two octets of {n}-element rows");
         self.check_acts(n, x, stride, first_quad, quads, OCTET_MAX_QUADS);
@@ -738,9 +733,6 @@ impl SumsGemm {
             let rows = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride)) };
             if self.signed() {
                 return self.run_octet_signed::<true>(nb, octets.as_ptr(), octet_bytes, &rows, first_quad, quads, f, out, ldo);
-            }
-            if self.is_tq() {
-                return self.run_octet_tq::<true>(nb, octets.as_ptr(), octet_bytes, &rows, first_quad, quads, f, out, ldo);
             }
             assert!((first_quad..first_quad + quads).all(|q| f.biased[q].len() >= 4 * nb * 256), "tile factors of another size");
             let biased = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| f.biased[first_quad + q][t * nb * 256..].as_ptr()) };

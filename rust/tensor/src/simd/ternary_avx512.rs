@@ -22,7 +22,6 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::avx2::transpose_8x8_epi32;
 use super::x86::{f16_1, hsum_ps, loadu};
 
 /// Bytes of one TQ1_0 and one TQ2_0 block, and of a Q8_K block.
@@ -197,9 +196,10 @@ pub unsafe fn tq2_0_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u
     ternary_rows8::<false>(nb, w, row_bytes, x, out)
 }
 
-/// Bytes `decode_octet_tq` writes per super-block of eight rows: 64 vectors of trits
-/// (vector k: trits 4k..4k + 4 of row r in dword lane r), then the rows' d as f32.
-pub const TQ_OCTET_BYTES: usize = 64 * 32 + 8 * 4;
+/// Bytes `decode_octet_tq` writes per super-block of eight rows: 32 vectors of trits
+/// (vector m: row r's trits 8m..8m + 8, the four-byte groups 2m and 2m + 1, in dwords 2r and
+/// 2r + 1), then the rows' d as f32, each twice (row r in lanes 2r and 2r + 1).
+pub const TQ_OCTET_BYTES: usize = 32 * 64 + 16 * 4;
 
 /// Decodes nb super-blocks of eight consecutive rows of TQ1_0 (`TQ1`) or TQ2_0 (row r at
 /// w + r * row_bytes) into `TQ_OCTET_BYTES` a super-block at dst, for `octet_sums_tq`. Done
@@ -207,27 +207,25 @@ pub const TQ_OCTET_BYTES: usize = 64 * 32 + 8 * 4;
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn decode_octet_tq<const TQ1: bool>(nb: usize, w: *const u8, row_bytes: usize, dst: *mut u8) {
     let bytes = if TQ1 { TQ1_BYTES } else { TQ2_BYTES };
-    let mut rows = [[0u8; 256]; 8];
+    let mut trits = [0u64; 32];
     for b in 0..nb {
         let block = |r: usize| w.add(r * row_bytes + b * bytes);
-        for (r, row) in rows.iter_mut().enumerate() {
-            for (m, v) in block_trits::<TQ1>(block(r)).iter().enumerate() {
-                _mm512_storeu_si512(row.as_mut_ptr().add(64 * m) as *mut _, *v);
-            }
-        }
         let out = dst.add(b * TQ_OCTET_BYTES);
-        for c in 0..8 {
-            let chunk: [__m256i; 8] = std::array::from_fn(|r| loadu(rows[r].as_ptr().add(32 * c)));
-            for (k, v) in transpose_8x8_epi32(&chunk).iter().enumerate() {
-                _mm256_storeu_si256(out.add(32 * (8 * c + k)) as *mut __m256i, *v);
+        for r in 0..8 {
+            for (m, v) in block_trits::<TQ1>(block(r)).iter().enumerate() {
+                _mm512_storeu_si512(trits.as_mut_ptr().add(8 * m) as *mut _, *v);
+            }
+            // Eight bytes (two groups) of the row into each vector, at qword r.
+            for (m, t) in trits.iter().enumerate() {
+                std::ptr::write_unaligned(out.add(64 * m + 8 * r) as *mut u64, *t);
             }
         }
-        let d: [f32; 8] = std::array::from_fn(|r| f16_1(block(r).add(bytes - 2)));
-        _mm256_storeu_ps(out.add(64 * 32) as *mut f32, _mm256_loadu_ps(d.as_ptr()));
+        let d: [f32; 16] = std::array::from_fn(|l| f16_1(block(l / 2).add(bytes - 2)));
+        _mm512_storeu_ps(out.add(32 * 64) as *mut f32, _mm512_loadu_ps(d.as_ptr()));
     }
 }
 
-/// What the octet kernels need of four Q8_K activation rows x[t] of nb blocks, per block b
+/// What the octet kernel needs of four Q8_K activation rows x[t] of nb blocks, per block b
 /// and token t: minus the group sums 2k and 2k + 1 at corr[(4 b + t) * 8 + k].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn tq_tile_factors(nb: usize, x: [*const u8; 4], corr: *mut i32) {
@@ -238,86 +236,60 @@ pub unsafe fn tq_tile_factors(nb: usize, x: [*const u8; 4], corr: *mut i32) {
     }
 }
 
-/// Eight (`octet_sums_tq`, 256-bit vectors) or sixteen (`octet_pair_sums_tq`, 512-bit) rows
-/// times 4 * Q tokens: the float steps of both, on vectors of rows.
-macro_rules! octet_tq_kernel {
-    ($name:ident, $si:ty, $ps:ty, $zero_ps:ident, $set1_epi32:ident, $set1_ps:ident, $dpbusd:ident, $mul:ident, $fma:ident, $cvt:ident, $add:ident, $store:ident,
-     $load_w:ident, $load_d:ident, $doc:literal) => {
-        #[doc = $doc]
-        #[allow(clippy::too_many_arguments)]
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub unsafe fn $name<const Q: usize>(
-            nb: usize, octet: *const u8, octet_bytes: usize, x: [[*const u8; 4]; Q], corr: [*const i32; Q], out: *mut f32, ldo: usize,
-        ) {
-            for q in 0..Q {
-                for t in 0..4 {
-                    // Lane k of the row dots: the ggml lane's float accumulator of each row.
-                    let mut acc = [$zero_ps(); 8];
-                    for i in 0..nb {
-                        let ob = octet.add(i * TQ_OCTET_BYTES);
-                        let (bx, c) = (x[q][t].add(i * Q8K_BYTES), corr[q].add((4 * i + t) * 8));
-                        let mut lanes: [$si; 8] = std::array::from_fn(|k| $set1_epi32(*c.add(k)));
-                        for k in 0..64 {
-                            let xk = std::ptr::read_unaligned(bx.add(4 + 4 * k) as *const i32);
-                            lanes[k % 8] = $dpbusd(lanes[k % 8], $load_w(ob.add(32 * k), octet_bytes), $set1_epi32(xk));
-                        }
-                        let d = $mul($set1_ps(std::ptr::read_unaligned(bx as *const f32)), $load_d(ob.add(64 * 32), octet_bytes));
-                        for k in 0..8 {
-                            acc[k] = $fma($cvt(lanes[k]), d, acc[k]);
+/// Tokens whose products share each load of an octet's trits in `octet_sums_tq` (their 16
+/// vector accumulators fill half the registers).
+const TOKENS_TOGETHER: usize = 4;
+
+/// Eight TQ1_0 or TQ2_0 rows (an octet from `decode_octet_tq`) times 4 * Q Q8_K activation
+/// rows (`tq_tile_factors` of quad q in corr[q]), bit for bit the row dot: out[(4 q + t) *
+/// ldo + r] is row r times token t of quad q. Vector m's groups 2m and 2m + 1 against the
+/// token's eight bytes there broadcast (`vpdpbusd`) go to ggml lanes 2a and 2a + 1, a = m % 4:
+/// four accumulators per token hold the eight lanes of the eight rows, pairs of lanes side
+/// by side, so the lane FMAs and `hsum_float_8` are vertical operations but for the last
+/// addition of each row (odd lanes onto even).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn octet_sums_tq<const Q: usize>(nb: usize, octet: *const u8, x: [[*const u8; 4]; Q], corr: [*const i32; Q], out: *mut f32, ldo: usize) {
+    const T: usize = TOKENS_TOGETHER;
+    let bcast_q = |p: *const u8| _mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64));
+    for q in 0..Q {
+        for first in (0..4).step_by(T) {
+            // acc[t][a]: ggml lanes 2a and 2a + 1 of each row, as floats across blocks.
+            let mut acc = [[_mm512_setzero_ps(); 4]; T];
+            for i in 0..nb {
+                let ob = octet.add(i * TQ_OCTET_BYTES);
+                let bx: [*const u8; T] = std::array::from_fn(|t| x[q][first + t].add(i * Q8K_BYTES));
+                let mut lanes = [[_mm512_setzero_si512(); 4]; T];
+                for (t, lanes) in lanes.iter_mut().enumerate() {
+                    let c = corr[q].add((4 * i + first + t) * 8) as *const u8;
+                    for (a, l) in lanes.iter_mut().enumerate() {
+                        *l = bcast_q(c.add(8 * a));
+                    }
+                }
+                for c in 0..8 {
+                    for a in 0..4 {
+                        let m = 4 * c + a;
+                        let wm = _mm512_loadu_si512(ob.add(64 * m) as *const _);
+                        for t in 0..T {
+                            lanes[t][a] = _mm512_dpbusd_epi32(lanes[t][a], wm, bcast_q(bx[t].add(4 + 8 * m)));
                         }
                     }
-                    // hsum_float_8 of each row: lanes k + 4 onto k, then (0 + 2) + (1 + 3).
-                    let r: [$ps; 4] = std::array::from_fn(|k| $add(acc[k + 4], acc[k]));
-                    $store(out.add((4 * q + t) * ldo), $add($add(r[0], r[2]), $add(r[1], r[3])));
+                }
+                let dw = _mm512_loadu_ps(ob.add(32 * 64) as *const f32);
+                for t in 0..T {
+                    let d = _mm512_mul_ps(_mm512_set1_ps(std::ptr::read_unaligned(bx[t] as *const f32)), dw);
+                    for a in 0..4 {
+                        acc[t][a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes[t][a]), d, acc[t][a]);
+                    }
                 }
             }
+            for (t, acc) in acc.iter().enumerate() {
+                // hsum_float_8: lanes k + 4 onto k (accumulators a + 2 onto a), then lanes
+                // (0 + 2) + (1 + 3): even lanes onto even, then the odd sums onto the even.
+                let pairs = _mm512_add_ps(_mm512_add_ps(acc[2], acc[0]), _mm512_add_ps(acc[3], acc[1]));
+                let rows = _mm512_add_ps(pairs, _mm512_permute_ps::<0b10_11_00_01>(pairs));
+                let even = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0), rows);
+                _mm256_storeu_ps(out.add((4 * q + first + t) * ldo), _mm512_castps512_ps256(even));
+            }
         }
-    };
+    }
 }
-
-/// An octet's 32 bytes at p (`apart`: see `pair_w`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn octet_w(p: *const u8, _apart: usize) -> __m256i {
-    loadu(p)
-}
-
-/// An octet's eight f32 at p.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn octet_d(p: *const u8, _apart: usize) -> __m256 {
-    _mm256_loadu_ps(p as *const f32)
-}
-
-octet_tq_kernel!(octet_sums_tq, __m256i, __m256, _mm256_setzero_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_dpbusd_epi32, _mm256_mul_ps,
-    _mm256_fmadd_ps, _mm256_cvtepi32_ps, _mm256_add_ps, _mm256_storeu_ps,
-    octet_w, octet_d,
-    "Eight TQ1_0 or TQ2_0 rows (an octet from `decode_octet_tq`) times 4 * Q Q8_K activation rows (`tq_tile_factors` of each \
-     quad in corr[q]), bit for bit the row dot: out[(4 q + t) * ldo + r] is row r times token t of quad q. `octet_bytes` unused.");
-
-/// The 32 bytes at p (low half) and at p + apart (high half).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn side_by_side(p: *const u8, apart: usize) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(loadu(p)), loadu(p.add(apart)))
-}
-
-/// Two octets' 32 bytes at p and p + apart, as one vector.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pair_w(p: *const u8, apart: usize) -> __m512i {
-    side_by_side(p, apart)
-}
-
-/// Two octets' eight f32 at p and p + apart, as one vector.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pair_d(p: *const u8, apart: usize) -> __m512 {
-    _mm512_castsi512_ps(side_by_side(p, apart))
-}
-
-octet_tq_kernel!(octet_pair_sums_tq, __m512i, __m512, _mm512_setzero_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_dpbusd_epi32, _mm512_mul_ps,
-    _mm512_fmadd_ps, _mm512_cvtepi32_ps, _mm512_add_ps, _mm512_storeu_ps,
-    pair_w, pair_d,
-    "`octet_sums_tq` for two octets side by side (the octet at `octet` and the next one, `octet_bytes` on: sixteen consecutive \
-     rows), row r of 0..16 in lane r: out[(4 q + t) * ldo + r].");

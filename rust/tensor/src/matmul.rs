@@ -98,6 +98,9 @@ fn sums_gemm(t: &'static TypeTraits, rows: usize) -> Option<(SumsGemm, usize)> {
         // The ternary types' octets (AVX-512 VNNI) compute ggml's vec_dot lanes, the row dot
         // at every token count; from 8 tokens, as Q6_K's.
         GgmlType::TQ1_0 | GgmlType::TQ2_0 => Some((gemm, 8)),
+        // Q2_0's (AVX-512 VNNI) compute the generic kernel's exact sub-block sums and float
+        // steps, also at every token count.
+        GgmlType::Q2_0 => Some((gemm, 8)),
         _ => llama_repacks(t, rows).then_some((gemm, 1)),
     }
 }

@@ -25,6 +25,8 @@ pub mod iquants_avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod q1q2_avx2;
 #[cfg(target_arch = "x86_64")]
+pub mod q1q2_avx512;
+#[cfg(target_arch = "x86_64")]
 pub mod nvfp4_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod ssm_x86;
@@ -454,6 +456,8 @@ const KIND_IQ: u8 = 7;
 /// TQ1_0 and TQ2_0 (the AVX-512 VNNI level only: `ternary_avx512`).
 const KIND_TQ1: u8 = 14;
 const KIND_TQ2: u8 = 15;
+/// Q2_0 (the AVX-512 VNNI level only: `q1q2_avx512`).
+const KIND_Q2: u8 = 16;
 
 /// The quants of the 4 * quads Q8_K rows x[t * stride..] (nb blocks each) + 128, as the
 /// i-quant octet kernels take them (`TileFactors::biased`).
@@ -510,6 +514,7 @@ impl SumsGemm {
             GgmlType::IQ1_M => (KIND_IQ + 6, 56),
             GgmlType::TQ1_0 if isa >= Isa::Avx512 => (KIND_TQ1, 54),
             GgmlType::TQ2_0 if isa >= Isa::Avx512 => (KIND_TQ2, 66),
+            GgmlType::Q2_0 if isa >= Isa::Avx512 => (KIND_Q2, 18),
             _ => return None,
         };
         cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes, vnni: isa >= Isa::Avx512 })
@@ -519,7 +524,7 @@ impl SumsGemm {
     /// legacy kinds (Q8_0, IQ4_NL, MXFP4) on a CPU with it (and the ternary types, which have
     /// octets there only), AVX2 otherwise.
     pub fn octet_isa(&self) -> Isa {
-        if self.vnni && (self.is_iq() || self.is_tq() || self.signed()) { Isa::Avx512 } else { Isa::Avx2 }
+        if self.vnni && (self.is_iq() || self.is_tq() || self.kind == KIND_Q2 || self.signed()) { Isa::Avx512 } else { Isa::Avx2 }
     }
 
     /// Whether the kind is an i-quant's.
@@ -529,7 +534,7 @@ impl SumsGemm {
 
     /// Whether the kind is TQ1_0's or TQ2_0's.
     fn is_tq(&self) -> bool {
-        self.kind >= KIND_TQ1
+        matches!(self.kind, KIND_TQ1 | KIND_TQ2)
     }
 
     /// Whether the kind's levels are signed (Q8_0, IQ4_NL).
@@ -544,7 +549,11 @@ impl SumsGemm {
 
     /// Elements and activation bytes of a block.
     fn block(&self) -> (usize, usize) {
-        if self.kind >= KIND_Q4_K { (256, 292) } else { (32, 34) }
+        match self.kind {
+            KIND_Q2 => (64, 68),
+            k if k >= KIND_Q4_K => (256, 292),
+            _ => (32, 34),
+        }
     }
 
     /// Bytes `decode_octet` writes for eight rows of n elements.
@@ -553,6 +562,7 @@ impl SumsGemm {
         let per_block = match self.kind {
             KIND_Q4_K => x86::avx2::Q4K_OCTET_BYTES,
             KIND_Q6_K => x86::avx2::Q6K_OCTET_BYTES,
+            KIND_Q2 => q1q2_avx512::Q2_OCTET_BYTES,
             k if k >= KIND_TQ1 => ternary_avx512::TQ_OCTET_BYTES,
             k if k >= KIND_IQ => iquants_avx2::IQ_OCTET_BYTES,
             _ => x86::avx2::OCTET_BLOCK_BYTES,
@@ -589,7 +599,8 @@ impl SumsGemm {
                     12 => iquants_avx2::decode_octet_iq::<5>(nb, src, row_bytes, out),
                     13 => iquants_avx2::decode_octet_iq::<6>(nb, src, row_bytes, out),
                     KIND_TQ1 => ternary_avx512::decode_octet_tq::<true>(nb, src, row_bytes, out),
-                    _ => ternary_avx512::decode_octet_tq::<false>(nb, src, row_bytes, out),
+                    KIND_TQ2 => ternary_avx512::decode_octet_tq::<false>(nb, src, row_bytes, out),
+                    _ => q1q2_avx512::decode_octet_q2_0(nb, src, row_bytes, out),
                 }
             }
         }
@@ -631,6 +642,13 @@ impl SumsGemm {
             }
             if self.is_tq() {
                 return self.run_octet_tq(nb, o, &rows, first_quad, quads, f, out, ldo);
+            }
+            if self.kind == KIND_Q2 {
+                assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 8 * nb && f.corr[q].len() >= 8 * nb), "tile factors of another size");
+                use q1q2_avx512::octet_sums_q2_0;
+                // SAFETY: lengths checked above, `out` by the caller; `for_type` gave this kind
+                // only to AVX-512 VNNI CPUs.
+                return per_quads!(octet_sums_q2_0(nb, d, c));
             }
             if self.signed() && self.vnni {
                 return self.run_octet_signed::<false>(nb, o, 0, &rows, first_quad, quads, f, out, ldo);
@@ -776,7 +794,7 @@ impl SumsGemm {
         if self.is_iq() {
             return biased_quants(n / 256, x, stride, quads, f);
         }
-        if self.kind >= KIND_Q4_K {
+        if self.kind >= KIND_Q4_K && self.kind != KIND_Q2 {
             return;
         }
         let nb = n / 32;
@@ -786,7 +804,8 @@ impl SumsGemm {
             #[cfg(target_arch = "x86_64")]
             {
                 let p = x[4 * q * stride..].as_ptr();
-                let offset = x86::avx2::unsigned_offset(self.kind);
+                // Q2_0's codes are its values plus 1.
+                let offset = if self.kind == KIND_Q2 { 1 } else { x86::avx2::unsigned_offset(self.kind) };
                 // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
                 unsafe { x86::avx2::sums_tile_factors(nb, [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], offset, f.d[q].as_mut_ptr(), f.corr[q].as_mut_ptr()) };
             }

@@ -658,45 +658,46 @@ fn ternary_octet_kernels_equal_the_row_dot() {
     }
 }
 
-/// The octet kernel of Q2_0 (AVX-512 VNNI) equals the row dot and the scalar specification
-/// (ggml's generic kernel) bit for bit, from any quad of a tile: random quantized rows and
-/// random code bytes with sane scales, against random Q8_0 activations of several scales
-/// and activations all 127, all -127 or all -128 (d = 1).
+/// The octet kernels of Q1_0 and Q2_0 (AVX-512 VNNI) equal the row dot and the scalar
+/// specification (ggml's AVX2 and generic kernels) bit for bit, from any quad of a tile:
+/// random quantized rows and random sign or code bytes with sane scales, against random
+/// Q8_0 activations of several scales and activations all 127, all -127 or all -128 (d = 1).
 #[test]
-fn q2_0_octet_kernel_equals_the_row_dot() {
+fn q1_0_q2_0_octet_kernels_equal_the_row_dot() {
     use ferrollama_tensor::simd::SumsGemm;
     let mut rng = Rng::new(61);
-    let ty = GgmlType::Q2_0;
     for (isa, table) in levels() {
-        let Some(gemm) = SumsGemm::for_type(ty, isa) else {
-            assert!(isa < Isa::Avx512, "{isa:?}: an octet kernel at the AVX-512 level");
-            continue;
-        };
-        assert!(!gemm.has_pairs() && !gemm.has_octet_pairs());
-        let (row_dot, spec) = (entry(&table, ty).vec_dot, entry(&table, ty).vec_dot_scalar);
-        for (n, first_quad, quads) in [(64, 0, 1), (896, 0, 4), (4864, 1, 3), (1024, 2, 2), (128, 3, 1)] {
-            for scale in [0.0f32, 0.02, 2.0, 300.0] {
-                for raw in [false, true] {
-                    let tokens = 4 * (first_quad + quads);
-                    let xs: Vec<u8> = if scale == 0.0 {
-                        (0..tokens).flat_map(|t| {
-                            let q = [127i8, -127, -128][t % 3] as u8;
-                            [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(q, 32)).collect::<Vec<u8>>().repeat(n / 32)
-                        }).collect()
-                    } else {
-                        (0..tokens).flat_map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect()
-                    };
-                    let w: Vec<u8> = if raw {
-                        let mut w = rng.bytes(8 * tr(ty).row_bytes(n));
-                        for b in w.chunks_exact_mut(ty.type_size()) {
-                            b[..2].copy_from_slice(&half::f16::from_f32(0.01 + 0.02 * rng.uniform()).to_bits().to_le_bytes());
+        for ty in [GgmlType::Q1_0, GgmlType::Q2_0] {
+            let Some(gemm) = SumsGemm::for_type(ty, isa) else {
+                assert!(isa < Isa::Avx512, "{isa:?}: an octet kernel at the AVX-512 level");
+                continue;
+            };
+            assert!(!gemm.has_pairs() && !gemm.has_octet_pairs());
+            let (row_dot, spec) = (entry(&table, ty).vec_dot, entry(&table, ty).vec_dot_scalar);
+            for (n, first_quad, quads) in [(128, 0, 1), (896, 0, 4), (4864, 1, 3), (1024, 2, 2), (256, 3, 1)] {
+                for scale in [0.0f32, 0.02, 2.0, 300.0] {
+                    for raw in [false, true] {
+                        let tokens = 4 * (first_quad + quads);
+                        let xs: Vec<u8> = if scale == 0.0 {
+                            (0..tokens).flat_map(|t| {
+                                let q = [127i8, -127, -128][t % 3] as u8;
+                                [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(q, 32)).collect::<Vec<u8>>().repeat(n / 32)
+                            }).collect()
+                        } else {
+                            (0..tokens).flat_map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect()
+                        };
+                        let w: Vec<u8> = if raw {
+                            let mut w = rng.bytes(8 * tr(ty).row_bytes(n));
+                            for b in w.chunks_exact_mut(ty.type_size()) {
+                                b[..2].copy_from_slice(&half::f16::from_f32(0.01 + 0.02 * rng.uniform()).to_bits().to_le_bytes());
+                            }
+                            w
+                        } else {
+                            (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect()
+                        };
+                        for dot in [row_dot, spec] {
+                            check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{ty} {isa:?} scale {scale} raw {raw}"));
                         }
-                        w
-                    } else {
-                        (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect()
-                    };
-                    for dot in [row_dot, spec] {
-                        check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{isa:?} scale {scale} raw {raw}"));
                     }
                 }
             }
@@ -858,7 +859,7 @@ fn every_weight_type_resolves_to_the_kernels_of_each_level() {
         let gemm = SumsGemm::for_type(GgmlType::MXFP4, isa).expect("an octet kernel at every SIMD level");
         assert_eq!(gemm.octet_isa(), isa, "MXFP4 at {isa:?}: the octet product");
         // The ternary types' and Q2_0's octets exist at the AVX-512 level only.
-        for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::Q2_0] {
+        for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::Q1_0, GgmlType::Q2_0] {
             let gemm = SumsGemm::for_type(ty, isa);
             assert_eq!(gemm.map(|g| g.octet_isa()), (isa == Isa::Avx512).then_some(Isa::Avx512), "{ty} at {isa:?}: the octet product");
         }

@@ -458,6 +458,8 @@ const KIND_TQ1: u8 = 14;
 const KIND_TQ2: u8 = 15;
 /// Q2_0 (the AVX-512 VNNI level only: `q1q2_avx512`).
 const KIND_Q2: u8 = 16;
+/// Q1_0 (likewise).
+const KIND_Q1: u8 = 17;
 
 /// The quants of the 4 * quads Q8_K rows x[t * stride..] (nb blocks each) + 128, as the
 /// i-quant octet kernels take them (`TileFactors::biased`).
@@ -515,6 +517,7 @@ impl SumsGemm {
             GgmlType::TQ1_0 if isa >= Isa::Avx512 => (KIND_TQ1, 54),
             GgmlType::TQ2_0 if isa >= Isa::Avx512 => (KIND_TQ2, 66),
             GgmlType::Q2_0 if isa >= Isa::Avx512 => (KIND_Q2, 18),
+            GgmlType::Q1_0 if isa >= Isa::Avx512 => (KIND_Q1, 18),
             _ => return None,
         };
         cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes, vnni: isa >= Isa::Avx512 })
@@ -524,12 +527,17 @@ impl SumsGemm {
     /// legacy kinds (Q8_0, IQ4_NL, MXFP4) on a CPU with it (and the ternary types, which have
     /// octets there only), AVX2 otherwise.
     pub fn octet_isa(&self) -> Isa {
-        if self.vnni && (self.is_iq() || self.is_tq() || self.kind == KIND_Q2 || self.signed()) { Isa::Avx512 } else { Isa::Avx2 }
+        if self.vnni && (self.is_iq() || self.is_tq() || self.is_q1q2() || self.signed()) { Isa::Avx512 } else { Isa::Avx2 }
     }
 
     /// Whether the kind is an i-quant's.
     fn is_iq(&self) -> bool {
         (KIND_IQ..KIND_TQ1).contains(&self.kind)
+    }
+
+    /// Whether the kind is Q1_0's or Q2_0's.
+    fn is_q1q2(&self) -> bool {
+        matches!(self.kind, KIND_Q1 | KIND_Q2)
     }
 
     /// Whether the kind is TQ1_0's or TQ2_0's.
@@ -551,6 +559,7 @@ impl SumsGemm {
     fn block(&self) -> (usize, usize) {
         match self.kind {
             KIND_Q2 => (64, 68),
+            KIND_Q1 => (128, 136),
             k if k >= KIND_Q4_K => (256, 292),
             _ => (32, 34),
         }
@@ -563,6 +572,7 @@ impl SumsGemm {
             KIND_Q4_K => x86::avx2::Q4K_OCTET_BYTES,
             KIND_Q6_K => x86::avx2::Q6K_OCTET_BYTES,
             KIND_Q2 => q1q2_avx512::Q2_OCTET_BYTES,
+            KIND_Q1 => q1q2_avx512::Q1_OCTET_BYTES,
             k if k >= KIND_TQ1 => ternary_avx512::TQ_OCTET_BYTES,
             k if k >= KIND_IQ => iquants_avx2::IQ_OCTET_BYTES,
             _ => x86::avx2::OCTET_BLOCK_BYTES,
@@ -600,7 +610,8 @@ impl SumsGemm {
                     13 => iquants_avx2::decode_octet_iq::<6>(nb, src, row_bytes, out),
                     KIND_TQ1 => ternary_avx512::decode_octet_tq::<true>(nb, src, row_bytes, out),
                     KIND_TQ2 => ternary_avx512::decode_octet_tq::<false>(nb, src, row_bytes, out),
-                    _ => q1q2_avx512::decode_octet_q2_0(nb, src, row_bytes, out),
+                    KIND_Q2 => q1q2_avx512::decode_octet_q2_0(nb, src, row_bytes, out),
+                    _ => q1q2_avx512::decode_octet_q1_0(nb, src, row_bytes, out),
                 }
             }
         }
@@ -643,12 +654,14 @@ impl SumsGemm {
             if self.is_tq() {
                 return self.run_octet_tq(nb, o, &rows, first_quad, quads, f, out, ldo);
             }
-            if self.kind == KIND_Q2 {
-                assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 8 * nb && f.corr[q].len() >= 8 * nb), "tile factors of another size");
-                use q1q2_avx512::octet_sums_q2_0;
-                // SAFETY: lengths checked above, `out` by the caller; `for_type` gave this kind
-                // only to AVX-512 VNNI CPUs.
-                return per_quads!(octet_sums_q2_0(nb, d, c));
+            if self.is_q1q2() {
+                // Their Q8_0 sub-blocks: two a Q2_0 block, four a Q1_0 block.
+                let subs = self.block().0 / 32;
+                assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * subs * nb && f.corr[q].len() >= 4 * subs * nb), "tile factors of another size");
+                use q1q2_avx512::{octet_sums_q1_0, octet_sums_q2_0};
+                // SAFETY: lengths checked above, `out` by the caller; `for_type` gave these
+                // kinds only to AVX-512 VNNI CPUs.
+                return if self.kind == KIND_Q2 { per_quads!(octet_sums_q2_0(nb, d, c)) } else { per_quads!(octet_sums_q1_0(nb, d)) };
             }
             if self.signed() && self.vnni {
                 return self.run_octet_signed::<false>(nb, o, 0, &rows, first_quad, quads, f, out, ldo);
@@ -794,7 +807,7 @@ impl SumsGemm {
         if self.is_iq() {
             return biased_quants(n / 256, x, stride, quads, f);
         }
-        if self.kind >= KIND_Q4_K && self.kind != KIND_Q2 {
+        if self.kind >= KIND_Q4_K && !self.is_q1q2() {
             return;
         }
         let nb = n / 32;

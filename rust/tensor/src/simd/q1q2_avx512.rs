@@ -120,3 +120,92 @@ pub unsafe fn octet_sums_q2_0<const Q: usize>(
         }
     }
 }
+
+const Q1_0_BYTES: usize = 18;
+
+/// Bytes `decode_octet_q1_0` writes per block of eight rows: 16 masks (mask m: bit 8r + e set
+/// where row r's element 8m + e is negative, that is its sign bit clear), then the rows' d
+/// as f32, each twice (row r in lanes 2r and 2r + 1).
+pub const Q1_OCTET_BYTES: usize = 16 * 8 + 16 * 4;
+
+/// Decodes nb blocks of eight consecutive Q1_0 rows (row r at w + r * row_bytes) into
+/// `Q1_OCTET_BYTES` a block at dst, for `octet_sums_q1_0`: elements 8m..8m + 8 of a row are
+/// its sign byte m, so mask m is those bytes of the eight rows, inverted.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn decode_octet_q1_0(nb: usize, w: *const u8, row_bytes: usize, dst: *mut u8) {
+    for b in 0..nb {
+        let block = |r: usize| w.add(r * row_bytes + b * Q1_0_BYTES);
+        let out = dst.add(b * Q1_OCTET_BYTES);
+        for m in 0..16 {
+            let signs = (0..8).fold(0u64, |mask, r| mask | (*block(r).add(2 + m) as u64) << (8 * r));
+            std::ptr::write_unaligned(out.add(8 * m) as *mut u64, !signs);
+        }
+        let d: [f32; 16] = std::array::from_fn(|l| f16_1(block(l / 2)));
+        _mm512_storeu_ps(out.add(16 * 8) as *mut f32, _mm512_loadu_ps(d.as_ptr()));
+    }
+}
+
+/// Tokens of a quad whose products share each load of a mask in `octet_sums_q1_0` (their
+/// 24 vector accumulators fill most of the registers).
+const Q1_TOKENS_TOGETHER: usize = 2;
+
+/// Eight Q1_0 rows (an octet from `decode_octet_q1_0`, nb blocks) times 4 * Q Q8_0 activation
+/// rows, bit for bit the row dot (ggml's AVX2 arithmetic): out[(4 q + t) * ldo + r] is row r
+/// times token t of quad q. `d[q]`: the quad's Q8_0 scales as f32 (sub-block s of token t at
+/// 4 s + t). Vector m of a token's quants (eight broadcast, negated in 8 bits where the
+/// mask says, as ggml's `(q ^ m) - m`, -128 staying -128) summed in fours by `vpdpbusd`
+/// against ones gives ggml lanes 2a and 2a + 1 (a = m % 4) of sub-block m / 4 for the eight
+/// rows, pairs of lanes side by side: the lane FMAs and `hsum_float_8` are vertical.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn octet_sums_q1_0<const Q: usize>(nb: usize, octet: *const u8, x: [[*const u8; 4]; Q], d: [*const f32; Q], out: *mut f32, ldo: usize) {
+    const T: usize = Q1_TOKENS_TOGETHER;
+    let ones = _mm512_set1_epi8(1);
+    for q in 0..Q {
+        for first in (0..4).step_by(T) {
+            let mut acc = [[_mm512_setzero_ps(); 4]; T];
+            for i in 0..nb {
+                let ob = octet.add(i * Q1_OCTET_BYTES);
+                let mut block = [[_mm512_setzero_ps(); 4]; T];
+                for k in 0..4 {
+                    let mut lanes = [[_mm512_setzero_si512(); 4]; T];
+                    for a in 0..4 {
+                        let m = 4 * k + a;
+                        let negate: __mmask64 = std::ptr::read_unaligned(ob.add(8 * m) as *const u64);
+                        for (t, lanes) in lanes.iter_mut().enumerate() {
+                            let xm = bcast_q(x[q][first + t].add((4 * i + k) * Q8_0_BYTES + 2 + 8 * a));
+                            let signed = _mm512_mask_sub_epi8(xm, negate, _mm512_setzero_si512(), xm);
+                            lanes[a] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, signed);
+                        }
+                    }
+                    for t in 0..T {
+                        let dx = _mm512_set1_ps(*d[q].add(4 * (4 * i + k) + first + t));
+                        for a in 0..4 {
+                            let l = _mm512_cvtepi32_ps(lanes[t][a]);
+                            block[t][a] = if k == 0 { _mm512_mul_ps(dx, l) } else { _mm512_fmadd_ps(dx, l, block[t][a]) };
+                        }
+                    }
+                }
+                let dw = _mm512_loadu_ps(ob.add(16 * 8) as *const f32);
+                for t in 0..T {
+                    for a in 0..4 {
+                        acc[t][a] = _mm512_fmadd_ps(dw, block[t][a], acc[t][a]);
+                    }
+                }
+            }
+            for (t, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add((4 * q + first + t) * ldo), hsum8_rows(acc));
+            }
+        }
+    }
+}
+
+/// `hsum_float_8` of eight rows whose lanes 2a and 2a + 1 are in acc[a] (row r's in lanes
+/// 2r and 2r + 1): lanes k + 4 onto k (accumulators a + 2 onto a), (0 + 2) + (1 + 3) (even
+/// lanes onto even, then the odd sums onto the even), the rows' results in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn hsum8_rows(acc: &[__m512; 4]) -> __m256 {
+    let pairs = _mm512_add_ps(_mm512_add_ps(acc[2], acc[0]), _mm512_add_ps(acc[3], acc[1]));
+    let rows = _mm512_add_ps(pairs, _mm512_permute_ps::<0b10_11_00_01>(pairs));
+    _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0), rows))
+}

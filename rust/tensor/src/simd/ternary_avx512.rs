@@ -283,12 +283,7 @@ pub unsafe fn octet_sums_tq<const Q: usize>(nb: usize, octet: *const u8, x: [[*c
                 }
             }
             for (t, acc) in acc.iter().enumerate() {
-                // hsum_float_8: lanes k + 4 onto k (accumulators a + 2 onto a), then lanes
-                // (0 + 2) + (1 + 3): even lanes onto even, then the odd sums onto the even.
-                let pairs = _mm512_add_ps(_mm512_add_ps(acc[2], acc[0]), _mm512_add_ps(acc[3], acc[1]));
-                let rows = _mm512_add_ps(pairs, _mm512_permute_ps::<0b10_11_00_01>(pairs));
-                let even = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0), rows);
-                _mm256_storeu_ps(out.add((4 * q + first + t) * ldo), _mm512_castps512_ps256(even));
+                _mm256_storeu_ps(out.add((4 * q + first + t) * ldo), super::q1q2_avx512::hsum8_rows(acc));
             }
         }
     }

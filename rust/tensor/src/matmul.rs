@@ -103,6 +103,8 @@ fn sums_gemm(t: &'static TypeTraits, rows: usize) -> Option<(SumsGemm, usize)> {
         GgmlType::Q2_0 => Some((gemm, 8)),
         // Q1_0's (AVX-512 VNNI) ggml's AVX2 vec_dot lanes, its arithmetic at every token count.
         GgmlType::Q1_0 => Some((gemm, 8)),
+        // NVFP4's (AVX-512 VNNI) its vec_dot lanes likewise.
+        GgmlType::NVFP4 => Some((gemm, 8)),
         _ => llama_repacks(t, rows).then_some((gemm, 1)),
     }
 }

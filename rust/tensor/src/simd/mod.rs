@@ -29,6 +29,8 @@ pub mod q1q2_avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod nvfp4_avx2;
 #[cfg(target_arch = "x86_64")]
+pub mod nvfp4_avx512;
+#[cfg(target_arch = "x86_64")]
 pub mod ssm_x86;
 
 /// The SIMD replacements for one type at one instruction-set level.
@@ -458,8 +460,9 @@ const KIND_TQ1: u8 = 14;
 const KIND_TQ2: u8 = 15;
 /// Q2_0 (the AVX-512 VNNI level only: `q1q2_avx512`).
 const KIND_Q2: u8 = 16;
-/// Q1_0 (likewise).
+/// Q1_0 and NVFP4 (likewise: `q1q2_avx512`, `nvfp4_avx512`).
 const KIND_Q1: u8 = 17;
+const KIND_NV: u8 = 18;
 
 /// The quants of the 4 * quads Q8_K rows x[t * stride..] (nb blocks each) + 128, as the
 /// i-quant octet kernels take them (`TileFactors::biased`).
@@ -518,6 +521,7 @@ impl SumsGemm {
             GgmlType::TQ2_0 if isa >= Isa::Avx512 => (KIND_TQ2, 66),
             GgmlType::Q2_0 if isa >= Isa::Avx512 => (KIND_Q2, 18),
             GgmlType::Q1_0 if isa >= Isa::Avx512 => (KIND_Q1, 18),
+            GgmlType::NVFP4 if isa >= Isa::Avx512 => (KIND_NV, 36),
             _ => return None,
         };
         cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes, vnni: isa >= Isa::Avx512 })
@@ -535,9 +539,10 @@ impl SumsGemm {
         (KIND_IQ..KIND_TQ1).contains(&self.kind)
     }
 
-    /// Whether the kind is Q1_0's or Q2_0's.
+    /// Whether the kind is Q1_0's, Q2_0's or NVFP4's (against Q8_0 sub-blocks of 32, in
+    /// blocks of 64 or 128).
     fn is_q1q2(&self) -> bool {
-        matches!(self.kind, KIND_Q1 | KIND_Q2)
+        matches!(self.kind, KIND_Q1 | KIND_Q2 | KIND_NV)
     }
 
     /// Whether the kind is TQ1_0's or TQ2_0's.
@@ -558,7 +563,7 @@ impl SumsGemm {
     /// Elements and activation bytes of a block.
     fn block(&self) -> (usize, usize) {
         match self.kind {
-            KIND_Q2 => (64, 68),
+            KIND_Q2 | KIND_NV => (64, 68),
             KIND_Q1 => (128, 136),
             k if k >= KIND_Q4_K => (256, 292),
             _ => (32, 34),
@@ -573,6 +578,7 @@ impl SumsGemm {
             KIND_Q6_K => x86::avx2::Q6K_OCTET_BYTES,
             KIND_Q2 => q1q2_avx512::Q2_OCTET_BYTES,
             KIND_Q1 => q1q2_avx512::Q1_OCTET_BYTES,
+            KIND_NV => nvfp4_avx512::NV_OCTET_BYTES,
             k if k >= KIND_TQ1 => ternary_avx512::TQ_OCTET_BYTES,
             k if k >= KIND_IQ => iquants_avx2::IQ_OCTET_BYTES,
             _ => x86::avx2::OCTET_BLOCK_BYTES,
@@ -611,6 +617,7 @@ impl SumsGemm {
                     KIND_TQ1 => ternary_avx512::decode_octet_tq::<true>(nb, src, row_bytes, out),
                     KIND_TQ2 => ternary_avx512::decode_octet_tq::<false>(nb, src, row_bytes, out),
                     KIND_Q2 => q1q2_avx512::decode_octet_q2_0(nb, src, row_bytes, out),
+                    KIND_NV => nvfp4_avx512::decode_octet_nvfp4(nb, src, row_bytes, out),
                     _ => q1q2_avx512::decode_octet_q1_0(nb, src, row_bytes, out),
                 }
             }
@@ -655,13 +662,18 @@ impl SumsGemm {
                 return self.run_octet_tq(nb, o, &rows, first_quad, quads, f, out, ldo);
             }
             if self.is_q1q2() {
-                // Their Q8_0 sub-blocks: two a Q2_0 block, four a Q1_0 block.
+                // Their Q8_0 sub-blocks: two a Q2_0 or NVFP4 block, four a Q1_0 block.
                 let subs = self.block().0 / 32;
                 assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * subs * nb && f.corr[q].len() >= 4 * subs * nb), "tile factors of another size");
+                use nvfp4_avx512::octet_sums_nvfp4;
                 use q1q2_avx512::{octet_sums_q1_0, octet_sums_q2_0};
                 // SAFETY: lengths checked above, `out` by the caller; `for_type` gave these
                 // kinds only to AVX-512 VNNI CPUs.
-                return if self.kind == KIND_Q2 { per_quads!(octet_sums_q2_0(nb, d, c)) } else { per_quads!(octet_sums_q1_0(nb, d)) };
+                return match self.kind {
+                    KIND_Q2 => per_quads!(octet_sums_q2_0(nb, d, c)),
+                    KIND_NV => per_quads!(octet_sums_nvfp4(nb, d)),
+                    _ => per_quads!(octet_sums_q1_0(nb, d)),
+                };
             }
             if self.signed() && self.vnni {
                 return self.run_octet_signed::<false>(nb, o, 0, &rows, first_quad, quads, f, out, ldo);

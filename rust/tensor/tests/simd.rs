@@ -825,34 +825,20 @@ fn four_token_tile_kernels_equal_the_row_dot() {
     }
 }
 
-/// Weight types whose products have no AVX-512 kernel yet (issue 39): at the AVX-512 level
-/// they run their AVX2 kernels. Listed so that the test below stays truthful; remove a type
-/// when its AVX-512 kernels land.
-const AVX512_NOT_YET: [GgmlType; 3] = [GgmlType::NVFP4, GgmlType::Q1_0, GgmlType::Q2_0];
-
-/// Weight types with no SIMD dot at any level yet: their products run the portable kernel.
-const NO_SIMD_YET: [GgmlType; 0] = [];
-
-/// No weight type's product resolves to the portable kernel at any SIMD level this CPU has,
-/// and at each level the kernels are that level's, except the types listed above (which
-/// must resolve as listed: a type that gains kernels fails here until it leaves its list).
-/// Q8_1 and Q8_K are activation types only (their self-dots exist for the table's totality).
+/// No weight type's product resolves to the portable kernel or to a lower level's kernels at
+/// any SIMD level this CPU has: every row dot (and tiled dot) is the level's, and so are the
+/// many-token (octet) products of the i-quants, MXFP4, the ternary types, Q1_0, Q2_0 and
+/// NVFP4. Q8_1 and Q8_K are activation types only (their self-dots exist for the table's
+/// totality).
 #[test]
 fn every_weight_type_resolves_to_the_kernels_of_each_level() {
     use ferrollama_tensor::simd::{kernel_isa, SumsGemm};
     let activation_only = [GgmlType::Q8_1, GgmlType::Q8_K];
     for (isa, table) in levels() {
         for e in table.iter().filter(|e| !activation_only.contains(&e.ty)) {
-            let want = if NO_SIMD_YET.contains(&e.ty) {
-                Isa::Scalar
-            } else if isa == Isa::Avx512 && AVX512_NOT_YET.contains(&e.ty) {
-                Isa::Avx2
-            } else {
-                isa
-            };
-            assert_eq!(kernel_isa(e.ty, isa), want, "{} at {isa:?}", e.ty);
-            assert_eq!(e.vec_dot as usize == e.vec_dot_scalar as usize, want == Isa::Scalar, "{} at {isa:?}: the table's row dot", e.ty);
-            if let Some(tiled) = e.vec_dot_tiled.filter(|_| want != Isa::Scalar) {
+            assert_eq!(kernel_isa(e.ty, isa), isa, "{} at {isa:?}", e.ty);
+            assert_ne!(e.vec_dot as usize, e.vec_dot_scalar as usize, "{} at {isa:?}: the table's row dot", e.ty);
+            if let Some(tiled) = e.vec_dot_tiled {
                 assert_ne!(tiled as usize, e.vec_dot_tiled_scalar.map_or(0, |d| d as usize), "{} at {isa:?}: a SIMD tiled dot", e.ty);
             }
         }

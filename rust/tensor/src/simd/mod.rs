@@ -90,14 +90,15 @@ macro_rules! quantizer {
     };
 }
 
-/// The wrappers of one level, and its table of kernels per type (`iq`, `tq`: the level's
-/// modules of i-quant and ternary kernels).
+/// The wrappers of one level, and its table of kernels per type (`iq`, `tq`, `q12`: the
+/// level's modules of i-quant, ternary and Q1_0/Q2_0 kernels).
 #[cfg(target_arch = "x86_64")]
 macro_rules! level {
-    ($modname:ident, $lvl:ident, $iq:ident, $tq:ident) => {
+    ($modname:ident, $lvl:ident, $iq:ident, $tq:ident, $q12:ident) => {
         pub mod $modname {
             use super::x86::$lvl as k;
             use super::$iq as iq;
+            use super::$q12 as q12;
             use super::$tq as tq;
             use super::SimdKernels;
             use crate::GgmlType;
@@ -150,8 +151,8 @@ macro_rules! level {
             block_dot!(iq1_s_tiled, iq1_s_tiled_x4, iq::iq1_s_tiled, 256, 50, 292);
             block_dot!(iq1_m, iq1_m_x4, iq::iq1_m, 256, 56, 292);
             block_dot!(iq1_m_tiled, iq1_m_tiled_x4, iq::iq1_m_tiled, 256, 56, 292);
-            block_dot!(q1_0, q1_0_x4, super::q1q2_avx2::q1_0, 128, 18, 136);
-            block_dot!(q2_0, q2_0_x4, super::q1q2_avx2::q2_0, 64, 18, 68);
+            block_dot!(q1_0, q1_0_x4, q12::q1_0, 128, 18, 136);
+            block_dot!(q2_0, q2_0_x4, q12::q2_0, 64, 18, 68);
 
             pub fn kernels(ty: GgmlType) -> SimdKernels {
                 let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), ..SimdKernels::default() };
@@ -203,13 +204,9 @@ macro_rules! level {
 }
 
 #[cfg(target_arch = "x86_64")]
-level!(avx2, avx2, iquants_avx2, ternary_avx2);
+level!(avx2, avx2, iquants_avx2, ternary_avx2, q1q2_avx2);
 #[cfg(target_arch = "x86_64")]
-level!(avx512, avx512, iquants_avx512, ternary_avx512);
-
-/// Types whose SIMD kernels exist at the AVX2 level only (an AVX-512 CPU runs those; issue 39
-/// asks for AVX-512 kernels of them too).
-pub const AVX2_ONLY: &[GgmlType] = &[GgmlType::NVFP4, GgmlType::Q1_0, GgmlType::Q2_0];
+level!(avx512, avx512, iquants_avx512, ternary_avx512, q1q2_avx512);
 
 /// The kernel of `ty` in `table`, a list of AVX2 kernels, when `isa` is AVX2 or above and
 /// this CPU has it (the `*_dot_for` lookups); None on other architectures.
@@ -284,6 +281,8 @@ rows8_dot!(tq2_0_rows8, ternary_avx2::tq2_0_rows8, 256, 66, 292);
 #[cfg(target_arch = "x86_64")]
 rows8_dot!(tq1_0_rows8_512, ternary_avx512::tq1_0_rows8, 256, 54, 292);
 #[cfg(target_arch = "x86_64")]
+rows8_dot!(q1_0_rows8_512, q1q2_avx512::q1_0_rows8, 128, 18, 136);
+#[cfg(target_arch = "x86_64")]
 rows8_dot!(tq2_0_rows8_512, ternary_avx512::tq2_0_rows8, 256, 66, 292);
 #[cfg(target_arch = "x86_64")]
 rows8_dot!(q4_0_repacked_rows8, x86::avx2::q4_0_repacked_rows8, 32, 18, 34);
@@ -308,7 +307,7 @@ pub fn rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
         ty,
         isa,
         [(GgmlType::NVFP4, nvfp4_rows8 as Rows8Dot), (GgmlType::Q1_0, q1_0_rows8), (GgmlType::TQ1_0, tq1_0_rows8), (GgmlType::TQ2_0, tq2_0_rows8)],
-        [(GgmlType::TQ1_0, tq1_0_rows8_512 as Rows8Dot), (GgmlType::TQ2_0, tq2_0_rows8_512)]
+        [(GgmlType::Q1_0, q1_0_rows8_512 as Rows8Dot), (GgmlType::TQ1_0, tq1_0_rows8_512), (GgmlType::TQ2_0, tq2_0_rows8_512)]
     )
 }
 
@@ -365,20 +364,29 @@ pub fn q8_0_tile_scales(n: usize, x: &[u8], stride: usize, dx: &mut Vec<f32>) {
     }
 }
 
+/// Defines the safe wrapper of Q1_0's four-token kernel on f32 activation scales.
 #[cfg(target_arch = "x86_64")]
-fn q1_0_x4_scaled(n: usize, w: &[u8], x: &[u8], stride: usize, dx: &[f32], out: &mut [f32; 4]) {
-    let nb = n / 128;
-    assert!(w.len() >= nb * 18 && stride >= nb * 136 && x.len() >= 3 * stride + nb * 136 && dx.len() >= 16 * nb, "rows shorter than {n} elements");
-    let p = x.as_ptr();
-    // SAFETY: lengths checked above; `scaled_x4_dot_for` returns it only for CPUs with AVX2.
-    unsafe { q1q2_avx2::q1_0_x4_scaled(nb, w.as_ptr(), [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], dx.as_ptr(), out) }
+macro_rules! q1_0_x4_scaled {
+    ($name:ident, $kernel:path) => {
+        fn $name(n: usize, w: &[u8], x: &[u8], stride: usize, dx: &[f32], out: &mut [f32; 4]) {
+            let nb = n / 128;
+            assert!(w.len() >= nb * 18 && stride >= nb * 136 && x.len() >= 3 * stride + nb * 136 && dx.len() >= 16 * nb, "rows shorter than {n} elements");
+            let p = x.as_ptr();
+            // SAFETY: lengths checked above; `scaled_x4_dot_for` returns it only for CPUs with its level.
+            unsafe { $kernel(nb, w.as_ptr(), [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], dx.as_ptr(), out) }
+        }
+    };
 }
+#[cfg(target_arch = "x86_64")]
+q1_0_x4_scaled!(q1_0_x4_scaled, q1q2_avx2::q1_0_x4_scaled);
+#[cfg(target_arch = "x86_64")]
+q1_0_x4_scaled!(q1_0_x4_scaled_512, q1q2_avx512::q1_0_x4_scaled);
 
 /// The one-row, four-token kernel on f32 activation scales of `ty` at `isa` (Q1_0, whose
 /// four Q8_0 scales per block and token otherwise cost as much to convert as the block's
 /// products).
 pub fn scaled_x4_dot_for(ty: GgmlType, isa: Isa) -> Option<ScaledX4Dot> {
-    avx2_kernel!(ty, isa, [(GgmlType::Q1_0, q1_0_x4_scaled as ScaledX4Dot)])
+    level_kernel!(ty, isa, [(GgmlType::Q1_0, q1_0_x4_scaled as ScaledX4Dot)], [(GgmlType::Q1_0, q1_0_x4_scaled_512 as ScaledX4Dot)])
 }
 
 /// The two-row, four-token kernel of `ty` at `isa` (NVFP4; see `rows8_dot_for`).
@@ -394,9 +402,6 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
         Isa::Scalar => SimdKernels::default(),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::kernels(ty),
-        // The types of AVX2_ONLY: an AVX-512 CPU runs their AVX2 kernels.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if AVX2_ONLY.contains(&ty) => avx2::kernels(ty),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => avx512::kernels(ty),
         #[cfg(not(target_arch = "x86_64"))]
@@ -404,14 +409,11 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
     }
 }
 
-/// The level whose kernels `kernels_for(ty, isa)` holds: `isa` itself; AVX2 for the types of
-/// `AVX2_ONLY` at the AVX-512 level; Scalar when there is no SIMD row dot for `ty` at all
-/// (what the product of `ty` then falls back to). Panics as `kernels_for` does.
+/// The level whose kernels `kernels_for(ty, isa)` holds: `isa` itself; Scalar when there is
+/// no SIMD row dot for `ty` at all (what the product of `ty` then falls back to). Panics as
+/// `kernels_for` does.
 pub fn kernel_isa(ty: GgmlType, isa: Isa) -> Isa {
-    if kernels_for(ty, isa).vec_dot.is_none() {
-        return Isa::Scalar;
-    }
-    if isa == Isa::Avx512 && AVX2_ONLY.contains(&ty) { Isa::Avx2 } else { isa }
+    if kernels_for(ty, isa).vec_dot.is_none() { Isa::Scalar } else { isa }
 }
 
 /// Products of many tokens, for CPUs whose products have no packed kernels: Q8_0, Q4_0,

@@ -1,4 +1,6 @@
-//! AVX-512 VNNI products of many tokens for Q2_0 against Q8_0 activations, bit for bit
+//! AVX-512 VNNI kernels of Q1_0 and Q2_0 against Q8_0 activations: the one-token kernels of
+//! `q1q2_avx2` stamped with this level's features and VNNI's lane sums, and the octet
+//! products below. Q2_0's many-token product, bit for bit
 //! `scalar::q1q2::vec_dot_q2_0_q8_0` (ggml's generic kernel as x86 runs it): per block the
 //! exact integer sum s_k of each sub-block of 32 (codes times quants minus the quants' sum:
 //! the codes' offset of 1), then `sumi = (0 + d_x0 * s_0) + d_x1 * s_1` and
@@ -18,7 +20,24 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::f16_1;
+use super::x86::{f16_1, hsum_ps, loadu, prefetch_next_rows};
+
+/// The eight i32 lanes of 32 bytes: lane k the sum of bytes 4k..4k+3 (`vpdpbusd` by ones).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn lanes_of_bytes(v: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v)
+}
+
+/// The eight i32 lanes of one sub-block: codes times quants minus the quants (`vpdpbusd`
+/// onto minus the quants' lanes; the same exact integers as the AVX2 level's 16-bit sums).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q2_0_lanes(codes: __m256i, q: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), lanes_of_bytes(q)), codes, q)
+}
+
+super::q1q2_avx2::q1q2_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
 
 const Q2_0_BYTES: usize = 18;
 const Q8_0_BYTES: usize = 34;
@@ -33,7 +52,7 @@ pub const Q2_OCTET_BYTES: usize = 8 * 64 + 16 * 4;
 /// its own pair of bits, as 0/1 for the low bit plus 0/2 for the high one.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q2_0_codes(qs: *const u8) -> __m512i {
+unsafe fn q2_0_codes_64(qs: *const u8) -> __m512i {
     let bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(qs as *const __m128i));
     // 128-bit lane l: bytes 4l..4l + 4, each four times.
     let repeat = _mm512_set_epi32(
@@ -56,7 +75,7 @@ pub unsafe fn decode_octet_q2_0(nb: usize, w: *const u8, row_bytes: usize, dst: 
         let block = |r: usize| w.add(r * row_bytes + b * Q2_0_BYTES);
         let out = dst.add(b * Q2_OCTET_BYTES);
         for r in 0..8 {
-            _mm512_storeu_si512(codes.as_mut_ptr() as *mut _, q2_0_codes(block(r).add(2)));
+            _mm512_storeu_si512(codes.as_mut_ptr() as *mut _, q2_0_codes_64(block(r).add(2)));
             for (m, c) in codes.iter().enumerate() {
                 std::ptr::write_unaligned(out.add(64 * m + 8 * r) as *mut u64, *c);
             }

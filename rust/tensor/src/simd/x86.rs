@@ -453,7 +453,7 @@ macro_rules! x86_kernels {
         /// lanes scaled by its sub-block's scale, one accumulator.
         #[target_feature(enable = $features)]
         pub unsafe fn nvfp4<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            use crate::simd::nvfp4_avx2::{half_levels, half_scales, level_table, signed_lanes};
+            use crate::simd::nvfp4_avx2::{half_levels, half_scales, level_table};
             let table = level_table();
             let mut acc = [_mm256_setzero_ps(); T];
             for i in 0..nb {
@@ -466,7 +466,8 @@ macro_rules! x86_kernels {
                     for t in 0..T {
                         let bx = x[t].add((2 * i + h) * 34);
                         let scales = _mm256_mul_ps(dw, f16x8(bx));
-                        let s = signed_lanes(q, loadu(bx.add(2)));
+                        // ggml's sign trick (`nvfp4_avx2::signed_lanes`) on the level's products.
+                        let s = dot_i8_signed!(q, loadu(bx.add(2)));
                         acc[t] = _mm256_fmadd_ps(scales, _mm256_cvtepi32_ps(s), acc[t]);
                     }
                 }

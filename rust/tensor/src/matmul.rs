@@ -95,6 +95,16 @@ fn sums_gemm(t: &'static TypeTraits, rows: usize) -> Option<(SumsGemm, usize)> {
         GgmlType::Q6_K => Some((gemm, 8)),
         // The i-quants' octets compute llama.cpp's tiled arithmetic, which it uses from 8 tokens.
         ty if is_iquant(ty) => Some((gemm, TILED_TOKENS)),
+        // The ternary types' octets (AVX-512 VNNI) compute ggml's vec_dot lanes, the row dot
+        // at every token count; from 8 tokens, as Q6_K's.
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 => Some((gemm, 8)),
+        // Q2_0's (AVX-512 VNNI) compute the generic kernel's exact sub-block sums and float
+        // steps, also at every token count.
+        GgmlType::Q2_0 => Some((gemm, 8)),
+        // Q1_0's (AVX-512 VNNI) ggml's AVX2 vec_dot lanes, its arithmetic at every token count.
+        GgmlType::Q1_0 => Some((gemm, 8)),
+        // NVFP4's (AVX-512 VNNI) its vec_dot lanes likewise.
+        GgmlType::NVFP4 => Some((gemm, 8)),
         _ => llama_repacks(t, rows).then_some((gemm, 1)),
     }
 }

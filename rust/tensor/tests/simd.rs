@@ -121,7 +121,7 @@ fn integer_parts_are_exact() {
         assert!(simd_types(&table).len() >= 14, "{isa:?} has its kernels in the table");
         for ty in simd_types(&table) {
             let e = entry(&table, ty);
-            if matches!(ty, GgmlType::F16 | GgmlType::F32) {
+            if matches!(ty, GgmlType::F16 | GgmlType::F32 | GgmlType::BF16) {
                 continue; // no integer part: covered by the float comparison
             }
             let n = e.block_size.max(256);
@@ -141,7 +141,7 @@ fn integer_parts_are_exact() {
 fn quantized_results_equal_the_scalar_kernel_bit_for_bit() {
     let mut rng = Rng::new(15);
     for (isa, table) in levels() {
-        let quantized: Vec<GgmlType> = simd_types(&table).into_iter().filter(|t| !matches!(t, GgmlType::F16 | GgmlType::F32)).collect();
+        let quantized: Vec<GgmlType> = simd_types(&table).into_iter().filter(|t| !matches!(t, GgmlType::F16 | GgmlType::F32 | GgmlType::BF16)).collect();
         assert!(quantized.len() >= 12, "{isa:?}: every quantized weight type has a SIMD kernel");
         for ty in quantized {
             let e = entry(&table, ty);
@@ -211,7 +211,7 @@ fn repacked_kernels_equal_the_scalar_specification_bit_for_bit() {
 fn float_results_agree_with_scalar() {
     let mut rng = Rng::new(12);
     for (isa, table) in levels() {
-        for ty in [GgmlType::F16, GgmlType::F32] {
+        for ty in [GgmlType::F16, GgmlType::F32, GgmlType::BF16] {
             let e = entry(&table, ty);
             for n in [e.block_size.max(256), 4096, 4864] {
                 let w = random_weights(ty, n, &mut rng);
@@ -223,6 +223,29 @@ fn float_results_agree_with_scalar() {
                 let xd = dequantize(e.vec_dot_type, &xq, n);
                 let scale = wd.iter().fold(0f64, |m, v| m.max(v.abs() as f64)) * xd.iter().map(|v| v.abs() as f64).sum::<f64>();
                 assert!((got - want).abs() <= scale / 65536.0, "{ty} {isa:?} n={n}: {got} vs {want}");
+            }
+        }
+    }
+}
+
+/// The BF16 row dot of each level equals, bit for bit, the portable specification of ggml's
+/// ggml_vec_dot_bf16 built for that level (AVX2: four accumulators of 8 lanes; AVX-512F
+/// without AVX512_BF16: two of 16), at lengths with and without a tail, on values of
+/// every sign and of magnitudes 2^-60 to 2^60 (sums that cancel and round).
+#[test]
+fn bf16_row_dots_equal_ggml_x86_orders() {
+    use ferrollama_tensor::scalar::float::{vec_dot_bf16_avx2, vec_dot_bf16_avx512};
+    let mut rng = Rng::new(59);
+    for (isa, table) in levels() {
+        let (dot, spec): (VecDot, VecDot) = (entry(&table, GgmlType::BF16).vec_dot, if isa == Isa::Avx512 { vec_dot_bf16_avx512 } else { vec_dot_bf16_avx2 });
+        for n in [1, 31, 32, 33, 96, 895, 896, 4864, 4871] {
+            for spread in [0.0f32, 4.0, 60.0] {
+                let values = |rng: &mut Rng| -> Vec<u8> {
+                    let v: Vec<f32> = (0..n).map(|_| (rng.uniform() * 2.0 - 1.0) * (spread * (rng.uniform() * 2.0 - 1.0)).exp2()).collect();
+                    quantize(GgmlType::BF16, &v)
+                };
+                let (w, x) = (values(&mut rng), values(&mut rng));
+                assert_eq!(dot(n, &w, &x).to_bits(), spec(n, &w, &x).to_bits(), "{isa:?} n={n} spread {spread}");
             }
         }
     }
@@ -360,8 +383,8 @@ fn check_octet(gemm: &ferrollama_tensor::simd::SumsGemm, dot: VecDot, n: usize, 
     }
 }
 
-/// Runs the octet-pair kernel of `gemm` (the i-quants at the AVX-512 level) on sixteen or
-/// thirty-two weight rows `w` (one or two pairs) and the activation rows `xs` from quad
+/// Runs the octet-pair kernel of `gemm` (the i-quants and signed legacy kinds at the AVX-512
+/// level) on sixteen or thirty-two weight rows `w` (one or two pairs) and the activation rows `xs` from quad
 /// first_quad on, and checks every output against `dot` bit for bit, and that nothing else
 /// was written.
 #[allow(clippy::too_many_arguments)]
@@ -433,6 +456,18 @@ fn octet_sums_kernel_equals_the_one_accumulator_dot() {
                         (w, (0..tokens).flat_map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect())
                     };
                     check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{ty} {isa:?} scale {scale}"));
+                    // The signed kinds' two-octet kernel (AVX-512 VNNI) on these rows and their
+                    // reversal.
+                    let signed = matches!(ty, GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::MXFP4);
+                    assert_eq!(gemm.has_octet_pairs(), signed && isa >= Isa::Avx512, "{ty} {isa:?}: octet pairs");
+                    assert_eq!(gemm.octet_isa(), if gemm.has_octet_pairs() { Isa::Avx512 } else { Isa::Avx2 }, "{ty} {isa:?}");
+                    if gemm.has_octet_pairs() {
+                        let row = w.len() / 8;
+                        let w16: Vec<u8> = w.iter().copied().chain(w.chunks_exact(row).rev().flatten().copied()).collect();
+                        check_octet_pair(&gemm, dot, n, first_quad, quads, 1, &w16, &xs, &format!("{ty} {isa:?} scale {scale} (pair)"));
+                        let w32: Vec<u8> = w16.iter().copied().chain(w16.chunks_exact(row).rev().flatten().copied()).collect();
+                        check_octet_pair(&gemm, dot, n, first_quad, quads, 2, &w32, &xs, &format!("{ty} {isa:?} scale {scale} (two pairs)"));
+                    }
                 }
             }
         }
@@ -642,6 +677,106 @@ fn iquant_octet_kernels_equal_the_tiled_dots() {
     }
 }
 
+/// The octet kernel of TQ1_0 and TQ2_0 (AVX-512 VNNI) equals the row dot and the scalar specification (ggml's vec_dot lanes) bit for bit,
+/// from any quad of a tile: random quantized rows, and random bytes (TQ2_0's unused level 3,
+/// TQ1_0's bytes past 3^5) with sane scales, against random activations of several scales
+/// and activations all 127, all -127 or all -128.
+#[test]
+fn ternary_octet_kernels_equal_the_row_dot() {
+    use ferrollama_tensor::simd::SumsGemm;
+    let mut rng = Rng::new(53);
+    for (isa, table) in levels() {
+        for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0] {
+            let Some(gemm) = SumsGemm::for_type(ty, isa) else {
+                assert!(isa < Isa::Avx512, "{ty} {isa:?}: an octet kernel at the AVX-512 level");
+                continue;
+            };
+            assert!(!gemm.has_pairs() && !gemm.has_octet_pairs());
+            let (row_dot, spec) = (entry(&table, ty).vec_dot, entry(&table, ty).vec_dot_scalar);
+            let rows = |rng: &mut Rng, n: usize, raw: bool| -> Vec<u8> {
+                if !raw {
+                    return (0..8).flat_map(|_| random_weights(ty, n, rng)).collect();
+                }
+                let mut w = rng.bytes(8 * tr(ty).row_bytes(n));
+                let bytes = ty.type_size();
+                for b in w.chunks_exact_mut(bytes) {
+                    let d = half::f16::from_f32(0.01 + 0.02 * rng.uniform()).to_bits();
+                    b[bytes - 2..].copy_from_slice(&d.to_le_bytes());
+                }
+                w
+            };
+            for (n, first_quad, quads) in [(256, 0, 1), (2048, 0, 4), (4864, 1, 3), (1024, 2, 2), (512, 3, 1)] {
+                for scale in [0.0f32, 0.02, 2.0, 300.0] {
+                    for raw in [false, true] {
+                        let tokens = 4 * (first_quad + quads);
+                        let xs: Vec<u8> = if scale == 0.0 {
+                            (0..tokens).flat_map(|t| constant_q8_k(n, [127, -127, -128][t % 3])).collect()
+                        } else {
+                            (0..tokens).flat_map(|_| quantize(GgmlType::Q8_K, &rng.vec(n, scale))).collect()
+                        };
+                        let w = rows(&mut rng, n, raw);
+                        for dot in [row_dot, spec] {
+                            check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{ty} {isa:?} scale {scale} raw {raw}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The octet kernels of Q1_0, Q2_0 and NVFP4 (AVX-512 VNNI) equal the row dot and the scalar
+/// specification (ggml's AVX2 and generic kernels) bit for bit, from any quad of a tile:
+/// random quantized rows and random bytes (with sane f16 scales), against random
+/// Q8_0 activations of several scales and activations all 127, all -127 or all -128 (d = 1).
+#[test]
+fn q1_0_q2_0_nvfp4_octet_kernels_equal_the_row_dot() {
+    use ferrollama_tensor::simd::SumsGemm;
+    let mut rng = Rng::new(61);
+    for (isa, table) in levels() {
+        for ty in [GgmlType::Q1_0, GgmlType::Q2_0, GgmlType::NVFP4] {
+            let Some(gemm) = SumsGemm::for_type(ty, isa) else {
+                assert!(isa < Isa::Avx512, "{isa:?}: an octet kernel at the AVX-512 level");
+                continue;
+            };
+            assert!(!gemm.has_pairs() && !gemm.has_octet_pairs());
+            let (row_dot, spec) = (entry(&table, ty).vec_dot, entry(&table, ty).vec_dot_scalar);
+            for (n, first_quad, quads) in [(128, 0, 1), (896, 0, 4), (4864, 1, 3), (1024, 2, 2), (256, 3, 1)] {
+                for scale in [0.0f32, 0.02, 2.0, 300.0] {
+                    for raw in [false, true] {
+                        let tokens = 4 * (first_quad + quads);
+                        let xs: Vec<u8> = if scale == 0.0 {
+                            (0..tokens).flat_map(|t| {
+                                let q = [127i8, -127, -128][t % 3] as u8;
+                                [0x00, 0x3c].into_iter().chain(std::iter::repeat_n(q, 32)).collect::<Vec<u8>>().repeat(n / 32)
+                            }).collect()
+                        } else {
+                            (0..tokens).flat_map(|_| quantize(GgmlType::Q8_0, &rng.vec(n, scale))).collect()
+                        };
+                        let w: Vec<u8> = if raw {
+                            // Random bytes: NVFP4's scale bytes take every value (subnormals, 0x7f).
+                            let mut w = rng.bytes(8 * tr(ty).row_bytes(n));
+                            for b in w.chunks_exact_mut(ty.type_size()).filter(|_| ty != GgmlType::NVFP4) {
+                                b[..2].copy_from_slice(&half::f16::from_f32(0.01 + 0.02 * rng.uniform()).to_bits().to_le_bytes());
+                            }
+                            w
+                        } else {
+                            (0..8).flat_map(|_| random_weights(ty, n, &mut rng)).collect()
+                        };
+                        // At -128 NVFP4's row dot (ggml's AVX2 sign trick: -(-128) stays -128) and
+                        // its scalar specification (plain products) differ; the octets follow the
+                        // row dot there. Q8_0 activations never hold -128.
+                        let wraps = ty == GgmlType::NVFP4 && scale == 0.0;
+                        for dot in if wraps { vec![row_dot] } else { vec![row_dot, spec] } {
+                            check_octet(&gemm, dot, n, first_quad, quads, &w, &xs, &format!("{ty} {isa:?} scale {scale} raw {raw}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// An eight-row kernel's outputs on rows `w` (eight of n elements) and activation `x` equal,
 /// bit for bit, each of `dots` (the row dot, the scalar specification) row by row.
 fn assert_rows8_equal_their_dots(dot8: ferrollama_tensor::simd::Rows8Dot, dots: [VecDot; 2], n: usize, w: &[u8], x: &[u8], what: &str) {
@@ -757,34 +892,20 @@ fn four_token_tile_kernels_equal_the_row_dot() {
     }
 }
 
-/// Weight types whose products have no AVX-512 kernel yet (issue 39): at the AVX-512 level
-/// they run their AVX2 kernels. Listed so that the test below stays truthful; remove a type
-/// when its AVX-512 kernels land.
-const AVX512_NOT_YET: [GgmlType; 6] = [GgmlType::MXFP4, GgmlType::NVFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::Q1_0, GgmlType::Q2_0];
-
-/// Weight types with no SIMD dot at any level yet: their products run the portable kernel.
-const NO_SIMD_YET: [GgmlType; 1] = [GgmlType::BF16];
-
-/// No weight type's product resolves to the portable kernel at any SIMD level this CPU has,
-/// and at each level the kernels are that level's, except the types listed above (which
-/// must resolve as listed: a type that gains kernels fails here until it leaves its list).
-/// Q8_1 and Q8_K are activation types only (their self-dots exist for the table's totality).
+/// No weight type's product resolves to the portable kernel or to a lower level's kernels at
+/// any SIMD level this CPU has: every row dot (and tiled dot) is the level's, and so are the
+/// many-token (octet) products of the i-quants, MXFP4, the ternary types, Q1_0, Q2_0 and
+/// NVFP4. Q8_1 and Q8_K are activation types only (their self-dots exist for the table's
+/// totality).
 #[test]
 fn every_weight_type_resolves_to_the_kernels_of_each_level() {
     use ferrollama_tensor::simd::{kernel_isa, SumsGemm};
     let activation_only = [GgmlType::Q8_1, GgmlType::Q8_K];
     for (isa, table) in levels() {
         for e in table.iter().filter(|e| !activation_only.contains(&e.ty)) {
-            let want = if NO_SIMD_YET.contains(&e.ty) {
-                Isa::Scalar
-            } else if isa == Isa::Avx512 && AVX512_NOT_YET.contains(&e.ty) {
-                Isa::Avx2
-            } else {
-                isa
-            };
-            assert_eq!(kernel_isa(e.ty, isa), want, "{} at {isa:?}", e.ty);
-            assert_eq!(e.vec_dot as usize == e.vec_dot_scalar as usize, want == Isa::Scalar, "{} at {isa:?}: the table's row dot", e.ty);
-            if let Some(tiled) = e.vec_dot_tiled.filter(|_| want != Isa::Scalar) {
+            assert_eq!(kernel_isa(e.ty, isa), isa, "{} at {isa:?}", e.ty);
+            assert_ne!(e.vec_dot as usize, e.vec_dot_scalar as usize, "{} at {isa:?}: the table's row dot", e.ty);
+            if let Some(tiled) = e.vec_dot_tiled {
                 assert_ne!(tiled as usize, e.vec_dot_tiled_scalar.map_or(0, |d| d as usize), "{} at {isa:?}: a SIMD tiled dot", e.ty);
             }
         }
@@ -792,6 +913,13 @@ fn every_weight_type_resolves_to_the_kernels_of_each_level() {
         for ty in [GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M] {
             let gemm = SumsGemm::for_type(ty, isa).expect("an octet kernel at every SIMD level");
             assert_eq!(gemm.octet_isa(), isa, "{ty} at {isa:?}: the octet product");
+        }
+        let gemm = SumsGemm::for_type(GgmlType::MXFP4, isa).expect("an octet kernel at every SIMD level");
+        assert_eq!(gemm.octet_isa(), isa, "MXFP4 at {isa:?}: the octet product");
+        // The ternary types' and Q2_0's octets exist at the AVX-512 level only.
+        for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::Q1_0, GgmlType::Q2_0, GgmlType::NVFP4] {
+            let gemm = SumsGemm::for_type(ty, isa);
+            assert_eq!(gemm.map(|g| g.octet_isa()), (isa == Isa::Avx512).then_some(Isa::Avx512), "{ty} at {isa:?}: the octet product");
         }
     }
 }

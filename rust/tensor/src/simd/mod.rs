@@ -17,13 +17,19 @@ pub mod packed_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod ternary_avx2;
 #[cfg(target_arch = "x86_64")]
+pub mod ternary_avx512;
+#[cfg(target_arch = "x86_64")]
 pub mod iquants_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod iquants_avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod q1q2_avx2;
 #[cfg(target_arch = "x86_64")]
+pub mod q1q2_avx512;
+#[cfg(target_arch = "x86_64")]
 pub mod nvfp4_avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod nvfp4_avx512;
 #[cfg(target_arch = "x86_64")]
 pub mod ssm_x86;
 
@@ -84,14 +90,16 @@ macro_rules! quantizer {
     };
 }
 
-/// The wrappers of one level, and its table of kernels per type (`iq`: the level's module of
-/// i-quant kernels).
+/// The wrappers of one level, and its table of kernels per type (`iq`, `tq`, `q12`: the
+/// level's modules of i-quant, ternary and Q1_0/Q2_0 kernels).
 #[cfg(target_arch = "x86_64")]
 macro_rules! level {
-    ($modname:ident, $lvl:ident, $iq:ident) => {
+    ($modname:ident, $lvl:ident, $iq:ident, $tq:ident, $q12:ident) => {
         pub mod $modname {
             use super::x86::$lvl as k;
             use super::$iq as iq;
+            use super::$q12 as q12;
+            use super::$tq as tq;
             use super::SimdKernels;
             use crate::GgmlType;
             block_dot!(q8_0, q8_0_x4, k::q8_0, 32, 34, 34);
@@ -121,13 +129,14 @@ macro_rules! level {
             block_dot!(iq4_nl_repacked, iq4_nl_repacked_x4, k::iq4_nl_repacked, 32, 18, 34);
             block_dot!(q4_k_repacked, q4_k_repacked_x4, k::q4_k_repacked, 256, 144, 292);
             float_dot!(f16, k::f16, 2);
+            float_dot!(bf16, k::bf16, 2);
             float_dot!(f32, k::f32, 4);
             quantizer!(quantize_q8_0, k::quantize_q8_0, 32, 34);
             quantizer!(quantize_q8_k, k::quantize_q8_k, 256, 292);
             quantizer!(quantize_f16, k::f16_from_f32, 1, 2);
 
-            block_dot!(tq1_0, tq1_0_x4, super::ternary_avx2::tq1_0, 256, 54, 292);
-            block_dot!(tq2_0, tq2_0_x4, super::ternary_avx2::tq2_0, 256, 66, 292);
+            block_dot!(tq1_0, tq1_0_x4, tq::tq1_0, 256, 54, 292);
+            block_dot!(tq2_0, tq2_0_x4, tq::tq2_0, 256, 66, 292);
             block_dot!(iq2_xxs, iq2_xxs_x4, iq::iq2_xxs, 256, 66, 292);
             block_dot!(iq2_xxs_tiled, iq2_xxs_tiled_x4, iq::iq2_xxs_tiled, 256, 66, 292);
             block_dot!(iq2_xs, iq2_xs_x4, iq::iq2_xs, 256, 74, 292);
@@ -142,8 +151,8 @@ macro_rules! level {
             block_dot!(iq1_s_tiled, iq1_s_tiled_x4, iq::iq1_s_tiled, 256, 50, 292);
             block_dot!(iq1_m, iq1_m_x4, iq::iq1_m, 256, 56, 292);
             block_dot!(iq1_m_tiled, iq1_m_tiled_x4, iq::iq1_m_tiled, 256, 56, 292);
-            block_dot!(q1_0, q1_0_x4, super::q1q2_avx2::q1_0, 128, 18, 136);
-            block_dot!(q2_0, q2_0_x4, super::q1q2_avx2::q2_0, 64, 18, 68);
+            block_dot!(q1_0, q1_0_x4, q12::q1_0, 128, 18, 136);
+            block_dot!(q2_0, q2_0_x4, q12::q2_0, 64, 18, 68);
 
             pub fn kernels(ty: GgmlType) -> SimdKernels {
                 let both = |d: crate::traits::VecDot, d4: crate::traits::VecDotX4| SimdKernels { vec_dot: Some(d), vec_dot_x4: Some(d4), ..SimdKernels::default() };
@@ -185,6 +194,7 @@ macro_rules! level {
                     GgmlType::Q2_0 => both(q2_0, q2_0_x4),
                     GgmlType::Q8_K => SimdKernels { from_f32: Some(quantize_q8_k), ..SimdKernels::default() },
                     GgmlType::F16 => SimdKernels { vec_dot: Some(f16), from_f32: Some(quantize_f16), ..SimdKernels::default() },
+                    GgmlType::BF16 => SimdKernels { vec_dot: Some(bf16), ..SimdKernels::default() },
                     GgmlType::F32 => SimdKernels { vec_dot: Some(f32), ..SimdKernels::default() },
                     _ => SimdKernels::default(),
                 }
@@ -194,13 +204,9 @@ macro_rules! level {
 }
 
 #[cfg(target_arch = "x86_64")]
-level!(avx2, avx2, iquants_avx2);
+level!(avx2, avx2, iquants_avx2, ternary_avx2, q1q2_avx2);
 #[cfg(target_arch = "x86_64")]
-level!(avx512, avx512, iquants_avx512);
-
-/// Types whose SIMD kernels exist at the AVX2 level only (an AVX-512 CPU runs those; issue 39
-/// asks for AVX-512 kernels of them too).
-pub const AVX2_ONLY: &[GgmlType] = &[GgmlType::MXFP4, GgmlType::NVFP4, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::Q1_0, GgmlType::Q2_0];
+level!(avx512, avx512, iquants_avx512, ternary_avx512, q1q2_avx512);
 
 /// The kernel of `ty` in `table`, a list of AVX2 kernels, when `isa` is AVX2 or above and
 /// this CPU has it (the `*_dot_for` lookups); None on other architectures.
@@ -226,6 +232,28 @@ macro_rules! avx2_kernel {
     }};
 }
 
+/// The kernel of `ty` in `avx512`, a list of AVX-512 VNNI kernels, when `isa` is that level
+/// and this CPU has it; else its kernel in `avx2` as `avx2_kernel`.
+#[cfg(target_arch = "x86_64")]
+fn level_kernel<K: Copy>(ty: GgmlType, isa: Isa, avx2: &[(GgmlType, K)], avx512: &[(GgmlType, K)]) -> Option<K> {
+    let at_512 = (isa >= Isa::Avx512 && isa.available()).then(|| avx512.iter().find(|(t, _)| *t == ty).map(|&(_, k)| k)).flatten();
+    at_512.or_else(|| avx2_kernel(ty, isa, avx2))
+}
+
+/// `level_kernel` on x86-64 (where the kernels exist), None elsewhere.
+macro_rules! level_kernel {
+    ($ty:expr, $isa:expr, [$($entry:expr),* $(,)?], [$($entry512:expr),* $(,)?]) => {{
+        #[cfg(target_arch = "x86_64")]
+        let kernel = level_kernel($ty, $isa, &[$($entry),*], &[$($entry512),*]);
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernel = {
+            let _ = ($ty, $isa);
+            None
+        };
+        kernel
+    }};
+}
+
 /// Eight consecutive weight rows times one activation row (of the type's `vec_dot_type`):
 /// out[r] = row r of `w` (rows of n elements) times `x`, each bit for bit the type's row dot.
 pub type Rows8Dot = fn(n: usize, w: &[u8], x: &[u8], out: &mut [f32; 8]);
@@ -237,7 +265,7 @@ macro_rules! rows8_dot {
         fn $name(n: usize, w: &[u8], x: &[u8], out: &mut [f32; 8]) {
             let nb = n / $block;
             assert!(w.len() >= 8 * nb * $wbytes && x.len() >= nb * $xbytes, "rows shorter than {n} elements");
-            // SAFETY: lengths checked above; `rows8_dot_for` returns it only for CPUs with AVX2.
+            // SAFETY: lengths checked above; `rows8_dot_for` returns it only for CPUs with its level.
             unsafe { $kernel(nb, w.as_ptr(), nb * $wbytes, x.as_ptr(), out) }
         }
     };
@@ -251,11 +279,23 @@ rows8_dot!(tq1_0_rows8, ternary_avx2::tq1_0_rows8, 256, 54, 292);
 #[cfg(target_arch = "x86_64")]
 rows8_dot!(tq2_0_rows8, ternary_avx2::tq2_0_rows8, 256, 66, 292);
 #[cfg(target_arch = "x86_64")]
+rows8_dot!(tq1_0_rows8_512, ternary_avx512::tq1_0_rows8, 256, 54, 292);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(q1_0_rows8_512, q1q2_avx512::q1_0_rows8, 128, 18, 136);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(tq2_0_rows8_512, ternary_avx512::tq2_0_rows8, 256, 66, 292);
+#[cfg(target_arch = "x86_64")]
 rows8_dot!(q4_0_repacked_rows8, x86::avx2::q4_0_repacked_rows8, 32, 18, 34);
 #[cfg(target_arch = "x86_64")]
 rows8_dot!(iq4_nl_repacked_rows8, x86::avx2::iq4_nl_repacked_rows8, 32, 18, 34);
 #[cfg(target_arch = "x86_64")]
 rows8_dot!(mxfp4_repacked_rows8, x86::avx2::mxfp4_repacked_rows8, 32, 17, 34);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(q4_0_repacked_rows8_512, x86::avx512::q4_0_repacked_rows8, 32, 18, 34);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(iq4_nl_repacked_rows8_512, x86::avx512::iq4_nl_repacked_rows8, 32, 18, 34);
+#[cfg(target_arch = "x86_64")]
+rows8_dot!(mxfp4_repacked_rows8_512, x86::avx512::mxfp4_repacked_rows8, 32, 17, 34);
 
 /// The eight-row one-token kernel of `ty` at `isa`, for the types whose row dot keeps one
 /// vector accumulator per row (NVFP4, Q1_0 against Q8_0; TQ1_0, TQ2_0 against Q8_K):
@@ -263,7 +303,12 @@ rows8_dot!(mxfp4_repacked_rows8, x86::avx2::mxfp4_repacked_rows8, 32, 17, 34);
 /// share the activation's loads and scales (and the ternary types' eight horizontal sums are
 /// done together).
 pub fn rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
-    avx2_kernel!(ty, isa, [(GgmlType::NVFP4, nvfp4_rows8 as Rows8Dot), (GgmlType::Q1_0, q1_0_rows8), (GgmlType::TQ1_0, tq1_0_rows8), (GgmlType::TQ2_0, tq2_0_rows8)])
+    level_kernel!(
+        ty,
+        isa,
+        [(GgmlType::NVFP4, nvfp4_rows8 as Rows8Dot), (GgmlType::Q1_0, q1_0_rows8), (GgmlType::TQ1_0, tq1_0_rows8), (GgmlType::TQ2_0, tq2_0_rows8)],
+        [(GgmlType::Q1_0, q1_0_rows8_512 as Rows8Dot), (GgmlType::TQ1_0, tq1_0_rows8_512), (GgmlType::TQ2_0, tq2_0_rows8_512)]
+    )
 }
 
 /// The eight-row one-token kernel of the types llama.cpp repacks (Q4_0, IQ4_NL, MXFP4), for
@@ -271,7 +316,12 @@ pub fn rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
 /// (`scalar::repacked`), eight rows at a time reduced together and accumulated by one vector
 /// FMA (llama.cpp's repacked gemv shape).
 pub fn repacked_rows8_dot_for(ty: GgmlType, isa: Isa) -> Option<Rows8Dot> {
-    avx2_kernel!(ty, isa, [(GgmlType::Q4_0, q4_0_repacked_rows8 as Rows8Dot), (GgmlType::IQ4_NL, iq4_nl_repacked_rows8), (GgmlType::MXFP4, mxfp4_repacked_rows8)])
+    level_kernel!(
+        ty,
+        isa,
+        [(GgmlType::Q4_0, q4_0_repacked_rows8 as Rows8Dot), (GgmlType::IQ4_NL, iq4_nl_repacked_rows8), (GgmlType::MXFP4, mxfp4_repacked_rows8)],
+        [(GgmlType::Q4_0, q4_0_repacked_rows8_512 as Rows8Dot), (GgmlType::IQ4_NL, iq4_nl_repacked_rows8_512), (GgmlType::MXFP4, mxfp4_repacked_rows8_512)]
+    )
 }
 
 /// Two consecutive weight rows times four activation rows (row t at x[t * stride..]):
@@ -314,20 +364,29 @@ pub fn q8_0_tile_scales(n: usize, x: &[u8], stride: usize, dx: &mut Vec<f32>) {
     }
 }
 
+/// Defines the safe wrapper of Q1_0's four-token kernel on f32 activation scales.
 #[cfg(target_arch = "x86_64")]
-fn q1_0_x4_scaled(n: usize, w: &[u8], x: &[u8], stride: usize, dx: &[f32], out: &mut [f32; 4]) {
-    let nb = n / 128;
-    assert!(w.len() >= nb * 18 && stride >= nb * 136 && x.len() >= 3 * stride + nb * 136 && dx.len() >= 16 * nb, "rows shorter than {n} elements");
-    let p = x.as_ptr();
-    // SAFETY: lengths checked above; `scaled_x4_dot_for` returns it only for CPUs with AVX2.
-    unsafe { q1q2_avx2::q1_0_x4_scaled(nb, w.as_ptr(), [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], dx.as_ptr(), out) }
+macro_rules! q1_0_x4_scaled {
+    ($name:ident, $kernel:path) => {
+        fn $name(n: usize, w: &[u8], x: &[u8], stride: usize, dx: &[f32], out: &mut [f32; 4]) {
+            let nb = n / 128;
+            assert!(w.len() >= nb * 18 && stride >= nb * 136 && x.len() >= 3 * stride + nb * 136 && dx.len() >= 16 * nb, "rows shorter than {n} elements");
+            let p = x.as_ptr();
+            // SAFETY: lengths checked above; `scaled_x4_dot_for` returns it only for CPUs with its level.
+            unsafe { $kernel(nb, w.as_ptr(), [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], dx.as_ptr(), out) }
+        }
+    };
 }
+#[cfg(target_arch = "x86_64")]
+q1_0_x4_scaled!(q1_0_x4_scaled, q1q2_avx2::q1_0_x4_scaled);
+#[cfg(target_arch = "x86_64")]
+q1_0_x4_scaled!(q1_0_x4_scaled_512, q1q2_avx512::q1_0_x4_scaled);
 
 /// The one-row, four-token kernel on f32 activation scales of `ty` at `isa` (Q1_0, whose
 /// four Q8_0 scales per block and token otherwise cost as much to convert as the block's
 /// products).
 pub fn scaled_x4_dot_for(ty: GgmlType, isa: Isa) -> Option<ScaledX4Dot> {
-    avx2_kernel!(ty, isa, [(GgmlType::Q1_0, q1_0_x4_scaled as ScaledX4Dot)])
+    level_kernel!(ty, isa, [(GgmlType::Q1_0, q1_0_x4_scaled as ScaledX4Dot)], [(GgmlType::Q1_0, q1_0_x4_scaled_512 as ScaledX4Dot)])
 }
 
 /// The two-row, four-token kernel of `ty` at `isa` (NVFP4; see `rows8_dot_for`).
@@ -343,9 +402,6 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
         Isa::Scalar => SimdKernels::default(),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => avx2::kernels(ty),
-        // The types of AVX2_ONLY: an AVX-512 CPU runs their AVX2 kernels.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if AVX2_ONLY.contains(&ty) => avx2::kernels(ty),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => avx512::kernels(ty),
         #[cfg(not(target_arch = "x86_64"))]
@@ -353,14 +409,11 @@ pub fn kernels_for(ty: GgmlType, isa: Isa) -> SimdKernels {
     }
 }
 
-/// The level whose kernels `kernels_for(ty, isa)` holds: `isa` itself; AVX2 for the types of
-/// `AVX2_ONLY` at the AVX-512 level; Scalar when there is no SIMD row dot for `ty` at all
-/// (what the product of `ty` then falls back to). Panics as `kernels_for` does.
+/// The level whose kernels `kernels_for(ty, isa)` holds: `isa` itself; Scalar when there is
+/// no SIMD row dot for `ty` at all (what the product of `ty` then falls back to). Panics as
+/// `kernels_for` does.
 pub fn kernel_isa(ty: GgmlType, isa: Isa) -> Isa {
-    if kernels_for(ty, isa).vec_dot.is_none() {
-        return Isa::Scalar;
-    }
-    if isa == Isa::Avx512 && AVX2_ONLY.contains(&ty) { Isa::Avx2 } else { isa }
+    if kernels_for(ty, isa).vec_dot.is_none() { Isa::Scalar } else { isa }
 }
 
 /// Products of many tokens, for CPUs whose products have no packed kernels: Q8_0, Q4_0,
@@ -404,6 +457,14 @@ const KIND_Q4_K: u8 = 5;
 const KIND_Q6_K: u8 = 6;
 /// The i-quants' kinds: this plus `iquants_avx2`'s octet kind (0..=6).
 const KIND_IQ: u8 = 7;
+/// TQ1_0 and TQ2_0 (the AVX-512 VNNI level only: `ternary_avx512`).
+const KIND_TQ1: u8 = 14;
+const KIND_TQ2: u8 = 15;
+/// Q2_0 (the AVX-512 VNNI level only: `q1q2_avx512`).
+const KIND_Q2: u8 = 16;
+/// Q1_0 and NVFP4 (likewise: `q1q2_avx512`, `nvfp4_avx512`).
+const KIND_Q1: u8 = 17;
+const KIND_NV: u8 = 18;
 
 /// The quants of the 4 * quads Q8_K rows x[t * stride..] (nb blocks each) + 128, as the
 /// i-quant octet kernels take them (`TileFactors::biased`).
@@ -418,6 +479,21 @@ fn biased_quants(nb: usize, x: &[u8], stride: usize, quads: usize, f: &mut TileF
                     *d = v ^ 0x80;
                 }
             }
+        }
+    }
+}
+
+/// The ternary kinds' factors of the 4 * quads Q8_K rows x[t * stride..] (nb blocks each):
+/// minus their group-sum pairs (`ternary_avx512::tq_tile_factors`), in `TileFactors::corr`.
+fn tq_factors(nb: usize, x: &[u8], stride: usize, quads: usize, f: &mut TileFactors) {
+    for q in 0..quads {
+        f.corr[q].resize(4 * nb * 8, 0);
+        #[cfg(target_arch = "x86_64")]
+        {
+            let p = x[4 * q * stride..].as_ptr();
+            // SAFETY: `check_acts` checked the rows; `for_type` gave the ternary kinds only to
+            // AVX-512 VNNI CPUs.
+            unsafe { ternary_avx512::tq_tile_factors(nb, [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], f.corr[q].as_mut_ptr()) };
         }
     }
 }
@@ -443,15 +519,37 @@ impl SumsGemm {
             GgmlType::IQ3_S => (KIND_IQ + 4, 110),
             GgmlType::IQ1_S => (KIND_IQ + 5, 50),
             GgmlType::IQ1_M => (KIND_IQ + 6, 56),
+            GgmlType::TQ1_0 if isa >= Isa::Avx512 => (KIND_TQ1, 54),
+            GgmlType::TQ2_0 if isa >= Isa::Avx512 => (KIND_TQ2, 66),
+            GgmlType::Q2_0 if isa >= Isa::Avx512 => (KIND_Q2, 18),
+            GgmlType::Q1_0 if isa >= Isa::Avx512 => (KIND_Q1, 18),
+            GgmlType::NVFP4 if isa >= Isa::Avx512 => (KIND_NV, 36),
             _ => return None,
         };
         cfg!(target_arch = "x86_64").then_some(SumsGemm { kind, wbytes, vnni: isa >= Isa::Avx512 })
     }
 
-    /// The level of the kernels `run_octet` uses: AVX-512 for the i-quants on a CPU with it,
-    /// AVX2 otherwise.
+    /// The level of the kernels `run_octet` uses: AVX-512 for the i-quants and the signed
+    /// legacy kinds (Q8_0, IQ4_NL, MXFP4) on a CPU with it (and the ternary types, which have
+    /// octets there only), AVX2 otherwise.
     pub fn octet_isa(&self) -> Isa {
-        if self.vnni && self.kind >= KIND_IQ { Isa::Avx512 } else { Isa::Avx2 }
+        if self.vnni && (self.is_iq() || self.is_tq() || self.is_q1q2() || self.signed()) { Isa::Avx512 } else { Isa::Avx2 }
+    }
+
+    /// Whether the kind is an i-quant's.
+    fn is_iq(&self) -> bool {
+        (KIND_IQ..KIND_TQ1).contains(&self.kind)
+    }
+
+    /// Whether the kind is Q1_0's, Q2_0's or NVFP4's (against Q8_0 sub-blocks of 32, in
+    /// blocks of 64 or 128).
+    fn is_q1q2(&self) -> bool {
+        matches!(self.kind, KIND_Q1 | KIND_Q2 | KIND_NV)
+    }
+
+    /// Whether the kind is TQ1_0's or TQ2_0's.
+    fn is_tq(&self) -> bool {
+        matches!(self.kind, KIND_TQ1 | KIND_TQ2)
     }
 
     /// Whether the kind's levels are signed (Q8_0, IQ4_NL).
@@ -466,7 +564,12 @@ impl SumsGemm {
 
     /// Elements and activation bytes of a block.
     fn block(&self) -> (usize, usize) {
-        if self.kind >= KIND_Q4_K { (256, 292) } else { (32, 34) }
+        match self.kind {
+            KIND_Q2 | KIND_NV => (64, 68),
+            KIND_Q1 => (128, 136),
+            k if k >= KIND_Q4_K => (256, 292),
+            _ => (32, 34),
+        }
     }
 
     /// Bytes `decode_octet` writes for eight rows of n elements.
@@ -475,6 +578,10 @@ impl SumsGemm {
         let per_block = match self.kind {
             KIND_Q4_K => x86::avx2::Q4K_OCTET_BYTES,
             KIND_Q6_K => x86::avx2::Q6K_OCTET_BYTES,
+            KIND_Q2 => q1q2_avx512::Q2_OCTET_BYTES,
+            KIND_Q1 => q1q2_avx512::Q1_OCTET_BYTES,
+            KIND_NV => nvfp4_avx512::NV_OCTET_BYTES,
+            k if k >= KIND_TQ1 => ternary_avx512::TQ_OCTET_BYTES,
             k if k >= KIND_IQ => iquants_avx2::IQ_OCTET_BYTES,
             _ => x86::avx2::OCTET_BLOCK_BYTES,
         };
@@ -491,7 +598,8 @@ impl SumsGemm {
         #[cfg(target_arch = "x86_64")]
         {
             let (row_bytes, src, out) = (nb * self.wbytes, w.as_ptr(), dst.as_mut_ptr());
-            // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
+            // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2 (AVX-512 VNNI
+            // for the ternary kinds).
             unsafe {
                 match self.kind {
                     0 => x86::avx2::decode_octet::<0>(nb, src, row_bytes, self.wbytes, out),
@@ -507,7 +615,12 @@ impl SumsGemm {
                     10 => iquants_avx2::decode_octet_iq::<3>(nb, src, row_bytes, out),
                     11 => iquants_avx2::decode_octet_iq::<4>(nb, src, row_bytes, out),
                     12 => iquants_avx2::decode_octet_iq::<5>(nb, src, row_bytes, out),
-                    _ => iquants_avx2::decode_octet_iq::<6>(nb, src, row_bytes, out),
+                    13 => iquants_avx2::decode_octet_iq::<6>(nb, src, row_bytes, out),
+                    KIND_TQ1 => ternary_avx512::decode_octet_tq::<true>(nb, src, row_bytes, out),
+                    KIND_TQ2 => ternary_avx512::decode_octet_tq::<false>(nb, src, row_bytes, out),
+                    KIND_Q2 => q1q2_avx512::decode_octet_q2_0(nb, src, row_bytes, out),
+                    KIND_NV => nvfp4_avx512::decode_octet_nvfp4(nb, src, row_bytes, out),
+                    _ => q1q2_avx512::decode_octet_q1_0(nb, src, row_bytes, out),
                 }
             }
         }
@@ -544,8 +657,28 @@ impl SumsGemm {
             }
             let d = |q: usize| f.d[first_quad + q].as_ptr();
             let c = |q: usize| f.corr[first_quad + q].as_ptr();
-            if self.kind >= KIND_IQ {
+            if self.is_iq() {
                 assert!((first_quad..first_quad + quads).all(|q| f.biased[q].len() >= 4 * nb * 256), "tile factors of another size");
+            }
+            if self.is_tq() {
+                return self.run_octet_tq(nb, o, &rows, first_quad, quads, f, out, ldo);
+            }
+            if self.is_q1q2() {
+                // Their Q8_0 sub-blocks: two a Q2_0 or NVFP4 block, four a Q1_0 block.
+                let subs = self.block().0 / 32;
+                assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * subs * nb && f.corr[q].len() >= 4 * subs * nb), "tile factors of another size");
+                use nvfp4_avx512::octet_sums_nvfp4;
+                use q1q2_avx512::{octet_sums_q1_0, octet_sums_q2_0};
+                // SAFETY: lengths checked above, `out` by the caller; `for_type` gave these
+                // kinds only to AVX-512 VNNI CPUs.
+                return match self.kind {
+                    KIND_Q2 => per_quads!(octet_sums_q2_0(nb, d, c)),
+                    KIND_NV => per_quads!(octet_sums_nvfp4(nb, d)),
+                    _ => per_quads!(octet_sums_q1_0(nb, d)),
+                };
+            }
+            if self.signed() && self.vnni {
+                return self.run_octet_signed::<false>(nb, o, 0, &rows, first_quad, quads, f, out, ldo);
             }
             let biased = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| f.biased[first_quad + q][t * nb * 256..].as_ptr()) };
             use iquants_avx2::octet_sums_iq;
@@ -566,16 +699,76 @@ impl SumsGemm {
         }
     }
 
-    /// Whether `run_octet_pair` serves this kind (the i-quants at the AVX-512 level).
+    /// Whether `run_octet_pair` serves this kind (the i-quants and the signed legacy kinds
+    /// at the AVX-512 level; the ternary kinds' octets fill 512-bit vectors by themselves).
     pub fn has_octet_pairs(&self) -> bool {
-        self.vnni && self.kind >= KIND_IQ
+        self.vnni && (self.is_iq() || self.signed())
+    }
+
+    /// `run_octet` (PAIR false) or `run_octet_pair` (PAIR true) of the signed legacy kinds
+    /// at the AVX-512 VNNI level (`x86::avx512::octet_sums_signed`), as `run_octet_tq`.
+    ///
+    /// # Safety
+    /// As `run_octet_tq`.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_octet_signed<const PAIR: bool>(&self, nb: usize, octet: *const u8, octet_bytes: usize, rows: &dyn Fn(usize) -> [*const u8; 4],
+                                                first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
+        assert!((first_quad..first_quad + quads).all(|q| f.d[q].len() >= 4 * nb), "tile factors of another size");
+        let d = |q: usize| f.d[first_quad + q].as_ptr();
+        macro_rules! call {
+            ($kernel:ident, $q:literal) => {
+                x86::avx512::$kernel::<$q>(nb, octet, octet_bytes, std::array::from_fn(rows), std::array::from_fn(d), out, ldo)
+            };
+        }
+        // SAFETY: as the caller's; `vnni` is set for AVX-512 VNNI CPUs only.
+        match (PAIR, quads) {
+            (false, 4) => call!(octet_sums_signed, 4),
+            (false, 3) => call!(octet_sums_signed, 3),
+            (false, 2) => call!(octet_sums_signed, 2),
+            (false, _) => call!(octet_sums_signed, 1),
+            (true, 4) => call!(octet_pair_sums_signed, 4),
+            (true, 3) => call!(octet_pair_sums_signed, 3),
+            (true, 2) => call!(octet_pair_sums_signed, 2),
+            (true, _) => call!(octet_pair_sums_signed, 1),
+        }
+    }
+
+    /// `run_octet` of the ternary kinds, whose factors are the activations' group sums
+    /// (`ternary_avx512::tq_tile_factors`), eight rows in 512-bit vectors.
+    ///
+    /// # Safety
+    /// As `run_octet`; `octet` holds the octet of nb super-blocks and `rows(q)` the quads'
+    /// activation rows, checked by the caller.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_octet_tq(&self, nb: usize, octet: *const u8, rows: &dyn Fn(usize) -> [*const u8; 4], first_quad: usize, quads: usize, f: &TileFactors,
+                           out: *mut f32, ldo: usize) {
+        assert!((first_quad..first_quad + quads).all(|q| f.corr[q].len() >= 4 * nb * 8), "tile factors of another size");
+        let corr = |q: usize| f.corr[first_quad + q].as_ptr();
+        macro_rules! call {
+            ($q:literal) => {
+                ternary_avx512::octet_sums_tq::<$q>(nb, octet, std::array::from_fn(rows), std::array::from_fn(corr), out, ldo)
+            };
+        }
+        // SAFETY: as the caller's; `for_type` gave the ternary kinds only to AVX-512 VNNI CPUs.
+        match quads {
+            4 => call!(4),
+            3 => call!(3),
+            2 => call!(2),
+            _ => call!(1),
+        }
     }
 
     /// Makes two octets `decode_octet` wrote one after the other (of sixteen consecutive
-    /// rows of n elements) the operand of `run_octet_pair` (interleaves them in place).
+    /// rows of n elements) the operand of `run_octet_pair`: the i-quants' are interleaved in
+    /// place; the signed legacy kinds' kernel reads the two side by side as they are.
     /// Panics unless `has_octet_pairs`.
     pub fn pair_octets(&self, n: usize, octets: &mut [u8], scratch: &mut Vec<u8>) {
-        assert!(self.has_octet_pairs(), "octet pairs of the i-quants at the AVX-512 level only");
+        assert!(self.has_octet_pairs(), "octet pairs of the i-quants and signed legacy kinds at the AVX-512 level only");
+        if !self.is_iq() {
+            return;
+        }
         let octet_bytes = self.octet_bytes(n);
         assert!(octets.len() >= 2 * octet_bytes, "two octets of {n}-element rows");
         // SAFETY: length checked above; `for_type` checked the CPU's AVX-512 VNNI (`vnni`).
@@ -593,16 +786,23 @@ impl SumsGemm {
     /// `out` must be valid for writes of 16 pairs floats at every (4 q + t) * ldo, q < quads.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn run_octet_pair(&self, n: usize, octets: &[u8], pairs: usize, x: &[u8], stride: usize, first_quad: usize, quads: usize, f: &TileFactors, out: *mut f32, ldo: usize) {
-        assert!(self.has_octet_pairs(), "octet pairs of the i-quants at the AVX-512 level only");
+        assert!(self.has_octet_pairs(), "octet pairs of the i-quants and signed legacy kinds at the AVX-512 level only");
         assert!(matches!(pairs, 1 | 2), "one or two pairs of octets");
         let octet_bytes = self.octet_bytes(n);
         assert!(octets.len() >= 2 * pairs * octet_bytes, "{pairs} pairs of octets of {n}-element rows");
         self.check_acts(n, x, stride, first_quad, quads, OCTET_MAX_QUADS);
-        let nb = n / 256;
-        assert!((first_quad..first_quad + quads).all(|q| f.biased[q].len() >= 4 * nb * 256), "tile factors of another size");
+        let nb = n / self.block().0;
         #[cfg(target_arch = "x86_64")]
         {
             let rows = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| x.as_ptr().wrapping_add((4 * (first_quad + q) + t) * stride)) };
+            if self.signed() {
+                for pair in 0..pairs {
+                    let octet = octets.as_ptr().add(2 * pair * octet_bytes);
+                    self.run_octet_signed::<true>(nb, octet, octet_bytes, &rows, first_quad, quads, f, out.add(16 * pair), ldo);
+                }
+                return;
+            }
+            assert!((first_quad..first_quad + quads).all(|q| f.biased[q].len() >= 4 * nb * 256), "tile factors of another size");
             let biased = |q: usize| -> [*const u8; 4] { std::array::from_fn(|t| f.biased[first_quad + q][t * nb * 256..].as_ptr()) };
             let o = octets.as_ptr();
             macro_rules! call {
@@ -642,10 +842,13 @@ impl SumsGemm {
     /// k-quant kernels read their own).
     pub fn factors(&self, n: usize, x: &[u8], stride: usize, quads: usize, f: &mut TileFactors) {
         self.check_acts(n, x, stride, 0, quads, OCTET_MAX_QUADS);
-        if self.kind >= KIND_IQ {
+        if self.is_tq() {
+            return tq_factors(n / 256, x, stride, quads, f);
+        }
+        if self.is_iq() {
             return biased_quants(n / 256, x, stride, quads, f);
         }
-        if self.kind >= KIND_Q4_K {
+        if self.kind >= KIND_Q4_K && !self.is_q1q2() {
             return;
         }
         let nb = n / 32;
@@ -655,7 +858,8 @@ impl SumsGemm {
             #[cfg(target_arch = "x86_64")]
             {
                 let p = x[4 * q * stride..].as_ptr();
-                let offset = x86::avx2::unsigned_offset(self.kind);
+                // Q2_0's codes are its values plus 1.
+                let offset = if self.kind == KIND_Q2 { 1 } else { x86::avx2::unsigned_offset(self.kind) };
                 // SAFETY: lengths checked above; `for_type` checked the CPU's AVX2.
                 unsafe { x86::avx2::sums_tile_factors(nb, [p, p.add(stride), p.add(2 * stride), p.add(3 * stride)], offset, f.d[q].as_mut_ptr(), f.corr[q].as_mut_ptr()) };
             }

@@ -156,7 +156,7 @@ unsafe fn fold_pairs(p: __m256, q: __m256) -> __m256 {
 /// the same operands), as one vector in order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsums8(a: &[__m256; 8]) -> __m256 {
+pub(crate) unsafe fn hsums8(a: &[__m256; 8]) -> __m256 {
     // Halves: rows 0-3 in the low 128 bits, rows 4-7 in the high.
     let (r04, r15, r26, r37) = (fold_halves(a[0], a[4]), fold_halves(a[1], a[5]), fold_halves(a[2], a[6]), fold_halves(a[3], a[7]));
     _mm256_hadd_ps(fold_pairs(r04, r15), fold_pairs(r26, r37))

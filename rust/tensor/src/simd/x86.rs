@@ -35,6 +35,17 @@ pub(crate) unsafe fn f16_1(p: *const u8) -> f32 {
     _mm_cvtss_f32(f16x4(p))
 }
 
+/// The tail of ggml_vec_dot_bf16 from element `from` on (each product added in f64), then
+/// the f32 result (`scalar::float`'s specifications).
+#[inline]
+unsafe fn bf16_tail(n: usize, w: *const u8, x: *const u8, from: usize, mut sum: f64) -> f32 {
+    let bf16 = |p: *const u8, i: usize| f32::from_bits((std::ptr::read_unaligned(p.add(2 * i) as *const u16) as u32) << 16);
+    for i in from..n {
+        sum += (bf16(w, i) * bf16(x, i)) as f64;
+    }
+    sum as f32
+}
+
 /// ggml's hsum_float_8: upper half onto lower half, then lanes 2-3 onto 0-1, then lane 1
 /// onto lane 0.
 #[inline]
@@ -442,7 +453,7 @@ macro_rules! x86_kernels {
         /// lanes scaled by its sub-block's scale, one accumulator.
         #[target_feature(enable = $features)]
         pub unsafe fn nvfp4<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T], out: &mut [f32; T]) {
-            use crate::simd::nvfp4_avx2::{half_levels, half_scales, level_table, signed_lanes};
+            use crate::simd::nvfp4_avx2::{half_levels, half_scales, level_table};
             let table = level_table();
             let mut acc = [_mm256_setzero_ps(); T];
             for i in 0..nb {
@@ -455,7 +466,8 @@ macro_rules! x86_kernels {
                     for t in 0..T {
                         let bx = x[t].add((2 * i + h) * 34);
                         let scales = _mm256_mul_ps(dw, f16x8(bx));
-                        let s = signed_lanes(q, loadu(bx.add(2)));
+                        // ggml's sign trick (`nvfp4_avx2::signed_lanes`) on the level's products.
+                        let s = dot_i8_signed!(q, loadu(bx.add(2)));
                         acc[t] = _mm256_fmadd_ps(scales, _mm256_cvtepi32_ps(s), acc[t]);
                     }
                 }
@@ -922,11 +934,105 @@ macro_rules! x86_kernels {
                 quantize_block_q8_k(x.add(256 * i), y.add(292 * i));
             }
         }
+
+        /// The offset that makes a kind's levels unsigned for `rows8_one_token`, where `maddubs`
+        /// pairs stay exact (2 * 255 * 128 would not: at most 2 * 24 * 128 here): Q4_0's stored
+        /// nibbles (`unsigned_offset`), MXFP4's levels + 12. The block's integer sum is then the
+        /// unsigned one minus offset times the activation's block sum, one subtraction for the
+        /// eight rows instead of the sign trick's two extra operations per row. IQ4_NL's levels
+        /// (-127..113) keep the sign trick (0).
+        const fn rows8_offset(kind: u8) -> i32 {
+            if kind == 4 { 12 } else { super::avx2::unsigned_offset(kind) }
+        }
+
+        /// A block's levels plus `rows8_offset` as unsigned bytes (Q4_0, MXFP4).
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn rows8_unsigned<const KIND: u8>(b: *const u8) -> __m256i {
+            if KIND != 4 {
+                return super::avx2::decode32_unsigned::<KIND>(b);
+            }
+            // KVALUES_MXFP4 + 12.
+            let table = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+            _mm256_shuffle_epi8(table, bytes_from_nibbles_32(b.add(1)))
+        }
+
+        /// Eight consecutive weight rows (row r at w + r * row_bytes) times one Q8_0 activation
+        /// row with one accumulator per row, as `dot_blocks32_sums` computes each (llama.cpp's
+        /// repacked gemv): per block the rows' exact integer sums (`totals8`), then one vector
+        /// FMA for the eight rows, acc = fma(float(isum), d_w * d_x, acc), lane r row r. A block
+        /// of activations is loaded once for the eight rows, and there is no horizontal sum per
+        /// row and block. KIND as `decode32` (the repacked kinds 1, 3, 4).
+        #[target_feature(enable = $features)]
+        unsafe fn rows8_one_token<const KIND: u8>(nb: usize, w: *const u8, row_bytes: usize, wbytes: usize, x: *const u8, out: &mut [f32; 8]) {
+            let mut acc = _mm256_setzero_ps();
+            let mut lanes = [_mm256_setzero_si256(); 8];
+            let mut scales = [0f32; 8];
+            for b in 0..nb {
+                prefetch_next_rows(w, row_bytes, wbytes, b);
+                let xb = loadu(x.add(b * 34 + 2));
+                for (r, (l, d)) in lanes.iter_mut().zip(scales.iter_mut()).enumerate() {
+                    let bw = w.add(r * row_bytes + b * wbytes);
+                    *l = match rows8_offset(KIND) {
+                        0 => dot_i8_signed!(decode32::<KIND>(bw), xb),
+                        _ => dot_u8i8(rows8_unsigned::<KIND>(bw), xb),
+                    };
+                    *d = block_scale::<KIND>(bw);
+                }
+                let mut isum = totals8(&lanes);
+                if rows8_offset(KIND) != 0 {
+                    let ones = _mm256_set1_epi8(1);
+                    let x_sum = hsum_epi32(dot_u8i8(ones, xb));
+                    isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(rows8_offset(KIND) * x_sum));
+                }
+                let dd = _mm256_mul_ps(_mm256_loadu_ps(scales.as_ptr()), _mm256_set1_ps(f16_1(x.add(b * 34))));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+            }
+            _mm256_storeu_ps(out.as_mut_ptr(), acc);
+        }
+
+        /// `rows8_one_token` of each repacked kind, with the `simd::rows8_dot!` signature.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q4_0_repacked_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
+            rows8_one_token::<1>(nb, w, row_bytes, 18, x, out)
+        }
+        #[target_feature(enable = $features)]
+        pub unsafe fn iq4_nl_repacked_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
+            rows8_one_token::<3>(nb, w, row_bytes, 18, x, out)
+        }
+        #[target_feature(enable = $features)]
+        pub unsafe fn mxfp4_repacked_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
+            rows8_one_token::<4>(nb, w, row_bytes, 17, x, out)
+        }
     };
 }
 
 pub mod avx2 {
     use std::arch::x86_64::*;
+
+    /// 8 bf16 at p as f32 (ggml's AVX2 `LOAD`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn bf16x8(p: *const u8) -> __m256 {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
+    }
+
+    /// BF16 dot as ggml_vec_dot_bf16's AVX2 build (`scalar::float::vec_dot_bf16_avx2`, its
+    /// specification): four accumulators of eight lanes, `add(mul(w, x), c)`, combined as
+    /// `(c1 + c3) + (c2 + c4)`, `hsum_float_8`, the tail in f64.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn bf16(n: usize, w: *const u8, x: *const u8) -> f32 {
+        let mut c = [_mm256_setzero_ps(); 4];
+        let whole = n / 32 * 32;
+        for i in (0..whole).step_by(32) {
+            for (k, c) in c.iter_mut().enumerate() {
+                let at = 2 * (i + 8 * k);
+                *c = _mm256_add_ps(_mm256_mul_ps(bf16x8(w.add(at)), bf16x8(x.add(at))), *c);
+            }
+        }
+        let sum = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
+        super::bf16_tail(n, w, x, whole, hsum_ps(sum) as f64)
+    }
 
     /// Unsigned-by-signed byte products summed in fours (maddubs, then madd by ones).
     #[inline]
@@ -951,7 +1057,7 @@ pub mod avx2 {
     /// A legacy block's levels as unsigned bytes: Q4_0 0..15, Q5_0 0..31.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode32_unsigned<const KIND: u8>(b: *const u8) -> __m256i {
+    pub(crate) unsafe fn decode32_unsigned<const KIND: u8>(b: *const u8) -> __m256i {
         if KIND == 1 {
             return bytes_from_nibbles_32(b.add(2));
         }
@@ -1042,75 +1148,6 @@ pub mod avx2 {
         }
     }
 
-    /// The offset that makes a kind's levels unsigned for `rows8_one_token`, where `maddubs`
-    /// pairs stay exact (2 * 255 * 128 would not: at most 2 * 24 * 128 here): Q4_0's stored
-    /// nibbles (`unsigned_offset`), MXFP4's levels + 12. The block's integer sum is then the
-    /// unsigned one minus offset times the activation's block sum, one subtraction for the
-    /// eight rows instead of the sign trick's two extra operations per row. IQ4_NL's levels
-    /// (-127..113) keep the sign trick (0).
-    const fn rows8_offset(kind: u8) -> i32 {
-        if kind == 4 { 12 } else { unsigned_offset(kind) }
-    }
-
-    /// A block's levels plus `rows8_offset` as unsigned bytes (Q4_0, MXFP4).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn rows8_unsigned<const KIND: u8>(b: *const u8) -> __m256i {
-        if KIND != 4 {
-            return decode32_unsigned::<KIND>(b);
-        }
-        // KVALUES_MXFP4 + 12.
-        let table = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-        _mm256_shuffle_epi8(table, bytes_from_nibbles_32(b.add(1)))
-    }
-
-    /// Eight consecutive weight rows (row r at w + r * row_bytes) times one Q8_0 activation
-    /// row with one accumulator per row, as `dot_blocks32_sums` computes each (llama.cpp's
-    /// repacked gemv): per block the rows' exact integer sums (`totals8`), then one vector
-    /// FMA for the eight rows, acc = fma(float(isum), d_w * d_x, acc), lane r row r. A block
-    /// of activations is loaded once for the eight rows, and there is no horizontal sum per
-    /// row and block. KIND as `decode32` (the repacked kinds 1, 3, 4).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn rows8_one_token<const KIND: u8>(nb: usize, w: *const u8, row_bytes: usize, wbytes: usize, x: *const u8, out: &mut [f32; 8]) {
-        let mut acc = _mm256_setzero_ps();
-        let mut lanes = [_mm256_setzero_si256(); 8];
-        let mut scales = [0f32; 8];
-        for b in 0..nb {
-            prefetch_next_rows(w, row_bytes, wbytes, b);
-            let xb = loadu(x.add(b * 34 + 2));
-            for (r, (l, d)) in lanes.iter_mut().zip(scales.iter_mut()).enumerate() {
-                let bw = w.add(r * row_bytes + b * wbytes);
-                *l = match rows8_offset(KIND) {
-                    0 => dot_i8_signed!(decode32::<KIND>(bw), xb),
-                    _ => dot_u8i8(rows8_unsigned::<KIND>(bw), xb),
-                };
-                *d = block_scale::<KIND>(bw);
-            }
-            let mut isum = totals8(&lanes);
-            if rows8_offset(KIND) != 0 {
-                let ones = _mm256_set1_epi8(1);
-                let x_sum = hsum_epi32(dot_u8i8(ones, xb));
-                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(rows8_offset(KIND) * x_sum));
-            }
-            let dd = _mm256_mul_ps(_mm256_loadu_ps(scales.as_ptr()), _mm256_set1_ps(f16_1(x.add(b * 34))));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
-        }
-        _mm256_storeu_ps(out.as_mut_ptr(), acc);
-    }
-
-    /// `rows8_one_token` of each repacked kind, with the `simd::rows8_dot!` signature.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn q4_0_repacked_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
-        rows8_one_token::<1>(nb, w, row_bytes, 18, x, out)
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn iq4_nl_repacked_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
-        rows8_one_token::<3>(nb, w, row_bytes, 18, x, out)
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn mxfp4_repacked_rows8(nb: usize, w: *const u8, row_bytes: usize, x: *const u8, out: &mut [f32; 8]) {
-        rows8_one_token::<4>(nb, w, row_bytes, 17, x, out)
-    }
 
     /// The f16 at `at(r)` of eight rows as f32, one row per lane (the rows' d or dmin).
     #[inline(always)]
@@ -1537,6 +1574,8 @@ pub mod avx2 {
 pub mod avx512 {
     use std::arch::x86_64::*;
 
+    use super::loadu;
+
     /// Unsigned-by-signed byte products summed in fours in one VNNI instruction.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -1545,6 +1584,118 @@ pub mod avx512 {
     }
 
     x86_kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+
+    /// The activation bytes of a 256-bit vector with the sign of w's bytes (`vpsignb`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn signed_by_256(x: __m256i, w: __m256i) -> __m256i {
+        _mm256_sign_epi8(x, w)
+    }
+
+    /// `signed_by_256` on 512 bits, which have no `vpsignb`: negated where w < 0 (where
+    /// w == 0 x stays, and its product with |w| = 0 is 0 all the same).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn signed_by_512(x: __m512i, w: __m512i) -> __m512i {
+        _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x)
+    }
+
+    /// An octet's 32 bytes at p (`apart` unused: see `pair_at`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn octet_at(p: *const u8, _apart: usize) -> __m256i {
+        loadu(p)
+    }
+
+    /// Two octets' 32 bytes, at p (low half) and p + apart (high half).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn pair_at(p: *const u8, apart: usize) -> __m512i {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(loadu(p)), loadu(p.add(apart)))
+    }
+
+    /// The signed legacy kinds' octet kernel (`avx2::octet_sums_signed`) with VNNI, on
+    /// vectors of eight rows (one octet) or sixteen (two side by side).
+    macro_rules! octet_signed_kernel {
+        ($name:ident, $si:ty, $ps:ty, $load:ident, $zero_si:ident, $zero_ps:ident, $abs:ident, $signed_by:ident, $set1_epi32:ident, $set1_ps:ident,
+         $dpbusd:ident, $mul:ident, $fma:ident, $cvt:ident, $cast_ps:ident, $store:ident, $doc:literal) => {
+            #[doc = $doc]
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            pub unsafe fn $name<const Q: usize>(
+                nb: usize, octet: *const u8, octet_bytes: usize, x: [[*const u8; 4]; Q], d: [*const f32; Q], out: *mut f32, ldo: usize,
+            ) {
+                use super::avx2::OCTET_BLOCK_BYTES;
+                for q in 0..Q {
+                    let mut acc = [$zero_ps(); 4];
+                    for b in 0..nb {
+                        let ob = octet.add(b * OCTET_BLOCK_BYTES);
+                        let mut isum = [$zero_si(); 4];
+                        for k in 0..8 {
+                            let wk = $load(ob.add(32 * k), octet_bytes);
+                            let ak = $abs(wk);
+                            for t in 0..4 {
+                                let xk = std::ptr::read_unaligned(x[q][t].add(b * 34 + 2 + 4 * k) as *const i32);
+                                isum[t] = $dpbusd(isum[t], ak, $signed_by($set1_epi32(xk), wk));
+                            }
+                        }
+                        let dw = $cast_ps($load(ob.add(256), octet_bytes));
+                        for t in 0..4 {
+                            let dd = $mul(dw, $set1_ps(*d[q].add(4 * b + t)));
+                            acc[t] = $fma($cvt(isum[t]), dd, acc[t]);
+                        }
+                    }
+                    for t in 0..4 {
+                        $store(out.add((4 * q + t) * ldo), acc[t]);
+                    }
+                }
+            }
+        };
+    }
+
+    octet_signed_kernel!(octet_sums_signed, __m256i, __m256, octet_at, _mm256_setzero_si256, _mm256_setzero_ps, _mm256_abs_epi8, signed_by_256,
+        _mm256_set1_epi32, _mm256_set1_ps, _mm256_dpbusd_epi32, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_cvtepi32_ps, _mm256_castsi256_ps, _mm256_storeu_ps,
+        "`avx2::octet_sums_signed` (Q8_0, IQ4_NL, MXFP4) with `vpdpbusd`: |w| times the activation with w's sign summed in fours straight into \
+         i32 (exact: activations never reach -128), the same isum and float steps. `octet_bytes` unused.");
+
+    octet_signed_kernel!(octet_pair_sums_signed, __m512i, __m512, pair_at, _mm512_setzero_si512, _mm512_setzero_ps, _mm512_abs_epi8, signed_by_512,
+        _mm512_set1_epi32, _mm512_set1_ps, _mm512_dpbusd_epi32, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_cvtepi32_ps, _mm512_castsi512_ps, _mm512_storeu_ps,
+        "`octet_sums_signed` on two octets side by side (the octet at `octet` and the next one, `octet_bytes` on: sixteen consecutive rows), \
+         row r of 0..16 in lane r: out[(4 q + t) * ldo + r].");
+
+    /// 16 bf16 at p as f32 (ggml's AVX-512F `LOAD`: widened and shifted into the top half).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn bf16x16(p: *const u8) -> __m512 {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(loadu(p))))
+    }
+
+    /// `scalar::float::reduce_add_16` (GCC's `_mm512_reduce_add_ps`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn reduce_add_16(c: __m512) -> f32 {
+        let t3 = _mm256_add_ps(_mm512_extractf32x8_ps::<1>(c), _mm512_castps512_ps256(c));
+        let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+        let t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+        _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)))
+    }
+
+    /// BF16 dot as ggml_vec_dot_bf16's AVX-512F build without AVX512_BF16
+    /// (`scalar::float::vec_dot_bf16_avx512`, its specification): two accumulators of
+    /// sixteen lanes, `add(mul(w, x), c)`, each reduced and added in f64, the tail in f64.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn bf16(n: usize, w: *const u8, x: *const u8) -> f32 {
+        let mut c = [_mm512_setzero_ps(); 2];
+        let whole = n / 32 * 32;
+        for i in (0..whole).step_by(32) {
+            for (k, c) in c.iter_mut().enumerate() {
+                let at = 2 * (i + 16 * k);
+                *c = _mm512_add_ps(_mm512_mul_ps(bf16x16(w.add(at)), bf16x16(x.add(at))), *c);
+            }
+        }
+        let sum = 0.0f64 + reduce_add_16(c[0]) as f64 + reduce_add_16(c[1]) as f64;
+        super::bf16_tail(n, w, x, whole, sum)
+    }
 
     /// F16 dot with 16-lane accumulators.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

@@ -2,7 +2,7 @@
 test_batch_invariance.py, which this process checks with the best kernels this CPU has,
 re-checked in a process whose kernels are capped by FERROLLAMA_ISA at each level below it:
 AVX2 on an AVX-512 CPU, and the portable specification. The portable kernels take minutes per
-real-model decode (three of the file's cases took 11 minutes on 2 cores), so that case is
+real-model decode (the file took 15 minutes on a quiet 2-core Cascade Lake), so that case is
 marked slow (``pytest -m slow tests/test_batch_invariance_isa.py``), as the GGUF fuzzer is."""
 from __future__ import annotations
 
